@@ -1,0 +1,678 @@
+//! One client connection: a reader task that parses ops and routes messages, and a writer
+//! task that flushes the connection's outbound buffer.
+//!
+//! Fan-out happens on the publisher's reader task: it encodes each MSG straight into every
+//! subscriber's outbound buffer (one copy, no allocation per message) and wakes each
+//! subscriber's writer once per read, not once per message, so a burst becomes one write.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use keel_protocol::{encode, subject, ClientOp, ParseError, Parser};
+use serde::Deserialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{watch, Notify};
+
+use crate::server::Server;
+use crate::sublist::{MatchCache, Sub};
+
+/// The part of a connection other tasks touch: its outbound buffer and subscriptions.
+pub struct ClientHandle {
+    pub id: u64,
+    out: Mutex<Outbound>,
+    wake_writer: Notify,
+    /// Stops a write in progress: a slow consumer's socket is not draining.
+    abort_writer: Notify,
+    closed: watch::Sender<bool>,
+    /// Whether the client takes HMSG (from its CONNECT); otherwise headers are stripped.
+    headers: AtomicBool,
+    max_pending: usize,
+    pub subs: Mutex<HashMap<Bytes, Arc<Sub>>>,
+    pub stats: ClientStats,
+    pub meta: Mutex<ClientMeta>,
+}
+
+#[derive(Default)]
+pub struct ClientStats {
+    pub in_msgs: AtomicU64,
+    pub in_bytes: AtomicU64,
+    pub out_msgs: AtomicU64,
+    pub out_bytes: AtomicU64,
+}
+
+/// Descriptive fields for monitoring.
+#[derive(Default, Clone)]
+pub struct ClientMeta {
+    pub addr: Option<std::net::SocketAddr>,
+    pub name: String,
+    pub lang: String,
+    pub version: String,
+    pub start: Option<std::time::SystemTime>,
+}
+
+#[derive(Default)]
+struct Outbound {
+    buf: BytesMut,
+    /// Someone queued data and owes the writer a wake-up.
+    flush_scheduled: bool,
+    /// Flush what is queued, then close.
+    closing: bool,
+}
+
+/// Why a connection closed, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    ClientClosed,
+    ProtocolError,
+    SlowConsumerPendingBytes,
+    SlowConsumerWriteDeadline,
+    StaleConnection,
+    ServerShutdown,
+    MaxConnections,
+    WriteError,
+    ReadError,
+}
+
+impl ClientHandle {
+    fn new(id: u64, max_pending: usize) -> Arc<Self> {
+        let (closed, _) = watch::channel(false);
+        Arc::new(ClientHandle {
+            id,
+            out: Mutex::new(Outbound::default()),
+            wake_writer: Notify::new(),
+            abort_writer: Notify::new(),
+            closed,
+            headers: AtomicBool::new(false),
+            max_pending,
+            subs: Mutex::new(HashMap::new()),
+            stats: ClientStats::default(),
+            meta: Mutex::new(ClientMeta::default()),
+        })
+    }
+
+    /// A handle with no socket behind it, for unit tests of routing structures.
+    pub fn detached(id: u64) -> Arc<Self> {
+        Self::new(id, 64 * 1024 * 1024)
+    }
+
+    fn lock_out(&self) -> MutexGuard<'_, Outbound> {
+        self.out.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn is_closed(&self) -> bool {
+        *self.closed.borrow()
+    }
+
+    pub fn pending_bytes(&self) -> usize {
+        self.lock_out().buf.len()
+    }
+
+    /// Queues one message. Returns true when the caller must [`signal`](Self::signal) this
+    /// handle after its current batch (it is the first to queue since the last flush).
+    pub fn queue_msg(
+        &self,
+        subject: &[u8],
+        sid: &[u8],
+        reply: Option<&[u8]>,
+        hdr_len: Option<usize>,
+        data: &[u8],
+    ) -> bool {
+        let mut o = self.lock_out();
+        if o.closing {
+            return false;
+        }
+        match hdr_len {
+            Some(h) if self.headers.load(Ordering::Relaxed) => {
+                encode::hmsg(&mut o.buf, subject, sid, reply, h, data)
+            }
+            Some(h) => encode::msg(&mut o.buf, subject, sid, reply, &data[h.min(data.len())..]),
+            None => encode::msg(&mut o.buf, subject, sid, reply, data),
+        }
+        self.stats.out_msgs.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .out_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        if o.buf.len() > self.max_pending {
+            // The reference closes a client whose pending bytes pass the limit, without
+            // flushing and without -ERR: the socket is not draining anyway.
+            o.buf = BytesMut::new();
+            o.closing = true;
+            drop(o);
+            crate::info!(
+                "{} - Slow Consumer Detected: MaxPending of {} Exceeded",
+                self.id,
+                self.max_pending
+            );
+            SLOW_CONSUMERS.fetch_add(1, Ordering::Relaxed);
+            self.abort_writer.notify_one();
+            self.close(CloseReason::SlowConsumerPendingBytes);
+            return false;
+        }
+        schedule(&mut o)
+    }
+
+    /// Queues raw protocol bytes (PONG, +OK, INFO, -ERR).
+    fn queue_raw(&self, bytes: &[u8]) -> bool {
+        let mut o = self.lock_out();
+        if o.closing {
+            return false;
+        }
+        o.buf.extend_from_slice(bytes);
+        schedule(&mut o)
+    }
+
+    /// Wakes the writer.
+    pub fn signal(&self) {
+        self.wake_writer.notify_one();
+    }
+
+    /// Flushes what is queued, then closes the connection.
+    pub fn close(&self, reason: CloseReason) {
+        self.lock_out().closing = true;
+        self.closed.send_if_modified(|c| {
+            if *c {
+                false
+            } else {
+                crate::debug!("{} - Client connection closed: {:?}", self.id, reason);
+                *c = true;
+                true
+            }
+        });
+        self.signal();
+    }
+}
+
+fn schedule(o: &mut Outbound) -> bool {
+    if o.flush_scheduled {
+        false
+    } else {
+        o.flush_scheduled = true;
+        true
+    }
+}
+
+/// Slow consumers seen since start (for monitoring).
+pub static SLOW_CONSUMERS: AtomicU64 = AtomicU64::new(0);
+
+/// CONNECT fields we act on; unknown fields are ignored as by the reference.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ConnectOpts {
+    verbose: bool,
+    pedantic: bool,
+    echo: Option<bool>,
+    headers: bool,
+    no_responders: bool,
+    protocol: i64,
+    name: Option<String>,
+    lang: Option<String>,
+    version: Option<String>,
+}
+
+/// Reader-side state of one connection.
+struct Conn {
+    server: Arc<Server>,
+    handle: Arc<ClientHandle>,
+    parser: Parser,
+    cache: MatchCache,
+    verbose: bool,
+    pedantic: bool,
+    echo: bool,
+    headers: bool,
+    no_responders: bool,
+    /// Send the second INFO (connect_info) after the PONG to the client's first PING.
+    info_after_pong: bool,
+    pings_out: u32,
+    last_in: Instant,
+    rtt_known: bool,
+    rng: u64,
+    /// Handles that received data during this read and need their writer woken.
+    to_signal: Vec<Arc<ClientHandle>>,
+}
+
+/// Serves one accepted connection until it closes.
+pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
+    let _ = stream.set_nodelay(true);
+    let addr = stream.peer_addr().ok();
+    let (rd, wr) = stream.into_split();
+    let handle = ClientHandle::new(id, server.opts.max_pending);
+    {
+        let mut meta = handle.meta.lock().unwrap_or_else(|e| e.into_inner());
+        meta.addr = addr;
+        meta.start = Some(std::time::SystemTime::now());
+    }
+    handle.queue_raw(&server.info_line(id, addr, false));
+    let writer = tokio::spawn(write_loop(handle.clone(), wr, server.opts.write_deadline));
+
+    if !server.register(&handle) {
+        let mut b = BytesMut::new();
+        encode::err(&mut b, "maximum connections exceeded");
+        handle.queue_raw(&b);
+        handle.close(CloseReason::MaxConnections);
+        crate::warn!("{id} - Maximum connections exceeded");
+        let _ = writer.await;
+        return;
+    }
+    crate::debug!("{id} - Client connection created from {addr:?}");
+
+    let mut conn = Conn {
+        parser: Parser::new(server.opts.max_payload),
+        cache: MatchCache::default(),
+        verbose: true, // the reference treats a client that never sent CONNECT as verbose
+        pedantic: false,
+        echo: true,
+        headers: false,
+        no_responders: false,
+        info_after_pong: false,
+        pings_out: 0,
+        last_in: Instant::now(),
+        rtt_known: false,
+        rng: 0x9E37_79B9_7F4A_7C15 ^ id.wrapping_mul(0xA24B_AED4_963E_E407),
+        to_signal: Vec::new(),
+        handle: handle.clone(),
+        server: server.clone(),
+    };
+    let reason = conn.read_loop(rd).await;
+    crate::debug!("{id} - Client connection closed: {reason:?}");
+    handle.close(reason);
+    conn.remove_all_subs();
+    server.unregister(id);
+    let _ = writer.await;
+}
+
+impl Conn {
+    async fn read_loop(&mut self, mut rd: OwnedReadHalf) -> CloseReason {
+        let mut buf = BytesMut::with_capacity(16 * 1024);
+        let mut closed = self.handle.closed.subscribe();
+        let mut shutdown = self.server.shutdown_rx();
+        let ping_interval = self.server.opts.ping_interval;
+        // The first PING comes early (as with the reference) so dead peers are found fast.
+        let mut next_ping = Instant::now() + ping_interval.min(Duration::from_secs(2));
+        loop {
+            let want = self.parser.wanted().saturating_sub(buf.len()).max(4096);
+            buf.reserve(want);
+            tokio::select! {
+                r = rd.read_buf(&mut buf) => {
+                    match r {
+                        Ok(0) => return CloseReason::ClientClosed,
+                        Ok(_) => {}
+                        Err(_) => return CloseReason::ReadError,
+                    }
+                    self.last_in = Instant::now();
+                    let res = self.process(&mut buf);
+                    self.flush_signals();
+                    if let Err(reason) = res {
+                        if reason == CloseReason::ProtocolError {
+                            // Let the -ERR reach the client before the socket goes: read and
+                            // drop what it still sends instead of resetting the connection.
+                            self.handle.close(reason);
+                            let _ = tokio::time::timeout(Duration::from_secs(1), drain(&mut rd)).await;
+                        }
+                        return reason;
+                    }
+                }
+                _ = tokio::time::sleep_until(next_ping.into()) => {
+                    next_ping = Instant::now() + ping_interval;
+                    if let Err(reason) = self.ping_timer() {
+                        self.flush_signals();
+                        return reason;
+                    }
+                    self.flush_signals();
+                }
+                _ = until_true(&mut closed) => return CloseReason::WriteError,
+                _ = until_true(&mut shutdown) => return CloseReason::ServerShutdown,
+            }
+        }
+    }
+
+    fn ping_timer(&mut self) -> Result<(), CloseReason> {
+        let interval = self.server.opts.ping_interval;
+        // Recent traffic from the client proves it alive; skip the PING (as the reference).
+        if self.rtt_known && self.last_in.elapsed() < interval {
+            return Ok(());
+        }
+        if self.pings_out + 1 > self.server.opts.ping_max {
+            self.send_err("Stale Connection");
+            crate::debug!("{} - Stale Client Connection - Closing", self.handle.id);
+            return Err(CloseReason::StaleConnection);
+        }
+        self.pings_out += 1;
+        self.send_raw(encode::PING);
+        Ok(())
+    }
+
+    fn flush_signals(&mut self) {
+        for h in self.to_signal.drain(..) {
+            h.signal();
+        }
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) {
+        if self.handle.queue_raw(bytes) {
+            self.to_signal.push(self.handle.clone());
+        }
+    }
+
+    fn send_err(&mut self, text: &str) {
+        let mut b = BytesMut::with_capacity(text.len() + 10);
+        encode::err(&mut b, text);
+        self.send_raw(&b);
+    }
+
+    fn ok(&mut self) {
+        if self.verbose {
+            self.send_raw(encode::OK);
+        }
+    }
+
+    /// Handles every complete op in `buf`.
+    fn process(&mut self, buf: &mut BytesMut) -> Result<(), CloseReason> {
+        loop {
+            let op = match self.parser.next(buf) {
+                Ok(Some(op)) => op,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    if let Some(text) = e.err_text() {
+                        self.send_err(text);
+                    }
+                    if e == ParseError::MaxPayload {
+                        crate::debug!("{} - Maximum Payload Violation", self.handle.id);
+                    }
+                    return Err(CloseReason::ProtocolError);
+                }
+            };
+            match op {
+                ClientOp::Pub {
+                    subject,
+                    reply,
+                    hdr_len,
+                    data,
+                } => {
+                    if hdr_len.is_some() && !self.headers {
+                        // The reference drops a headers:false client that sends HPUB.
+                        return Err(CloseReason::ProtocolError);
+                    }
+                    self.process_pub(&subject, reply.as_deref(), hdr_len, &data);
+                }
+                ClientOp::Sub {
+                    subject,
+                    queue,
+                    sid,
+                } => self.process_sub(&subject, queue.as_deref(), &sid),
+                ClientOp::Unsub { sid, max } => self.process_unsub(&sid, max),
+                ClientOp::Ping => {
+                    self.send_raw(encode::PONG);
+                    if self.info_after_pong {
+                        self.info_after_pong = false;
+                        let addr = self
+                            .handle
+                            .meta
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .addr;
+                        let line = self.server.info_line(self.handle.id, addr, true);
+                        self.send_raw(&line);
+                    }
+                }
+                ClientOp::Pong => {
+                    self.pings_out = 0;
+                    self.rtt_known = true;
+                }
+                ClientOp::Connect(json) => self.process_connect(&json)?,
+                ClientOp::Info => {}
+            }
+        }
+    }
+
+    fn process_connect(&mut self, json: &[u8]) -> Result<(), CloseReason> {
+        // Invalid JSON: the reference closes without -ERR.
+        let c: ConnectOpts =
+            serde_json::from_slice(json).map_err(|_| CloseReason::ProtocolError)?;
+        if c.no_responders && !c.headers {
+            self.send_err("no responders requires headers support");
+            return Err(CloseReason::ProtocolError);
+        }
+        self.verbose = c.verbose;
+        self.pedantic = c.pedantic;
+        self.echo = c.echo.unwrap_or(true);
+        self.headers = c.headers;
+        self.no_responders = c.no_responders;
+        self.handle.headers.store(c.headers, Ordering::Relaxed);
+        self.info_after_pong = c.protocol >= 1;
+        {
+            let mut meta = self.handle.meta.lock().unwrap_or_else(|e| e.into_inner());
+            meta.name = c.name.unwrap_or_default();
+            meta.lang = c.lang.unwrap_or_default();
+            meta.version = c.version.unwrap_or_default();
+        }
+        self.ok();
+        Ok(())
+    }
+
+    fn process_pub(
+        &mut self,
+        subj: &[u8],
+        reply: Option<&[u8]>,
+        hdr_len: Option<usize>,
+        data: &[u8],
+    ) {
+        if self.pedantic && !subject::valid_publish(subj) {
+            self.send_err("Invalid Publish Subject");
+            return;
+        }
+        self.ok();
+        let stats = &self.handle.stats;
+        stats.in_msgs.fetch_add(1, Ordering::Relaxed);
+        stats
+            .in_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+
+        let result = self.cache.lookup(&self.server.sublist, subj);
+        let me = self.handle.id;
+        let mut delivered = false;
+        for sub in &result.psubs {
+            if !self.echo && sub.client.id == me {
+                continue;
+            }
+            delivered |= self.deliver(sub, subj, reply, hdr_len, data);
+        }
+        for group in &result.qsubs {
+            // Start at a random member; fall through to the next if one cannot take it.
+            let start = self.next_rand() as usize % group.len();
+            for i in 0..group.len() {
+                let sub = &group[(start + i) % group.len()];
+                if !self.echo && sub.client.id == me {
+                    continue;
+                }
+                if self.deliver(sub, subj, reply, hdr_len, data) {
+                    delivered = true;
+                    break;
+                }
+            }
+        }
+        if !delivered && self.no_responders {
+            if let Some(reply) = reply {
+                self.no_responders_reply(subj, reply);
+            }
+        }
+    }
+
+    /// A 503 status on the reply subject, delivered to this client's own matching subs.
+    fn no_responders_reply(&mut self, subj: &[u8], reply: &[u8]) {
+        let hdr = encode::status_headers("503", &[("Nats-Subject", subj)]);
+        let result = self.cache.lookup(&self.server.sublist, reply);
+        let me = self.handle.id;
+        let own = result
+            .psubs
+            .iter()
+            .chain(result.qsubs.iter().flatten())
+            .filter(|s| s.client.id == me)
+            .cloned()
+            .collect::<Vec<_>>();
+        for sub in own {
+            self.deliver(&sub, reply, None, Some(hdr.len()), &hdr);
+        }
+    }
+
+    fn deliver(
+        &mut self,
+        sub: &Arc<Sub>,
+        subj: &[u8],
+        reply: Option<&[u8]>,
+        hdr_len: Option<usize>,
+        data: &[u8],
+    ) -> bool {
+        let n = sub.delivered.fetch_add(1, Ordering::Relaxed) + 1;
+        let max = sub.max.load(Ordering::Relaxed);
+        if max > 0 {
+            if n > max {
+                return false;
+            }
+            if n == max {
+                self.server.remove_sub(sub);
+            }
+        }
+        if sub.client.queue_msg(subj, &sub.sid, reply, hdr_len, data) {
+            self.to_signal.push(sub.client.clone());
+        }
+        true
+    }
+
+    fn process_sub(&mut self, subj: &[u8], queue: Option<&[u8]>, sid: &[u8]) {
+        if !subject::valid_subscribe(subj) || queue.is_some_and(|q| !subject::valid_subscribe(q)) {
+            self.send_err("Invalid Subject");
+            return;
+        }
+        {
+            let mut subs = self.handle.subs.lock().unwrap_or_else(|e| e.into_inner());
+            // A repeated sid is ignored, as by the reference.
+            if !subs.contains_key(sid) {
+                // Copies, so the subscription does not pin a whole read buffer.
+                let sid = Bytes::copy_from_slice(sid);
+                let sub = Arc::new(Sub {
+                    client: self.handle.clone(),
+                    sid: sid.clone(),
+                    subject: Bytes::copy_from_slice(subj),
+                    queue: queue.map(Bytes::copy_from_slice),
+                    max: AtomicU64::new(0),
+                    delivered: AtomicU64::new(0),
+                });
+                subs.insert(sid, sub.clone());
+                self.server.sublist.insert(sub);
+            }
+        }
+        self.ok();
+    }
+
+    fn process_unsub(&mut self, sid: &[u8], max: Option<u64>) {
+        let sub = self
+            .handle
+            .subs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(sid)
+            .cloned();
+        if let Some(sub) = sub {
+            match max {
+                Some(m) if m > 0 && sub.delivered.load(Ordering::Relaxed) < m => {
+                    sub.max.store(m, Ordering::Relaxed)
+                }
+                _ => self.server.remove_sub(&sub),
+            }
+        }
+        self.ok();
+    }
+
+    fn remove_all_subs(&mut self) {
+        let subs: Vec<Arc<Sub>> = self
+            .handle
+            .subs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        for s in subs {
+            self.server.sublist.remove(&s);
+        }
+    }
+
+    fn next_rand(&mut self) -> u64 {
+        // xorshift64*: queue member choice needs to be cheap and fair, not secure.
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// Resolves once the flag is set (or its sender is gone).
+pub async fn until_true(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+async fn drain(rd: &mut OwnedReadHalf) {
+    let mut scratch = [0u8; 4096];
+    while let Ok(n) = rd.read(&mut scratch).await {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+/// Writes whatever is queued, in one write per wake-up, until the connection closes.
+async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Duration) {
+    let mut spare = BytesMut::new();
+    loop {
+        let taken = {
+            let mut o = h.lock_out();
+            o.flush_scheduled = false;
+            if o.buf.is_empty() {
+                if o.closing {
+                    break;
+                }
+                None
+            } else {
+                Some(std::mem::replace(&mut o.buf, std::mem::take(&mut spare)))
+            }
+        };
+        let Some(data) = taken else {
+            h.wake_writer.notified().await;
+            continue;
+        };
+        let write = tokio::time::timeout(deadline, wr.write_all(&data));
+        tokio::select! {
+            r = write => match r {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
+                    h.close(CloseReason::WriteError);
+                    break;
+                }
+                Err(_) => {
+                    crate::info!(
+                        "{} - Slow Consumer Detected: WriteDeadline of {:?} exceeded with {} total bytes",
+                        h.id, deadline, data.len()
+                    );
+                    SLOW_CONSUMERS.fetch_add(1, Ordering::Relaxed);
+                    h.close(CloseReason::SlowConsumerWriteDeadline);
+                    break;
+                }
+            },
+            _ = h.abort_writer.notified() => break,
+        }
+        // Keep the buffer for reuse unless a burst made it large.
+        spare = data;
+        spare.clear();
+        if spare.capacity() > 1024 * 1024 {
+            spare = BytesMut::new();
+        }
+    }
+    let _ = wr.shutdown().await;
+}

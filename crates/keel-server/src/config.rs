@@ -1,0 +1,466 @@
+//! Server options: defaults, the nats-server command line, and the nats-server config file.
+//!
+//! Flags are parsed by hand rather than with clap because the reference's flags include
+//! multi-letter single-dash forms (`-js`, `-sd`, `-DV`) that launchers pass verbatim. A config
+//! file is applied first and flags override it, as with the reference.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::conf::{self, Map, Value};
+
+/// The nats-server version Keel's API level matches; advertised in INFO `version` because
+/// clients gate features on it.
+pub const COMPAT_VERSION: &str = "2.14.0";
+/// Keel's own version.
+pub const KEEL_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[derive(Debug, Clone)]
+pub struct Opts {
+    pub host: String,
+    /// 0 or -1 (RANDOM_PORT) picks a free port.
+    pub port: i64,
+    pub server_name: Option<String>,
+    pub http_host: Option<String>,
+    pub http_port: Option<i64>,
+    pub max_payload: usize,
+    pub max_connections: usize,
+    pub max_pending: usize,
+    pub ping_interval: Duration,
+    pub ping_max: u32,
+    pub write_deadline: Duration,
+    pub jetstream: bool,
+    pub store_dir: Option<PathBuf>,
+    pub max_memory_store: Option<i64>,
+    pub max_file_store: Option<i64>,
+    pub debug: bool,
+    pub trace: bool,
+    pub logtime: bool,
+    pub log_file: Option<PathBuf>,
+    pub pid_file: Option<PathBuf>,
+    pub config_file: Option<PathBuf>,
+    /// `-t`: check the configuration and exit.
+    pub check_config: bool,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            host: "0.0.0.0".into(),
+            port: 4222,
+            server_name: None,
+            http_host: None,
+            http_port: None,
+            max_payload: 1024 * 1024,
+            max_connections: 64 * 1024,
+            max_pending: 64 * 1024 * 1024,
+            ping_interval: Duration::from_secs(120),
+            ping_max: 2,
+            write_deadline: Duration::from_secs(10),
+            jetstream: false,
+            store_dir: None,
+            max_memory_store: None,
+            max_file_store: None,
+            debug: false,
+            trace: false,
+            logtime: true,
+            log_file: None,
+            pid_file: None,
+            config_file: None,
+            check_config: false,
+        }
+    }
+}
+
+/// What the command line asked for.
+#[derive(Debug)]
+pub enum Command {
+    Run(Box<Opts>),
+    Help,
+    Version,
+}
+
+pub const USAGE: &str = "\
+Usage: keel-server [options]
+
+Server Options:
+    -a, --addr, --net <host>         Bind to host address (default: 0.0.0.0)
+    -p, --port <port>                Use port for clients (default: 4222; -1 picks a free port)
+    -n, --name, --server_name <name> Server name (default: the server id)
+    -P, --pid <file>                 File to store PID
+    -m, --http_port <port>           Use port for http monitoring
+    -c, --config <file>              Configuration file (nats-server format)
+    -t                               Test configuration and exit
+        --max_payload <size>         Maximum message payload (default: 1MB)
+
+Logging Options:
+    -l, --log <file>                 File to redirect log output
+    -T, --logtime[=bool]             Timestamp log entries (default: true)
+    -D, --debug[=bool]               Enable debugging output
+    -V, --trace[=bool]               Trace the raw protocol
+    -DV                              Debug and trace
+
+JetStream Options:
+    -js, --jetstream[=bool]          Enable JetStream functionality
+    -sd, --store_dir <dir>           Set the storage directory
+
+Common Options:
+    -h, --help                       Show this message
+    -v, --version                    Show version
+
+Config file keys: port, listen, host, server_name, http_port, http, max_payload,
+max_connections, max_pending, ping_interval, ping_max, write_deadline, debug, trace,
+logtime, log_file, pid_file, jetstream { store_dir, max_memory_store, max_file_store }.
+";
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Bool,
+    Value,
+}
+
+/// Every flag we take: (names, kind, canonical name).
+const FLAGS: &[(&[&str], Kind, &str)] = &[
+    (&["a", "addr", "net"], Kind::Value, "addr"),
+    (&["p", "port"], Kind::Value, "port"),
+    (&["n", "name", "server_name"], Kind::Value, "name"),
+    (&["P", "pid"], Kind::Value, "pid"),
+    (&["m", "http_port"], Kind::Value, "http_port"),
+    (&["c", "config"], Kind::Value, "config"),
+    (&["t"], Kind::Bool, "t"),
+    (&["max_payload"], Kind::Value, "max_payload"),
+    (&["l", "log"], Kind::Value, "log"),
+    (&["T", "logtime"], Kind::Bool, "logtime"),
+    (&["D", "debug"], Kind::Bool, "debug"),
+    (&["V", "trace"], Kind::Bool, "trace"),
+    (&["DV"], Kind::Bool, "DV"),
+    (&["VV"], Kind::Bool, "VV"),
+    (&["DVV"], Kind::Bool, "DVV"),
+    (&["js", "jetstream"], Kind::Bool, "js"),
+    (&["sd", "store_dir"], Kind::Value, "store_dir"),
+    (&["h", "help"], Kind::Bool, "help"),
+    (&["v", "version"], Kind::Bool, "version"),
+];
+
+/// Reference flags we know but do not implement: refused by name rather than "unknown".
+const UNSUPPORTED: &[&str] = &[
+    "user",
+    "pass",
+    "auth",
+    "tls",
+    "tlscert",
+    "tlskey",
+    "tlsverify",
+    "tlscacert",
+    "routes",
+    "cluster",
+    "cluster_name",
+    "cluster_advertise",
+    "no_advertise",
+    "ms",
+    "https_port",
+    "s",
+    "syslog",
+    "r",
+    "remote_syslog",
+    "signal",
+    "sl",
+    "client_advertise",
+    "ports_file_dir",
+    "connect_retries",
+    "max_traced_msg_len",
+];
+
+fn parse_bool(flag: &str, v: &str) -> Result<bool, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "t" | "true" => Ok(true),
+        "0" | "f" | "false" => Ok(false),
+        _ => Err(format!("invalid boolean value {v:?} for flag -{flag}")),
+    }
+}
+
+fn parse_port(flag: &str, v: &str) -> Result<i64, String> {
+    match v.parse::<i64>() {
+        Ok(p) if (-1..=65535).contains(&p) => Ok(p),
+        _ => Err(format!("invalid port {v:?} for flag -{flag}")),
+    }
+}
+
+/// Parses the command line (without the program name) into a [`Command`].
+pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, String> {
+    let mut flags: Vec<(&'static str, Option<String>)> = vec![];
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        let Some(stripped) = arg.strip_prefix('-') else {
+            return Err(format!("unexpected argument {arg:?} (see --help)"));
+        };
+        let stripped = stripped.strip_prefix('-').unwrap_or(stripped);
+        let (name, inline) = match stripped.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (stripped, None),
+        };
+        let Some(&(_, kind, canon)) = FLAGS.iter().find(|(names, _, _)| names.contains(&name))
+        else {
+            if UNSUPPORTED.contains(&name) {
+                return Err(format!(
+                    "flag {arg:?} is a nats-server option that keel-server does not support yet"
+                ));
+            }
+            return Err(format!("unknown flag {arg:?} (see --help)"));
+        };
+        let value = match (kind, inline) {
+            (Kind::Bool, v) => Some(v.unwrap_or_else(|| "true".into())),
+            (Kind::Value, Some(v)) => Some(v),
+            (Kind::Value, None) => Some(
+                it.next()
+                    .ok_or_else(|| format!("flag {arg:?} needs a value"))?,
+            ),
+        };
+        flags.push((canon, value));
+    }
+
+    let mut opts = Opts::default();
+    // The config file goes first; flags override what it says.
+    if let Some((_, Some(path))) = flags.iter().rev().find(|(c, _)| *c == "config") {
+        let path = PathBuf::from(path);
+        let map = conf::parse_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        apply_config(&mut opts, &map).map_err(|e| format!("{}: {e}", path.display()))?;
+        opts.config_file = Some(path);
+    }
+    for (canon, value) in flags {
+        let v = value.unwrap_or_default();
+        match canon {
+            "help" if parse_bool(canon, &v)? => return Ok(Command::Help),
+            "version" if parse_bool(canon, &v)? => return Ok(Command::Version),
+            "help" | "version" | "config" => {}
+            "addr" => opts.host = v,
+            "port" => opts.port = parse_port("p", &v)?,
+            "name" => opts.server_name = Some(v),
+            "pid" => opts.pid_file = Some(v.into()),
+            "http_port" => opts.http_port = Some(parse_port("m", &v)?),
+            "t" => opts.check_config = parse_bool(canon, &v)?,
+            "max_payload" => {
+                opts.max_payload = positive_size("max_payload", &Value::Str(v.clone()))?
+            }
+            "log" => opts.log_file = Some(v.into()),
+            "logtime" => opts.logtime = parse_bool(canon, &v)?,
+            "debug" => opts.debug = parse_bool(canon, &v)?,
+            "trace" => opts.trace = parse_bool(canon, &v)?,
+            "DV" | "VV" | "DVV" => {
+                let on = parse_bool(canon, &v)?;
+                opts.trace = on;
+                if canon != "VV" {
+                    opts.debug = on;
+                }
+            }
+            "js" => opts.jetstream = parse_bool(canon, &v)?,
+            "store_dir" => opts.store_dir = Some(v.into()),
+            _ => unreachable!("flag table and match agree"),
+        }
+    }
+    Ok(Command::Run(Box::new(opts)))
+}
+
+fn positive_size(key: &str, v: &Value) -> Result<usize, String> {
+    let n = v.as_size().map_err(|e| format!("{key}: {e}"))?;
+    if n <= 0 {
+        return Err(format!("{key}: must be greater than 0, got {n}"));
+    }
+    Ok(n as usize)
+}
+
+fn duration(key: &str, v: &Value) -> Result<Duration, String> {
+    v.as_duration().map_err(|e| format!("{key}: {e}"))
+}
+
+fn string(key: &str, v: &Value) -> Result<String, String> {
+    match v {
+        Value::Str(s) => Ok(s.clone()),
+        Value::Int(i) => Ok(i.to_string()),
+        _ => Err(format!("{key}: expected a string")),
+    }
+}
+
+fn boolean(key: &str, v: &Value) -> Result<bool, String> {
+    v.as_bool()
+        .ok_or_else(|| format!("{key}: expected a boolean"))
+}
+
+fn int(key: &str, v: &Value) -> Result<i64, String> {
+    v.as_i64()
+        .ok_or_else(|| format!("{key}: expected an integer"))
+}
+
+/// Splits `host:port` (or `[v6]:port`, or a bare port) into its parts.
+fn host_port(key: &str, s: &str) -> Result<(Option<String>, i64), String> {
+    if let Ok(p) = s.parse::<i64>() {
+        return Ok((None, p));
+    }
+    let (h, p) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{key}: expected host:port, got {s:?}"))?;
+    let port = p
+        .parse::<i64>()
+        .map_err(|_| format!("{key}: invalid port in {s:?}"))?;
+    let h = h.trim_start_matches('[').trim_end_matches(']');
+    Ok(((!h.is_empty()).then(|| h.to_string()), port))
+}
+
+/// Applies the keys of a parsed config file. Unknown keys are errors, not ignored.
+pub fn apply_config(opts: &mut Opts, map: &Map) -> Result<(), String> {
+    for (key, v) in &map.0 {
+        match key.to_ascii_lowercase().as_str() {
+            "port" => opts.port = int(key, v)?,
+            "host" | "net" => opts.host = string(key, v)?,
+            "listen" => {
+                let (h, p) = host_port(key, &string(key, v)?)?;
+                if let Some(h) = h {
+                    opts.host = h;
+                }
+                opts.port = p;
+            }
+            "server_name" => opts.server_name = Some(string(key, v)?),
+            "http_port" | "monitor_port" => opts.http_port = Some(int(key, v)?),
+            "http" => {
+                let (h, p) = host_port(key, &string(key, v)?)?;
+                opts.http_host = h;
+                opts.http_port = Some(p);
+            }
+            "max_payload" => opts.max_payload = positive_size(key, v)?,
+            "max_connections" | "max_conn" => opts.max_connections = positive_size(key, v)?,
+            "max_pending" => opts.max_pending = positive_size(key, v)?,
+            "ping_interval" => opts.ping_interval = duration(key, v)?,
+            "ping_max" => opts.ping_max = int(key, v)?.max(1) as u32,
+            "write_deadline" => opts.write_deadline = duration(key, v)?,
+            "debug" => opts.debug = boolean(key, v)?,
+            "trace" => opts.trace = boolean(key, v)?,
+            "logtime" => opts.logtime = boolean(key, v)?,
+            "log_file" => opts.log_file = Some(string(key, v)?.into()),
+            "pid_file" => opts.pid_file = Some(string(key, v)?.into()),
+            "jetstream" => apply_jetstream(opts, key, v)?,
+            other => {
+                return Err(format!(
+                    "unsupported configuration key {other:?} (keel-server does not implement it)"
+                ))
+            }
+        }
+    }
+    if opts.max_payload > 64 * 1024 * 1024 {
+        return Err("max_payload cannot exceed 64MB".into());
+    }
+    Ok(())
+}
+
+fn apply_jetstream(opts: &mut Opts, key: &str, v: &Value) -> Result<(), String> {
+    match v {
+        Value::Bool(b) => opts.jetstream = *b,
+        Value::Str(s) if matches!(s.to_ascii_lowercase().as_str(), "enabled" | "enable") => {
+            opts.jetstream = true
+        }
+        Value::Str(s) if matches!(s.to_ascii_lowercase().as_str(), "disabled" | "disable") => {
+            opts.jetstream = false
+        }
+        Value::Map(m) => {
+            opts.jetstream = true;
+            for (k, v) in &m.0 {
+                match k.to_ascii_lowercase().as_str() {
+                    "store_dir" | "storedir" => opts.store_dir = Some(string(k, v)?.into()),
+                    "max_memory_store" | "max_mem_store" | "max_mem" => {
+                        opts.max_memory_store = Some(v.as_size().map_err(|e| format!("{k}: {e}"))?)
+                    }
+                    "max_file_store" | "max_file" => {
+                        opts.max_file_store = Some(v.as_size().map_err(|e| format!("{k}: {e}"))?)
+                    }
+                    "enabled" => opts.jetstream = boolean(k, v)?,
+                    other => {
+                        return Err(format!("unsupported jetstream configuration key {other:?}"))
+                    }
+                }
+            }
+        }
+        _ => {
+            return Err(format!(
+                "{key}: expected a block, a boolean, or enabled/disabled"
+            ))
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Result<Opts, String> {
+        match parse_args(args.iter().map(|s| s.to_string()))? {
+            Command::Run(o) => Ok(*o),
+            other => Err(format!("{other:?}")),
+        }
+    }
+
+    #[test]
+    fn flag_forms() {
+        let o = run(&[
+            "-p",
+            "5000",
+            "-a=127.0.0.1",
+            "--name",
+            "n1",
+            "-js",
+            "-sd=/tmp/x",
+        ])
+        .unwrap();
+        assert_eq!(o.port, 5000);
+        assert_eq!(o.host, "127.0.0.1");
+        assert_eq!(o.server_name.as_deref(), Some("n1"));
+        assert!(o.jetstream);
+        assert_eq!(o.store_dir, Some(PathBuf::from("/tmp/x")));
+        let o = run(&["--port=-1", "--store_dir", "/d", "-DV", "-m", "8222"]).unwrap();
+        assert_eq!(o.port, -1);
+        assert!(o.debug && o.trace);
+        assert_eq!(o.http_port, Some(8222));
+        let o = run(&["--port", "-1", "--jetstream=false", "-T=false"]).unwrap();
+        assert_eq!(o.port, -1);
+        assert!(!o.jetstream && !o.logtime);
+    }
+
+    #[test]
+    fn help_version_and_errors() {
+        assert!(matches!(
+            parse_args(["--help".to_string()]),
+            Ok(Command::Help)
+        ));
+        assert!(matches!(
+            parse_args(["-v".to_string()]),
+            Ok(Command::Version)
+        ));
+        assert!(run(&["--bogus"]).unwrap_err().contains("unknown flag"));
+        assert!(run(&["--tls"]).unwrap_err().contains("does not support"));
+        assert!(run(&["-p"]).unwrap_err().contains("needs a value"));
+        assert!(run(&["-p", "x"]).unwrap_err().contains("invalid port"));
+        assert!(run(&["stray"]).unwrap_err().contains("unexpected argument"));
+    }
+
+    #[test]
+    fn config_keys() {
+        let map = conf::parse(
+            "listen: 127.0.0.1:4333\nmax_payload: 1KB\nping_interval: \"1s\"\nping_max: 3\n\
+             write_deadline: 2s\njetstream { store_dir: /tmp/js, max_file_store: 1GiB }\n",
+        )
+        .unwrap();
+        let mut o = Opts::default();
+        apply_config(&mut o, &map).unwrap();
+        assert_eq!(o.host, "127.0.0.1");
+        assert_eq!(o.port, 4333);
+        assert_eq!(o.max_payload, 1024); // the reference: k = 1000, kb = 1024
+        assert_eq!(o.ping_interval, Duration::from_secs(1));
+        assert_eq!(o.ping_max, 3);
+        assert_eq!(o.write_deadline, Duration::from_secs(2));
+        assert!(o.jetstream);
+        assert_eq!(o.max_file_store, Some(1 << 30));
+        let bad = conf::parse("cluster { port: 1 }").unwrap();
+        assert!(apply_config(&mut Opts::default(), &bad)
+            .unwrap_err()
+            .contains("unsupported configuration key"));
+    }
+}

@@ -1,0 +1,141 @@
+//! The `keel-server` binary: parses flags, starts listeners, and shuts down on signals.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use keel_server::config::{self, Command, COMPAT_VERSION, KEEL_VERSION};
+use keel_server::server::Server;
+use keel_server::{error, info, log, monitor, warn};
+
+fn main() -> ExitCode {
+    let opts = match config::parse_args(std::env::args().skip(1)) {
+        Ok(Command::Run(o)) => *o,
+        Ok(Command::Help) => {
+            print!("{}", config::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Version) => {
+            println!("keel-server: v{KEEL_VERSION} (nats-server API level {COMPAT_VERSION})");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("keel-server: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if opts.check_config {
+        println!("keel-server: configuration is valid");
+        return ExitCode::SUCCESS;
+    }
+    let log_file = match &opts.log_file {
+        Some(p) => match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+        {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("keel-server: cannot open log file {}: {e}", p.display());
+                return ExitCode::from(1);
+            }
+        },
+        None => None,
+    };
+    log::init(opts.debug, opts.trace, opts.logtime, log_file);
+
+    // Two cores is the common deployment here; tokio's default of one worker per core fits.
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("keel-server: cannot start runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let code = rt.block_on(run(opts));
+    log::flush();
+    code
+}
+
+async fn run(opts: config::Opts) -> ExitCode {
+    let pid_file = opts.pid_file.clone();
+    let server = Server::new(opts);
+    info!("Starting keel-server");
+    info!("  Version:  {KEEL_VERSION} (nats-server API level {COMPAT_VERSION})");
+    info!("  Name:     {}", server.server_name);
+    info!("  ID:       {}", server.server_id);
+    if let Some(cf) = &server.opts.config_file {
+        info!("Using configuration file: {}", cf.display());
+    }
+    if let Some(p) = &pid_file {
+        if let Err(e) = std::fs::write(p, std::process::id().to_string()) {
+            error!("Could not write pidfile: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    if server.opts.jetstream {
+        warn!("JetStream is not available in this keel-server build yet: JetStream API requests get no responders");
+    }
+
+    if server.opts.http_port.is_some() {
+        match monitor::bind(&server).await {
+            Ok(l) => {
+                if let Ok(a) = l.local_addr() {
+                    info!("Starting http monitor on {a}");
+                }
+                tokio::spawn(monitor::serve(server.clone(), l));
+            }
+            Err(e) => {
+                error!("Error listening on monitoring port: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
+
+    let listener = match server.bind().await {
+        Ok(l) => l,
+        Err(e) => {
+            error!(
+                "Error listening on port: {}:{}, {e}",
+                server.opts.host, server.opts.port
+            );
+            return ExitCode::from(1);
+        }
+    };
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    info!("Listening for client connections on {addr}");
+    info!("Server is ready");
+
+    tokio::spawn(signals(server.clone()));
+    server.accept_loop(listener).await;
+    info!("Server Exiting..");
+    if let Some(p) = &pid_file {
+        let _ = std::fs::remove_file(p);
+    }
+    ExitCode::SUCCESS
+}
+
+async fn signals(server: Arc<Server>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        error!("cannot install signal handlers");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => { info!("Trapped \"terminated\" signal"); break; }
+            _ = int.recv() => { info!("Trapped \"interrupt\" signal"); break; }
+            _ = hup.recv() => warn!("Configuration reload is not supported; SIGHUP ignored"),
+        }
+    }
+    server.shutdown();
+}

@@ -1,0 +1,251 @@
+//! The server: shared state (subject index, connection registry), the listener, and
+//! orderly shutdown.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::client::{self, ClientHandle};
+use crate::config::{Opts, COMPAT_VERSION, KEEL_VERSION};
+use crate::sublist::{Sub, Sublist};
+
+pub struct Server {
+    pub opts: Opts,
+    pub sublist: Sublist,
+    pub server_id: String,
+    pub server_name: String,
+    /// The address clients connect to, once bound.
+    pub client_addr: Mutex<Option<SocketAddr>>,
+    pub start: SystemTime,
+    clients: Mutex<HashMap<u64, Arc<ClientHandle>>>,
+    next_cid: AtomicU64,
+    /// Totals of connections that have gone, so server-wide counters do not go backwards.
+    closed_stats: ClosedStats,
+    shutdown: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct ClosedStats {
+    in_msgs: AtomicU64,
+    in_bytes: AtomicU64,
+    out_msgs: AtomicU64,
+    out_bytes: AtomicU64,
+}
+
+/// Server-wide message counters.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct Totals {
+    pub in_msgs: u64,
+    pub in_bytes: u64,
+    pub out_msgs: u64,
+    pub out_bytes: u64,
+}
+
+/// INFO as the reference orders its fields; optional fields are left out when unset.
+#[derive(Serialize)]
+struct Info<'a> {
+    server_id: &'a str,
+    server_name: &'a str,
+    version: &'a str,
+    proto: u8,
+    keel_version: &'a str,
+    host: &'a str,
+    port: u16,
+    headers: bool,
+    max_payload: usize,
+    client_id: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_ip: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    connect_info: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remote_account: Option<&'a str>,
+}
+
+/// A random id shaped like the reference's server ids: `N` and 55 base32 characters.
+fn new_server_id() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let mut id = String::with_capacity(56);
+    id.push('N');
+    for _ in 0..55 {
+        id.push(ALPHABET[rand::random_range(0..ALPHABET.len())] as char);
+    }
+    id
+}
+
+impl Server {
+    pub fn new(opts: Opts) -> Arc<Self> {
+        let server_id = new_server_id();
+        let server_name = opts
+            .server_name
+            .clone()
+            .unwrap_or_else(|| server_id.clone());
+        let (shutdown, _) = watch::channel(false);
+        Arc::new(Server {
+            opts,
+            sublist: Sublist::new(),
+            server_id,
+            server_name,
+            client_addr: Mutex::new(None),
+            start: SystemTime::now(),
+            clients: Mutex::new(HashMap::new()),
+            next_cid: AtomicU64::new(1),
+            closed_stats: ClosedStats::default(),
+            shutdown,
+        })
+    }
+
+    /// The INFO line for one client; `connect_info` marks the second INFO sent after the
+    /// first PONG.
+    pub fn info_line(
+        &self,
+        client_id: u64,
+        peer: Option<SocketAddr>,
+        connect_info: bool,
+    ) -> Vec<u8> {
+        let addr = *self.client_addr.lock().unwrap_or_else(|e| e.into_inner());
+        let info = Info {
+            server_id: &self.server_id,
+            server_name: &self.server_name,
+            version: COMPAT_VERSION,
+            proto: 1,
+            keel_version: KEEL_VERSION,
+            host: &self.opts.host,
+            port: addr.map_or(0, |a| a.port()),
+            headers: true,
+            max_payload: self.opts.max_payload,
+            client_id,
+            client_ip: peer.map(|p| p.ip().to_string()),
+            connect_info,
+            remote_account: connect_info.then_some("$G"),
+        };
+        let json = serde_json::to_vec(&info).expect("INFO serializes");
+        let mut b = bytes::BytesMut::with_capacity(json.len() + 8);
+        keel_protocol::encode::info(&mut b, &json);
+        b.to_vec()
+    }
+
+    pub fn shutdown_rx(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    /// Adds a connection; false when max_connections is reached.
+    pub fn register(&self, h: &Arc<ClientHandle>) -> bool {
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if clients.len() >= self.opts.max_connections {
+            return false;
+        }
+        clients.insert(h.id, h.clone());
+        true
+    }
+
+    pub fn unregister(&self, id: u64) {
+        let h = self
+            .clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        if let Some(h) = h {
+            let s = &h.stats;
+            let c = &self.closed_stats;
+            c.in_msgs
+                .fetch_add(s.in_msgs.load(Ordering::Relaxed), Ordering::Relaxed);
+            c.in_bytes
+                .fetch_add(s.in_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+            c.out_msgs
+                .fetch_add(s.out_msgs.load(Ordering::Relaxed), Ordering::Relaxed);
+            c.out_bytes
+                .fetch_add(s.out_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    pub fn clients(&self) -> Vec<Arc<ClientHandle>> {
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn num_clients(&self) -> usize {
+        self.clients.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn totals(&self) -> Totals {
+        let c = &self.closed_stats;
+        let mut t = Totals {
+            in_msgs: c.in_msgs.load(Ordering::Relaxed),
+            in_bytes: c.in_bytes.load(Ordering::Relaxed),
+            out_msgs: c.out_msgs.load(Ordering::Relaxed),
+            out_bytes: c.out_bytes.load(Ordering::Relaxed),
+        };
+        for h in self.clients() {
+            t.in_msgs += h.stats.in_msgs.load(Ordering::Relaxed);
+            t.in_bytes += h.stats.in_bytes.load(Ordering::Relaxed);
+            t.out_msgs += h.stats.out_msgs.load(Ordering::Relaxed);
+            t.out_bytes += h.stats.out_bytes.load(Ordering::Relaxed);
+        }
+        t
+    }
+
+    /// Removes a subscription from the index and from its owner's sid table.
+    pub fn remove_sub(&self, sub: &Arc<Sub>) {
+        self.sublist.remove(sub);
+        let mut subs = sub.client.subs.lock().unwrap_or_else(|e| e.into_inner());
+        if subs.get(&sub.sid).is_some_and(|s| Arc::ptr_eq(s, sub)) {
+            subs.remove(&sub.sid);
+        }
+    }
+
+    /// Binds the client listener (port 0 or -1 picks a free port).
+    pub async fn bind(&self) -> std::io::Result<TcpListener> {
+        let port = if self.opts.port <= 0 {
+            0
+        } else {
+            self.opts.port as u16
+        };
+        let listener = TcpListener::bind((self.opts.host.as_str(), port)).await?;
+        *self.client_addr.lock().unwrap_or_else(|e| e.into_inner()) = Some(listener.local_addr()?);
+        Ok(listener)
+    }
+
+    /// Accepts clients until shutdown is requested.
+    pub async fn accept_loop(self: &Arc<Self>, listener: TcpListener) {
+        let mut shutdown = self.shutdown_rx();
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                r = listener.accept() => match r {
+                    Ok((stream, _)) => {
+                        let id = self.next_cid.fetch_add(1, Ordering::Relaxed);
+                        tasks.spawn(client::serve(self.clone(), stream, id));
+                    }
+                    Err(e) => {
+                        crate::error!("Error accepting client connection: {e}");
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                _ = crate::client::until_true(&mut shutdown) => break,
+            }
+        }
+        drop(listener);
+        // Connections see the shutdown signal, flush what they have queued and close.
+        let _ = tokio::time::timeout(Duration::from_secs(3), async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+    }
+
+    pub fn shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+}

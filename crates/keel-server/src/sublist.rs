@@ -1,0 +1,360 @@
+//! The subject index: a trie over `.`-separated tokens with `*` and `>` branches.
+//!
+//! Publishing looks up a literal subject; results are cached by each connection (see
+//! [`MatchCache`]) and the trie's generation counter tells caches when a SUB or UNSUB
+//! anywhere may have changed an answer, so the common publish takes no lock at all.
+
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::client::ClientHandle;
+
+/// One subscription: whose, under which sid, on what subject, in which queue group.
+pub struct Sub {
+    pub client: Arc<ClientHandle>,
+    pub sid: Bytes,
+    pub subject: Bytes,
+    pub queue: Option<Bytes>,
+    /// Auto-unsubscribe after this many deliveries (`UNSUB <sid> <max>`); 0 means never.
+    pub max: AtomicU64,
+    pub delivered: AtomicU64,
+}
+
+/// What a literal subject matches: plain subscriptions, and one list per queue group (a
+/// message goes to one member of each group).
+#[derive(Default)]
+pub struct MatchResult {
+    pub psubs: Vec<Arc<Sub>>,
+    pub qsubs: Vec<Vec<Arc<Sub>>>,
+}
+
+impl MatchResult {
+    pub fn is_empty(&self) -> bool {
+        self.psubs.is_empty() && self.qsubs.is_empty()
+    }
+}
+
+#[derive(Default)]
+struct Node {
+    next: Option<Box<Level>>,
+    psubs: Vec<Arc<Sub>>,
+    qsubs: Vec<(Bytes, Vec<Arc<Sub>>)>,
+}
+
+impl Node {
+    fn is_empty(&self) -> bool {
+        self.psubs.is_empty() && self.qsubs.is_empty() && self.next.is_none()
+    }
+}
+
+#[derive(Default)]
+struct Level {
+    literal: HashMap<Bytes, Node>,
+    pwc: Option<Box<Node>>,
+    fwc: Option<Box<Node>>,
+}
+
+impl Level {
+    fn is_empty(&self) -> bool {
+        self.literal.is_empty() && self.pwc.is_none() && self.fwc.is_none()
+    }
+}
+
+#[derive(Default)]
+pub struct Sublist {
+    root: RwLock<Level>,
+    generation: AtomicU64,
+    count: AtomicUsize,
+}
+
+impl Sublist {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bumped by every change; a cache filled under an older generation is stale.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Adds `sub`; its subject must already be valid for subscribing.
+    pub fn insert(&self, sub: Arc<Sub>) {
+        let mut root = self.root.write().unwrap_or_else(|e| e.into_inner());
+        let mut level: &mut Level = &mut root;
+        let mut tokens = sub.subject.split(|&b| b == b'.').peekable();
+        let subject = sub.subject.clone();
+        let mut start = 0;
+        loop {
+            let tok = tokens.next().expect("valid subjects have a token");
+            let end = start + tok.len();
+            let node: &mut Node = match tok {
+                b"*" => level.pwc.get_or_insert_with(Default::default),
+                b">" => level.fwc.get_or_insert_with(Default::default),
+                _ => level.literal.entry(subject.slice(start..end)).or_default(),
+            };
+            start = end + 1;
+            if tokens.peek().is_none() {
+                match &sub.queue {
+                    None => node.psubs.push(sub),
+                    Some(q) => match node.qsubs.iter_mut().find(|(name, _)| name == q) {
+                        Some((_, members)) => members.push(sub),
+                        None => node.qsubs.push((q.clone(), vec![sub])),
+                    },
+                }
+                break;
+            }
+            level = node.next.get_or_insert_with(Default::default);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Removes `sub` (by identity). Returns false if it was not there. Empty branches are
+    /// pruned so churning subjects (inboxes) do not leave dead nodes behind.
+    pub fn remove(&self, sub: &Arc<Sub>) -> bool {
+        let mut root = self.root.write().unwrap_or_else(|e| e.into_inner());
+        let tokens: Vec<&[u8]> = sub.subject.split(|&b| b == b'.').collect();
+        let removed = remove_from(&mut root, &tokens, sub);
+        if removed {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+        removed
+    }
+
+    /// Everything that `subject` (a literal) matches.
+    pub fn matches(&self, subject: &[u8]) -> MatchResult {
+        let tokens: Vec<&[u8]> = subject.split(|&b| b == b'.').collect();
+        let mut r = MatchResult::default();
+        if tokens.iter().any(|t| t.is_empty()) {
+            return r;
+        }
+        let root = self.root.read().unwrap_or_else(|e| e.into_inner());
+        match_level(&root, &tokens, &mut r);
+        r
+    }
+}
+
+fn remove_from(level: &mut Level, tokens: &[&[u8]], sub: &Arc<Sub>) -> bool {
+    let (tok, rest) = tokens.split_first().expect("non-empty");
+    let node = match *tok {
+        b"*" => level.pwc.as_deref_mut(),
+        b">" => level.fwc.as_deref_mut(),
+        t => level.literal.get_mut(t),
+    };
+    let Some(node) = node else { return false };
+    let removed = if rest.is_empty() {
+        remove_sub(node, sub)
+    } else {
+        match node.next.as_deref_mut() {
+            Some(next) => {
+                let r = remove_from(next, rest, sub);
+                if next.is_empty() {
+                    node.next = None;
+                }
+                r
+            }
+            None => false,
+        }
+    };
+    if removed && node.is_empty() {
+        match *tok {
+            b"*" => level.pwc = None,
+            b">" => level.fwc = None,
+            t => {
+                level.literal.remove(t);
+            }
+        }
+    }
+    removed
+}
+
+fn remove_sub(node: &mut Node, sub: &Arc<Sub>) -> bool {
+    match &sub.queue {
+        None => match node.psubs.iter().position(|s| Arc::ptr_eq(s, sub)) {
+            Some(i) => {
+                node.psubs.swap_remove(i);
+                true
+            }
+            None => false,
+        },
+        Some(q) => {
+            let Some(gi) = node.qsubs.iter().position(|(name, _)| name == q) else {
+                return false;
+            };
+            let members = &mut node.qsubs[gi].1;
+            let Some(i) = members.iter().position(|s| Arc::ptr_eq(s, sub)) else {
+                return false;
+            };
+            members.swap_remove(i);
+            if members.is_empty() {
+                node.qsubs.swap_remove(gi);
+            }
+            true
+        }
+    }
+}
+
+fn add_node(node: &Node, r: &mut MatchResult) {
+    r.psubs.extend(node.psubs.iter().cloned());
+    // A group subscribed through several patterns is still one group: merge by name.
+    for (name, members) in &node.qsubs {
+        match r
+            .qsubs
+            .iter_mut()
+            .find(|g| g[0].queue.as_ref() == Some(name))
+        {
+            Some(g) => g.extend(members.iter().cloned()),
+            None => r.qsubs.push(members.clone()),
+        }
+    }
+}
+
+fn match_level(level: &Level, tokens: &[&[u8]], r: &mut MatchResult) {
+    let (tok, rest) = tokens.split_first().expect("non-empty");
+    if let Some(fwc) = &level.fwc {
+        add_node(fwc, r);
+    }
+    for node in [level.pwc.as_deref(), level.literal.get(*tok)]
+        .into_iter()
+        .flatten()
+    {
+        if rest.is_empty() {
+            add_node(node, r);
+        } else if let Some(next) = &node.next {
+            match_level(next, rest, r);
+        }
+    }
+}
+
+/// A connection's private cache of match results, so repeated publishes to the same
+/// subjects skip the trie and its lock. Wiped whenever the sublist's generation moves.
+pub struct MatchCache {
+    generation: u64,
+    entries: HashMap<Box<[u8]>, Arc<MatchResult>>,
+}
+
+const MATCH_CACHE_MAX: usize = 1024;
+
+impl Default for MatchCache {
+    fn default() -> Self {
+        MatchCache {
+            generation: u64::MAX,
+            entries: HashMap::new(),
+        }
+    }
+}
+
+impl MatchCache {
+    pub fn lookup(&mut self, sublist: &Sublist, subject: &[u8]) -> Arc<MatchResult> {
+        let generation = sublist.generation();
+        if generation != self.generation {
+            self.entries.clear();
+            self.generation = generation;
+        } else if let Some(r) = self.entries.get(subject) {
+            return r.clone();
+        }
+        let r = Arc::new(sublist.matches(subject));
+        if self.entries.len() >= MATCH_CACHE_MAX {
+            self.entries.clear();
+        }
+        self.entries.insert(subject.into(), r.clone());
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::ClientHandle;
+
+    fn sub(subject: &str, queue: Option<&str>) -> Arc<Sub> {
+        Arc::new(Sub {
+            client: ClientHandle::detached(1),
+            sid: Bytes::from_static(b"1"),
+            subject: Bytes::copy_from_slice(subject.as_bytes()),
+            queue: queue.map(|q| Bytes::copy_from_slice(q.as_bytes())),
+            max: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+        })
+    }
+
+    fn matched(sl: &Sublist, subject: &str) -> Vec<String> {
+        let r = sl.matches(subject.as_bytes());
+        let mut v: Vec<String> = r
+            .psubs
+            .iter()
+            .map(|s| String::from_utf8_lossy(&s.subject).into_owned())
+            .collect();
+        for g in r.qsubs {
+            v.push(format!(
+                "q:{}x{}",
+                String::from_utf8_lossy(g[0].queue.as_ref().unwrap()),
+                g.len()
+            ));
+        }
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn wildcards() {
+        let sl = Sublist::new();
+        for s in ["foo", "foo.*", "foo.>", "*.bar", ">", "a.*.>", "foo.bar"] {
+            sl.insert(sub(s, None));
+        }
+        assert_eq!(matched(&sl, "foo"), vec![">", "foo"]);
+        assert_eq!(
+            matched(&sl, "foo.bar"),
+            vec!["*.bar", ">", "foo.*", "foo.>", "foo.bar"]
+        );
+        assert_eq!(matched(&sl, "foo.a.b"), vec![">", "foo.>"]);
+        assert_eq!(matched(&sl, "a.b"), vec![">"]);
+        assert_eq!(matched(&sl, "a.b.c"), vec![">", "a.*.>"]);
+        assert!(sl.matches(b"foo..bar").is_empty());
+    }
+
+    #[test]
+    fn queues_merge_by_name() {
+        let sl = Sublist::new();
+        sl.insert(sub("foo.*", Some("q")));
+        sl.insert(sub("foo.bar", Some("q")));
+        sl.insert(sub("foo.bar", Some("r")));
+        assert_eq!(matched(&sl, "foo.bar"), vec!["q:qx2", "q:rx1"]);
+    }
+
+    #[test]
+    fn remove_prunes_and_bumps_generation() {
+        let sl = Sublist::new();
+        let a = sub("a.b.c", None);
+        let q = sub("a.*", Some("g"));
+        let g0 = sl.generation();
+        sl.insert(a.clone());
+        sl.insert(q.clone());
+        assert!(sl.generation() > g0);
+        assert_eq!(sl.count(), 2);
+        assert!(sl.remove(&a));
+        assert!(!sl.remove(&a));
+        assert!(sl.remove(&q));
+        assert_eq!(sl.count(), 0);
+        assert!(sl.root.read().unwrap().is_empty());
+    }
+
+    #[test]
+    fn cache_sees_changes() {
+        let sl = Sublist::new();
+        let mut cache = MatchCache::default();
+        assert!(cache.lookup(&sl, b"x.y").is_empty());
+        let s = sub("x.*", None);
+        sl.insert(s.clone());
+        assert_eq!(cache.lookup(&sl, b"x.y").psubs.len(), 1);
+        sl.remove(&s);
+        assert!(cache.lookup(&sl, b"x.y").is_empty());
+    }
+}
