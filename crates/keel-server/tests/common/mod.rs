@@ -1,0 +1,486 @@
+//! Shared harness for the keel-server integration tests.
+//!
+//! Every test starts its own server process on a free loopback port. By default
+//! that is the `keel-server` binary built by cargo; with `KEEL_TEST_REFERENCE=1`
+//! the reference `nats-server` from `PATH` is used instead, which is how the
+//! expectations in these tests are checked against the real thing.
+
+#![allow(dead_code)]
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream as StdTcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+/// Upper bound for anything that is expected to happen "promptly".
+pub const STEP: Duration = Duration::from_secs(5);
+/// How long a negative check ("nothing arrives") waits.
+pub const QUIET: Duration = Duration::from_millis(200);
+
+const STARTUP_DEADLINE: Duration = Duration::from_secs(10);
+const STARTUP_ATTEMPTS: usize = 3;
+
+/// True when the tests run against the reference `nats-server`.
+pub fn is_reference() -> bool {
+    std::env::var("KEEL_TEST_REFERENCE").as_deref() == Ok("1")
+}
+
+fn server_binary() -> PathBuf {
+    if is_reference() {
+        PathBuf::from("nats-server")
+    } else {
+        PathBuf::from(env!("CARGO_BIN_EXE_keel-server"))
+    }
+}
+
+/// A temporary directory removed on drop (no extra crates needed).
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(prefix: &str) -> TempDir {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let name = format!(
+            "{prefix}-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = std::env::temp_dir().join(name);
+        fs::create_dir_all(&path).expect("create temp dir");
+        TempDir { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A running server process; killed (and its temp dir removed) on drop.
+pub struct Server {
+    child: Child,
+    port: u16,
+    log_path: PathBuf,
+    // Declared last so the process is gone before the directory is removed.
+    _dir: TempDir,
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local_addr").port()
+}
+
+fn read_log(path: &Path) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = File::open(path) {
+        let _ = f.read_to_string(&mut text);
+    }
+    // Keep panic messages readable: only the tail matters.
+    const MAX: usize = 8 * 1024;
+    if text.len() > MAX {
+        let mut cut = text.len() - MAX;
+        while !text.is_char_boundary(cut) {
+            cut += 1;
+        }
+        text = format!("...{}", &text[cut..]);
+    }
+    text
+}
+
+impl Server {
+    /// Starts a server with default settings.
+    pub fn start() -> Server {
+        Server::launch(None)
+    }
+
+    /// Starts a server with the given configuration file contents
+    /// (nats-server configuration syntax).
+    pub fn start_with_config(conf: &str) -> Server {
+        Server::launch(Some(conf))
+    }
+
+    fn launch(conf: Option<&str>) -> Server {
+        let mut last_error = String::new();
+        for _ in 0..STARTUP_ATTEMPTS {
+            match Server::try_launch(conf) {
+                Ok(server) => return server,
+                // Most likely the free port was taken between probe and bind.
+                Err(e) => last_error = e,
+            }
+        }
+        panic!(
+            "server {} did not start after {STARTUP_ATTEMPTS} attempts: {last_error}",
+            server_binary().display()
+        );
+    }
+
+    fn try_launch(conf: Option<&str>) -> Result<Server, String> {
+        let dir = TempDir::new("keel-server-test");
+        let port = free_port();
+        let log_path = dir.path().join("server.log");
+        let log = File::create(&log_path).map_err(|e| format!("create log: {e}"))?;
+        let log_out = log.try_clone().map_err(|e| format!("clone log: {e}"))?;
+
+        let mut cmd = Command::new(server_binary());
+        cmd.arg("-a")
+            .arg("127.0.0.1")
+            .arg("-p")
+            .arg(port.to_string());
+        if let Some(conf) = conf {
+            let conf_path = dir.path().join("server.conf");
+            fs::write(&conf_path, conf).map_err(|e| format!("write config: {e}"))?;
+            cmd.arg("-c").arg(&conf_path);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(log_out))
+            .stderr(Stdio::from(log));
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", server_binary().display()))?;
+
+        let mut server = Server {
+            child,
+            port,
+            log_path,
+            _dir: dir,
+        };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + STARTUP_DEADLINE;
+        let addr = self.addr();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "server exited early with {status}; log:\n{}",
+                    read_log(&self.log_path)
+                ));
+            }
+            if StdTcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "port {} not accepting after {STARTUP_DEADLINE:?}; log:\n{}",
+                    self.port,
+                    read_log(&self.log_path)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Server output captured so far (tail).
+    pub fn log(&self) -> String {
+        read_log(&self.log_path)
+    }
+
+    /// True while the server process is alive.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Connects an async-nats client with default options.
+    pub async fn client(&self) -> async_nats::Client {
+        self.client_with(async_nats::ConnectOptions::new()).await
+    }
+
+    /// Connects an async-nats client with the given options.
+    pub async fn client_with(&self, opts: async_nats::ConnectOptions) -> async_nats::Client {
+        tokio::time::timeout(STEP, opts.connect(self.url()))
+            .await
+            .expect("connect timed out")
+            .expect("connect failed")
+    }
+
+    /// Opens a raw TCP connection and consumes the INFO line (no CONNECT sent).
+    pub async fn raw(&self) -> RawClient {
+        RawClient::connect(self.addr()).await
+    }
+
+    /// Opens a raw TCP connection, consumes INFO and sends a non-verbose CONNECT.
+    pub async fn raw_connected(&self) -> RawClient {
+        let mut raw = self.raw().await;
+        raw.send(
+            b"CONNECT {\"verbose\":false,\"pedantic\":false,\"protocol\":1,\"headers\":true}\r\n",
+        )
+        .await;
+        raw
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- server log (port {}) ----\n{}\n---- end server log ----",
+                self.port,
+                read_log(&self.log_path)
+            );
+        }
+    }
+}
+
+/// Result of waiting for the peer to close a raw connection.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// Orderly EOF.
+    Eof,
+    /// Connection reset or similar error.
+    Error(std::io::ErrorKind),
+}
+
+/// A raw protocol client for byte-level checks: line reader plus writer.
+pub struct RawClient {
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+    /// The INFO line the server greeted with (without CRLF).
+    pub info: String,
+    /// Asynchronous INFO lines received later, in order.
+    pub async_infos: Vec<String>,
+}
+
+impl RawClient {
+    pub async fn connect(addr: SocketAddr) -> RawClient {
+        let stream = tokio::time::timeout(STEP, TcpStream::connect(addr))
+            .await
+            .expect("raw connect timed out")
+            .expect("raw connect failed");
+        RawClient::from_stream(stream).await
+    }
+
+    /// Wraps an already connected stream and consumes the INFO line.
+    pub async fn from_stream(stream: TcpStream) -> RawClient {
+        stream.set_nodelay(true).expect("set_nodelay");
+        let (r, w) = stream.into_split();
+        let mut raw = RawClient {
+            reader: BufReader::new(r),
+            writer: w,
+            info: String::new(),
+            async_infos: Vec::new(),
+        };
+        let info = raw.read_line().await;
+        assert!(info.starts_with("INFO "), "expected INFO, got {info:?}");
+        raw.info = info;
+        raw
+    }
+
+    /// The INFO JSON object.
+    pub fn info_json(&self) -> serde_json::Value {
+        serde_json::from_str(self.info.trim_start_matches("INFO ").trim())
+            .expect("INFO is valid JSON")
+    }
+
+    /// Writes all bytes in one write call (as far as the OS allows).
+    pub async fn send(&mut self, bytes: &[u8]) {
+        tokio::time::timeout(STEP, self.writer.write_all(bytes))
+            .await
+            .expect("raw write timed out")
+            .expect("raw write failed");
+    }
+
+    /// Like `send` but returns the I/O result instead of panicking.
+    pub async fn try_send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match tokio::time::timeout(STEP, self.writer.write_all(bytes)).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "raw write timed out",
+            )),
+        }
+    }
+
+    /// Reads one line, without the trailing CRLF. Panics on timeout or EOF.
+    pub async fn read_line(&mut self) -> String {
+        match self.try_read_line(STEP).await {
+            Some(line) => line,
+            None => panic!("connection closed while waiting for a line"),
+        }
+    }
+
+    /// Reads one line within `wait`; `None` on EOF. Panics on timeout.
+    pub async fn try_read_line(&mut self, wait: Duration) -> Option<String> {
+        let mut buf = Vec::new();
+        let n = tokio::time::timeout(wait, self.reader.read_until(b'\n', &mut buf))
+            .await
+            .expect("timed out waiting for a line")
+            .expect("raw read failed");
+        if n == 0 {
+            return None;
+        }
+        let line = String::from_utf8_lossy(&buf);
+        Some(line.trim_end_matches(['\r', '\n']).to_string())
+    }
+
+    /// Reads the next protocol line, answering server PINGs and skipping
+    /// asynchronous INFO updates (nats-server sends one after the first PONG).
+    pub async fn read_op(&mut self) -> String {
+        loop {
+            let line = self.read_line().await;
+            if self.absorb(&line).await {
+                continue;
+            }
+            return line;
+        }
+    }
+
+    /// Handles lines a client must accept at any time; true if consumed.
+    async fn absorb(&mut self, line: &str) -> bool {
+        if line == "PING" {
+            self.send(b"PONG\r\n").await;
+            true
+        } else if line.starts_with("INFO ") {
+            self.async_infos.push(line.to_string());
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Reads exactly `n` bytes plus the trailing CRLF, returning the `n` bytes.
+    pub async fn read_payload(&mut self, n: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; n + 2];
+        tokio::time::timeout(STEP, self.reader.read_exact(&mut buf))
+            .await
+            .expect("timed out reading payload")
+            .expect("payload read failed");
+        assert_eq!(&buf[n..], b"\r\n", "payload not followed by CRLF");
+        buf.truncate(n);
+        buf
+    }
+
+    /// Expects `MSG <subject> <sid> [reply] <len>` followed by the payload.
+    /// Returns (MSG line fields, payload).
+    pub async fn read_msg(&mut self) -> (Vec<String>, Vec<u8>) {
+        let line = self.read_op().await;
+        let fields: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        assert!(
+            fields.first().map(String::as_str) == Some("MSG") && (4..=5).contains(&fields.len()),
+            "expected MSG line, got {line:?}"
+        );
+        let len: usize = fields.last().unwrap().parse().expect("MSG length");
+        let payload = self.read_payload(len).await;
+        (fields, payload)
+    }
+
+    /// Waits (bounded) until the server closes the connection, discarding
+    /// anything still arriving.
+    pub async fn expect_closed(&mut self, wait: Duration) -> Closed {
+        let fut = async {
+            let mut sink = vec![0u8; 64 * 1024];
+            loop {
+                match self.reader.read(&mut sink).await {
+                    Ok(0) => return Closed::Eof,
+                    Ok(_) => continue,
+                    Err(e) => return Closed::Error(e.kind()),
+                }
+            }
+        };
+        tokio::time::timeout(wait, fut)
+            .await
+            .expect("server did not close the connection in time")
+    }
+
+    /// Asserts no protocol message (other than PING / async INFO) arrives
+    /// within `QUIET`.
+    pub async fn expect_silence(&mut self) {
+        let deadline = tokio::time::Instant::now() + QUIET;
+        loop {
+            let mut buf = Vec::new();
+            let read = self.reader.read_until(b'\n', &mut buf);
+            match tokio::time::timeout_at(deadline, read).await {
+                Err(_) if buf.is_empty() => return,
+                Err(_) => panic!(
+                    "unexpected partial data from server: {:?}",
+                    String::from_utf8_lossy(&buf)
+                ),
+                Ok(Ok(0)) => panic!("connection closed unexpectedly"),
+                Ok(Ok(_)) => {
+                    let line = String::from_utf8_lossy(&buf);
+                    let line = line.trim_end_matches(['\r', '\n']).to_string();
+                    if !self.absorb(&line).await {
+                        panic!("unexpected data from server: {line:?}");
+                    }
+                }
+                Ok(Err(e)) => panic!("read error: {e}"),
+            }
+        }
+    }
+}
+
+/// Await `fut` within `STEP`, panicking with `what` on timeout.
+pub async fn within<F: std::future::IntoFuture>(what: &str, fut: F) -> F::Output {
+    tokio::time::timeout(STEP, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// Next message from a subscriber within `STEP`; panics if the stream ends.
+pub async fn next_msg(sub: &mut async_nats::Subscriber) -> async_nats::Message {
+    use futures::StreamExt;
+    within("next message", sub.next())
+        .await
+        .expect("subscription ended unexpectedly")
+}
+
+/// Asserts that no message arrives on `sub` within `QUIET`.
+pub async fn expect_no_msg(sub: &mut async_nats::Subscriber) {
+    use futures::StreamExt;
+    if let Ok(Some(msg)) = tokio::time::timeout(QUIET, sub.next()).await {
+        panic!(
+            "unexpected message on {}: {:?}",
+            msg.subject,
+            String::from_utf8_lossy(&msg.payload)
+        );
+    }
+}
+
+/// Round-trip barrier: returns once the server has processed every operation
+/// this client sent before the call (e.g. a SUB). `Client::flush` only
+/// flushes the client's socket buffer, so it cannot serve as a barrier.
+///
+/// Works by publishing to a fresh inbox subject the client itself subscribes
+/// to, so it needs echo (the default).
+pub async fn sync(client: &async_nats::Client) {
+    let subject = client.new_inbox();
+    let mut sub = client.subscribe(subject.clone()).await.expect("sync sub");
+    client
+        .publish(subject, bytes::Bytes::new())
+        .await
+        .expect("sync pub");
+    next_msg(&mut sub).await;
+    sub.unsubscribe().await.expect("sync unsub");
+}
