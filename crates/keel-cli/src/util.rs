@@ -1,0 +1,353 @@
+//! Shared helpers: connecting with actionable errors, duration and header
+//! parsing, body templates, and a server round trip.
+
+use std::error::Error as _;
+use std::io;
+use std::time::Duration;
+
+use async_nats::{Client, ConnectErrorKind, ConnectOptions, HeaderMap, Subject, Subscriber};
+use bytes::Bytes;
+use futures::StreamExt;
+
+/// Errors are plain sentences: everything the CLI reports is meant for a person.
+pub type Res<T> = Result<T, String>;
+
+/// Connection settings shared by every subcommand.
+#[derive(Clone, Debug)]
+pub struct ConnSettings {
+    pub server: String,
+    pub timeout: Duration,
+    pub user: Option<String>,
+    pub password: Option<String>,
+}
+
+impl ConnSettings {
+    /// Client options for these settings; benchmarks add buffer sizes on top.
+    pub fn options(&self) -> ConnectOptions {
+        let opts = ConnectOptions::new()
+            .name("keel-cli")
+            .connection_timeout(self.timeout)
+            .request_timeout(Some(self.timeout));
+        // Flags win over credentials in the URL, as in the `nats` CLI.
+        // (async-nats itself ignores URL credentials.)
+        match (&self.user, url_credentials(&self.server)) {
+            (Some(user), _) => {
+                opts.user_and_password(user.clone(), self.password.clone().unwrap_or_default())
+            }
+            (None, Some((user, Some(pass)))) => opts.user_and_password(user, pass),
+            (None, Some((token, None))) => opts.token(token),
+            (None, None) => opts,
+        }
+    }
+
+    pub async fn connect(&self) -> Res<Client> {
+        self.connect_with(self.options()).await
+    }
+
+    pub async fn connect_with(&self, opts: ConnectOptions) -> Res<Client> {
+        opts.connect(self.server.as_str())
+            .await
+            .map_err(|e| connect_error_message(&redact(&self.server), &e))
+    }
+}
+
+/// The `user[:password]@` part of a server URL, if any.
+fn url_credentials(url: &str) -> Option<(String, Option<String>)> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    match userinfo.split_once(':') {
+        Some((u, p)) => Some((u.to_string(), Some(p.to_string()))),
+        None => Some((userinfo.to_string(), None)),
+    }
+}
+
+/// The URL with any password or token masked, for error messages.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = match userinfo.split_once(':') {
+                Some((u, _)) => format!("{u}:***"),
+                None => "***".to_string(),
+            };
+            format!("{scheme}://{user}@{host}{path}")
+        }
+        None => url.to_string(),
+    }
+}
+
+/// Turns a connect error into one line that tells the person what to do next.
+fn connect_error_message(server: &str, err: &async_nats::ConnectError) -> String {
+    let (what, hint) = match err.kind() {
+        ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => (
+            "authorization violation".to_string(),
+            "check --user/--password or the credentials in the URL",
+        ),
+        ConnectErrorKind::ServerParse => (
+            "invalid server URL".to_string(),
+            "expected e.g. nats://127.0.0.1:4222",
+        ),
+        ConnectErrorKind::Dns => (
+            "cannot resolve host name".to_string(),
+            "check the host part of --server",
+        ),
+        ConnectErrorKind::TimedOut => (
+            "timed out".to_string(),
+            "is the server reachable? raise --timeout if it is slow",
+        ),
+        ConnectErrorKind::Tls => (format!("{err}"), "check the TLS settings of the server"),
+        _ => match io_error_kind(err) {
+            Some(io::ErrorKind::ConnectionRefused) => (
+                "connection refused".to_string(),
+                "is `keel-server` running?",
+            ),
+            Some(io::ErrorKind::ConnectionReset) | Some(io::ErrorKind::UnexpectedEof) => (
+                "connection closed by the server during the handshake".to_string(),
+                "is it a NATS server?",
+            ),
+            _ => (format!("{err}"), "is `keel-server` running?"),
+        },
+    };
+    format!("cannot connect to {server}: {what} ({hint})")
+}
+
+/// Finds the underlying `io::Error`, if any, in the error's source chain.
+fn io_error_kind(err: &async_nats::ConnectError) -> Option<io::ErrorKind> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = err.source();
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            return Some(io.kind());
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// Parses durations the way Go (and so the `nats` CLI) writes them: `5s`,
+/// `500ms`, `1m30s`, `250us`; a bare number means seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = s.parse::<f64>() {
+        return secs_to_duration(secs, s);
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("invalid duration {s:?}: missing unit"))?;
+        if num_len == 0 {
+            return Err(format!("invalid duration {s:?}: expected a number"));
+        }
+        let value: f64 = rest[..num_len]
+            .parse()
+            .map_err(|_| format!("invalid duration {s:?}"))?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            u => {
+                return Err(format!(
+                    "invalid duration {s:?}: unknown unit {u:?} (use h, m, s, ms, us, ns)"
+                ))
+            }
+        };
+        total += value * scale;
+        rest = &rest[unit_len..];
+    }
+    secs_to_duration(total, s)
+}
+
+fn secs_to_duration(secs: f64, orig: &str) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {orig:?}"))
+}
+
+/// Parses repeatable `-H key:value` flags into a header map.
+pub fn parse_headers(items: &[String]) -> Res<Option<HeaderMap>> {
+    if items.is_empty() {
+        return Ok(None);
+    }
+    let mut map = HeaderMap::new();
+    for item in items {
+        let (k, v) = item
+            .split_once(':')
+            .ok_or_else(|| format!("invalid header {item:?}: expected key:value"))?;
+        let (k, v) = (k.trim(), v.trim());
+        if k.is_empty() {
+            return Err(format!("invalid header {item:?}: empty key"));
+        }
+        map.append(k, v);
+    }
+    Ok(Some(map))
+}
+
+/// Replaces `{{Count}}` (also `{{ Count }}` and the Go-template `{{.Count}}`)
+/// with `count`; other `{{...}}` text is left untouched.
+pub fn render_template(template: &str, count: u64) -> String {
+    if !template.contains("{{") {
+        return template.to_string();
+    }
+    let mut out = String::with_capacity(template.len() + 8);
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        match after.find("}}") {
+            Some(end) if matches!(after[..end].trim(), "Count" | ".Count") => {
+                out.push_str(&count.to_string());
+                rest = &after[end + 2..];
+            }
+            _ => {
+                out.push_str("{{");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Header lines sorted by name, so output is stable across runs.
+pub fn header_lines(headers: &HeaderMap) -> Vec<String> {
+    let mut lines: Vec<String> = headers
+        .iter()
+        .flat_map(|(name, values)| values.iter().map(move |v| format!("{name}: {v}")))
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// Confirms that the server has processed everything a client sent so far.
+///
+/// `Client::flush` only empties the local write buffer. A message sent to the
+/// client's own inbox comes back only after the server has handled every
+/// earlier command on the connection, which is the guarantee benchmarks (and
+/// subscribers announcing readiness) need.
+pub struct Pinger {
+    client: Client,
+    inbox: Subject,
+    sub: Subscriber,
+}
+
+impl Pinger {
+    pub async fn new(client: &Client) -> Res<Pinger> {
+        let inbox = Subject::from(client.new_inbox());
+        let sub = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| format!("subscribe failed: {e}"))?;
+        Ok(Pinger {
+            client: client.clone(),
+            inbox,
+            sub,
+        })
+    }
+
+    pub async fn ping(&mut self, timeout: Duration) -> Res<()> {
+        self.client
+            .publish(self.inbox.clone(), Bytes::new())
+            .await
+            .map_err(|e| format!("publish failed: {e}"))?;
+        self.client
+            .flush()
+            .await
+            .map_err(|e| format!("flush failed: {e}"))?;
+        match tokio::time::timeout(timeout, self.sub.next()).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err("connection closed while waiting for the server".into()),
+            Err(_) => Err(format!(
+                "the server did not answer a round trip within {timeout:?}"
+            )),
+        }
+    }
+}
+
+/// One-off [`Pinger`] round trip.
+pub async fn round_trip(client: &Client, timeout: Duration) -> Res<()> {
+    Pinger::new(client).await?.ping(timeout).await
+}
+
+/// Formats an integer with thousands separators, for human-readable counts.
+pub fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn templates() {
+        assert_eq!(render_template("msg {{Count}}", 3), "msg 3");
+        assert_eq!(render_template("{{ Count }}-{{.Count}}", 7), "7-7");
+        assert_eq!(render_template("{{Other}} {{Count}}", 1), "{{Other}} 1");
+        assert_eq!(render_template("open {{ only", 1), "open {{ only");
+        assert_eq!(render_template("plain", 1), "plain");
+    }
+
+    #[test]
+    fn headers() {
+        let h = parse_headers(&["a:1".into(), "b: two:2".into(), "a:3".into()])
+            .unwrap()
+            .unwrap();
+        assert_eq!(header_lines(&h), vec!["a: 1", "a: 3", "b: two:2"]);
+        assert!(parse_headers(&["novalue".into()]).is_err());
+        assert!(parse_headers(&[]).unwrap().is_none());
+    }
+
+    #[test]
+    fn url_auth() {
+        assert_eq!(url_credentials("nats://127.0.0.1:4222"), None);
+        assert_eq!(
+            url_credentials("nats://al:pw@h:4222"),
+            Some(("al".into(), Some("pw".into())))
+        );
+        assert_eq!(url_credentials("nats://tok@h"), Some(("tok".into(), None)));
+        assert_eq!(redact("nats://al:pw@h:4222"), "nats://al:***@h:4222");
+        assert_eq!(redact("nats://tok@h"), "nats://***@h");
+        assert_eq!(redact("nats://h:4222"), "nats://h:4222");
+    }
+
+    #[test]
+    fn grouping() {
+        assert_eq!(group(0), "0");
+        assert_eq!(group(999), "999");
+        assert_eq!(group(1000), "1,000");
+        assert_eq!(group(1234567), "1,234,567");
+    }
+}
