@@ -18,8 +18,9 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
+use crate::router::{Outgoing, Router};
 use crate::server::Server;
-use crate::sublist::{MatchCache, Sub};
+use crate::sublist::Sub;
 
 /// The part of a connection other tasks touch: its outbound buffer and subscriptions.
 pub struct ClientHandle {
@@ -35,6 +36,29 @@ pub struct ClientHandle {
     pub subs: Mutex<HashMap<Bytes, Arc<Sub>>>,
     pub stats: ClientStats,
     pub meta: Mutex<ClientMeta>,
+    /// Set for in-process subscribers (JetStream): messages go to this queue instead of a
+    /// socket, as `Bytes` clones of the publisher's buffer.
+    internal: Option<tokio::sync::mpsc::UnboundedSender<InMsg>>,
+}
+
+/// A message delivered to an in-process subscriber.
+#[derive(Debug, Clone)]
+pub struct InMsg {
+    pub sid: Bytes,
+    pub subject: Bytes,
+    pub reply: Option<Bytes>,
+    /// Length of the header block at the start of `data` (0 when none).
+    pub hdr_len: usize,
+    pub data: Bytes,
+}
+
+impl InMsg {
+    pub fn headers(&self) -> &[u8] {
+        &self.data[..self.hdr_len]
+    }
+    pub fn payload(&self) -> &[u8] {
+        &self.data[self.hdr_len..]
+    }
 }
 
 #[derive(Default)]
@@ -92,7 +116,17 @@ impl ClientHandle {
             subs: Mutex::new(HashMap::new()),
             stats: ClientStats::default(),
             meta: Mutex::new(ClientMeta::default()),
+            internal: None,
         })
+    }
+
+    /// An in-process subscriber whose messages arrive on the returned queue.
+    pub fn internal(id: u64) -> (Arc<Self>, tokio::sync::mpsc::UnboundedReceiver<InMsg>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut h = Arc::into_inner(Self::new(id, usize::MAX)).expect("fresh handle");
+        h.internal = Some(tx);
+        h.headers.store(true, Ordering::Relaxed);
+        (Arc::new(h), rx)
     }
 
     /// A handle with no socket behind it, for unit tests of routing structures.
@@ -116,12 +150,24 @@ impl ClientHandle {
     /// handle after its current batch (it is the first to queue since the last flush).
     pub fn queue_msg(
         &self,
-        subject: &[u8],
-        sid: &[u8],
-        reply: Option<&[u8]>,
+        subject: &Bytes,
+        sid: &Bytes,
+        reply: Option<&Bytes>,
         hdr_len: Option<usize>,
-        data: &[u8],
+        data: &Bytes,
     ) -> bool {
+        if let Some(tx) = &self.internal {
+            self.stats.out_msgs.fetch_add(1, Ordering::Relaxed);
+            let _ = tx.send(InMsg {
+                sid: sid.clone(),
+                subject: subject.clone(),
+                reply: reply.cloned(),
+                hdr_len: hdr_len.unwrap_or(0),
+                data: data.clone(),
+            });
+            return false;
+        }
+        let reply = reply.map(|r| &r[..]);
         let mut o = self.lock_out();
         if o.closing {
             return false;
@@ -219,7 +265,7 @@ struct Conn {
     server: Arc<Server>,
     handle: Arc<ClientHandle>,
     parser: Parser,
-    cache: MatchCache,
+    router: Router,
     verbose: bool,
     pedantic: bool,
     echo: bool,
@@ -230,9 +276,6 @@ struct Conn {
     pings_out: u32,
     last_in: Instant,
     rtt_known: bool,
-    rng: u64,
-    /// Handles that received data during this read and need their writer woken.
-    to_signal: Vec<Arc<ClientHandle>>,
 }
 
 /// Serves one accepted connection until it closes.
@@ -262,7 +305,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
 
     let mut conn = Conn {
         parser: Parser::new(server.opts.max_payload),
-        cache: MatchCache::default(),
+        router: Router::new(id),
         verbose: true, // the reference treats a client that never sent CONNECT as verbose
         pedantic: false,
         echo: true,
@@ -272,8 +315,6 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
         pings_out: 0,
         last_in: Instant::now(),
         rtt_known: false,
-        rng: 0x9E37_79B9_7F4A_7C15 ^ id.wrapping_mul(0xA24B_AED4_963E_E407),
-        to_signal: Vec::new(),
         handle: handle.clone(),
         server: server.clone(),
     };
@@ -297,7 +338,11 @@ impl Conn {
         // The first PING comes early (as with the reference) so dead peers are found fast.
         let mut next_ping = Instant::now() + ping_interval.min(Duration::from_secs(2));
         loop {
-            let want = self.parser.wanted().saturating_sub(buf.len()).max(read_size);
+            let want = self
+                .parser
+                .wanted()
+                .saturating_sub(buf.len())
+                .max(read_size);
             buf.reserve(want);
             let room = buf.capacity() - buf.len();
             tokio::select! {
@@ -357,14 +402,12 @@ impl Conn {
     }
 
     fn flush_signals(&mut self) {
-        for h in self.to_signal.drain(..) {
-            h.signal();
-        }
+        self.router.flush();
     }
 
     fn send_raw(&mut self, bytes: &[u8]) {
         if self.handle.queue_raw(bytes) {
-            self.to_signal.push(self.handle.clone());
+            self.router.needs_signal(&self.handle);
         }
     }
 
@@ -407,7 +450,7 @@ impl Conn {
                         // The reference drops a headers:false client that sends HPUB.
                         return Err(CloseReason::ProtocolError);
                     }
-                    self.process_pub(&subject, reply.as_deref(), hdr_len, &data);
+                    self.process_pub(subject, reply, hdr_len, data);
                 }
                 ClientOp::Sub {
                     subject,
@@ -466,12 +509,12 @@ impl Conn {
 
     fn process_pub(
         &mut self,
-        subj: &[u8],
-        reply: Option<&[u8]>,
+        subject: Bytes,
+        reply: Option<Bytes>,
         hdr_len: Option<usize>,
-        data: &[u8],
+        data: Bytes,
     ) {
-        if self.pedantic && !subject::valid_publish(subj) {
+        if self.pedantic && !subject::valid_publish(&subject) {
             self.send_err("Invalid Publish Subject");
             return;
         }
@@ -481,76 +524,20 @@ impl Conn {
         stats
             .in_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-
-        let result = self.cache.lookup(&self.server.sublist, subj);
+        let msg = Outgoing {
+            subject: &subject,
+            reply: reply.as_ref(),
+            hdr_len,
+            data: &data,
+        };
         let me = self.handle.id;
-        let mut delivered = false;
-        for sub in &result.psubs {
-            if !self.echo && sub.client.id == me {
-                continue;
-            }
-            delivered |= self.deliver(sub, subj, reply, hdr_len, data);
-        }
-        for group in &result.qsubs {
-            // Start at a random member; fall through to the next if one cannot take it.
-            let start = self.next_rand() as usize % group.len();
-            for i in 0..group.len() {
-                let sub = &group[(start + i) % group.len()];
-                if !self.echo && sub.client.id == me {
-                    continue;
-                }
-                if self.deliver(sub, subj, reply, hdr_len, data) {
-                    delivered = true;
-                    break;
-                }
-            }
-        }
+        let skip = (!self.echo).then_some(me);
+        let delivered = self.router.route(&self.server, &msg, skip);
         if !delivered && self.no_responders {
-            if let Some(reply) = reply {
-                self.no_responders_reply(subj, reply);
+            if let Some(reply) = &reply {
+                self.router.no_responders(&self.server, me, &subject, reply);
             }
         }
-    }
-
-    /// A 503 status on the reply subject, delivered to this client's own matching subs.
-    fn no_responders_reply(&mut self, subj: &[u8], reply: &[u8]) {
-        let hdr = encode::status_headers("503", &[("Nats-Subject", subj)]);
-        let result = self.cache.lookup(&self.server.sublist, reply);
-        let me = self.handle.id;
-        let own = result
-            .psubs
-            .iter()
-            .chain(result.qsubs.iter().flatten())
-            .filter(|s| s.client.id == me)
-            .cloned()
-            .collect::<Vec<_>>();
-        for sub in own {
-            self.deliver(&sub, reply, None, Some(hdr.len()), &hdr);
-        }
-    }
-
-    fn deliver(
-        &mut self,
-        sub: &Arc<Sub>,
-        subj: &[u8],
-        reply: Option<&[u8]>,
-        hdr_len: Option<usize>,
-        data: &[u8],
-    ) -> bool {
-        let n = sub.delivered.fetch_add(1, Ordering::Relaxed) + 1;
-        let max = sub.max.load(Ordering::Relaxed);
-        if max > 0 {
-            if n > max {
-                return false;
-            }
-            if n == max {
-                self.server.remove_sub(sub);
-            }
-        }
-        if sub.client.queue_msg(subj, &sub.sid, reply, hdr_len, data) {
-            self.to_signal.push(sub.client.clone());
-        }
-        true
     }
 
     fn process_sub(&mut self, subj: &[u8], queue: Option<&[u8]>, sid: &[u8]) {
@@ -610,16 +597,6 @@ impl Conn {
         for s in subs {
             self.server.sublist.remove(&s);
         }
-    }
-
-    fn next_rand(&mut self) -> u64 {
-        // xorshift64*: queue member choice needs to be cheap and fair, not secure.
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 }
 

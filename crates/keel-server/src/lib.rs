@@ -11,5 +11,6 @@ pub mod conf;
 pub mod config;
 pub mod log;
 pub mod monitor;
+pub mod router;
 pub mod server;
 pub mod sublist;

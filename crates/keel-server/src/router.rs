@@ -1,0 +1,134 @@
+//! Routing one published message to its subscribers. Each publisher (a client connection,
+//! or an in-process service such as JetStream) owns a [`Router`]: its own match cache, the
+//! list of subscribers whose writers must be woken when its batch ends, and the random
+//! state used to pick queue-group members.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use keel_protocol::encode;
+
+use crate::client::ClientHandle;
+use crate::server::Server;
+use crate::sublist::{MatchCache, Sub};
+
+pub struct Router {
+    cache: MatchCache,
+    to_signal: Vec<Arc<ClientHandle>>,
+    rng: u64,
+}
+
+/// One message to route. `data` holds the header block (first `hdr_len` bytes) then the
+/// payload, as on the wire.
+pub struct Outgoing<'a> {
+    pub subject: &'a Bytes,
+    pub reply: Option<&'a Bytes>,
+    pub hdr_len: Option<usize>,
+    pub data: &'a Bytes,
+}
+
+impl Router {
+    pub fn new(seed: u64) -> Self {
+        Router {
+            cache: MatchCache::default(),
+            to_signal: Vec::new(),
+            rng: 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xA24B_AED4_963E_E407) | 1,
+        }
+    }
+
+    /// Delivers `msg` to every plain subscription and one member of each queue group.
+    /// `skip` names a connection whose own subscriptions must not get it (echo off).
+    /// Returns whether anyone received it.
+    pub fn route(&mut self, server: &Server, msg: &Outgoing, skip: Option<u64>) -> bool {
+        let result = self.cache.lookup(&server.sublist, msg.subject);
+        let mut delivered = false;
+        for sub in &result.psubs {
+            if skip == Some(sub.client.id) {
+                continue;
+            }
+            delivered |= self.deliver(server, sub, msg);
+        }
+        for group in &result.qsubs {
+            // Start at a random member; fall through to the next if one cannot take it.
+            let start = self.next_rand() as usize % group.len();
+            for i in 0..group.len() {
+                let sub = &group[(start + i) % group.len()];
+                if skip == Some(sub.client.id) {
+                    continue;
+                }
+                if self.deliver(server, sub, msg) {
+                    delivered = true;
+                    break;
+                }
+            }
+        }
+        delivered
+    }
+
+    /// A 503 no-responders status on `reply`, delivered only to `client`'s own
+    /// subscriptions (the requester's inbox).
+    pub fn no_responders(&mut self, server: &Server, client: u64, subject: &[u8], reply: &Bytes) {
+        let hdr = Bytes::from(encode::status_headers("503", &[("Nats-Subject", subject)]));
+        let result = self.cache.lookup(&server.sublist, reply);
+        let own: Vec<Arc<Sub>> = result
+            .psubs
+            .iter()
+            .chain(result.qsubs.iter().flatten())
+            .filter(|s| s.client.id == client)
+            .cloned()
+            .collect();
+        let msg = Outgoing {
+            subject: reply,
+            reply: None,
+            hdr_len: Some(hdr.len()),
+            data: &hdr,
+        };
+        for sub in own {
+            self.deliver(server, &sub, &msg);
+        }
+    }
+
+    /// Delivers to one subscription, honouring its auto-unsubscribe limit.
+    pub fn deliver(&mut self, server: &Server, sub: &Arc<Sub>, msg: &Outgoing) -> bool {
+        let n = sub.delivered.fetch_add(1, Ordering::Relaxed) + 1;
+        let max = sub.max.load(Ordering::Relaxed);
+        if max > 0 {
+            if n > max {
+                return false;
+            }
+            if n == max {
+                server.remove_sub(sub);
+            }
+        }
+        if sub
+            .client
+            .queue_msg(msg.subject, &sub.sid, msg.reply, msg.hdr_len, msg.data)
+        {
+            self.to_signal.push(sub.client.clone());
+        }
+        true
+    }
+
+    /// Remembers that `h` has data queued and its writer must be woken at the batch end.
+    pub fn needs_signal(&mut self, h: &Arc<ClientHandle>) {
+        self.to_signal.push(h.clone());
+    }
+
+    /// Wakes the writers of everyone who received something since the last call.
+    pub fn flush(&mut self) {
+        for h in self.to_signal.drain(..) {
+            h.signal();
+        }
+    }
+
+    fn next_rand(&mut self) -> u64 {
+        // xorshift64*: queue member choice needs to be cheap and fair, not secure.
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
