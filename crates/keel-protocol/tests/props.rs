@@ -32,8 +32,12 @@ fn op_strategy() -> impl Strategy<Value = Vec<u8>> {
             v.extend(b"\r\n");
             v
         }),
-        (subject.clone(), "[a-z]{1,5}", prop::collection::vec(any::<u8>(), 0..20)).prop_map(
-            |(s, r, p)| {
+        (
+            subject.clone(),
+            "[a-z]{1,5}",
+            prop::collection::vec(any::<u8>(), 0..20)
+        )
+            .prop_map(|(s, r, p)| {
                 let hdr = b"NATS/1.0\r\nA: b\r\n\r\n";
                 let mut v =
                     format!("HPUB {s} {r} {} {}\r\n", hdr.len(), hdr.len() + p.len()).into_bytes();
@@ -41,8 +45,7 @@ fn op_strategy() -> impl Strategy<Value = Vec<u8>> {
                 v.extend(p);
                 v.extend(b"\r\n");
                 v
-            }
-        ),
+            }),
         (subject, 1u32..100).prop_map(|(s, sid)| format!("SUB {s} {sid}\r\n").into_bytes()),
         (1u32..100, 0u32..5).prop_map(|(sid, m)| format!("UNSUB {sid} {m}\r\n").into_bytes()),
         Just(b"PING\r\n".to_vec()),

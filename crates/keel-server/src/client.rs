@@ -138,6 +138,10 @@ impl ClientHandle {
         self.out.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    pub fn closed_rx(&self) -> watch::Receiver<bool> {
+        self.closed.subscribe()
+    }
+
     pub fn is_closed(&self) -> bool {
         *self.closed.borrow()
     }

@@ -33,6 +33,9 @@ pub struct Opts {
     pub store_dir: Option<PathBuf>,
     pub max_memory_store: Option<i64>,
     pub max_file_store: Option<i64>,
+    /// `jetstream { sync_interval }`: None (the default, `always`) syncs before every ack;
+    /// a duration acknowledges at once and syncs on that interval (the reference's mode).
+    pub sync_interval: Option<Duration>,
     pub debug: bool,
     pub trace: bool,
     pub logtime: bool,
@@ -61,6 +64,7 @@ impl Default for Opts {
             store_dir: None,
             max_memory_store: None,
             max_file_store: None,
+            sync_interval: None,
             debug: false,
             trace: false,
             logtime: true,
@@ -110,7 +114,7 @@ Common Options:
 
 Config file keys: port, listen, host, server_name, http_port, http, max_payload,
 max_connections, max_pending, ping_interval, ping_max, write_deadline, debug, trace,
-logtime, log_file, pid_file, jetstream { store_dir, max_memory_store, max_file_store }.
+logtime, log_file, pid_file, jetstream { store_dir, max_memory_store, max_file_store, sync_interval }.
 ";
 
 #[derive(Clone, Copy, PartialEq)]
@@ -372,6 +376,12 @@ fn apply_jetstream(opts: &mut Opts, key: &str, v: &Value) -> Result<(), String> 
                         opts.max_file_store = Some(v.as_size().map_err(|e| format!("{k}: {e}"))?)
                     }
                     "enabled" => opts.jetstream = boolean(k, v)?,
+                    "sync_interval" | "sync" => {
+                        opts.sync_interval = match v {
+                            Value::Str(s) if s.eq_ignore_ascii_case("always") => None,
+                            v => Some(duration(k, v)?).filter(|d| !d.is_zero()),
+                        }
+                    }
                     other => {
                         return Err(format!("unsupported jetstream configuration key {other:?}"))
                     }

@@ -9,8 +9,10 @@
 pub mod client;
 pub mod conf;
 pub mod config;
+pub mod jetstream;
 pub mod log;
 pub mod monitor;
 pub mod router;
 pub mod server;
 pub mod sublist;
+pub mod time;

@@ -76,7 +76,24 @@ async fn run(opts: config::Opts) -> ExitCode {
         }
     }
     if server.opts.jetstream {
-        warn!("JetStream is not available in this keel-server build yet: JetStream API requests get no responders");
+        let _ = keel_server::jetstream::SERVER_NAME.set(server.server_name.clone());
+        match keel_server::jetstream::JetStream::start(&server) {
+            Ok(js) => {
+                info!("Starting JetStream");
+                info!("  Store directory: {}", js.store_dir.display());
+                match js.sync_interval {
+                    None => info!("  Sync: always (an acknowledged message is on disk)"),
+                    Some(d) => warn!(
+                        "  Sync: every {d:?}; acknowledged messages can be lost on power failure"
+                    ),
+                }
+                let _ = server.jetstream.set(js);
+            }
+            Err(e) => {
+                error!("Could not start JetStream: {e}");
+                return ExitCode::from(1);
+            }
+        }
     }
 
     if server.opts.http_port.is_some() {
@@ -113,6 +130,9 @@ async fn run(opts: config::Opts) -> ExitCode {
 
     tokio::spawn(signals(server.clone()));
     server.accept_loop(listener).await;
+    if let Some(js) = server.jetstream.get() {
+        tokio::task::block_in_place(|| js.shutdown());
+    }
     info!("Server Exiting..");
     if let Some(p) = &pid_file {
         let _ = std::fs::remove_file(p);

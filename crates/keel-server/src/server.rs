@@ -28,6 +28,7 @@ pub struct Server {
     /// Totals of connections that have gone, so server-wide counters do not go backwards.
     closed_stats: ClosedStats,
     shutdown: watch::Sender<bool>,
+    pub jetstream: std::sync::OnceLock<Arc<crate::jetstream::JetStream>>,
 }
 
 #[derive(Default)]
@@ -59,6 +60,8 @@ struct Info<'a> {
     port: u16,
     headers: bool,
     max_payload: usize,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    jetstream: bool,
     client_id: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     client_ip: Option<String>,
@@ -98,6 +101,7 @@ impl Server {
             next_cid: AtomicU64::new(1),
             closed_stats: ClosedStats::default(),
             shutdown,
+            jetstream: std::sync::OnceLock::new(),
         })
     }
 
@@ -120,6 +124,7 @@ impl Server {
             port: addr.map_or(0, |a| a.port()),
             headers: true,
             max_payload: self.opts.max_payload,
+            jetstream: self.jetstream.get().is_some(),
             client_id,
             client_ip: peer.map(|p| p.ip().to_string()),
             connect_info,
@@ -129,6 +134,11 @@ impl Server {
         let mut b = bytes::BytesMut::with_capacity(json.len() + 8);
         keel_protocol::encode::info(&mut b, &json);
         b.to_vec()
+    }
+
+    /// A fresh id for a connection or an in-process client.
+    pub fn next_client_id(&self) -> u64 {
+        self.next_cid.fetch_add(1, Ordering::Relaxed)
     }
 
     pub fn shutdown_rx(&self) -> watch::Receiver<bool> {
@@ -224,7 +234,7 @@ impl Server {
             tokio::select! {
                 r = listener.accept() => match r {
                     Ok((stream, _)) => {
-                        let id = self.next_cid.fetch_add(1, Ordering::Relaxed);
+                        let id = self.next_client_id();
                         tasks.spawn(client::serve(self.clone(), stream, id));
                     }
                     Err(e) => {

@@ -78,6 +78,10 @@ pub struct Server {
     child: Child,
     port: u16,
     log_path: PathBuf,
+    /// Command-line arguments after `-a 127.0.0.1 -p <port>` (kept for `restart`).
+    args: Vec<String>,
+    /// JetStream store directory (`-sd`), when started with JetStream.
+    store_dir: Option<PathBuf>,
     // Declared last so the process is gone before the directory is removed.
     _dir: TempDir,
 }
@@ -85,6 +89,28 @@ pub struct Server {
 fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local_addr").port()
+}
+
+/// Spawns the server binary on `port` with `args`, appending its output to
+/// `log_path`.
+fn spawn_server(port: u16, args: &[String], log_path: &Path) -> Result<Child, String> {
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path)
+        .map_err(|e| format!("open log: {e}"))?;
+    let log_out = log.try_clone().map_err(|e| format!("clone log: {e}"))?;
+    Command::new(server_binary())
+        .arg("-a")
+        .arg("127.0.0.1")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log_out))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .map_err(|e| format!("spawn {}: {e}", server_binary().display()))
 }
 
 fn read_log(path: &Path) -> String {
@@ -107,19 +133,24 @@ fn read_log(path: &Path) -> String {
 impl Server {
     /// Starts a server with default settings.
     pub fn start() -> Server {
-        Server::launch(None)
+        Server::launch(None, false)
     }
 
     /// Starts a server with the given configuration file contents
     /// (nats-server configuration syntax).
     pub fn start_with_config(conf: &str) -> Server {
-        Server::launch(Some(conf))
+        Server::launch(Some(conf), false)
     }
 
-    fn launch(conf: Option<&str>) -> Server {
+    /// Starts a server with JetStream enabled: `-js -sd <tempdir>/store`.
+    pub fn start_jetstream() -> Server {
+        Server::launch(None, true)
+    }
+
+    fn launch(conf: Option<&str>, jetstream: bool) -> Server {
         let mut last_error = String::new();
         for _ in 0..STARTUP_ATTEMPTS {
-            match Server::try_launch(conf) {
+            match Server::try_launch(conf, jetstream) {
                 Ok(server) => return server,
                 // Most likely the free port was taken between probe and bind.
                 Err(e) => last_error = e,
@@ -131,38 +162,77 @@ impl Server {
         );
     }
 
-    fn try_launch(conf: Option<&str>) -> Result<Server, String> {
+    fn try_launch(conf: Option<&str>, jetstream: bool) -> Result<Server, String> {
         let dir = TempDir::new("keel-server-test");
         let port = free_port();
         let log_path = dir.path().join("server.log");
-        let log = File::create(&log_path).map_err(|e| format!("create log: {e}"))?;
-        let log_out = log.try_clone().map_err(|e| format!("clone log: {e}"))?;
-
-        let mut cmd = Command::new(server_binary());
-        cmd.arg("-a")
-            .arg("127.0.0.1")
-            .arg("-p")
-            .arg(port.to_string());
+        let mut args = Vec::new();
         if let Some(conf) = conf {
             let conf_path = dir.path().join("server.conf");
             fs::write(&conf_path, conf).map_err(|e| format!("write config: {e}"))?;
-            cmd.arg("-c").arg(&conf_path);
+            args.push("-c".to_string());
+            args.push(conf_path.display().to_string());
         }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::from(log_out))
-            .stderr(Stdio::from(log));
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("spawn {}: {e}", server_binary().display()))?;
+        let mut store_dir = None;
+        if jetstream {
+            let store = dir.path().join("store");
+            args.push("-js".to_string());
+            args.push("-sd".to_string());
+            args.push(store.display().to_string());
+            store_dir = Some(store);
+        }
+        let child = spawn_server(port, &args, &log_path)?;
 
         let mut server = Server {
             child,
             port,
             log_path,
+            args,
+            store_dir,
             _dir: dir,
         };
         server.wait_ready()?;
         Ok(server)
+    }
+
+    /// Kills the server process with SIGKILL (no shutdown handling at all)
+    /// and waits for it to be gone. The store directory and port are kept
+    /// for `restart`.
+    pub fn kill_hard(&mut self) {
+        // `Child::kill` sends SIGKILL on Unix.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again with the same arguments, port and store
+    /// directory (after `kill_hard`, or kills the running one first).
+    pub fn restart(&mut self) {
+        if self.is_running() {
+            self.kill_hard();
+        }
+        let deadline = Instant::now() + STARTUP_DEADLINE;
+        loop {
+            let last_error = match spawn_server(self.port, &self.args, &self.log_path) {
+                Ok(child) => {
+                    self.child = child;
+                    match self.wait_ready() {
+                        Ok(()) => return,
+                        Err(e) => e,
+                    }
+                }
+                Err(e) => e,
+            };
+            // The port may linger briefly after the old process died.
+            if Instant::now() >= deadline {
+                panic!("server did not restart on port {}: {last_error}", self.port);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The JetStream store directory (`-sd`), if started with JetStream.
+    pub fn store_dir(&self) -> Option<&Path> {
+        self.store_dir.as_deref()
     }
 
     fn wait_ready(&mut self) -> Result<(), String> {
@@ -483,4 +553,41 @@ pub async fn sync(client: &async_nats::Client) {
         .expect("sync pub");
     next_msg(&mut sub).await;
     sub.unsubscribe().await.expect("sync unsub");
+}
+
+/// Sends a core request (e.g. to a `$JS.API.*` subject) and returns the raw
+/// reply payload as text together with its parsed JSON. Panics on timeout,
+/// no responders, or a reply that is not JSON.
+pub async fn json_request(
+    client: &async_nats::Client,
+    subject: &str,
+    body: impl Into<bytes::Bytes>,
+) -> (String, serde_json::Value) {
+    let reply = within(
+        &format!("request {subject}"),
+        client.request(subject.to_string(), body.into()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("request {subject} failed: {e}"));
+    let text = String::from_utf8_lossy(&reply.payload).into_owned();
+    let json = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("reply to {subject} is not JSON ({e}): {text:?}"));
+    (text, json)
+}
+
+/// `(code, err_code, description)` of a JetStream API error response
+/// (`{"error":{"code":..,"err_code":..,"description":..}}`); panics when the
+/// response carries no error.
+pub fn api_error(resp: &serde_json::Value) -> (u64, u64, String) {
+    let err = resp
+        .get("error")
+        .unwrap_or_else(|| panic!("expected an error response, got {resp}"));
+    (
+        err["code"].as_u64().expect("error.code"),
+        err["err_code"].as_u64().expect("error.err_code"),
+        err["description"]
+            .as_str()
+            .expect("error.description")
+            .to_string(),
+    )
 }

@@ -1,0 +1,869 @@
+//! JetStream: streams (and, next, consumers) as a subsystem that talks to the core the way a
+//! client does. It subscribes to `$JS.API.>` with an in-process handle, answers requests by
+//! publishing to their reply subjects through a [`Router`], and each stream subscribes to its
+//! own subjects. Stream configs live in `<store_dir>/jetstream/$G/streams/<name>/`.
+
+pub mod api;
+pub mod stream;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use keel_protocol::encode;
+use keel_store::{Purge, StoreError};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::client::{ClientHandle, InMsg};
+use crate::router::{Outgoing, Router};
+use crate::server::Server;
+use crate::sublist::Sub;
+use crate::time::{now_nanos, rfc3339};
+use api::{error_response, parse_body, response, to_bytes, ApiError};
+use stream::{StorageType, Stream, StreamConfig, StreamMeta};
+
+pub struct JetStream {
+    pub streams_dir: PathBuf,
+    pub store_dir: PathBuf,
+    streams: RwLock<BTreeMap<String, Arc<Stream>>>,
+    api_total: AtomicU64,
+    api_errors: AtomicU64,
+    /// Server-wide limits (`jetstream { max_memory_store, max_file_store }`); -1 = none.
+    pub max_memory: i64,
+    pub max_store: i64,
+    /// None: sync before every ack (the default). Some(d): sync every d, ack at once.
+    pub sync_interval: Option<Duration>,
+}
+
+const NAMES_LIMIT: usize = 1024;
+const LIST_LIMIT: usize = 256;
+
+impl JetStream {
+    /// Opens the store directory, recovers every stream found there, and starts serving
+    /// the API.
+    pub fn start(server: &Arc<Server>) -> Result<Arc<JetStream>, String> {
+        let opts = &server.opts;
+        let store_dir = opts
+            .store_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("keel"));
+        let streams_dir = store_dir.join("jetstream").join("$G").join("streams");
+        std::fs::create_dir_all(&streams_dir)
+            .map_err(|e| format!("cannot create {}: {e}", streams_dir.display()))?;
+        let js = Arc::new(JetStream {
+            streams_dir,
+            store_dir,
+            streams: RwLock::new(BTreeMap::new()),
+            api_total: AtomicU64::new(0),
+            api_errors: AtomicU64::new(0),
+            max_memory: opts.max_memory_store.unwrap_or(-1),
+            max_store: opts.max_file_store.unwrap_or(-1),
+            sync_interval: opts.sync_interval,
+        });
+        js.recover(server)?;
+
+        let (handle, rx) = ClientHandle::internal(server.next_client_id());
+        server.sublist.insert(Arc::new(Sub {
+            client: handle,
+            sid: Bytes::from_static(b"api"),
+            subject: Bytes::from_static(b"$JS.API.>"),
+            queue: None,
+            max: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+        }));
+        tokio::spawn(api_loop(js.clone(), server.clone(), rx));
+        tokio::spawn(maintenance_loop(js.clone(), server.clone()));
+        Ok(js)
+    }
+
+    fn recover(&self, server: &Arc<Server>) -> Result<(), String> {
+        let entries = std::fs::read_dir(&self.streams_dir)
+            .map_err(|e| format!("cannot read {}: {e}", self.streams_dir.display()))?;
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            if !dir.is_dir() {
+                continue;
+            }
+            let meta = match stream::read_meta(&dir) {
+                Ok(m) => m,
+                Err(e) => {
+                    // Damage never deletes a stream: it stays on disk for an operator.
+                    crate::error!("Skipping stream directory {}: {e}", dir.display());
+                    continue;
+                }
+            };
+            let name = meta.config.name.clone();
+            match Stream::open(server, &dir, meta, self.sync_interval.is_none()) {
+                Ok(s) => {
+                    let st = s.state();
+                    crate::info!(
+                        "  Restored stream {name}: {} messages, {} bytes, seq {}..{}",
+                        st.msgs,
+                        st.bytes,
+                        st.first_seq,
+                        st.last_seq
+                    );
+                    self.streams_write().insert(name, s);
+                }
+                Err(e) => crate::error!("Could not restore stream {name}: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    fn streams_write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Arc<Stream>>> {
+        self.streams.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn streams_read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Stream>>> {
+        self.streams.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn stream(&self, name: &str) -> Option<Arc<Stream>> {
+        self.streams_read().get(name).cloned()
+    }
+
+    pub fn streams(&self) -> Vec<Arc<Stream>> {
+        self.streams_read().values().cloned().collect()
+    }
+
+    /// Bytes used by memory and by file streams.
+    pub fn usage(&self) -> (u64, u64) {
+        let mut mem = 0;
+        let mut file = 0;
+        for s in self.streams() {
+            let b = s.bytes.load(Ordering::Relaxed);
+            match s.config().storage {
+                StorageType::Memory => mem += b,
+                StorageType::File => file += b,
+            }
+        }
+        (mem, file)
+    }
+
+    /// Closes every store (saving indexes for a fast restart).
+    pub fn shutdown(&self) {
+        for s in self.streams() {
+            let mut inner = s.lock();
+            if let Err(e) = inner.store.sync().and_then(|_| inner.store.close()) {
+                crate::error!("Stream {}: error closing store: {e}", s.name);
+            }
+        }
+    }
+}
+
+async fn api_loop(
+    js: Arc<JetStream>,
+    server: Arc<Server>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<InMsg>,
+) {
+    let mut router = Router::new(0x4a53);
+    while let Some(m) = rx.recv().await {
+        // Handle everything already queued, then wake the writers once.
+        let mut next = Some(m);
+        while let Some(m) = next {
+            handle_request(&js, &server, &mut router, m);
+            next = rx.try_recv().ok();
+        }
+        router.flush();
+    }
+}
+
+/// Expires messages by age on a timer and, in lazy sync mode, syncs on the interval.
+async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
+    let mut shutdown = server.shutdown_rx();
+    let tick = Duration::from_millis(100);
+    let mut last_sync = std::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(tick) => {}
+            _ = crate::client::until_true(&mut shutdown) => return,
+        }
+        let now = now_nanos();
+        for s in js.streams() {
+            let mut inner = s.lock();
+            if inner.config.max_age > 0 {
+                if let Err(e) = inner.store.expire(now) {
+                    crate::error!("Stream {}: expiry failed: {e}", s.name);
+                }
+                s.refresh_bytes(&inner);
+            }
+        }
+        if let Some(iv) = js.sync_interval {
+            if last_sync.elapsed() >= iv {
+                last_sync = std::time::Instant::now();
+                for s in js.streams() {
+                    tokio::task::block_in_place(|| s.sync());
+                }
+            }
+        }
+    }
+}
+
+fn reply(server: &Server, router: &mut Router, to: &Bytes, body: Vec<u8>) {
+    let body = Bytes::from(body);
+    router.route(
+        server,
+        &Outgoing {
+            subject: to,
+            reply: None,
+            hdr_len: None,
+            data: &body,
+        },
+        None,
+    );
+}
+
+fn reply_headers(server: &Server, router: &mut Router, to: &Bytes, hdr: Vec<u8>, payload: &[u8]) {
+    let hdr_len = hdr.len();
+    let mut data = hdr;
+    data.extend_from_slice(payload);
+    let data = Bytes::from(data);
+    router.route(
+        server,
+        &Outgoing {
+            subject: to,
+            reply: None,
+            hdr_len: Some(hdr_len),
+            data: &data,
+        },
+        None,
+    );
+}
+
+fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router, m: InMsg) {
+    let Ok(subject) = std::str::from_utf8(&m.subject) else {
+        return;
+    };
+    let Some(rest) = subject.strip_prefix("$JS.API.") else {
+        return;
+    };
+    let Some(reply_to) = m.reply.clone() else {
+        return; // Requests without a reply subject cannot be answered.
+    };
+    let body = m.payload();
+    let tokens: Vec<&str> = rest.split('.').collect();
+    // Direct get answers with the message itself, not JSON.
+    if tokens.first() == Some(&"DIRECT") {
+        if tokens.len() >= 3 && tokens[1] == "GET" {
+            js.api_total.fetch_add(1, Ordering::Relaxed);
+            let subj = (tokens.len() > 3).then(|| tokens[3..].join("."));
+            direct_get(
+                js,
+                server,
+                router,
+                &reply_to,
+                tokens[2],
+                subj.as_deref(),
+                body,
+            );
+        }
+        return;
+    }
+    let (kind, result) = match tokens.as_slice() {
+        ["INFO"] => ("account_info", Ok(account_info(js))),
+        ["STREAM", "CREATE", name] => ("stream_create", stream_create(js, server, name, body)),
+        ["STREAM", "UPDATE", name] => ("stream_update", stream_update(js, server, name, body)),
+        ["STREAM", "INFO", name] => ("stream_info", stream_info(js, name, body)),
+        ["STREAM", "NAMES"] => ("stream_names", stream_names(js, body)),
+        ["STREAM", "LIST"] => ("stream_list", stream_list(js, body)),
+        ["STREAM", "DELETE", name] => ("stream_delete", stream_delete(js, server, name)),
+        ["STREAM", "PURGE", name] => ("stream_purge", stream_purge(js, name, body)),
+        ["STREAM", "MSG", "GET", name] => ("stream_msg_get", msg_get(js, name, body)),
+        ["STREAM", "MSG", "DELETE", name] => ("stream_msg_delete", msg_delete(js, name, body)),
+        ["CONSUMER", op, ..] => {
+            let kind = match *op {
+                "CREATE" | "DURABLE" => "consumer_create",
+                "INFO" => "consumer_info",
+                "NAMES" => "consumer_names",
+                "LIST" => "consumer_list",
+                "DELETE" => "consumer_delete",
+                _ => return,
+            };
+            (kind, Err(ApiError::not_supported("consumers")))
+        }
+        // Unknown API subjects get no reply at all, as with the reference.
+        _ => return,
+    };
+    js.api_total.fetch_add(1, Ordering::Relaxed);
+    let body = match result {
+        Ok(fields) => {
+            let mut m = response(kind);
+            m.extend(fields);
+            to_bytes(&Value::Object(m))
+        }
+        Err(e) => {
+            js.api_errors.fetch_add(1, Ordering::Relaxed);
+            let extra: &[(&str, Value)] = if kind == "stream_info" {
+                &[
+                    ("total", Value::from(0)),
+                    ("offset", 0.into()),
+                    ("limit", 0.into()),
+                ]
+            } else {
+                &[]
+            };
+            error_response(kind, &e, extra)
+        }
+    };
+    reply(server, router, &reply_to, body);
+}
+
+type Fields = Map<String, Value>;
+
+fn account_info(js: &JetStream) -> Fields {
+    let (mem, file) = js.usage();
+    let streams = js.streams();
+    let reserved_mem: i64 = streams
+        .iter()
+        .map(|s| s.config())
+        .filter(|c| c.storage == StorageType::Memory && c.max_bytes > 0)
+        .map(|c| c.max_bytes)
+        .sum();
+    let reserved_file: i64 = streams
+        .iter()
+        .map(|s| s.config())
+        .filter(|c| c.storage == StorageType::File && c.max_bytes > 0)
+        .map(|c| c.max_bytes)
+        .sum();
+    let mut f = Fields::new();
+    f.insert("memory".into(), mem.into());
+    f.insert("storage".into(), file.into());
+    f.insert("reserved_memory".into(), reserved_mem.into());
+    f.insert("reserved_storage".into(), reserved_file.into());
+    f.insert("streams".into(), streams.len().into());
+    f.insert("consumers".into(), 0.into());
+    f.insert(
+        "limits".into(),
+        serde_json::json!({
+            "max_memory": js.max_memory, "max_storage": js.max_store, "max_streams": -1,
+            "max_consumers": -1, "max_ack_pending": -1, "memory_max_stream_bytes": -1,
+            "storage_max_stream_bytes": -1, "max_bytes_required": false
+        }),
+    );
+    f.insert(
+        "api".into(),
+        serde_json::json!({
+            "level": stream::API_LEVEL,
+            "total": js.api_total.load(Ordering::Relaxed),
+            "errors": js.api_errors.load(Ordering::Relaxed),
+        }),
+    );
+    f
+}
+
+/// `config, created, state, [cluster], ts` of one stream.
+fn stream_fields(
+    s: &Stream,
+    dynamic_meta: bool,
+    cluster: Option<&str>,
+    subjects_filter: Option<&str>,
+    deleted_details: bool,
+) -> Fields {
+    let inner = s.lock();
+    let state = inner.store.state();
+    let subjects = subjects_filter.map(|f| inner.store.subjects(f));
+    let deleted = deleted_details.then(|| inner.store.deleted());
+    let mut f = Fields::new();
+    f.insert("config".into(), inner.config.to_json(dynamic_meta));
+    drop(inner);
+    f.insert("created".into(), rfc3339(s.created).into());
+    f.insert(
+        "state".into(),
+        Stream::state_json(&state, 0, subjects.as_ref(), deleted.as_deref()),
+    );
+    if let Some(leader) = cluster {
+        f.insert("cluster".into(), serde_json::json!({ "leader": leader }));
+    }
+    f.insert("ts".into(), rfc3339(now_nanos()).into());
+    f
+}
+
+fn parse_config(name: &str, body: &[u8]) -> Result<StreamConfig, ApiError> {
+    if body.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(ApiError::stream_mismatch());
+    }
+    let cfg: StreamConfig = serde_json::from_slice(body).map_err(|e| ApiError::invalid_json(&e))?;
+    if cfg.name != name {
+        return Err(ApiError::stream_mismatch());
+    }
+    cfg.normalize()
+}
+
+fn check_overlap(js: &JetStream, cfg: &StreamConfig) -> Result<(), ApiError> {
+    for other in js.streams() {
+        if other.name == cfg.name {
+            continue;
+        }
+        let oc = other.config();
+        for a in &cfg.subjects {
+            if oc.subjects.iter().any(|b| stream::subjects_overlap(a, b)) {
+                return Err(ApiError::subjects_overlap());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Server-wide storage limits: a stream's max_bytes is a reservation against them.
+fn check_resources(
+    js: &JetStream,
+    cfg: &StreamConfig,
+    except: Option<&str>,
+) -> Result<(), ApiError> {
+    let (limit, err) = match cfg.storage {
+        StorageType::Memory => (js.max_memory, ApiError::insufficient_memory()),
+        StorageType::File => (js.max_store, ApiError::insufficient_storage()),
+    };
+    if limit < 0 {
+        return Ok(());
+    }
+    if cfg.max_bytes > limit {
+        return Err(err);
+    }
+    let reserved: i64 = js
+        .streams()
+        .iter()
+        .filter(|s| Some(s.name.as_str()) != except)
+        .map(|s| s.config())
+        .filter(|c| c.storage == cfg.storage && c.max_bytes > 0)
+        .map(|c| c.max_bytes)
+        .sum();
+    if cfg.max_bytes > 0 && reserved + cfg.max_bytes > limit {
+        return Err(err);
+    }
+    Ok(())
+}
+
+fn stream_create(
+    js: &Arc<JetStream>,
+    server: &Arc<Server>,
+    name: &str,
+    body: &[u8],
+) -> Result<Fields, ApiError> {
+    let cfg = parse_config(name, body)?;
+    if let Some(existing) = js.stream(name) {
+        let mut current = existing.config();
+        current.metadata.remove(stream::REQ_LEVEL_KEY);
+        let mut wanted = cfg.clone();
+        wanted.metadata.remove(stream::REQ_LEVEL_KEY);
+        if current != wanted {
+            return Err(ApiError::name_in_use());
+        }
+        let mut f = stream_fields(&existing, true, None, None, false);
+        f.insert("did_create".into(), true.into());
+        return Ok(f);
+    }
+    check_overlap(js, &cfg)?;
+    check_resources(js, &cfg, None)?;
+    let dir = js.streams_dir.join(name);
+    let meta = StreamMeta {
+        config: cfg,
+        created: now_nanos(),
+    };
+    stream::write_meta(&dir, &meta)
+        .map_err(|e| ApiError::new(500, 10049, format!("could not create stream: {e}")))?;
+    let s = Stream::open(server, &dir, meta, js.sync_interval.is_none())
+        .map_err(|e| ApiError::new(500, 10049, e))?;
+    js.streams_write().insert(name.to_string(), s.clone());
+    let mut f = stream_fields(&s, true, None, None, false);
+    f.insert("did_create".into(), true.into());
+    Ok(f)
+}
+
+fn stream_update(
+    js: &Arc<JetStream>,
+    server: &Arc<Server>,
+    name: &str,
+    body: &[u8],
+) -> Result<Fields, ApiError> {
+    let cfg = parse_config(name, body)?;
+    let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
+    let old = s.config();
+    old.check_update(&cfg)?;
+    check_overlap(js, &cfg)?;
+    check_resources(js, &cfg, Some(name))?;
+    {
+        let mut inner = s.lock();
+        inner
+            .store
+            .set_limits(cfg.limits())
+            .map_err(|e| ApiError::update_failed(e.to_string()))?;
+        inner.config = cfg.clone();
+        s.refresh_bytes(&inner);
+    }
+    if old.subjects != cfg.subjects {
+        s.subscribe(server);
+    }
+    s.persist_meta()
+        .map_err(|e| ApiError::update_failed(format!("could not save stream config: {e}")))?;
+    Ok(stream_fields(&s, true, None, None, false))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct InfoRequest {
+    subjects_filter: Option<String>,
+    deleted_details: bool,
+    offset: usize,
+}
+
+fn stream_info(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
+    let req: InfoRequest = parse_body(body)?;
+    let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
+    let mut f = Fields::new();
+    let mut inner_fields = stream_fields(
+        &s,
+        true,
+        Some(&server_name_of(js)),
+        req.subjects_filter.as_deref(),
+        req.deleted_details,
+    );
+    // Paging applies to the subjects map when one was asked for.
+    let (total, limit) = match &req.subjects_filter {
+        Some(_) => {
+            const SUBJECTS_LIMIT: usize = 100_000;
+            let state = inner_fields.get_mut("state").and_then(Value::as_object_mut);
+            let total = state
+                .as_ref()
+                .and_then(|s| s.get("subjects"))
+                .and_then(Value::as_object)
+                .map_or(0, |m| m.len());
+            if let Some(Value::Object(subjects)) = state.and_then(|s| s.get_mut("subjects")) {
+                if req.offset > 0 || subjects.len() > SUBJECTS_LIMIT {
+                    let kept: Map<String, Value> = std::mem::take(subjects)
+                        .into_iter()
+                        .skip(req.offset)
+                        .take(SUBJECTS_LIMIT)
+                        .collect();
+                    *subjects = kept;
+                }
+            }
+            (total, SUBJECTS_LIMIT)
+        }
+        None => (0, 0),
+    };
+    f.insert("total".into(), total.into());
+    f.insert(
+        "offset".into(),
+        if req.subjects_filter.is_some() {
+            req.offset
+        } else {
+            0
+        }
+        .into(),
+    );
+    f.insert("limit".into(), limit.into());
+    f.extend(inner_fields);
+    Ok(f)
+}
+
+fn server_name_of(_js: &JetStream) -> String {
+    SERVER_NAME.get().cloned().unwrap_or_default()
+}
+
+/// The server name, for `cluster.leader` in stream info (single node: always us).
+pub static SERVER_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ListRequest {
+    offset: usize,
+    subject: Option<String>,
+}
+
+fn filtered_streams(js: &JetStream, subject: Option<&str>) -> Vec<Arc<Stream>> {
+    js.streams()
+        .into_iter()
+        .filter(|s| match subject {
+            None | Some("") => true,
+            Some(f) => s
+                .config()
+                .subjects
+                .iter()
+                .any(|x| stream::subjects_overlap(x, f)),
+        })
+        .collect()
+}
+
+fn stream_names(js: &JetStream, body: &[u8]) -> Result<Fields, ApiError> {
+    let req: ListRequest = parse_body(body)?;
+    let all = filtered_streams(js, req.subject.as_deref());
+    let names: Vec<Value> = all
+        .iter()
+        .skip(req.offset)
+        .take(NAMES_LIMIT)
+        .map(|s| Value::from(s.name.clone()))
+        .collect();
+    let mut f = Fields::new();
+    f.insert("total".into(), all.len().into());
+    f.insert("offset".into(), req.offset.into());
+    f.insert("limit".into(), NAMES_LIMIT.into());
+    // The reference sends null, not [], when nothing matches.
+    f.insert(
+        "streams".into(),
+        if names.is_empty() {
+            Value::Null
+        } else {
+            Value::Array(names)
+        },
+    );
+    Ok(f)
+}
+
+fn stream_list(js: &JetStream, body: &[u8]) -> Result<Fields, ApiError> {
+    let req: ListRequest = parse_body(body)?;
+    let all = filtered_streams(js, req.subject.as_deref());
+    let infos: Vec<Value> = all
+        .iter()
+        .skip(req.offset)
+        .take(LIST_LIMIT)
+        .map(|s| Value::Object(stream_fields(s, false, None, None, false)))
+        .collect();
+    let mut f = Fields::new();
+    f.insert("total".into(), all.len().into());
+    f.insert("offset".into(), req.offset.into());
+    f.insert("limit".into(), LIST_LIMIT.into());
+    f.insert("streams".into(), Value::Array(infos));
+    Ok(f)
+}
+
+fn stream_delete(
+    js: &Arc<JetStream>,
+    server: &Arc<Server>,
+    name: &str,
+) -> Result<Fields, ApiError> {
+    let s = js
+        .streams_write()
+        .remove(name)
+        .ok_or_else(ApiError::stream_not_found)?;
+    s.unsubscribe(server);
+    {
+        let mut inner = s.lock();
+        // Replace the store so the old one can be destroyed by value.
+        let store = std::mem::replace(
+            &mut inner.store,
+            Box::new(keel_store::mem::MemStore::new(Default::default())),
+        );
+        if let Err(e) = store.destroy() {
+            crate::error!("Stream {name}: could not remove its data: {e}");
+        }
+    }
+    if let Err(e) = std::fs::remove_dir_all(&s.dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            crate::error!("Stream {name}: could not remove {}: {e}", s.dir.display());
+        }
+    }
+    let mut f = Fields::new();
+    f.insert("success".into(), true.into());
+    Ok(f)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PurgeRequest {
+    filter: Option<String>,
+    seq: Option<u64>,
+    keep: Option<u64>,
+}
+
+fn stream_purge(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
+    let req: PurgeRequest = parse_body(body)?;
+    let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
+    let mut inner = s.lock();
+    if inner.config.sealed {
+        return Err(ApiError::sealed());
+    }
+    if inner.config.deny_purge {
+        return Err(ApiError::new(400, 10003, "bad request"));
+    }
+    if req.seq.is_some() && req.keep.is_some() {
+        return Err(ApiError::purge_failed(
+            "sequence and keep cannot both be set",
+        ));
+    }
+    if let Some(f) = &req.filter {
+        if !f.is_empty() && !keel_protocol::subject::valid_subscribe(f.as_bytes()) {
+            return Err(ApiError::purge_failed("invalid subject filter"));
+        }
+    }
+    let purged = inner
+        .store
+        .purge(&Purge {
+            filter: req.filter.filter(|f| !f.is_empty()),
+            seq: req.seq,
+            keep: req.keep,
+        })
+        .map_err(|e| ApiError::purge_failed(e.to_string()))?;
+    let _ = inner.store.sync();
+    s.refresh_bytes(&inner);
+    let mut f = Fields::new();
+    f.insert("success".into(), true.into());
+    f.insert("purged".into(), purged.into());
+    Ok(f)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct MsgGetRequest {
+    seq: Option<u64>,
+    last_by_subj: Option<String>,
+    next_by_subj: Option<String>,
+}
+
+fn load_for_get(
+    inner: &stream::StreamInner,
+    req: &MsgGetRequest,
+) -> Result<keel_store::StoredMsg, StoreError> {
+    match (req.seq, &req.last_by_subj, &req.next_by_subj) {
+        (Some(seq), None, None) => inner.store.load(seq),
+        (seq, None, Some(subj)) => inner.store.load_next(seq.unwrap_or(0).max(1), subj),
+        (None, Some(subj), None) => inner.store.load_last(subj),
+        _ => Err(StoreError::NotFound),
+    }
+}
+
+fn msg_get(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
+    let req: MsgGetRequest = parse_body(body)?;
+    let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
+    if req.seq.is_none() && req.last_by_subj.is_none() && req.next_by_subj.is_none() {
+        return Err(ApiError::bad_request());
+    }
+    let msg = {
+        let inner = s.lock();
+        load_for_get(&inner, &req).map_err(|_| ApiError::no_message_found())?
+    };
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut m = Map::new();
+    m.insert(
+        "subject".into(),
+        String::from_utf8_lossy(&msg.subject).into_owned().into(),
+    );
+    m.insert("seq".into(), msg.seq.into());
+    if !msg.hdr.is_empty() {
+        m.insert("hdrs".into(), b64.encode(&msg.hdr).into());
+    }
+    if !msg.data.is_empty() {
+        m.insert("data".into(), b64.encode(&msg.data).into());
+    }
+    m.insert("time".into(), rfc3339(msg.ts).into());
+    let mut f = Fields::new();
+    f.insert("message".into(), Value::Object(m));
+    Ok(f)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct MsgDeleteRequest {
+    seq: u64,
+    no_erase: bool,
+}
+
+fn msg_delete(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
+    let req: MsgDeleteRequest = parse_body(body)?;
+    let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
+    let mut inner = s.lock();
+    if inner.config.sealed {
+        return Err(ApiError::sealed());
+    }
+    if inner.config.deny_delete {
+        return Err(ApiError::msg_delete_failed("message delete not permitted"));
+    }
+    let removed = inner
+        .store
+        .remove(req.seq, !req.no_erase)
+        .map_err(|e| ApiError::msg_delete_failed(e.to_string()))?;
+    if !removed {
+        return Err(ApiError::sequence_not_found(req.seq));
+    }
+    let _ = inner.store.sync();
+    s.refresh_bytes(&inner);
+    let mut f = Fields::new();
+    f.insert("success".into(), true.into());
+    Ok(f)
+}
+
+fn status(code: &str) -> Vec<u8> {
+    format!("NATS/1.0 {code}\r\n\r\n").into_bytes()
+}
+
+fn direct_get(
+    js: &JetStream,
+    server: &Server,
+    router: &mut Router,
+    reply_to: &Bytes,
+    name: &str,
+    subject: Option<&str>,
+    body: &[u8],
+) {
+    let s = js.stream(name);
+    let Some(s) = s.filter(|s| s.config().allow_direct) else {
+        // Nobody serves direct gets for this stream: the no-responders status.
+        let hdr = encode::status_headers("503", &[]);
+        reply_headers(server, router, reply_to, hdr.to_vec(), b"");
+        return;
+    };
+    let req = match subject {
+        Some(subj) => MsgGetRequest {
+            last_by_subj: Some(subj.to_string()),
+            ..Default::default()
+        },
+        None if body.iter().all(|b| b.is_ascii_whitespace()) => {
+            reply_headers(server, router, reply_to, status("408 Empty Request"), b"");
+            return;
+        }
+        None => match serde_json::from_slice::<Value>(body) {
+            Ok(v) if v.get("batch").is_some() || v.get("multi_last").is_some() => {
+                reply_headers(server, router, reply_to, status("400 Bad Request"), b"");
+                return;
+            }
+            Ok(v) => match serde_json::from_value::<MsgGetRequest>(v) {
+                Ok(r) => r,
+                Err(_) => {
+                    reply_headers(server, router, reply_to, status("400 Bad Request"), b"");
+                    return;
+                }
+            },
+            Err(_) => {
+                reply_headers(server, router, reply_to, status("400 Bad Request"), b"");
+                return;
+            }
+        },
+    };
+    let msg = {
+        let inner = s.lock();
+        load_for_get(&inner, &req)
+    };
+    let Ok(msg) = msg else {
+        reply_headers(
+            server,
+            router,
+            reply_to,
+            status("404 Message Not Found"),
+            b"",
+        );
+        return;
+    };
+    // Original headers first (without their blank line), then the stream's.
+    let mut hdr: Vec<u8> = if msg.hdr.is_empty() {
+        b"NATS/1.0\r\n".to_vec()
+    } else {
+        msg.hdr[..msg.hdr.len().saturating_sub(2)].to_vec()
+    };
+    hdr.extend_from_slice(
+        format!(
+            "Nats-Stream: {}\r\nNats-Subject: {}\r\nNats-Sequence: {}\r\nNats-Time-Stamp: {}\r\n\r\n",
+            s.name,
+            String::from_utf8_lossy(&msg.subject),
+            msg.seq,
+            rfc3339(msg.ts)
+        )
+        .as_bytes(),
+    );
+    reply_headers(server, router, reply_to, hdr, &msg.data);
+}

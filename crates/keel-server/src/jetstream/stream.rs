@@ -1,0 +1,959 @@
+//! One stream: its configuration (with the reference's defaults and checks), its store, and
+//! the publish pipeline that stores messages in batches and acknowledges them only after
+//! the batch is synced (group commit).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use keel_protocol::{headers, subject};
+use keel_store::{Discard, Limits, Purge, State, Store, StoreError};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::api::ApiError;
+use crate::client::{ClientHandle, InMsg};
+use crate::router::{Outgoing, Router};
+use crate::server::Server;
+use crate::sublist::Sub;
+use crate::time::{now_nanos, rfc3339};
+
+fn neg1() -> i64 {
+    -1
+}
+fn neg1_i32() -> i32 {
+    -1
+}
+fn one() -> i64 {
+    1
+}
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+fn none_str() -> String {
+    "none".into()
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Retention {
+    #[default]
+    Limits,
+    Interest,
+    Workqueue,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DiscardPolicy {
+    #[default]
+    Old,
+    New,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageType {
+    #[default]
+    File,
+    Memory,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct ConsumerLimits {
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inactive_threshold: i64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_ack_pending: i64,
+}
+
+/// A stream's configuration. Field order is the reference's output order; optional fields
+/// are left out when unset, as it does. Durations are nanoseconds.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct StreamConfig {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub subjects: Vec<String>,
+    #[serde(default)]
+    pub retention: Retention,
+    #[serde(default = "neg1")]
+    pub max_consumers: i64,
+    #[serde(default = "neg1")]
+    pub max_msgs: i64,
+    #[serde(default = "neg1")]
+    pub max_bytes: i64,
+    #[serde(default)]
+    pub max_age: i64,
+    #[serde(default = "neg1")]
+    pub max_msgs_per_subject: i64,
+    #[serde(default = "neg1_i32")]
+    pub max_msg_size: i32,
+    #[serde(default)]
+    pub discard: DiscardPolicy,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub discard_new_per_subject: bool,
+    #[serde(default)]
+    pub storage: StorageType,
+    #[serde(default = "one")]
+    pub num_replicas: i64,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub no_ack: bool,
+    #[serde(default)]
+    pub duplicate_window: i64,
+    #[serde(default = "none_str")]
+    pub compression: String,
+    #[serde(default)]
+    pub allow_direct: bool,
+    #[serde(default)]
+    pub mirror_direct: bool,
+    #[serde(default)]
+    pub sealed: bool,
+    #[serde(default)]
+    pub deny_delete: bool,
+    #[serde(default)]
+    pub deny_purge: bool,
+    #[serde(default)]
+    pub allow_rollup_hdrs: bool,
+    #[serde(default, deserialize_with = "null_default")]
+    pub consumer_limits: ConsumerLimits,
+    #[serde(default)]
+    pub allow_msg_ttl: bool,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub subject_delete_marker_ttl: i64,
+    #[serde(default, deserialize_with = "null_default")]
+    pub metadata: BTreeMap<String, String>,
+    // Features Keel does not implement: accepted only when absent or empty, so that a
+    // config relying on them is refused with a clear error instead of silently ignored.
+    #[serde(default, skip_serializing)]
+    pub mirror: Option<Value>,
+    #[serde(default, skip_serializing)]
+    pub sources: Option<Vec<Value>>,
+    #[serde(default, skip_serializing)]
+    pub republish: Option<Value>,
+    #[serde(default, skip_serializing)]
+    pub subject_transform: Option<Value>,
+    #[serde(default, skip_serializing)]
+    pub first_seq: Option<u64>,
+    #[serde(default, skip_serializing)]
+    pub allow_msg_counter: Option<bool>,
+    #[serde(default, skip_serializing)]
+    pub allow_atomic: Option<bool>,
+    #[serde(default, skip_serializing)]
+    pub allow_msg_schedules: Option<bool>,
+    #[serde(default, skip_serializing)]
+    pub persist_mode: Option<Value>,
+}
+
+fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        serde_json::from_str("{}").expect("defaults deserialize")
+    }
+}
+
+/// Metadata keys the server adds to responses; never stored.
+const DYNAMIC_META: [&str; 2] = ["_nats.level", "_nats.ver"];
+pub const REQ_LEVEL_KEY: &str = "_nats.req.level";
+/// The JetStream API level Keel reports in `_nats.level`.
+pub const API_LEVEL: u32 = 1;
+
+const MAX_NAME_LEN: usize = 255;
+const DEFAULT_DUPLICATE_WINDOW: i64 = 120_000_000_000;
+
+/// Is `name` usable as a stream or consumer name (the reference's rule)?
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name
+            .chars()
+            .any(|c| matches!(c, '.' | '*' | '>' | '\\' | '/') || c.is_whitespace())
+}
+
+/// Do two subject patterns match some subject in common?
+pub fn subjects_overlap(a: &str, b: &str) -> bool {
+    let mut x = a.split('.');
+    let mut y = b.split('.');
+    loop {
+        match (x.next(), y.next()) {
+            (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
+            (Some(p), Some(q)) => {
+                if p != "*" && q != "*" && p != q {
+                    return false;
+                }
+            }
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+impl StreamConfig {
+    /// Applies defaults and checks the config the way the reference's create does.
+    pub fn normalize(mut self) -> Result<StreamConfig, ApiError> {
+        if !valid_name(&self.name) {
+            return Err(ApiError::invalid_config(
+                "stream name is required and can not contain '.', '*', '>', '\\', '/'",
+            ));
+        }
+        if self.name.len() > MAX_NAME_LEN {
+            return Err(ApiError::invalid_config(format!(
+                "stream name is too long, maximum allowed is {MAX_NAME_LEN}"
+            )));
+        }
+        if self.mirror.as_ref().is_some_and(|m| !m.is_null()) {
+            return Err(ApiError::not_supported("stream mirroring"));
+        }
+        if self.sources.as_ref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::not_supported("stream sourcing"));
+        }
+        if self.republish.as_ref().is_some_and(|r| !r.is_null()) {
+            return Err(ApiError::not_supported("republish"));
+        }
+        if self
+            .subject_transform
+            .as_ref()
+            .is_some_and(|r| !r.is_null())
+        {
+            return Err(ApiError::not_supported("subject transforms"));
+        }
+        if self.first_seq.is_some_and(|s| s > 1) {
+            return Err(ApiError::not_supported("first_seq"));
+        }
+        if self.allow_msg_counter == Some(true) {
+            return Err(ApiError::not_supported("message counters"));
+        }
+        if self.allow_atomic == Some(true) {
+            return Err(ApiError::not_supported("atomic batch publishing"));
+        }
+        if self.allow_msg_schedules == Some(true) {
+            return Err(ApiError::not_supported("message schedules"));
+        }
+        if self
+            .persist_mode
+            .as_ref()
+            .is_some_and(|p| !p.is_null() && p != "default")
+        {
+            return Err(ApiError::not_supported("persist_mode"));
+        }
+        if self.subject_delete_marker_ttl > 0 {
+            return Err(ApiError::not_supported("subject delete markers"));
+        }
+        match self.compression.as_str() {
+            "" | "none" => self.compression = "none".into(),
+            "s2" => return Err(ApiError::not_supported("s2 compression")),
+            _ => return Err(ApiError::invalid_config("invalid compression")),
+        }
+        if self.num_replicas == 0 {
+            self.num_replicas = 1;
+        }
+        if self.num_replicas < 0 {
+            return Err(ApiError::new(
+                400,
+                10133,
+                "replicas count cannot be negative",
+            ));
+        }
+        if self.num_replicas > 1 {
+            return Err(ApiError::replicas_not_supported());
+        }
+        if self.max_age < 0 {
+            return Err(ApiError::invalid_config("max age can not be negative"));
+        }
+        if self.max_age > 0 && self.max_age < 100_000_000 {
+            return Err(ApiError::invalid_config("max age needs to be >= 100ms"));
+        }
+        if self.duplicate_window < 0 {
+            return Err(ApiError::invalid_config(
+                "duplicates window can not be negative",
+            ));
+        }
+        if self.duplicate_window == 0 {
+            self.duplicate_window = if self.max_age > 0 && self.max_age < DEFAULT_DUPLICATE_WINDOW {
+                self.max_age
+            } else {
+                DEFAULT_DUPLICATE_WINDOW
+            };
+        }
+        if self.max_age > 0 && self.duplicate_window > self.max_age {
+            return Err(ApiError::invalid_config(
+                "duplicates window can not be larger then max age",
+            ));
+        }
+        if self.duplicate_window < 100_000_000 {
+            return Err(ApiError::invalid_config(
+                "duplicates window needs to be >= 100ms",
+            ));
+        }
+        if self.allow_rollup_hdrs && self.deny_purge {
+            return Err(ApiError::invalid_config(
+                "roll-ups require the purge permission",
+            ));
+        }
+        if self.discard_new_per_subject {
+            if self.discard != DiscardPolicy::New {
+                return Err(ApiError::invalid_config(
+                    "discard new per subject requires discard new policy to be set",
+                ));
+            }
+            if self.max_msgs_per_subject <= 0 {
+                return Err(ApiError::invalid_config(
+                    "discard new per subject requires max msgs per subject > 0",
+                ));
+            }
+        }
+        for v in [
+            &mut self.max_msgs,
+            &mut self.max_bytes,
+            &mut self.max_msgs_per_subject,
+            &mut self.max_consumers,
+        ] {
+            if *v == 0 {
+                *v = -1;
+            }
+        }
+        if self.max_msg_size == 0 {
+            self.max_msg_size = -1;
+        }
+        if self.subjects.is_empty() {
+            self.subjects = vec![self.name.clone()];
+        }
+        let mut seen = std::collections::HashSet::new();
+        for s in &self.subjects {
+            if !subject::valid_subscribe(s.as_bytes()) {
+                return Err(ApiError::invalid_config("invalid subject"));
+            }
+            if !seen.insert(s.as_str()) {
+                return Err(ApiError::invalid_config("duplicate subjects detected"));
+            }
+            if s == ">" && !self.no_ack {
+                return Err(ApiError::invalid_config(
+                    "capturing all subjects requires no-ack to be true",
+                ));
+            }
+            if (subjects_overlap(s, "$JS.API.>") || subjects_overlap(s, "$SYS.>")) && !self.no_ack {
+                return Err(ApiError::invalid_config(
+                    "subjects that overlap with jetstream api require no-ack to be true",
+                ));
+            }
+        }
+        for (i, a) in self.subjects.iter().enumerate() {
+            for b in &self.subjects[i + 1..] {
+                if subjects_overlap(a, b) {
+                    return Err(ApiError::invalid_config(format!(
+                        "subject {a:?} overlaps with {b:?}"
+                    )));
+                }
+            }
+        }
+        for k in DYNAMIC_META {
+            self.metadata.remove(k);
+        }
+        let level = if self.allow_msg_ttl { "1" } else { "0" };
+        self.metadata.insert(REQ_LEVEL_KEY.into(), level.into());
+        Ok(self)
+    }
+
+    /// Checks what an update may change (the reference's rules).
+    pub fn check_update(&self, new: &StreamConfig) -> Result<(), ApiError> {
+        if new.name != self.name {
+            return Err(ApiError::invalid_config(
+                "stream configuration name must match original",
+            ));
+        }
+        if new.storage != self.storage {
+            return Err(ApiError::invalid_config(
+                "stream configuration update can not change storage type",
+            ));
+        }
+        if new.retention != self.retention
+            && (new.retention == Retention::Workqueue || self.retention == Retention::Workqueue)
+        {
+            return Err(ApiError::invalid_config(
+                "stream configuration update can not change retention policy to/from workqueue",
+            ));
+        }
+        if self.sealed && !new.sealed {
+            return Err(ApiError::invalid_config(
+                "stream configuration update can not unseal a sealed stream",
+            ));
+        }
+        if self.deny_delete && !new.deny_delete {
+            return Err(ApiError::invalid_config(
+                "stream configuration update can not cancel deny message deletes",
+            ));
+        }
+        if self.deny_purge && !new.deny_purge {
+            return Err(ApiError::invalid_config(
+                "stream configuration update can not cancel deny purge",
+            ));
+        }
+        if self.allow_msg_ttl && !new.allow_msg_ttl {
+            return Err(ApiError::invalid_config(
+                "message TTL status can not be disabled",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_msgs: self.max_msgs,
+            max_bytes: self.max_bytes,
+            max_age: Duration::from_nanos(self.max_age.max(0) as u64),
+            max_msgs_per_subject: self.max_msgs_per_subject,
+            max_msg_size: self.max_msg_size as i64,
+            discard: match self.discard {
+                DiscardPolicy::Old => Discard::Old,
+                DiscardPolicy::New => Discard::New,
+            },
+            discard_new_per_subject: self.discard_new_per_subject,
+        }
+    }
+
+    /// The config as responses show it: stored metadata plus the server's level and version.
+    pub fn to_json(&self, dynamic_meta: bool) -> Value {
+        let mut v = serde_json::to_value(self).expect("config serializes");
+        if dynamic_meta {
+            if let Some(Value::Object(meta)) = v.get_mut("metadata") {
+                let mut m = Map::new();
+                m.insert("_nats.level".into(), API_LEVEL.to_string().into());
+                m.insert(
+                    REQ_LEVEL_KEY.into(),
+                    meta.remove(REQ_LEVEL_KEY).unwrap_or_else(|| "0".into()),
+                );
+                m.insert("_nats.ver".into(), crate::config::COMPAT_VERSION.into());
+                m.extend(std::mem::take(meta));
+                *meta = m;
+            }
+        }
+        v
+    }
+}
+
+/// What survives a restart besides the messages.
+#[derive(Serialize, Deserialize)]
+pub struct StreamMeta {
+    pub config: StreamConfig,
+    pub created: i64,
+}
+
+/// Remembers `Nats-Msg-Id`s inside the duplicate window.
+#[derive(Default)]
+struct Dedup {
+    ids: HashMap<String, u64>,
+    order: VecDeque<(i64, String)>,
+}
+
+impl Dedup {
+    fn prune(&mut self, now: i64, window: i64) {
+        while let Some((ts, _)) = self.order.front() {
+            if now - ts <= window {
+                break;
+            }
+            let (_, id) = self.order.pop_front().expect("front exists");
+            self.ids.remove(&id);
+        }
+    }
+    fn insert(&mut self, id: String, seq: u64, ts: i64) {
+        self.ids.insert(id.clone(), seq);
+        self.order.push_back((ts, id));
+    }
+}
+
+/// The parts of a stream behind its lock.
+pub struct StreamInner {
+    pub config: StreamConfig,
+    pub store: Box<dyn Store>,
+    dedup: Dedup,
+    /// `Nats-Msg-Id` of the last stored message (for Nats-Expected-Last-Msg-Id).
+    last_msg_id: String,
+    /// A failed sync leaves the stream refusing writes: acks must never lie.
+    failed: Option<String>,
+}
+
+pub struct Stream {
+    pub name: String,
+    pub created: i64,
+    pub dir: PathBuf,
+    inner: Mutex<StreamInner>,
+    handle: Arc<ClientHandle>,
+    subs: Mutex<Vec<Arc<Sub>>>,
+    /// Bytes stored, for account usage without taking every stream's lock.
+    pub bytes: AtomicU64,
+    /// Sync before acknowledging (the default); otherwise a timer syncs.
+    sync_always: bool,
+}
+
+/// The outcome of one publish.
+enum PubResult {
+    Stored(u64),
+    Duplicate(u64),
+    Error(ApiError),
+}
+
+impl Stream {
+    /// Opens (or creates) a stream's store and subscribes to its subjects.
+    pub fn open(
+        server: &Arc<Server>,
+        dir: &Path,
+        meta: StreamMeta,
+        sync_always: bool,
+    ) -> Result<Arc<Stream>, String> {
+        let config = meta.config;
+        let store: Box<dyn Store> = match config.storage {
+            StorageType::Memory => Box::new(keel_store::mem::MemStore::new(config.limits())),
+            StorageType::File => {
+                // TEMPORARY until the file store lands.
+                let _ = dir;
+                Box::new(keel_store::mem::MemStore::new(config.limits()))
+            }
+        };
+        let (handle, rx) = ClientHandle::internal(server.next_client_id());
+        let mut inner = StreamInner {
+            config,
+            store,
+            dedup: Dedup::default(),
+            last_msg_id: String::new(),
+            failed: None,
+        };
+        inner.rebuild_dedup();
+        let bytes = inner.store.state().bytes;
+        let stream = Arc::new(Stream {
+            name: inner.config.name.clone(),
+            created: meta.created,
+            dir: dir.to_path_buf(),
+            inner: Mutex::new(inner),
+            handle,
+            subs: Mutex::new(Vec::new()),
+            bytes: AtomicU64::new(bytes),
+            sync_always,
+        });
+        stream.subscribe(server);
+        tokio::spawn(publish_loop(stream.clone(), server.clone(), rx));
+        Ok(stream)
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, StreamInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn config(&self) -> StreamConfig {
+        self.lock().config.clone()
+    }
+
+    /// (Re)subscribes to the config's subjects.
+    pub fn subscribe(&self, server: &Server) {
+        let subjects = self.lock().config.subjects.clone();
+        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        for s in subs.drain(..) {
+            server.sublist.remove(&s);
+        }
+        for (i, subj) in subjects.iter().enumerate() {
+            let sub = Arc::new(Sub {
+                client: self.handle.clone(),
+                sid: Bytes::from(i.to_string()),
+                subject: Bytes::copy_from_slice(subj.as_bytes()),
+                queue: None,
+                max: AtomicU64::new(0),
+                delivered: AtomicU64::new(0),
+            });
+            server.sublist.insert(sub.clone());
+            subs.push(sub);
+        }
+    }
+
+    pub fn unsubscribe(&self, server: &Server) {
+        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        for s in subs.drain(..) {
+            server.sublist.remove(&s);
+        }
+        // Closing the handle ends the publish loop once its queue drains.
+        self.handle
+            .close(crate::client::CloseReason::ServerShutdown);
+    }
+
+    pub fn persist_meta(&self) -> std::io::Result<()> {
+        let meta = StreamMeta {
+            config: self.config(),
+            created: self.created,
+        };
+        write_meta(&self.dir, &meta)
+    }
+
+    pub fn state(&self) -> State {
+        self.lock().store.state()
+    }
+
+    pub fn refresh_bytes(&self, inner: &StreamInner) {
+        self.bytes
+            .store(inner.store.state().bytes, Ordering::Relaxed);
+    }
+
+    /// Stores a batch and returns the ack for each message that asked for one. With
+    /// sync-always the acks are only produced after the batch is on disk.
+    fn process_batch(&self, batch: &mut Vec<InMsg>) -> Vec<(Bytes, Vec<u8>)> {
+        let mut inner = self.lock();
+        let mut results = Vec::with_capacity(batch.len());
+        let mut stored_any = false;
+        for m in batch.drain(..) {
+            let r = inner.process(&m);
+            stored_any |= matches!(r, PubResult::Stored(_));
+            results.push((m.reply, r));
+        }
+        if stored_any && (self.sync_always || inner.store_is_memory()) {
+            if let Err(e) = inner.store.sync() {
+                let text = format!("storage sync failed: {e}");
+                crate::error!(
+                    "Stream {}: {text}; refusing writes until restart",
+                    self.name
+                );
+                inner.failed = Some(text.clone());
+                for (_, r) in results.iter_mut() {
+                    if matches!(r, PubResult::Stored(_)) {
+                        *r = PubResult::Error(ApiError::new(503, 10077, text.clone()));
+                    }
+                }
+            }
+        }
+        self.refresh_bytes(&inner);
+        let name = inner.config.name.clone();
+        drop(inner);
+        results
+            .into_iter()
+            .filter_map(|(reply, r)| reply.map(|reply| (reply, pub_ack(&name, &r))))
+            .collect()
+    }
+
+    /// Syncs unsynced writes (the timer path when sync is not per batch).
+    pub fn sync(&self) {
+        let mut inner = self.lock();
+        if let Err(e) = inner.store.sync() {
+            crate::error!("Stream {}: storage sync failed: {e}", self.name);
+            inner.failed = Some(format!("storage sync failed: {e}"));
+        }
+    }
+}
+
+fn pub_ack(stream: &str, r: &PubResult) -> Vec<u8> {
+    let name = serde_json::to_string(stream).expect("string serializes");
+    match r {
+        PubResult::Stored(seq) => format!("{{\"stream\":{name},\"seq\":{seq}}}").into_bytes(),
+        // The one non-compact JSON the reference sends: a space after the colon.
+        PubResult::Duplicate(seq) => {
+            format!("{{\"stream\":{name},\"seq\":{seq},\"duplicate\": true}}").into_bytes()
+        }
+        PubResult::Error(e) => {
+            let err = super::api::to_bytes(&e.to_json());
+            let mut out = b"{\"error\":".to_vec();
+            out.extend_from_slice(&err);
+            out.extend_from_slice(format!(",\"stream\":{name},\"seq\":0}}").as_bytes());
+            out
+        }
+    }
+}
+
+impl StreamInner {
+    fn store_is_memory(&self) -> bool {
+        self.config.storage == StorageType::Memory
+    }
+
+    /// Rebuilds the duplicate-window map from the newest messages after a restart.
+    fn rebuild_dedup(&mut self) {
+        let state = self.store.state();
+        let window = self.config.duplicate_window;
+        let now = now_nanos();
+        let mut seq = state.last_seq;
+        let mut found = vec![];
+        while seq >= state.first_seq && seq > 0 {
+            if let Ok(m) = self.store.load(seq) {
+                if now - m.ts > window {
+                    break;
+                }
+                if let Some(id) = headers::get_str(&m.hdr, "Nats-Msg-Id") {
+                    found.push((m.ts, id.to_string(), m.seq));
+                }
+                if seq == state.last_seq {
+                    self.last_msg_id = headers::get_str(&m.hdr, "Nats-Msg-Id")
+                        .unwrap_or_default()
+                        .to_string();
+                }
+            }
+            seq -= 1;
+        }
+        for (ts, id, seq) in found.into_iter().rev() {
+            self.dedup.insert(id, seq, ts);
+        }
+    }
+
+    /// One publish: the reference's checks in its order, then store.
+    fn process(&mut self, m: &InMsg) -> PubResult {
+        if let Some(f) = &self.failed {
+            return PubResult::Error(ApiError::new(503, 10077, f.clone()));
+        }
+        let cfg = &self.config;
+        if cfg.sealed {
+            return PubResult::Error(ApiError::sealed());
+        }
+        let hdr = m.headers();
+        let data = m.payload();
+        if cfg.max_msg_size >= 0 && (hdr.len() + data.len()) as i64 > cfg.max_msg_size as i64 {
+            return PubResult::Error(ApiError::new(
+                400,
+                10054,
+                "message size exceeds maximum allowed",
+            ));
+        }
+        if hdr.len() > 64 * 1024 {
+            return PubResult::Error(ApiError::new(
+                400,
+                10097,
+                "header size exceeds maximum allowed of 64k",
+            ));
+        }
+        let now = now_nanos();
+        let mut msg_id = None;
+        if !hdr.is_empty() {
+            if let Some(exp) = headers::get(hdr, "Nats-Expected-Stream") {
+                if exp != cfg.name.as_bytes() {
+                    return PubResult::Error(ApiError::new(
+                        400,
+                        10060,
+                        "expected stream does not match",
+                    ));
+                }
+            }
+            if let Some(id) = headers::get_str(hdr, "Nats-Msg-Id").filter(|s| !s.is_empty()) {
+                self.dedup.prune(now, cfg.duplicate_window);
+                if let Some(&seq) = self.dedup.ids.get(id) {
+                    return PubResult::Duplicate(seq);
+                }
+                msg_id = Some(id.to_string());
+            }
+            let last_seq = self.store.state().last_seq;
+            if let Some(exp) = headers::get(hdr, "Nats-Expected-Last-Sequence") {
+                if parse_u64(exp) != Some(last_seq) {
+                    return PubResult::Error(wrong_last_seq(last_seq));
+                }
+            }
+            if let Some(exp) = headers::get_str(hdr, "Nats-Expected-Last-Msg-Id") {
+                if exp != self.last_msg_id {
+                    return PubResult::Error(ApiError::new(
+                        400,
+                        10070,
+                        format!("wrong last msg ID: {}", self.last_msg_id),
+                    ));
+                }
+            }
+            if let Some(exp) = headers::get(hdr, "Nats-Expected-Last-Subject-Sequence") {
+                let subj = headers::get_str(hdr, "Nats-Expected-Last-Subject-Sequence-Subject")
+                    .map(str::to_string)
+                    .unwrap_or_else(|| String::from_utf8_lossy(&m.subject).into_owned());
+                let last = self.store.last_seq_for_subject(&subj);
+                if parse_u64(exp) != Some(last) {
+                    return PubResult::Error(wrong_last_seq(last));
+                }
+            }
+            if let Some(roll) = headers::get_str(hdr, "Nats-Rollup") {
+                if !cfg.allow_rollup_hdrs {
+                    return PubResult::Error(ApiError::new(500, 10111, "rollup not permitted"));
+                }
+                if roll != "sub" && roll != "all" {
+                    return PubResult::Error(ApiError::new(
+                        500,
+                        10111,
+                        format!("rollup value invalid: {roll:?}"),
+                    ));
+                }
+            }
+            if headers::get(hdr, "Nats-TTL").is_some() {
+                if !cfg.allow_msg_ttl {
+                    return PubResult::Error(ApiError::new(
+                        400,
+                        10166,
+                        "per-message TTL is disabled",
+                    ));
+                }
+                return PubResult::Error(ApiError::new(
+                    400,
+                    10165,
+                    "per-message TTL is not supported by keel-server yet",
+                ));
+            }
+        }
+        let seq = match self.store.store_msg(&m.subject, hdr, data, now) {
+            Ok(seq) => seq,
+            Err(e) => return PubResult::Error(store_error(e)),
+        };
+        if let Some(roll) = headers::get_str(hdr, "Nats-Rollup") {
+            let filter = match roll {
+                "sub" => Some(String::from_utf8_lossy(&m.subject).into_owned()),
+                _ => None,
+            };
+            let _ = self.store.purge(&Purge {
+                filter,
+                seq: None,
+                keep: Some(1),
+            });
+        }
+        self.last_msg_id = msg_id.clone().unwrap_or_default();
+        if let Some(id) = msg_id {
+            self.dedup.insert(id, seq, now);
+        }
+        PubResult::Stored(seq)
+    }
+}
+
+fn wrong_last_seq(actual: u64) -> ApiError {
+    ApiError::new(400, 10071, format!("wrong last sequence: {actual}"))
+}
+
+fn parse_u64(b: &[u8]) -> Option<u64> {
+    std::str::from_utf8(b).ok()?.trim().parse().ok()
+}
+
+pub fn store_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::MaxMsgs | StoreError::MaxMsgsPerSubject => {
+            ApiError::new(503, 10077, e.to_string())
+        }
+        StoreError::MaxBytes => ApiError::new(503, 10077, e.to_string()),
+        StoreError::MsgTooLarge => {
+            ApiError::new(400, 10054, "message size exceeds maximum allowed")
+        }
+        StoreError::NotFound => ApiError::no_message_found(),
+        StoreError::Io(t) => ApiError::new(503, 10077, t),
+    }
+}
+
+/// Writes the stream's config atomically: temp file, fsync, rename, fsync the directory.
+pub fn write_meta(dir: &Path, meta: &StreamMeta) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join("keel-meta.json.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(meta).map_err(std::io::Error::other)?)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join("keel-meta.json"))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+pub fn read_meta(dir: &Path) -> Result<StreamMeta, String> {
+    let b = std::fs::read(dir.join("keel-meta.json")).map_err(|e| e.to_string())?;
+    serde_json::from_slice(&b).map_err(|e| e.to_string())
+}
+
+/// Takes publishes off the stream's queue in batches: store all, sync once, ack all.
+async fn publish_loop(
+    stream: Arc<Stream>,
+    server: Arc<Server>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<InMsg>,
+) {
+    let mut router = Router::new(stream.created as u64);
+    let mut batch = Vec::with_capacity(256);
+    let mut closed = stream.handle_closed();
+    loop {
+        tokio::select! {
+            m = rx.recv() => match m {
+                Some(m) => batch.push(m),
+                None => break,
+            },
+            _ = crate::client::until_true(&mut closed) => break,
+        }
+        while batch.len() < 4096 {
+            match rx.try_recv() {
+                Ok(m) => batch.push(m),
+                Err(_) => break,
+            }
+        }
+        // The fsync blocks; let tokio move other work off this thread meanwhile.
+        let acks = if stream.sync_always && !stream.lock().store_is_memory() {
+            tokio::task::block_in_place(|| stream.process_batch(&mut batch))
+        } else {
+            stream.process_batch(&mut batch)
+        };
+        for (reply, body) in acks {
+            let body = Bytes::from(body);
+            router.route(
+                &server,
+                &Outgoing {
+                    subject: &reply,
+                    reply: None,
+                    hdr_len: None,
+                    data: &body,
+                },
+                None,
+            );
+        }
+        router.flush();
+    }
+}
+
+impl Stream {
+    fn handle_closed(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.handle.closed_rx()
+    }
+
+    /// Info `state` JSON.
+    pub fn state_json(
+        state: &State,
+        consumers: usize,
+        subjects: Option<&BTreeMap<String, u64>>,
+        deleted: Option<&[u64]>,
+    ) -> Value {
+        let mut m = Map::new();
+        m.insert("messages".into(), state.msgs.into());
+        m.insert("bytes".into(), state.bytes.into());
+        m.insert("first_seq".into(), state.first_seq.into());
+        m.insert("first_ts".into(), rfc3339(state.first_ts).into());
+        m.insert("last_seq".into(), state.last_seq.into());
+        m.insert("last_ts".into(), rfc3339(state.last_ts).into());
+        if state.num_subjects > 0 {
+            m.insert("num_subjects".into(), state.num_subjects.into());
+        }
+        if let Some(s) = subjects {
+            if !s.is_empty() {
+                m.insert(
+                    "subjects".into(),
+                    serde_json::to_value(s).expect("map serializes"),
+                );
+            }
+        }
+        if state.num_deleted > 0 {
+            m.insert("num_deleted".into(), state.num_deleted.into());
+        }
+        if let Some(d) = deleted {
+            if !d.is_empty() {
+                m.insert(
+                    "deleted".into(),
+                    serde_json::to_value(d).expect("vec serializes"),
+                );
+            }
+        }
+        if let Some(lost) = &state.lost {
+            let mut l = Map::new();
+            l.insert(
+                "msgs".into(),
+                serde_json::to_value(&lost.msgs).expect("vec serializes"),
+            );
+            l.insert("bytes".into(), lost.bytes.into());
+            m.insert("lost".into(), Value::Object(l));
+        }
+        m.insert("consumer_count".into(), consumers.into());
+        Value::Object(m)
+    }
+}
