@@ -41,7 +41,20 @@ impl Router {
     /// `skip` names a connection whose own subscriptions must not get it (echo off).
     /// Returns whether anyone received it.
     pub fn route(&mut self, server: &Server, msg: &Outgoing, skip: Option<u64>) -> bool {
-        let result = self.cache.lookup(&server.sublist, msg.subject);
+        self.route_to(server, msg.subject, msg, skip)
+    }
+
+    /// Like [`route`](Self::route) but matches subscribers on `target` while the message
+    /// keeps its own subject: JetStream deliveries go to an inbox yet carry the stored
+    /// message's subject.
+    pub fn route_to(
+        &mut self,
+        server: &Server,
+        target: &[u8],
+        msg: &Outgoing,
+        skip: Option<u64>,
+    ) -> bool {
+        let result = self.cache.lookup(&server.sublist, target);
         let mut delivered = false;
         for sub in &result.psubs {
             if skip == Some(sub.client.id) {
@@ -108,6 +121,11 @@ impl Router {
             self.to_signal.push(sub.client.clone());
         }
         true
+    }
+
+    /// Does anyone subscribe to `subject`?
+    pub fn has_interest(&mut self, server: &Server, subject: &[u8]) -> bool {
+        !self.cache.lookup(&server.sublist, subject).is_empty()
     }
 
     /// Remembers that `h` has data queued and its writer must be woken at the batch end.

@@ -4,6 +4,7 @@
 //! own subjects. Stream configs live in `<store_dir>/jetstream/$G/streams/<name>/`.
 
 pub mod api;
+pub mod consumer;
 pub mod stream;
 
 use std::collections::BTreeMap;
@@ -276,17 +277,55 @@ fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router
         ["STREAM", "PURGE", name] => ("stream_purge", stream_purge(js, name, body)),
         ["STREAM", "MSG", "GET", name] => ("stream_msg_get", msg_get(js, name, body)),
         ["STREAM", "MSG", "DELETE", name] => ("stream_msg_delete", msg_delete(js, name, body)),
-        ["CONSUMER", op, ..] => {
-            let kind = match *op {
-                "CREATE" | "DURABLE" => "consumer_create",
-                "INFO" => "consumer_info",
-                "NAMES" => "consumer_names",
-                "LIST" => "consumer_list",
-                "DELETE" => "consumer_delete",
-                _ => return,
-            };
-            (kind, Err(ApiError::not_supported("consumers")))
+        ["CONSUMER", "CREATE", stream] => (
+            "consumer_create",
+            consumer_create(js, server, router, stream, None, None, body),
+        ),
+        ["CONSUMER", "CREATE", stream, name] => (
+            "consumer_create",
+            consumer_create(js, server, router, stream, Some(name), None, body),
+        ),
+        ["CONSUMER", "CREATE", stream, name, filter @ ..] => {
+            let filter = filter.join(".");
+            (
+                "consumer_create",
+                consumer_create(js, server, router, stream, Some(name), Some(&filter), body),
+            )
         }
+        ["CONSUMER", "DURABLE", "CREATE", stream, name] => (
+            "consumer_create",
+            consumer_create_durable(js, server, router, stream, name, body),
+        ),
+        ["CONSUMER", "INFO", stream, name] => {
+            ("consumer_info", consumer_info(js, server, stream, name))
+        }
+        ["CONSUMER", "NAMES", stream] => ("consumer_names", consumer_names(js, stream, body)),
+        ["CONSUMER", "LIST", stream] => ("consumer_list", consumer_list(js, server, stream, body)),
+        ["CONSUMER", "DELETE", stream, name] => (
+            "consumer_delete",
+            consumer_delete(js, server, router, stream, name),
+        ),
+        ["CONSUMER", "MSG", "NEXT", stream, name] => {
+            // A live consumer takes its pull requests on its own subscription; one that
+            // does not exist answers like nobody is there, as the reference does.
+            if js
+                .stream(stream)
+                .and_then(|s| s.consumers_lock().get(*name).cloned())
+                .is_none()
+            {
+                let hdr = encode::status_headers("503", &[("Nats-Subject", m.subject.as_ref())]);
+                reply_headers(server, router, &reply_to, hdr.to_vec(), b"");
+            }
+            return;
+        }
+        ["CONSUMER", "PAUSE", ..] => (
+            "consumer_pause",
+            Err(ApiError::not_supported("consumer pause")),
+        ),
+        ["CONSUMER", "RESET", ..] => (
+            "consumer_reset",
+            Err(ApiError::not_supported("consumer reset")),
+        ),
         // Unknown API subjects get no reply at all, as with the reference.
         _ => return,
     };
@@ -337,7 +376,14 @@ fn account_info(js: &JetStream) -> Fields {
     f.insert("reserved_memory".into(), reserved_mem.into());
     f.insert("reserved_storage".into(), reserved_file.into());
     f.insert("streams".into(), streams.len().into());
-    f.insert("consumers".into(), 0.into());
+    f.insert(
+        "consumers".into(),
+        streams
+            .iter()
+            .map(|s| s.consumer_list().len())
+            .sum::<usize>()
+            .into(),
+    );
     f.insert(
         "limits".into(),
         serde_json::json!({
@@ -375,7 +421,12 @@ fn stream_fields(
     f.insert("created".into(), rfc3339(s.created).into());
     f.insert(
         "state".into(),
-        Stream::state_json(&state, 0, subjects.as_ref(), deleted.as_deref()),
+        Stream::state_json(
+            &state,
+            s.consumer_list().len(),
+            subjects.as_ref(),
+            deleted.as_deref(),
+        ),
     );
     if let Some(leader) = cluster {
         f.insert("cluster".into(), serde_json::json!({ "leader": leader }));
@@ -866,4 +917,300 @@ fn direct_get(
         .as_bytes(),
     );
     reply_headers(server, router, reply_to, hdr, &msg.data);
+}
+
+impl JetStream {
+    /// The consumers of a stream (for retention decisions).
+    pub fn consumers_of(&self, stream: &str) -> Vec<Arc<consumer::Consumer>> {
+        self.stream(stream)
+            .map(|s| s.consumer_list())
+            .unwrap_or_default()
+    }
+
+    /// Removes a consumer: stops it and deletes its saved state.
+    pub fn remove_consumer(
+        &self,
+        server: &Server,
+        stream: &Stream,
+        name: &str,
+        router: &mut Router,
+    ) -> bool {
+        let Some(c) = stream.consumers_lock().remove(name) else {
+            return false;
+        };
+        c.stop(server, router);
+        let dir = stream.dir.join("consumers").join(name);
+        if dir.exists() {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                crate::error!("Could not remove consumer data {}: {e}", dir.display());
+            }
+        }
+        true
+    }
+}
+
+fn consumer_not_found() -> ApiError {
+    ApiError::new(404, 10014, "consumer not found")
+}
+
+/// An ephemeral consumer's generated name (the reference uses 8 random characters).
+fn random_name() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    (0..8)
+        .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+fn consumer_create_durable(
+    js: &Arc<JetStream>,
+    server: &Arc<Server>,
+    router: &mut Router,
+    stream: &str,
+    durable: &str,
+    body: &[u8],
+) -> Result<Fields, ApiError> {
+    let mut req: consumer::CreateRequest = parse_body(body)?;
+    let cfg = req
+        .config
+        .as_mut()
+        .ok_or_else(|| ApiError::new(400, 10078, "consumer config required"))?;
+    match cfg.durable_name.as_deref() {
+        None | Some("") => cfg.durable_name = Some(durable.to_string()),
+        Some(d) if d != durable => {
+            return Err(ApiError::new(
+                400,
+                10017,
+                "consumer name in subject does not match durable name in request",
+            ))
+        }
+        _ => {}
+    }
+    create_consumer(js, server, router, stream, Some(durable), req)
+}
+
+fn consumer_create(
+    js: &Arc<JetStream>,
+    server: &Arc<Server>,
+    router: &mut Router,
+    stream: &str,
+    name: Option<&str>,
+    filter: Option<&str>,
+    body: &[u8],
+) -> Result<Fields, ApiError> {
+    let req: consumer::CreateRequest = parse_body(body)?;
+    let Some(cfg) = &req.config else {
+        return Err(ApiError::new(400, 10078, "consumer config required"));
+    };
+    match name {
+        None => {
+            if cfg.durable_name.as_deref().is_some_and(|d| !d.is_empty()) {
+                return Err(ApiError::new(
+                    400,
+                    10020,
+                    "consumer expected to be ephemeral but a durable name was set in request",
+                ));
+            }
+        }
+        Some(n) => {
+            let given = cfg
+                .name
+                .as_deref()
+                .filter(|x| !x.is_empty())
+                .or(cfg.durable_name.as_deref().filter(|x| !x.is_empty()));
+            if given.is_some_and(|g| g != n) {
+                return Err(ApiError::new(
+                    400,
+                    10017,
+                    "consumer name in subject does not match durable name in request",
+                ));
+            }
+        }
+    }
+    if let Some(f) = filter {
+        let cf = cfg.filters();
+        if !(cf.len() == 1 && cf[0] == f) && !(cf.is_empty() && f == ">") {
+            return Err(ApiError::new(
+                400,
+                10131,
+                "Consumer create request did not match filtered subject from create subject",
+            ));
+        }
+    }
+    create_consumer(js, server, router, stream, name, req)
+}
+
+fn create_consumer(
+    js: &Arc<JetStream>,
+    server: &Arc<Server>,
+    router: &mut Router,
+    stream_name: &str,
+    name: Option<&str>,
+    req: consumer::CreateRequest,
+) -> Result<Fields, ApiError> {
+    if !req.stream_name.is_empty() && req.stream_name != stream_name {
+        return Err(ApiError::stream_mismatch());
+    }
+    let s = js
+        .stream(stream_name)
+        .ok_or_else(ApiError::stream_not_found)?;
+    let scfg = s.config();
+    let mut cfg = req.config.expect("checked by callers");
+    if let Some(n) = name {
+        if cfg.name.as_deref().unwrap_or("").is_empty() {
+            cfg.name = Some(n.to_string());
+        }
+    }
+    if let Some(d) = cfg.durable_name.clone().filter(|d| !d.is_empty()) {
+        cfg.name = Some(d);
+    }
+    let cfg = cfg.normalize(scfg.retention)?;
+    let name = cfg.name.clone().unwrap_or_else(random_name);
+    let durable = cfg.durable_name.is_some();
+    let mut stored_cfg = cfg.clone();
+    if !durable && name.len() == 8 && cfg.name.is_none() {
+        stored_cfg.name = None;
+    }
+    let existing = s.consumers_lock().get(&name).cloned();
+    if let Some(c) = existing {
+        let mut current = c.config();
+        current.metadata.remove(stream::REQ_LEVEL_KEY);
+        let mut wanted = stored_cfg.clone();
+        wanted.metadata.remove(stream::REQ_LEVEL_KEY);
+        if current == wanted {
+            return Ok(c.info(server, true));
+        }
+        if req.action == "create" {
+            return Err(ApiError::new(400, 10148, "consumer already exists"));
+        }
+        current.check_update(&wanted)?;
+        c.lock().config = stored_cfg;
+        c.persist_meta()
+            .map_err(|e| ApiError::new(500, 10012, format!("could not save consumer: {e}")))?;
+        c.notify();
+        return Ok(c.info(server, true));
+    }
+    if req.action == "update" {
+        return Err(ApiError::new(400, 10149, "consumer does not exist"));
+    }
+    let consumers = s.consumer_list();
+    if scfg.max_consumers > 0 && consumers.len() as i64 >= scfg.max_consumers {
+        return Err(ApiError::new(400, 10026, "maximum consumers limit reached"));
+    }
+    if scfg.retention == stream::Retention::Workqueue {
+        let mine = cfg.filters();
+        for o in &consumers {
+            let theirs = o.config().filters();
+            if mine.is_empty() || theirs.is_empty() {
+                return Err(ApiError::new(
+                    400,
+                    10099,
+                    "multiple non-filtered consumers not allowed on workqueue stream",
+                ));
+            }
+            if mine
+                .iter()
+                .any(|a| theirs.iter().any(|b| stream::subjects_overlap(a, b)))
+            {
+                return Err(ApiError::new(
+                    400,
+                    10100,
+                    "filtered consumer not unique on workqueue stream",
+                ));
+            }
+        }
+    }
+    // Durable consumers of file streams keep their state on disk.
+    let dir = (durable && scfg.storage == StorageType::File && !cfg.mem_storage)
+        .then(|| s.dir.join("consumers").join(&name));
+    let meta = consumer::ConsumerMeta {
+        config: stored_cfg,
+        created: now_nanos(),
+    };
+    let c = consumer::Consumer::start(server, &s, name.clone(), meta, dir);
+    c.persist_meta().map_err(|e| {
+        ApiError::new(
+            500,
+            10104,
+            format!("error creating store for consumer: {e}"),
+        )
+    })?;
+    s.consumers_lock().insert(name, c.clone());
+    let _ = router;
+    Ok(c.info(server, true))
+}
+
+fn find_consumer(
+    js: &JetStream,
+    stream: &str,
+    name: &str,
+) -> Result<Arc<consumer::Consumer>, ApiError> {
+    let s = js.stream(stream).ok_or_else(ApiError::stream_not_found)?;
+    let c = s.consumers_lock().get(name).cloned();
+    c.ok_or_else(consumer_not_found)
+}
+
+fn consumer_info(
+    js: &JetStream,
+    server: &Server,
+    stream: &str,
+    name: &str,
+) -> Result<Fields, ApiError> {
+    Ok(find_consumer(js, stream, name)?.info(server, true))
+}
+
+fn consumer_names(js: &JetStream, stream: &str, body: &[u8]) -> Result<Fields, ApiError> {
+    let req: ListRequest = parse_body(body)?;
+    let s = js.stream(stream).ok_or_else(ApiError::stream_not_found)?;
+    let all: Vec<String> = s.consumers_lock().keys().cloned().collect();
+    let names: Vec<Value> = all
+        .iter()
+        .skip(req.offset)
+        .take(NAMES_LIMIT)
+        .map(|n| Value::from(n.clone()))
+        .collect();
+    let mut f = Fields::new();
+    f.insert("total".into(), all.len().into());
+    f.insert("offset".into(), req.offset.into());
+    f.insert("limit".into(), NAMES_LIMIT.into());
+    f.insert("consumers".into(), Value::Array(names));
+    Ok(f)
+}
+
+fn consumer_list(
+    js: &JetStream,
+    server: &Server,
+    stream: &str,
+    body: &[u8],
+) -> Result<Fields, ApiError> {
+    let req: ListRequest = parse_body(body)?;
+    let s = js.stream(stream).ok_or_else(ApiError::stream_not_found)?;
+    let all = s.consumer_list();
+    let infos: Vec<Value> = all
+        .iter()
+        .skip(req.offset)
+        .take(LIST_LIMIT)
+        .map(|c| Value::Object(c.info(server, false)))
+        .collect();
+    let mut f = Fields::new();
+    f.insert("total".into(), all.len().into());
+    f.insert("offset".into(), req.offset.into());
+    f.insert("limit".into(), LIST_LIMIT.into());
+    f.insert("consumers".into(), Value::Array(infos));
+    Ok(f)
+}
+
+fn consumer_delete(
+    js: &JetStream,
+    server: &Server,
+    router: &mut Router,
+    stream: &str,
+    name: &str,
+) -> Result<Fields, ApiError> {
+    let s = js.stream(stream).ok_or_else(ApiError::stream_not_found)?;
+    if !js.remove_consumer(server, &s, name, router) {
+        return Err(consumer_not_found());
+    }
+    let mut f = Fields::new();
+    f.insert("success".into(), true.into());
+    Ok(f)
 }

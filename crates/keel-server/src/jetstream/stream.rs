@@ -497,6 +497,7 @@ pub struct Stream {
     pub bytes: AtomicU64,
     /// Sync before acknowledging (the default); otherwise a timer syncs.
     sync_always: bool,
+    pub consumers: Mutex<BTreeMap<String, Arc<super::consumer::Consumer>>>,
 }
 
 /// The outcome of one publish.
@@ -542,10 +543,47 @@ impl Stream {
             subs: Mutex::new(Vec::new()),
             bytes: AtomicU64::new(bytes),
             sync_always,
+            consumers: Mutex::new(BTreeMap::new()),
         });
         stream.subscribe(server);
+        stream.recover_consumers(server);
         tokio::spawn(publish_loop(stream.clone(), server.clone(), rx));
         Ok(stream)
+    }
+
+    /// Restarts the durable consumers saved under this stream's directory.
+    fn recover_consumers(self: &Arc<Self>, server: &Arc<Server>) {
+        let dir = self.dir.join("consumers");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let cdir = e.path();
+            match super::consumer::read_meta(&cdir) {
+                Ok(meta) => {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let c = super::consumer::Consumer::start(
+                        server,
+                        self,
+                        name.clone(),
+                        meta,
+                        Some(cdir),
+                    );
+                    self.consumers_lock().insert(name, c);
+                }
+                Err(err) => crate::error!("Skipping consumer in {}: {err}", cdir.display()),
+            }
+        }
+    }
+
+    pub fn consumers_lock(
+        &self,
+    ) -> MutexGuard<'_, BTreeMap<String, Arc<super::consumer::Consumer>>> {
+        self.consumers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn consumer_list(&self) -> Vec<Arc<super::consumer::Consumer>> {
+        self.consumers_lock().values().cloned().collect()
     }
 
     pub fn lock(&self) -> MutexGuard<'_, StreamInner> {
@@ -886,6 +924,9 @@ async fn publish_loop(
         } else {
             stream.process_batch(&mut batch)
         };
+        for c in stream.consumer_list() {
+            c.notify();
+        }
         for (reply, body) in acks {
             let body = Bytes::from(body);
             router.route(
