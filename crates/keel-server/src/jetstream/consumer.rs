@@ -942,21 +942,19 @@ impl State {
                 out.done = self.ack(sseq);
                 out.next = Some(rest.to_string());
             }
-            "-NAK" => {
-                if self.pending.contains_key(&sseq) {
-                    let delay = serde_json::from_str::<Value>(rest)
-                        .ok()
-                        .and_then(|v| v.get("delay").and_then(Value::as_i64))
-                        .filter(|d| *d > 0);
-                    match delay {
-                        Some(d) => {
-                            if let Some(p) = self.pending.get_mut(&sseq) {
-                                p.deadline = Instant::now() + Duration::from_nanos(d as u64);
-                            }
+            "-NAK" if self.pending.contains_key(&sseq) => {
+                let delay = serde_json::from_str::<Value>(rest)
+                    .ok()
+                    .and_then(|v| v.get("delay").and_then(Value::as_i64))
+                    .filter(|d| *d > 0);
+                match delay {
+                    Some(d) => {
+                        if let Some(p) = self.pending.get_mut(&sseq) {
+                            p.deadline = Instant::now() + Duration::from_nanos(d as u64);
                         }
-                        None => {
-                            self.rdq.insert(sseq);
-                        }
+                    }
+                    None => {
+                        self.rdq.insert(sseq);
                     }
                 }
             }
@@ -967,13 +965,11 @@ impl State {
                     p.deadline = Instant::now() + wait;
                 }
             }
-            "+TERM" => {
-                if self.pending.remove(&sseq).is_some() {
-                    self.rdq.remove(&sseq);
-                    self.redelivered.remove(&sseq);
-                    self.update_floor();
-                    out.done = vec![sseq];
-                }
+            "+TERM" if self.pending.remove(&sseq).is_some() => {
+                self.rdq.remove(&sseq);
+                self.redelivered.remove(&sseq);
+                self.update_floor();
+                out.done = vec![sseq];
             }
             _ => {} // Unknown payloads are ignored, as by the reference.
         }
@@ -1030,7 +1026,10 @@ fn send_status(server: &Server, router: &mut Router, to: &Bytes, hdr: &[u8]) {
 }
 
 /// Parses a MSG.NEXT body: JSON, a bare batch number, or empty (batch 1).
-fn parse_pull(body: &[u8]) -> Result<(i64, i64, Option<i64>, bool, Option<i64>), String> {
+/// A MSG.NEXT request: batch, byte budget, expiry (ns), no_wait, heartbeat (ns).
+type PullBody = (i64, i64, Option<i64>, bool, Option<i64>);
+
+fn parse_pull(body: &[u8]) -> Result<PullBody, String> {
     let text = std::str::from_utf8(body).map_err(|e| e.to_string())?.trim();
     if text.is_empty() {
         return Ok((1, 0, None, false, None));

@@ -1028,7 +1028,8 @@ fn consumer_create(
     }
     if let Some(f) = filter {
         let cf = cfg.filters();
-        if !(cf.len() == 1 && cf[0] == f) && !(cf.is_empty() && f == ">") {
+        let matches = (cf.len() == 1 && cf[0] == f) || (cf.is_empty() && f == ">");
+        if !matches {
             return Err(ApiError::new(
                 400,
                 10131,
