@@ -129,7 +129,8 @@ pub fn to_bytes(v: &Value) -> Vec<u8> {
 
 /// Parses a request body; an empty body is `{}`.
 pub fn parse_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
-    if body.iter().all(|b| b.is_ascii_whitespace()) {
+    // async-nats sends `null` where other clients send nothing.
+    if body.iter().all(|b| b.is_ascii_whitespace()) || body.trim_ascii() == b"null" {
         return Ok(T::default());
     }
     serde_json::from_slice(body).map_err(|e| ApiError::invalid_json(&e))

@@ -338,16 +338,24 @@ fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router
         }
         Err(e) => {
             js.api_errors.fetch_add(1, Ordering::Relaxed);
-            let extra: &[(&str, Value)] = if kind == "stream_info" {
-                &[
-                    ("total", Value::from(0)),
-                    ("offset", 0.into()),
-                    ("limit", 0.into()),
-                ]
-            } else {
-                &[]
+            // Fields the reference always writes, even next to an error.
+            let paged = [
+                ("total", Value::from(0)),
+                ("offset", 0.into()),
+                ("limit", 0.into()),
+            ];
+            let extra: Vec<(&str, Value)> = match kind {
+                "stream_info" => paged.to_vec(),
+                "stream_names" | "stream_list" => {
+                    [&paged[..], &[("streams", Value::Null)]].concat()
+                }
+                "consumer_names" | "consumer_list" => {
+                    [&paged[..], &[("consumers", Value::Null)]].concat()
+                }
+                "stream_purge" => vec![("purged", 0.into())],
+                _ => vec![],
             };
-            error_response(kind, &e, extra)
+            error_response(kind, &e, &extra)
         }
     };
     reply(server, router, &reply_to, body);
@@ -731,12 +739,10 @@ fn stream_purge(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiEr
         return Err(ApiError::sealed());
     }
     if inner.config.deny_purge {
-        return Err(ApiError::new(400, 10003, "bad request"));
+        return Err(ApiError::purge_failed("stream purge not permitted"));
     }
     if req.seq.is_some() && req.keep.is_some() {
-        return Err(ApiError::purge_failed(
-            "sequence and keep cannot both be set",
-        ));
+        return Err(ApiError::bad_request());
     }
     if let Some(f) = &req.filter {
         if !f.is_empty() && !keel_protocol::subject::valid_subscribe(f.as_bytes()) {
@@ -782,7 +788,15 @@ fn load_for_get(
 fn msg_get(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
     let req: MsgGetRequest = parse_body(body)?;
     let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
-    if req.seq.is_none() && req.last_by_subj.is_none() && req.next_by_subj.is_none() {
+    let valid = matches!(
+        (
+            req.seq.is_some(),
+            req.last_by_subj.is_some(),
+            req.next_by_subj.is_some()
+        ),
+        (true, false, false) | (false, true, false) | (_, false, true)
+    );
+    if !valid {
         return Err(ApiError::bad_request());
     }
     let msg = {
