@@ -1,7 +1,8 @@
 """Fixtures for the interop suite.
 
 Every test gets a fresh server process (`server` fixture) on a free loopback
-port; a test chooses config keys with `@pytest.mark.server_config(key=value)`.
+port; a test chooses config keys with `@pytest.mark.server_config(key=value)`
+and enables JetStream (`-js -sd <tmpdir>/store`) with `@pytest.mark.jetstream`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ import pytest
 
 from raw import RawClient
 from servers import ServerProcess, probe_info, server_kind
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "jetstream: start the server with JetStream enabled (-js -sd <tmpdir>/store)"
+    )
 
 
 def pytest_report_header(config):
@@ -41,8 +48,8 @@ def server_factory():
     Teardown fails the test if a server process died on its own (crash/panic)."""
     started: list[ServerProcess] = []
 
-    def start(config: dict | None = None) -> ServerProcess:
-        srv = ServerProcess(config).start()
+    def start(config: dict | None = None, jetstream: bool = False) -> ServerProcess:
+        srv = ServerProcess(config, jetstream=jetstream).start()
         started.append(srv)
         return srv
 
@@ -63,7 +70,8 @@ def server_factory():
 def server(request, server_factory) -> ServerProcess:
     marker = request.node.get_closest_marker("server_config")
     config = dict(marker.kwargs) if marker else {}
-    return server_factory(config)
+    jetstream = request.node.get_closest_marker("jetstream") is not None
+    return server_factory(config, jetstream=jetstream)
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ Selection (environment):
   KEEL_SERVER_BIN  = path of the keel binary
                      (default <repo>/target/debug/keel-server, else target/release)
 
-Both servers are started as `<bin> -a 127.0.0.1 -p <port> [-c <file>]`.
+Both servers are started as `<bin> -a 127.0.0.1 -p <port> [-c <file>] [-js -sd <dir>]`.
 """
 
 from __future__ import annotations
@@ -81,15 +81,18 @@ class ServerProcess:
 
     stdout+stderr go to a temp file (never an undrained pipe)."""
 
-    def __init__(self, config: dict | None = None):
+    def __init__(self, config: dict | None = None, jetstream: bool = False):
         self.binary = server_binary()
         self.kind = server_kind()
         self.config = dict(config or {})
+        self.jetstream = jetstream
         self.host = "127.0.0.1"
         self.port = 0
         self.proc: subprocess.Popen | None = None
         self._dir = tempfile.TemporaryDirectory(prefix="keel-interop-")
         self.log_path = Path(self._dir.name) / "server.log"
+        # JetStream store directory (`-sd`); kept across kill()/restart().
+        self.store_dir = Path(self._dir.name) / "store" if jetstream else None
         self._log = None
 
     @property
@@ -102,20 +105,25 @@ class ServerProcess:
             conf = Path(self._dir.name) / "server.conf"
             conf.write_text(render_config(self.config))
             args += ["-c", str(conf)]
+        if self.jetstream:
+            args += ["-js", "-sd", str(self.store_dir)]
         return args
+
+    def _spawn(self) -> None:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.args(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=self._dir.name,
+        )
 
     def start(self) -> "ServerProcess":
         last_error = None
         for _attempt in range(3):  # a free port can be grabbed by someone else; retry
             self.port = free_port()
-            self._log = open(self.log_path, "ab")
-            self.proc = subprocess.Popen(
-                self.args(),
-                stdin=subprocess.DEVNULL,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                cwd=self._dir.name,
-            )
+            self._spawn()
             try:
                 self._wait_ready()
                 return self
@@ -144,6 +152,30 @@ class ServerProcess:
                     f"{self.log_text()}"
                 )
             time.sleep(0.01)  # polling interval while waiting for the port
+
+    def kill(self) -> None:
+        """SIGKILL the process (no shutdown handling); port and store dir stay for restart()."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def restart(self) -> "ServerProcess":
+        """Start again on the same port, config and store dir (kills the running process first)."""
+        self.kill()
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            self._spawn()
+            try:
+                self._wait_ready()
+                return self
+            except RuntimeError:
+                self.kill()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)  # the port can linger briefly after the old process died
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
