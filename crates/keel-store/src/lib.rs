@@ -202,3 +202,15 @@ pub fn is_all(filter: &str) -> bool {
 pub fn filter_matches(filter: &str, subject: &[u8]) -> bool {
     is_all(filter) || keel_protocol::subject::matches(filter.as_bytes(), subject)
 }
+
+pub mod file;
+mod index;
+mod io;
+pub mod mem;
+mod record;
+
+pub use file::{FileStore, FileStoreConfig, RecoveryReport};
+pub use mem::MemStore;
+
+#[cfg(test)]
+mod tests;

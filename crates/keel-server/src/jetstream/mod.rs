@@ -99,6 +99,11 @@ impl JetStream {
                 }
             };
             let name = meta.config.name.clone();
+            if meta.config.storage == StorageType::Memory {
+                // Memory streams do not outlive the process, as with the reference.
+                let _ = std::fs::remove_dir_all(&dir);
+                continue;
+            }
             match Stream::open(server, &dir, meta, self.sync_interval.is_none()) {
                 Ok(s) => {
                     let st = s.state();

@@ -519,9 +519,20 @@ impl Stream {
         let store: Box<dyn Store> = match config.storage {
             StorageType::Memory => Box::new(keel_store::mem::MemStore::new(config.limits())),
             StorageType::File => {
-                // TEMPORARY until the file store lands.
-                let _ = dir;
-                Box::new(keel_store::mem::MemStore::new(config.limits()))
+                let (fs, report) =
+                    keel_store::file::FileStore::open(&dir.join("msgs"), config.limits())
+                        .map_err(|e| e.to_string())?;
+                if report.torn_bytes > 0 || report.corrupt_records > 0 {
+                    crate::warn!(
+                        "Stream {}: recovery cut {} torn bytes and skipped {} damaged records {:?}",
+                        config.name,
+                        report.torn_bytes,
+                        report.corrupt_records,
+                        report.corrupt_seqs
+                    );
+                }
+                crate::debug!("Stream {} recovery: {report:?}", config.name);
+                Box::new(fs)
             }
         };
         let (handle, rx) = ClientHandle::internal(server.next_client_id());

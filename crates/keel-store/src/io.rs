@@ -1,0 +1,92 @@
+//! The file operations the file store needs, behind a small trait so the fault-injection
+//! tests can swap the real filesystem for a simulated one that loses unsynced data.
+
+use std::io;
+use std::path::Path;
+
+/// Directory-level operations.
+pub(crate) trait Fs: Send + Sync {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// File names (not paths) in `dir`.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Opens read-write, creating the file if `create`.
+    fn open(&self, path: &Path, create: bool) -> io::Result<Box<dyn FsFile>>;
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Makes creations, removals and renames in `dir` durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// One open file. Writes are positional: the store keeps its own append offset.
+pub(crate) trait FsFile: Send {
+    fn len(&self) -> io::Result<u64>;
+    /// Fills `buf` from `off`; short files are an error.
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()>;
+    fn write_at(&mut self, buf: &[u8], off: u64) -> io::Result<()>;
+    /// fdatasync.
+    fn sync(&mut self) -> io::Result<()>;
+    fn truncate(&mut self, len: u64) -> io::Result<()>;
+}
+
+/// The real filesystem.
+pub(crate) struct StdFs;
+
+struct StdFile(std::fs::File);
+
+impl Fs for StdFs {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir)? {
+            if let Ok(name) = e?.file_name().into_string() {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+    fn open(&self, path: &Path, create: bool) -> io::Result<Box<dyn FsFile>> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(path)?;
+        Ok(Box::new(StdFile(f)))
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        std::fs::File::open(dir)?.sync_all()
+    }
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            r => r,
+        }
+    }
+}
+
+impl FsFile for StdFile {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, buf, off)
+    }
+    fn write_at(&mut self, buf: &[u8], off: u64) -> io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.0, buf, off)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+}

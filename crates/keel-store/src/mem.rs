@@ -1,0 +1,137 @@
+//! The memory store: messages live in the shared slot table (see `core`), nothing touches
+//! disk, `sync` and `close` are no-ops.
+
+use crate::index::{Core, Payload};
+use crate::{mem_msg_size, Limits, Purge, Result, State, Store, StoreError, StoredMsg};
+use bytes::Bytes;
+use std::collections::BTreeMap;
+
+#[derive(Default, Clone)]
+pub(crate) struct MemMsg {
+    hdr: Bytes,
+    data: Bytes,
+}
+
+impl Payload for MemMsg {
+    fn acct_size(&self, subj_len: usize) -> u64 {
+        mem_msg_size(subj_len, self.hdr.len(), self.data.len())
+    }
+}
+
+/// Stream storage in memory.
+pub struct MemStore {
+    core: Core<MemMsg>,
+}
+
+impl MemStore {
+    pub fn new(limits: Limits) -> Self {
+        MemStore {
+            core: Core::new(limits),
+        }
+    }
+
+    fn msg(&self, seq: u64) -> Result<StoredMsg> {
+        let s = self.core.slots.get(seq).ok_or(StoreError::NotFound)?;
+        Ok(StoredMsg {
+            seq,
+            subject: self.core.subject_of(s),
+            hdr: s.p.hdr.clone(),
+            data: s.p.data.clone(),
+            ts: s.ts(),
+        })
+    }
+
+    fn settle(&mut self) {
+        self.core.removed.clear();
+        self.core.reset = false;
+    }
+}
+
+impl Store for MemStore {
+    fn store_msg(&mut self, subject: &[u8], hdr: &[u8], data: &[u8], ts: i64) -> Result<u64> {
+        let size = mem_msg_size(subject.len(), hdr.len(), data.len());
+        self.core.check(subject, hdr.len(), data.len(), size)?;
+        let p = MemMsg {
+            hdr: Bytes::copy_from_slice(hdr),
+            data: Bytes::copy_from_slice(data),
+        };
+        let seq = self.core.append(subject, ts, p);
+        self.settle();
+        Ok(seq)
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn load(&self, seq: u64) -> Result<StoredMsg> {
+        self.msg(seq)
+    }
+
+    fn load_next(&self, start: u64, filter: &str) -> Result<StoredMsg> {
+        let seq = self
+            .core
+            .find_next(start, filter)
+            .ok_or(StoreError::NotFound)?;
+        self.msg(seq)
+    }
+
+    fn load_last(&self, filter: &str) -> Result<StoredMsg> {
+        let seq = self.core.find_last(filter).ok_or(StoreError::NotFound)?;
+        self.msg(seq)
+    }
+
+    fn last_seq_for_subject(&self, subject: &str) -> u64 {
+        self.core.last_seq_for_subject(subject)
+    }
+
+    fn remove(&mut self, seq: u64, _erase: bool) -> Result<bool> {
+        // Dropping the Bytes is the erase: nothing else holds the payload except readers
+        // that already loaded it.
+        let r = self.core.remove(seq);
+        self.settle();
+        Ok(r)
+    }
+
+    fn purge(&mut self, opts: &Purge) -> Result<u64> {
+        let n = self.core.purge(opts);
+        self.settle();
+        Ok(n)
+    }
+
+    fn expire(&mut self, now: i64) -> Result<(u64, Option<i64>)> {
+        let r = self.core.expire(now);
+        self.settle();
+        Ok(r)
+    }
+
+    fn set_limits(&mut self, limits: Limits) -> Result<()> {
+        self.core.set_limits(limits);
+        self.settle();
+        Ok(())
+    }
+
+    fn state(&self) -> State {
+        self.core.state()
+    }
+
+    fn deleted(&self) -> Vec<u64> {
+        self.core.deleted()
+    }
+
+    fn subjects(&self, filter: &str) -> BTreeMap<String, u64> {
+        self.core.subjects_map(filter)
+    }
+
+    fn num_pending(&self, start: u64, filter: &str, last_per_subject: bool) -> u64 {
+        self.core.num_pending(start, filter, last_per_subject)
+    }
+
+    fn close(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn destroy(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,179 @@
+//! The on-disk record: a fixed 40-byte header and the subject, headers and payload.
+//!
+//! ```text
+//!  0 magic u32 "KEEL"    4 len u32 (whole record)   8 crc32 u32 over len and bytes 12..len
+//! 12 kind u8            13 reserved u8             14 subject len u16
+//! 16 seq u64            24 ts i64
+//! 32 hdr len u32        36 data len u32             40 subject, hdr, data
+//! ```
+//!
+//! The CRC covers the length too, so a flipped length bit cannot make a shorter or longer
+//! slice of bytes look valid. All integers are little-endian.
+
+pub(crate) const MAGIC: [u8; 4] = *b"KEEL";
+pub(crate) const HDR: usize = 40;
+/// Upper bound on one record (the slot keeps the length in 31 bits).
+pub(crate) const MAX_RECORD: usize = (1 << 31) - 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A message.
+    Msg = 1,
+    /// "Sequence `seq` was removed."
+    Tomb = 2,
+    /// "Everything below `seq` is gone"; `ts` is the stream's last_ts and the 8-byte body
+    /// its last_seq, so an emptied stream keeps its sequence after restart.
+    Marker = 3,
+    /// A message erased in place: same length, payload zeroed.
+    Erased = 4,
+}
+
+impl Kind {
+    fn from_u8(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::Msg,
+            2 => Kind::Tomb,
+            3 => Kind::Marker,
+            4 => Kind::Erased,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Rec<'a> {
+    pub kind: Kind,
+    pub seq: u64,
+    pub ts: i64,
+    pub subj: &'a [u8],
+    pub hdr: &'a [u8],
+    pub data: &'a [u8],
+    pub len: usize,
+    pub crc: u32,
+}
+
+pub(crate) enum Parse<'a> {
+    Ok(Rec<'a>),
+    /// Not a valid record here (bad magic, length, checksum or fields).
+    Bad,
+}
+
+pub(crate) fn record_len(subj: usize, hdr: usize, data: usize) -> usize {
+    HDR + subj + hdr + data
+}
+
+fn crc(rec: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&rec[4..8]);
+    h.update(&rec[12..]);
+    h.finalize()
+}
+
+/// Appends a record to `buf`; returns its CRC.
+pub(crate) fn encode(
+    buf: &mut Vec<u8>,
+    kind: Kind,
+    seq: u64,
+    ts: i64,
+    subj: &[u8],
+    hdr: &[u8],
+    data: &[u8],
+) -> u32 {
+    let start = buf.len();
+    let len = record_len(subj.len(), hdr.len(), data.len());
+    buf.reserve(len);
+    buf.extend_from_slice(&MAGIC);
+    buf.extend_from_slice(&(len as u32).to_le_bytes());
+    buf.extend_from_slice(&[0; 4]);
+    buf.push(kind as u8);
+    buf.push(0);
+    buf.extend_from_slice(&(subj.len() as u16).to_le_bytes());
+    buf.extend_from_slice(&seq.to_le_bytes());
+    buf.extend_from_slice(&ts.to_le_bytes());
+    buf.extend_from_slice(&(hdr.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    buf.extend_from_slice(subj);
+    buf.extend_from_slice(hdr);
+    buf.extend_from_slice(data);
+    let c = crc(&buf[start..]);
+    buf[start + 8..start + 12].copy_from_slice(&c.to_le_bytes());
+    c
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+}
+
+/// The record at the start of `b`, fully validated. Never panics on any input.
+pub(crate) fn parse(b: &[u8]) -> Parse<'_> {
+    if b.len() < HDR || b[0..4] != MAGIC {
+        return Parse::Bad;
+    }
+    let len = u32_at(b, 4) as usize;
+    if !(HDR..=MAX_RECORD).contains(&len) || len > b.len() {
+        return Parse::Bad;
+    }
+    let rec = &b[..len];
+    let stored = u32_at(rec, 8);
+    if crc(rec) != stored {
+        return Parse::Bad;
+    }
+    let Some(kind) = Kind::from_u8(rec[12]) else {
+        return Parse::Bad;
+    };
+    let sl = u16::from_le_bytes([rec[14], rec[15]]) as usize;
+    let hl = u32_at(rec, 32) as usize;
+    let dl = u32_at(rec, 36) as usize;
+    if HDR
+        .checked_add(sl)
+        .and_then(|x| x.checked_add(hl))
+        .and_then(|x| x.checked_add(dl))
+        != Some(len)
+    {
+        return Parse::Bad;
+    }
+    Parse::Ok(Rec {
+        kind,
+        seq: u64_at(rec, 16),
+        ts: u64_at(rec, 24) as i64,
+        subj: &rec[HDR..HDR + sl],
+        hdr: &rec[HDR + sl..HDR + sl + hl],
+        data: &rec[HDR + sl + hl..len],
+        len,
+        crc: stored,
+    })
+}
+
+/// The sequence field of something that starts like a record but failed validation, for
+/// reporting what was lost.
+pub(crate) fn damaged_seq(b: &[u8]) -> Option<u64> {
+    (b.len() >= 24 && b[0..4] == MAGIC && matches!(b[12], 1 | 4)).then(|| u64_at(b, 16))
+}
+
+/// Rewrites a valid message record in place as an erased one (payload zeroed, new CRC).
+/// Returns the new CRC.
+pub(crate) fn erase_in_place(rec: &mut [u8]) -> u32 {
+    rec[12] = Kind::Erased as u8;
+    rec[HDR..].fill(0);
+    let c = crc(rec);
+    rec[8..12].copy_from_slice(&c.to_le_bytes());
+    c
+}
+
+/// Offset of the next position at or after `from` where a valid record starts.
+pub(crate) fn resync(b: &[u8], from: usize) -> Option<usize> {
+    let mut o = from;
+    while o + HDR <= b.len() {
+        let rel = b[o..].windows(4).position(|w| w == MAGIC)?;
+        o += rel;
+        if let Parse::Ok(_) = parse(&b[o..]) {
+            return Some(o);
+        }
+        o += 1;
+    }
+    None
+}
