@@ -31,8 +31,12 @@ impl ApiError {
     pub fn stream_not_found() -> Self {
         Self::new(404, 10059, "stream not found")
     }
-    pub fn invalid_json(e: &serde_json::Error) -> Self {
-        Self::new(400, 10025, format!("invalid JSON: {e}"))
+    pub fn invalid_json_body(body: &[u8], e: &serde_json::Error) -> Self {
+        Self::new(
+            400,
+            10025,
+            format!("invalid JSON: {}", go_json_error(body, e, true)),
+        )
     }
     pub fn stream_mismatch() -> Self {
         Self::new(400, 10056, "stream name in subject does not match request")
@@ -92,6 +96,60 @@ impl ApiError {
     }
 }
 
+/// serde_json's error in the words of Go's encoding/json, which clients and tests match on
+/// for the common syntax errors; `with_offset` appends Go's `at offset N` as the API does.
+pub fn go_json_error(body: &[u8], e: &serde_json::Error, with_offset: bool) -> String {
+    use serde_json::error::Category;
+    let offset = if e.line() <= 1 {
+        e.column()
+    } else {
+        // Byte offset of the error position across lines.
+        let mut line = 1;
+        let mut pos = 0;
+        for (i, b) in body.iter().enumerate() {
+            if line == e.line() {
+                pos = i + e.column();
+                break;
+            }
+            if *b == b'\n' {
+                line += 1;
+            }
+        }
+        pos
+    };
+    let at = body.get(offset.saturating_sub(1)).copied();
+    let msg = e.to_string();
+    if let Some(rest) = msg.strip_prefix("unknown variant `") {
+        // Go's enum unmarshalers answer with the quoted JSON value.
+        let value = rest.split('`').next().unwrap_or_default();
+        return format!("can not unmarshal {:?}", format!("\"{value}\""));
+    }
+    if msg.starts_with("invalid type: string") && msg.contains("expected i64") {
+        return "json: cannot unmarshal string into Go value of type time.Duration".into();
+    }
+    let text = match (e.classify(), at) {
+        (Category::Eof, _) => return "unexpected end of JSON input".into(),
+        (Category::Syntax, Some(c)) if msg.starts_with("key must be a string") => {
+            format!(
+                "invalid character '{}' looking for beginning of object key string",
+                c as char
+            )
+        }
+        (Category::Syntax, Some(c)) if msg.starts_with("expected value") => {
+            format!(
+                "invalid character '{}' looking for beginning of value",
+                c as char
+            )
+        }
+        _ => return msg,
+    };
+    if with_offset {
+        format!("{text} at offset {offset}")
+    } else {
+        text
+    }
+}
+
 /// Starts a response object with its `type`.
 pub fn response(kind: &str) -> Map<String, Value> {
     let mut m = Map::new();
@@ -133,5 +191,5 @@ pub fn parse_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Resu
     if body.iter().all(|b| b.is_ascii_whitespace()) || body.trim_ascii() == b"null" {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::invalid_json(&e))
+    serde_json::from_slice(body).map_err(|e| ApiError::invalid_json_body(body, &e))
 }

@@ -52,9 +52,10 @@ pub enum DeliverPolicy {
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum AckPolicy {
+    /// Go's zero value: a create request without `ack_policy` gets none, as with the reference.
+    #[default]
     None,
     All,
-    #[default]
     Explicit,
 }
 
@@ -83,7 +84,7 @@ pub struct ConsumerConfig {
     pub opt_start_time: Option<String>,
     #[serde(default)]
     pub ack_policy: AckPolicy,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub ack_wait: i64,
     #[serde(default = "neg1")]
     pub max_deliver: i64,
@@ -117,7 +118,7 @@ pub struct ConsumerConfig {
     pub sample_freq: String,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub max_waiting: i64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub max_ack_pending: i64,
     #[serde(default, skip_serializing_if = "is_false")]
     pub flow_control: bool,
@@ -200,6 +201,9 @@ impl ConsumerConfig {
             if n.is_empty() {
                 continue;
             }
+            if n.contains('/') || n.contains('\\') {
+                return Err(bad(10127, "Consumer name can not contain path separators"));
+            }
             if !super::stream::valid_name(n) {
                 return Err(ApiError::invalid_config(
                     "consumer name can not contain '.', '*', '>', '\\', '/'",
@@ -264,7 +268,10 @@ impl ConsumerConfig {
             // The reference stores the first backoff value as ack_wait.
             self.ack_wait = self.backoff[0];
         }
-        if self.ack_wait == 0 {
+        if self.ack_policy == AckPolicy::None {
+            // Nothing waits for acks: the reference leaves ack_wait out.
+            self.ack_wait = 0;
+        } else if self.ack_wait == 0 {
             self.ack_wait = DEFAULT_ACK_WAIT;
         }
         if self.max_deliver == 0 {
@@ -324,6 +331,12 @@ impl ConsumerConfig {
                 ));
             }
         }
+        if !self.is_push() && self.idle_heartbeat != 0 {
+            return Err(bad(
+                10088,
+                "consumer idle heartbeat requires a push based consumer",
+            ));
+        }
         if self.idle_heartbeat != 0 && self.idle_heartbeat < 100_000_000 {
             return Err(bad(10083, "consumer idle heartbeat needs to be >= 100ms"));
         }
@@ -342,7 +355,13 @@ impl ConsumerConfig {
             DeliverPolicy::ByStartSequence if self.opt_start_seq.unwrap_or(0) == 0 => {
                 return Err(bad(
                     10094,
-                    "consumer deliver policy by start sequence requires opt_start_seq",
+                    "consumer delivery policy is deliver by start sequence, but optional start sequence is not set",
+                ));
+            }
+            DeliverPolicy::LastPerSubject if self.filters().is_empty() => {
+                return Err(bad(
+                    10094,
+                    "consumer delivery policy is deliver last per subject, but optional filter subject is not set",
                 ));
             }
             DeliverPolicy::ByStartTime => match &self.opt_start_time {
@@ -350,30 +369,40 @@ impl ConsumerConfig {
                 _ => {
                     return Err(bad(
                         10094,
-                        "consumer deliver policy by start time requires opt_start_time",
+                        "consumer delivery policy is deliver by start time, but optional start time is not set",
                     ))
                 }
             },
             p if p != DeliverPolicy::ByStartSequence && self.opt_start_seq.unwrap_or(0) > 0 => {
                 return Err(bad(
                     10094,
-                    "consumer opt_start_seq requires deliver policy by start sequence",
+                    &format!(
+                        "consumer delivery policy is deliver {}, but optional start sequence is also set",
+                        policy_name(p)
+                    ),
+                ));
+            }
+            p if p != DeliverPolicy::ByStartTime && self.opt_start_time.is_some() => {
+                return Err(bad(
+                    10094,
+                    &format!(
+                        "consumer delivery policy is deliver {}, but optional start time is also set",
+                        policy_name(p)
+                    ),
                 ));
             }
             _ => {}
         }
-        if !self.sample_freq.is_empty() {
-            return Err(ApiError::not_supported("consumer sampling"));
-        }
-        if self.replay_policy == ReplayPolicy::Original {
-            return Err(ApiError::not_supported("replay policy original"));
-        }
-        if self.rate_limit_bps > 0 {
-            return Err(ApiError::not_supported("consumer rate limits"));
-        }
         if retention == Retention::Workqueue {
             if self.ack_policy != AckPolicy::Explicit {
-                return Err(bad(10098, "workqueue stream requires explicit ack"));
+                return Err(if self.is_push() {
+                    bad(10098, "workqueue stream requires explicit ack")
+                } else {
+                    bad(
+                        10084,
+                        "consumer in pull mode requires explicit ack policy on workqueue stream",
+                    )
+                });
             }
             if self.deliver_policy != DeliverPolicy::All {
                 return Err(bad(
@@ -390,8 +419,26 @@ impl ConsumerConfig {
             self.metadata.remove(k);
         }
         self.metadata.insert(REQ_LEVEL_KEY.into(), "0".into());
+        if self.num_replicas > 1 {
+            return Err(ApiError::replicas_not_supported());
+        }
         self.num_replicas = 0;
         Ok(self)
+    }
+
+    /// Features Keel does not implement: refused clearly rather than silently ignored.
+    /// Checked after the update rules so an update gets the reference's error first.
+    pub fn check_supported(&self) -> Result<(), ApiError> {
+        if !self.sample_freq.is_empty() {
+            return Err(ApiError::not_supported("consumer sampling"));
+        }
+        if self.replay_policy == ReplayPolicy::Original {
+            return Err(ApiError::not_supported("replay policy original"));
+        }
+        if self.rate_limit_bps > 0 {
+            return Err(ApiError::not_supported("consumer rate limits"));
+        }
+        Ok(())
     }
 
     /// What an update may not change (the reference's rules).
@@ -418,12 +465,19 @@ impl ConsumerConfig {
         if self.replay_policy != new.replay_policy {
             return fail("replay policy");
         }
+        if self.mem_storage != new.mem_storage {
+            return fail("storage type");
+        }
         if self.is_push() != new.is_push() {
-            return Err(ApiError::new(
-                500,
-                10012,
-                "can not update push consumer to pull based",
-            ));
+            let text = if self.is_push() {
+                "can not update push consumer to pull based"
+            } else {
+                "can not update pull consumer to push based"
+            };
+            return Err(ApiError::new(500, 10012, text));
+        }
+        if self.max_waiting != new.max_waiting {
+            return fail("max waiting");
         }
         Ok(())
     }
@@ -506,6 +560,7 @@ pub struct State {
     waiting: VecDeque<PullRequest>,
     last_active: Instant,
     last_delivery: i64,
+    last_ack: i64,
     /// Push flow control: bytes sent since the last request, and the unanswered request.
     fc_bytes: usize,
     fc_pending: Option<String>,
@@ -556,6 +611,17 @@ fn status_hdr(status: &str, headers: &[(&str, String)]) -> Vec<u8> {
     }
     h.push_str("\r\n");
     h.into_bytes()
+}
+
+fn policy_name(p: DeliverPolicy) -> &'static str {
+    match p {
+        DeliverPolicy::All => "all",
+        DeliverPolicy::Last => "last",
+        DeliverPolicy::New => "new",
+        DeliverPolicy::ByStartSequence => "by start sequence",
+        DeliverPolicy::ByStartTime => "by start time",
+        DeliverPolicy::LastPerSubject => "last per subject",
+    }
 }
 
 /// Go's duration text for the 409 texts (`1s`, `1.5s`, `500ms`).
@@ -609,6 +675,7 @@ impl Consumer {
             waiting: VecDeque::new(),
             last_active: now,
             last_delivery: 0,
+            last_ack: 0,
             fc_bytes: 0,
             fc_pending: None,
             fc_seq: 0,
@@ -652,11 +719,15 @@ impl Consumer {
             dir,
         });
         let s = &stream.name;
-        for subj in [
-            format!("$JS.API.CONSUMER.MSG.NEXT.{s}.{name}"),
-            format!("$JS.ACK.{s}.{name}.>"),
-            format!("$JS.FC.{s}.{name}.>"),
-        ] {
+        let acks = c.lock().config.ack_policy != AckPolicy::None;
+        let subjects = [
+            Some(format!("$JS.API.CONSUMER.MSG.NEXT.{s}.{name}")),
+            // Exactly the 9-token ack form: anything else finds nobody (503), as with the
+            // reference; an ack-none consumer listens for no acks at all.
+            acks.then(|| format!("$JS.ACK.{s}.{name}.*.*.*.*.*")),
+            Some(format!("$JS.FC.{s}.{name}.>")),
+        ];
+        for subj in subjects.into_iter().flatten() {
             let sub = Arc::new(Sub {
                 client: c.handle.clone(),
                 sid: Bytes::from_static(b"c"),
@@ -752,10 +823,11 @@ impl Consumer {
             delivered["last_active"] = rfc3339(st.last_delivery).into();
         }
         f.insert("delivered".into(), delivered);
-        f.insert(
-            "ack_floor".into(),
-            serde_json::to_value(st.ack_floor).expect("pair serializes"),
-        );
+        let mut floor = serde_json::to_value(st.ack_floor).expect("pair serializes");
+        if st.last_ack > 0 {
+            floor["last_active"] = rfc3339(st.last_ack).into();
+        }
+        f.insert("ack_floor".into(), floor);
         f.insert("num_ack_pending".into(), st.pending.len().into());
         f.insert("num_redelivered".into(), st.redelivered.len().into());
         f.insert("num_waiting".into(), st.waiting.len().into());
@@ -978,6 +1050,9 @@ impl State {
 
     fn ack(&mut self, sseq: u64) -> Vec<u64> {
         let mut done = vec![];
+        if self.config.ack_policy != AckPolicy::None {
+            self.last_ack = now_nanos();
+        }
         match self.config.ack_policy {
             AckPolicy::None => {}
             AckPolicy::Explicit => {
@@ -1031,10 +1106,9 @@ type PullBody = (i64, i64, Option<i64>, bool, Option<i64>);
 
 fn parse_pull(body: &[u8]) -> Result<PullBody, String> {
     let text = std::str::from_utf8(body).map_err(|e| e.to_string())?.trim();
-    if text.is_empty() {
-        return Ok((1, 0, None, false, None));
-    }
-    if let Ok(n) = text.parse::<i64>() {
+    // Only a JSON object is parsed as one; anything else is a batch size, or 1.
+    if !text.starts_with('{') {
+        let n = text.parse::<i64>().unwrap_or(1).max(1);
         return Ok((n, 0, None, false, None));
     }
     #[derive(Deserialize)]
@@ -1050,11 +1124,12 @@ fn parse_pull(body: &[u8]) -> Result<PullBody, String> {
         #[serde(default)]
         idle_heartbeat: i64,
     }
-    let r: Req = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let r: Req = serde_json::from_str(text)
+        .map_err(|e| super::api::go_json_error(text.as_bytes(), &e, false))?;
     Ok((
         r.batch.max(1),
         r.max_bytes,
-        (r.expires > 0).then_some(r.expires),
+        (r.expires != 0).then_some(r.expires),
         r.no_wait,
         (r.idle_heartbeat > 0).then_some(r.idle_heartbeat),
     ))
@@ -1146,17 +1221,19 @@ fn handle_msg(
         let Some(ack) = parse_ack_subject(subject) else {
             return;
         };
-        let out = {
+        let (out, was_delivered) = {
             let mut st = c.lock();
             st.last_active = Instant::now();
-            st.apply_ack(ack.sseq, m.payload())
+            let was_delivered = ack.sseq <= st.delivered.stream_seq;
+            (st.apply_ack(ack.sseq, m.payload()), was_delivered)
         };
         done.extend(out.done);
         if let Some(body) = out.next {
             if let Some(reply) = &m.reply {
                 pull_request(c, server, router, reply.clone(), body.as_bytes());
             }
-        } else if let Some(reply) = &m.reply {
+        } else if let Some(reply) = m.reply.as_ref().filter(|_| was_delivered) {
+            // Acks for sequences never delivered get no confirmation (the reference).
             sync_replies.push(reply.clone());
         }
     } else if subject.starts_with(b"$JS.FC.") {
@@ -1221,6 +1298,18 @@ fn pull_request(
         send_status(server, router, &reply, &status_hdr(&v, &[]));
         return;
     }
+    if expires.is_some_and(|e| e < 0) {
+        drop(st);
+        let hdr = status_hdr(
+            "408 Request Timeout",
+            &[
+                ("Nats-Pending-Messages", batch.to_string()),
+                ("Nats-Pending-Bytes", max_bytes.max(0).to_string()),
+            ],
+        );
+        send_status(server, router, &reply, &hdr);
+        return;
+    }
     let now = Instant::now();
     st.pull_seq += 1;
     let id = st.pull_seq;
@@ -1229,23 +1318,43 @@ fn pull_request(
         reply,
         batch,
         max_bytes: max_bytes.max(0),
-        expires: expires.map(|e| now + Duration::from_nanos(e as u64)),
+        expires: expires.map(|e| now + Duration::from_nanos(e.max(0) as u64)),
         heartbeat: hb.map(|h| Duration::from_nanos(h as u64)),
         next_hb: hb.map(|h| now + Duration::from_nanos(h as u64)),
     });
     drop(st);
     deliver(c, server, router);
     if no_wait {
-        // What was available has gone out; a request still short gets 404 now.
+        // What was available has gone out; a request still short gets 404 now, unless
+        // messages are there but held back by max_ack_pending: then it waits for acks.
         let mut st = c.lock();
-        if let Some(pos) = st.waiting.iter().position(|w| w.id == id) {
+        let blocked = st.config.max_ack_pending > 0
+            && st.pending.len() as i64 >= st.config.max_ack_pending
+            && st.num_pending(&c.stream) > 0;
+        let expired = expires.is_some_and(|e| e < 0);
+        if let Some(pos) = st
+            .waiting
+            .iter()
+            .position(|w| w.id == id)
+            .filter(|_| !blocked || expired)
+        {
             let w = st.waiting.remove(pos).expect("position exists");
             drop(st);
             send_status(
                 server,
                 router,
                 &w.reply,
-                &status_hdr("404 No Messages", &[]),
+                &if expired {
+                    status_hdr(
+                        "408 Request Timeout",
+                        &[
+                            ("Nats-Pending-Messages", w.batch.to_string()),
+                            ("Nats-Pending-Bytes", w.max_bytes.to_string()),
+                        ],
+                    )
+                } else {
+                    status_hdr("404 No Messages", &[])
+                },
             );
         }
     }
@@ -1411,7 +1520,19 @@ fn deliver(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
                 None => return,
             }
         };
-        let size = msg.subject.len() + msg.hdr.len() + msg.data.len();
+        // Sized as the reference does: subject, ack reply subject, headers, payload.
+        let pending_after = st.num_pending(&c.stream);
+        let ack_subject = format!(
+            "$JS.ACK.{}.{}.{}.{}.{}.{}.{}",
+            c.stream.name,
+            c.name,
+            deliveries,
+            msg.seq,
+            st.delivered.consumer_seq + 1,
+            msg.ts,
+            pending_after
+        );
+        let size = msg.subject.len() + ack_subject.len() + msg.hdr.len() + msg.data.len();
         // Pick the target: the oldest waiting pull (if the message fits), or the push subject.
         let target = if push {
             deliver_subject.clone().expect("push has a deliver subject")
@@ -1461,7 +1582,6 @@ fn deliver(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
         }
         st.last_delivery = now_nanos();
         st.dirty = true;
-        let pending_after = st.num_pending(&c.stream);
         if !push {
             let w = st.waiting.front_mut().expect("checked non-empty");
             w.batch -= 1;
@@ -1480,10 +1600,7 @@ fn deliver(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
             st.last_push_hb = Instant::now();
             st.fc_bytes += size;
         }
-        let ack_subject = format!(
-            "$JS.ACK.{}.{}.{}.{}.{}.{}.{}",
-            c.stream.name, c.name, deliveries, msg.seq, cseq, msg.ts, pending_after
-        );
+        debug_assert_eq!(cseq, st.delivered.consumer_seq);
         let headers_only = st.config.headers_only;
         let need_fc =
             push && st.config.flow_control && st.fc_pending.is_none() && st.fc_bytes >= FC_WINDOW;

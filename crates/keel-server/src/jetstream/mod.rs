@@ -355,7 +355,7 @@ fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router
                     [&paged[..], &[("streams", Value::Null)]].concat()
                 }
                 "consumer_names" | "consumer_list" => {
-                    [&paged[..], &[("consumers", Value::Null)]].concat()
+                    [&paged[..], &[("consumers", Value::Array(vec![]))]].concat()
                 }
                 "stream_purge" => vec![("purged", 0.into())],
                 _ => vec![],
@@ -452,7 +452,8 @@ fn parse_config(name: &str, body: &[u8]) -> Result<StreamConfig, ApiError> {
     if body.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(ApiError::stream_mismatch());
     }
-    let cfg: StreamConfig = serde_json::from_slice(body).map_err(|e| ApiError::invalid_json(&e))?;
+    let cfg: StreamConfig =
+        serde_json::from_slice(body).map_err(|e| ApiError::invalid_json_body(body, &e))?;
     if cfg.name != name {
         return Err(ApiError::stream_mismatch());
     }
@@ -968,6 +969,34 @@ impl JetStream {
     }
 }
 
+/// Go reports a string where a duration (nanoseconds) belongs by its field path; clients
+/// show that text, so name the field the same way.
+fn check_duration_fields(body: &[u8]) -> Result<(), ApiError> {
+    let Ok(Value::Object(req)) = serde_json::from_slice::<Value>(body) else {
+        return Ok(());
+    };
+    let Some(Value::Object(cfg)) = req.get("config") else {
+        return Ok(());
+    };
+    for field in [
+        "ack_wait",
+        "idle_heartbeat",
+        "inactive_threshold",
+        "max_expires",
+    ] {
+        if cfg.get(field).is_some_and(Value::is_string) {
+            return Err(ApiError::new(
+                400,
+                10025,
+                format!(
+                    "invalid JSON: json: cannot unmarshal string into Go struct field CreateConsumerRequest.config.{field} of type time.Duration"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn consumer_not_found() -> ApiError {
     ApiError::new(404, 10014, "consumer not found")
 }
@@ -988,13 +1017,20 @@ fn consumer_create_durable(
     durable: &str,
     body: &[u8],
 ) -> Result<Fields, ApiError> {
+    check_duration_fields(body)?;
     let mut req: consumer::CreateRequest = parse_body(body)?;
-    let cfg = req
-        .config
-        .as_mut()
-        .ok_or_else(|| ApiError::new(400, 10078, "consumer config required"))?;
+    if req.stream_name != stream {
+        return Err(ApiError::stream_mismatch());
+    }
+    let cfg = req.config.get_or_insert_with(Default::default);
     match cfg.durable_name.as_deref() {
-        None | Some("") => cfg.durable_name = Some(durable.to_string()),
+        None | Some("") => {
+            return Err(ApiError::new(
+                400,
+                10018,
+                "consumer expected to be durable but a durable name was not set",
+            ))
+        }
         Some(d) if d != durable => {
             return Err(ApiError::new(
                 400,
@@ -1016,10 +1052,13 @@ fn consumer_create(
     filter: Option<&str>,
     body: &[u8],
 ) -> Result<Fields, ApiError> {
-    let req: consumer::CreateRequest = parse_body(body)?;
-    let Some(cfg) = &req.config else {
-        return Err(ApiError::new(400, 10078, "consumer config required"));
-    };
+    check_duration_fields(body)?;
+    let mut req: consumer::CreateRequest = parse_body(body)?;
+    if req.stream_name != stream {
+        return Err(ApiError::stream_mismatch());
+    }
+    // A request without a config gets Go's zero config (ack none), as with the reference.
+    let cfg = req.config.get_or_insert_with(Default::default);
     match name {
         None => {
             if cfg.durable_name.as_deref().is_some_and(|d| !d.is_empty()) {
@@ -1031,21 +1070,29 @@ fn consumer_create(
             }
         }
         Some(n) => {
-            let given = cfg
-                .name
+            // A durable name must match the subject; a plain name is overridden by it.
+            if cfg
+                .durable_name
                 .as_deref()
-                .filter(|x| !x.is_empty())
-                .or(cfg.durable_name.as_deref().filter(|x| !x.is_empty()));
-            if given.is_some_and(|g| g != n) {
+                .is_some_and(|d| !d.is_empty() && d != n)
+            {
                 return Err(ApiError::new(
                     400,
                     10017,
                     "consumer name in subject does not match durable name in request",
                 ));
             }
+            cfg.name = Some(n.to_string());
         }
     }
     if let Some(f) = filter {
+        if !cfg.filter_subjects.is_empty() {
+            return Err(ApiError::new(
+                400,
+                10137,
+                "consumer with multiple subject filters cannot use subject based API",
+            ));
+        }
         let cf = cfg.filters();
         let matches = (cf.len() == 1 && cf[0] == f) || (cf.is_empty() && f == ">");
         if !matches {
@@ -1067,8 +1114,12 @@ fn create_consumer(
     name: Option<&str>,
     req: consumer::CreateRequest,
 ) -> Result<Fields, ApiError> {
-    if !req.stream_name.is_empty() && req.stream_name != stream_name {
-        return Err(ApiError::stream_mismatch());
+    if !matches!(req.action.as_str(), "" | "create" | "update") {
+        return Err(ApiError::new(
+            400,
+            10025,
+            format!("invalid JSON: unknown consumer action: {:?}", req.action),
+        ));
     }
     let s = js
         .stream(stream_name)
@@ -1084,6 +1135,20 @@ fn create_consumer(
         cfg.name = Some(d);
     }
     let cfg = cfg.normalize(scfg.retention)?;
+    if let Some(ds) = &cfg.deliver_subject {
+        // Delivering into the stream's own subjects would store every delivery again.
+        if scfg
+            .subjects
+            .iter()
+            .any(|s| stream::subjects_overlap(s, ds))
+        {
+            return Err(ApiError::new(
+                400,
+                10081,
+                "consumer deliver subject forms a cycle",
+            ));
+        }
+    }
     let name = cfg.name.clone().unwrap_or_else(random_name);
     let durable = cfg.durable_name.is_some();
     let mut stored_cfg = cfg.clone();
@@ -1103,6 +1168,7 @@ fn create_consumer(
             return Err(ApiError::new(400, 10148, "consumer already exists"));
         }
         current.check_update(&wanted)?;
+        wanted.check_supported()?;
         c.lock().config = stored_cfg;
         c.persist_meta()
             .map_err(|e| ApiError::new(500, 10012, format!("could not save consumer: {e}")))?;
@@ -1112,6 +1178,7 @@ fn create_consumer(
     if req.action == "update" {
         return Err(ApiError::new(400, 10149, "consumer does not exist"));
     }
+    cfg.check_supported()?;
     let consumers = s.consumer_list();
     if scfg.max_consumers > 0 && consumers.len() as i64 >= scfg.max_consumers {
         return Err(ApiError::new(400, 10026, "maximum consumers limit reached"));
@@ -1120,13 +1187,20 @@ fn create_consumer(
         let mine = cfg.filters();
         for o in &consumers {
             let theirs = o.config().filters();
-            if mine.is_empty() || theirs.is_empty() {
+            if mine.is_empty() && theirs.is_empty() {
                 return Err(ApiError::new(
                     400,
                     10099,
                     "multiple non-filtered consumers not allowed on workqueue stream",
                 ));
             }
+            let all = [">".to_string()];
+            let mine = if mine.is_empty() { &all[..] } else { &mine[..] };
+            let theirs = if theirs.is_empty() {
+                &all[..]
+            } else {
+                &theirs[..]
+            };
             if mine
                 .iter()
                 .any(|a| theirs.iter().any(|b| stream::subjects_overlap(a, b)))

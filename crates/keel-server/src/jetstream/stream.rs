@@ -656,11 +656,27 @@ impl Stream {
     /// Stores a batch and returns the ack for each message that asked for one. With
     /// sync-always the acks are only produced after the batch is on disk.
     fn process_batch(&self, batch: &mut Vec<InMsg>) -> Vec<(Bytes, Vec<u8>)> {
+        // Interest retention keeps a message only while some consumer wants its subject.
+        let interest: Option<Vec<Vec<String>>> = (self.config().retention == Retention::Interest)
+            .then(|| {
+                self.consumer_list()
+                    .iter()
+                    .map(|c| c.config().filters())
+                    .collect()
+            });
         let mut inner = self.lock();
         let mut results = Vec::with_capacity(batch.len());
         let mut stored_any = false;
         for m in batch.drain(..) {
             let r = inner.process(&m);
+            if let (PubResult::Stored(seq), Some(filters)) = (&r, &interest) {
+                let wanted = filters.iter().any(|f| {
+                    f.is_empty() || f.iter().any(|p| subject::matches(p.as_bytes(), &m.subject))
+                });
+                if !wanted {
+                    let _ = inner.store.remove(*seq, false);
+                }
+            }
             stored_any |= matches!(r, PubResult::Stored(_));
             results.push((m.reply, r));
         }
