@@ -3,9 +3,16 @@
 #
 # Builds release binaries, then for ROUNDS rounds starts each server in turn
 # (the order alternates every round so neither always runs on a "warm" or
-# "cold" machine) on a free loopback port, measures its RSS with 100 idle
-# connections, runs every scenario, and stops it. Prints the median of each
-# metric per server and the keel/nats ratio.
+# "cold" machine) on a free loopback port with JetStream on a fresh store
+# directory (`-js -sd <tmpdir>`), measures its RSS with 100 idle connections
+# and with 1,000 durable consumers (each holding pending acks) on a
+# 100k-message stream, runs every scenario, and stops it. Prints the median
+# of each metric per server and the keel/nats ratio.
+#
+# JetStream scenarios (`keel bench js ...`, file storage): sync publish
+# latency p50/p99, async publish throughput, consume+ack throughput from a
+# durable pull consumer, fan-out to 4 durables, and the consumer memory
+# above. A scenario the server cannot run yet shows up as FAIL.
 #
 # Environment knobs:
 #   ROUNDS=3             rounds per server
@@ -68,11 +75,13 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# start_server NAME BIN: starts it on a free port; sets SERVER_PID and URL.
+# start_server NAME BIN: starts it on a free port with JetStream on a fresh
+# store directory; sets SERVER_PID and URL.
 start_server() {
-    local name=$1 bin=$2 port i
+    local name=$1 bin=$2 port i store
     port=$(free_port)
-    "$bin" -a 127.0.0.1 -p "$port" >"$WORK/$name.log" 2>&1 &
+    store=$(mktemp -d "$WORK/$name-store.XXXXXX")
+    "$bin" -a 127.0.0.1 -p "$port" -js -sd "$store" >"$WORK/$name.log" 2>&1 &
     SERVER_PID=$!
     URL=nats://127.0.0.1:$port
     # Wait until the port accepts connections (bounded: 10s).
@@ -94,7 +103,7 @@ n() { # scale a message count for QUICK runs
 }
 
 # Scenario name and `keel bench` arguments. Sizes are kept modest so a full
-# run (3 rounds x 2 servers) stays well under three minutes on 2 cores.
+# run (3 rounds x 2 servers) stays under five minutes on 2 cores.
 SCENARIOS=(
     "pub-128B|pub --msgs $(n 1000000) --size 128"
     "pub-128B-2pubs|pub --msgs $(n 1000000) --size 128 --pubs 2"
@@ -103,7 +112,13 @@ SCENARIOS=(
     "pubsub-128B-1:4|pubsub --msgs $(n 100000) --size 128 --subs 4"
     "pubsub-16KiB-1:1|pubsub --msgs $(n 20000) --size 16KiB"
     "request-128B|request --msgs $(n 10000) --size 128"
+    "js-pub-sync-128B|js pub --msgs $(n 20000) --size 128"
+    "js-pub-async-128B|js pub-async --msgs $(n 200000) --size 128 --inflight 256"
+    "js-consume-128B|js consume --msgs $(n 200000) --size 128 --batch 500"
+    "js-fanout-128B-4|js fanout --msgs $(n 50000) --size 128 --consumers 4"
 )
+# Durable consumers for the memory scenario (QUICK: a tenth).
+MEM_CONSUMERS=$(n 1000)
 
 record() { # server round scenario json
     printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$RESULTS"
@@ -120,6 +135,15 @@ run_server_round() {
     else
         echo "  idle-100 FAILED: $(tail -1 "$WORK/err")" >&2
         record "$name" "$round" idle-100 '{"failed":true}'
+    fi
+    # Then 1,000 durables on a 100k-message stream, each holding 5 unacked
+    # messages; VmRSS is read after the fill and again with the consumers.
+    if out=$("$KEEL" -s "$URL" --timeout 20s bench js consumers-mem --msgs "$(n 100000)" \
+        --consumers "$MEM_CONSUMERS" --fetch 5 --server-pid "$SERVER_PID" --json 2>"$WORK/err"); then
+        record "$name" "$round" js-consumers-mem "$out"
+    else
+        echo "  js-consumers-mem FAILED: $(tail -1 "$WORK/err")" >&2
+        record "$name" "$round" js-consumers-mem '{"failed":true}'
     fi
     for entry in "${SCENARIOS[@]}"; do
         scen=${entry%%|*}
@@ -182,7 +206,24 @@ METRICS = {
                 ("mean us", "latency_us.mean", False)],
     "idle": [("RSS idle server KiB", "rss_before_kib", False), ("RSS w/ 100 conns KiB", "rss_kib", False),
              ("KiB per conn", "rss_per_conn_kib", False)],
+    "js-pub-sync": [("msgs/s", "pub.msgs_per_s", True), ("p50 us", "latency_us.p50", False),
+                    ("p99 us", "latency_us.p99", False)],
+    "js-pub-async": [("msgs/s", "pub.msgs_per_s", True), ("MB/s", "pub.mb_per_s", True)],
+    "js-consume": [("consume+ack msgs/s", "consume.msgs_per_s", True)],
+    "js-fanout": [("msgs/s (aggregate)", "consume.msgs_per_s", True)],
+    "js-consumers-mem": [("RSS w/ 100k-msg stream KiB", "rss_before_kib", False),
+                         ("RSS w/ consumers KiB", "rss_kib", False),
+                         ("KiB per consumer", "rss_per_consumer_kib", False),
+                         ("create+fetch s", "create_s", False)],
 }
+
+def kind_of(scenario):
+    if scenario.startswith("idle"):
+        return "idle"
+    for k in ("js-consumers-mem", "js-pub-sync", "js-pub-async", "js-consume", "js-fanout"):
+        if scenario.startswith(k):
+            return k
+    return scenario.split("-")[0]
 
 def median(server, scenario, path):
     """Median, spread ((max - min) / median, in %) and number of failed runs."""
@@ -207,7 +248,7 @@ def fmt(v):
 
 rows = []
 for scenario in order:
-    kind = "idle" if scenario.startswith("idle") else scenario.split("-")[0]
+    kind = kind_of(scenario)
     for label, path, higher in METRICS[kind]:
         k, ks, kf = median("keel", scenario, path)
         n, ns, nf = median("nats", scenario, path)

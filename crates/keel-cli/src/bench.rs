@@ -47,9 +47,6 @@ Examples:
 pub struct BenchArgs {
     #[command(subcommand)]
     pub mode: BenchMode,
-    /// Print one JSON object with the results (for scripts)
-    #[arg(long, global = true)]
-    pub json: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -64,6 +61,9 @@ pub enum BenchMode {
     Request(RequestBench),
     /// Hold idle connections open, e.g. to measure server memory
     Idle(IdleBench),
+    /// JetStream: publish (sync, async), consume, fan-out, consumer memory
+    #[command(subcommand, long_about = crate::bench_js::LONG_ABOUT)]
+    Js(crate::bench_js::JsMode),
 }
 
 #[derive(Args, Debug)]
@@ -125,7 +125,7 @@ pub struct IdleBench {
     pub server_pid: Option<u32>,
 }
 
-pub async fn run(conn: &ConnSettings, args: &BenchArgs) -> Res<()> {
+pub async fn run(conn: &ConnSettings, args: &BenchArgs, json: bool) -> Res<()> {
     let (abort, mut aborted) = mpsc::unbounded_channel();
     let ctx = Ctx {
         conn: conn.clone(),
@@ -136,7 +136,8 @@ pub async fn run(conn: &ConnSettings, args: &BenchArgs) -> Res<()> {
             BenchMode::Pub(b) => bench_pub(&ctx, b).await,
             BenchMode::PubSub(b) => bench_pubsub(&ctx, b).await,
             BenchMode::Request(b) => bench_request(&ctx, b).await,
-            BenchMode::Idle(b) => bench_idle(&ctx, b, !args.json).await,
+            BenchMode::Idle(b) => bench_idle(&ctx, b, !json).await,
+            BenchMode::Js(m) => crate::bench_js::run(&ctx, m, !json).await,
         }
     };
     // A connection event that invalidates the run (see `Ctx::options`) ends it
@@ -145,7 +146,7 @@ pub async fn run(conn: &ConnSettings, args: &BenchArgs) -> Res<()> {
         report = work => report?,
         Some(reason) = aborted.recv() => return Err(reason),
     };
-    if args.json {
+    if json {
         println!("{}", report.json);
     } else {
         print!("{}", report.text);
@@ -154,26 +155,26 @@ pub async fn run(conn: &ConnSettings, args: &BenchArgs) -> Res<()> {
 }
 
 /// Results in both output forms, built together so they cannot disagree.
-struct Report {
-    text: String,
-    json: Value,
+pub(crate) struct Report {
+    pub(crate) text: String,
+    pub(crate) json: Value,
 }
 
 /// A throughput measurement: `msgs` messages of `size` bytes in `elapsed`.
-struct Rate {
-    msgs: u64,
-    bytes: u64,
-    elapsed: Duration,
+pub(crate) struct Rate {
+    pub(crate) msgs: u64,
+    pub(crate) bytes: u64,
+    pub(crate) elapsed: Duration,
 }
 
 impl Rate {
-    fn msgs_per_s(&self) -> f64 {
+    pub(crate) fn msgs_per_s(&self) -> f64 {
         self.msgs as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
-    fn mb_per_s(&self) -> f64 {
+    pub(crate) fn mb_per_s(&self) -> f64 {
         self.bytes as f64 / 1e6 / self.elapsed.as_secs_f64().max(1e-9)
     }
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         json!({
             "msgs": self.msgs,
             "bytes": self.bytes,
@@ -182,7 +183,7 @@ impl Rate {
             "mb_per_s": round2(self.mb_per_s()),
         })
     }
-    fn line(&self, label: &str) -> String {
+    pub(crate) fn line(&self, label: &str) -> String {
         format!(
             "  {label:<10} {:>12} msgs in {:>9.3?} = {:>12} msgs/s {:>10.2} MB/s\n",
             group(self.msgs),
@@ -193,7 +194,7 @@ impl Rate {
     }
 }
 
-fn round2(x: f64) -> f64 {
+pub(crate) fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
@@ -216,21 +217,21 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 }
 
 /// Splits `total` into `parts` nearly equal shares (the first ones get the remainder).
-fn split(total: u64, parts: usize) -> Vec<u64> {
+pub(crate) fn split(total: u64, parts: usize) -> Vec<u64> {
     let parts = parts.max(1) as u64;
     (0..parts)
         .map(|i| total / parts + u64::from(i < total % parts))
         .collect()
 }
 
-fn check_counts(what: &str, n: usize) -> Res<()> {
+pub(crate) fn check_counts(what: &str, n: usize) -> Res<()> {
     if n == 0 {
         return Err(format!("--{what} must be at least 1"));
     }
     Ok(())
 }
 
-fn check_size(client: &Client, size: usize) -> Res<()> {
+pub(crate) fn check_size(client: &Client, size: usize) -> Res<()> {
     let max = client.server_info().max_payload;
     if size > max {
         return Err(format!(
@@ -241,8 +242,8 @@ fn check_size(client: &Client, size: usize) -> Res<()> {
 }
 
 /// What every benchmark needs: where to connect and how to abort the run.
-struct Ctx {
-    conn: ConnSettings,
+pub(crate) struct Ctx {
+    pub(crate) conn: ConnSettings,
     abort: mpsc::UnboundedSender<String>,
 }
 
@@ -250,7 +251,7 @@ impl Ctx {
     /// Options for benchmark connections. A disconnect or a client-side message
     /// drop makes the numbers meaningless (and the client would otherwise wait
     /// in its reconnect loop), so these events abort the run.
-    fn options(&self) -> ConnectOptions {
+    pub(crate) fn options(&self) -> ConnectOptions {
         let abort = self.abort.clone();
         self.conn.options().event_callback(move |event| {
             let abort = abort.clone();
@@ -270,13 +271,13 @@ impl Ctx {
         })
     }
 
-    async fn connect(&self) -> Res<Client> {
+    pub(crate) async fn connect(&self) -> Res<Client> {
         self.conn.connect_with(self.options()).await
     }
 
     /// Opens `n` connections concurrently (bounded, so a large --clients does
     /// not turn into a connection storm).
-    async fn connect_many(
+    pub(crate) async fn connect_many(
         &self,
         n: usize,
         tune: fn(ConnectOptions) -> ConnectOptions,
@@ -291,21 +292,21 @@ impl Ctx {
 
 /// Publishers may queue more commands before `publish` waits, which is what a
 /// throughput test wants.
-fn publisher_opts(opts: ConnectOptions) -> ConnectOptions {
+pub(crate) fn publisher_opts(opts: ConnectOptions) -> ConnectOptions {
     opts.client_capacity(65_536)
 }
 
 /// Subscribers buffer generously: the client drops messages for a slow
 /// consumer, and a benchmark that loses messages measures nothing.
-fn subscriber_opts(opts: ConnectOptions) -> ConnectOptions {
+pub(crate) fn subscriber_opts(opts: ConnectOptions) -> ConnectOptions {
     opts.subscription_capacity(1 << 20)
 }
 
-fn default_opts(opts: ConnectOptions) -> ConnectOptions {
+pub(crate) fn default_opts(opts: ConnectOptions) -> ConnectOptions {
     opts
 }
 
-fn plural(n: usize, word: &str) -> String {
+pub(crate) fn plural(n: usize, word: &str) -> String {
     if n == 1 {
         format!("1 {word}")
     } else {
@@ -314,7 +315,7 @@ fn plural(n: usize, word: &str) -> String {
 }
 
 /// Waits for the start signal shared by all benchmark tasks.
-async fn wait_for_start(go: &mut watch::Receiver<bool>) -> Res<()> {
+pub(crate) async fn wait_for_start(go: &mut watch::Receiver<bool>) -> Res<()> {
     go.wait_for(|started| *started)
         .await
         .map(|_| ())
@@ -355,7 +356,7 @@ async fn spawn_publishers(
 }
 
 /// Waits for every task and returns all their results.
-async fn join_all<T: 'static>(mut set: JoinSet<Res<T>>) -> Res<Vec<T>> {
+pub(crate) async fn join_all<T: 'static>(mut set: JoinSet<Res<T>>) -> Res<Vec<T>> {
     let mut out = Vec::with_capacity(set.len());
     while let Some(res) = set.join_next().await {
         match res.map_err(|e| format!("benchmark task failed: {e}"))? {
@@ -377,7 +378,7 @@ fn latest(instants: &[Instant], start: Instant) -> Duration {
         .unwrap_or_default()
 }
 
-fn payload_of(size: usize) -> Bytes {
+pub(crate) fn payload_of(size: usize) -> Bytes {
     Bytes::from(vec![b'k'; size])
 }
 
@@ -547,18 +548,18 @@ async fn bench_pubsub(ctx: &Ctx, b: &PubSubBench) -> Res<Report> {
 }
 
 /// Latency summary in microseconds.
-struct Latency {
-    min: f64,
-    mean: f64,
-    p50: f64,
-    p90: f64,
-    p99: f64,
-    max: f64,
+pub(crate) struct Latency {
+    pub(crate) min: f64,
+    pub(crate) mean: f64,
+    pub(crate) p50: f64,
+    pub(crate) p90: f64,
+    pub(crate) p99: f64,
+    pub(crate) max: f64,
 }
 
 impl Latency {
     /// `nanos` must be sorted and non-empty.
-    fn from_sorted(nanos: &[u64]) -> Latency {
+    pub(crate) fn from_sorted(nanos: &[u64]) -> Latency {
         let us = |n: u64| n as f64 / 1e3;
         // Nearest-rank percentile: the smallest sample with at least p% at or below it.
         let pct = |p: f64| {
@@ -707,7 +708,7 @@ async fn bench_request(ctx: &Ctx, b: &RequestBench) -> Res<Report> {
 }
 
 /// Resident set size of a process in KiB, from /proc (Linux only).
-fn rss_kib(pid: u32) -> Res<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Res<u64> {
     let path = format!("/proc/{pid}/status");
     let status = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
     status

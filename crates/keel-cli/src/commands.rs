@@ -28,6 +28,9 @@ pub struct PubArgs {
     /// Reply subject to set on the messages
     #[arg(long, value_name = "SUBJECT")]
     pub reply: Option<String>,
+    /// Publish to JetStream: wait for the stream's ack and print it
+    #[arg(short = 'J', long, conflicts_with = "reply")]
+    pub jetstream: bool,
 }
 
 #[derive(Args, Debug)]
@@ -43,6 +46,9 @@ pub struct SubArgs {
     /// Print only message bodies, one per line
     #[arg(long)]
     pub raw: bool,
+    /// Acknowledge JetStream messages (those with a $JS.ACK reply subject)
+    #[arg(long)]
+    pub ack: bool,
 }
 
 #[derive(Args, Debug)]
@@ -73,8 +79,11 @@ pub struct ReplyArgs {
     pub count: u64,
 }
 
-pub async fn publish(conn: &ConnSettings, args: &PubArgs) -> Res<()> {
+pub async fn publish(conn: &ConnSettings, args: &PubArgs, json: bool) -> Res<()> {
     let client = conn.connect().await?;
+    if args.jetstream {
+        return publish_jetstream(conn, &client, args, json).await;
+    }
     let headers = parse_headers(&args.headers)?;
     let body = args.body.as_deref().unwrap_or("");
     let mut bytes_sent = 0usize;
@@ -115,6 +124,73 @@ pub async fn publish(conn: &ConnSettings, args: &PubArgs) -> Res<()> {
     Ok(())
 }
 
+/// `pub --jetstream`: each message is a request to the stream, and the reply
+/// is its ack (`{"stream":"ORDERS","seq":1}`) or an error. A raw request is
+/// used rather than the typed context so `--json` prints the ack verbatim.
+async fn publish_jetstream(
+    conn: &ConnSettings,
+    client: &async_nats::Client,
+    args: &PubArgs,
+    json: bool,
+) -> Res<()> {
+    let headers = parse_headers(&args.headers)?;
+    let body = args.body.as_deref().unwrap_or("");
+    for n in 1..=args.count {
+        let subject = render_template(&args.subject, n);
+        let payload = Bytes::from(render_template(body, n));
+        let len = payload.len();
+        let mut req = Request::new().payload(payload).timeout(Some(conn.timeout));
+        if let Some(h) = &headers {
+            req = req.headers(h.clone());
+        }
+        let reply = client
+            .send_request(subject.clone(), req)
+            .await
+            .map_err(|e| match e.kind() {
+                RequestErrorKind::NoResponders => format!(
+                    "no stream stores subject {subject:?} (create one with `keel stream add NAME --subjects '{subject}'`;                      is JetStream enabled with -js?)"
+                ),
+                RequestErrorKind::TimedOut => format!(
+                    "no ack for the message on {subject:?} within {:?} (raise --timeout?)",
+                    conn.timeout
+                ),
+                _ => format!("cannot publish to {subject:?}: {e}"),
+            })?;
+        let ack: serde_json::Value = serde_json::from_slice(&reply.payload).map_err(|_| {
+            format!(
+                "the reply on {subject:?} is not a JetStream ack: {}",
+                String::from_utf8_lossy(&reply.payload)
+            )
+        })?;
+        if let Some(err) = ack.get("error") {
+            return Err(format!(
+                "the stream refused the message on {subject:?}: {}",
+                err.get("description")
+                    .and_then(|d| d.as_str())
+                    .unwrap_or("unknown error")
+            ));
+        }
+        if json {
+            println!("{ack}");
+            continue;
+        }
+        eprintln!("Published {len} bytes to {subject:?}");
+        let mut line = format!(
+            "Stored in Stream: {} Sequence: {}",
+            ack.get("stream").and_then(|v| v.as_str()).unwrap_or("?"),
+            crate::util::group(ack.get("seq").and_then(|v| v.as_u64()).unwrap_or(0))
+        );
+        if let Some(d) = ack.get("domain").and_then(|v| v.as_str()) {
+            line += &format!(" Domain: {d:?}");
+        }
+        if ack.get("duplicate").and_then(|v| v.as_bool()) == Some(true) {
+            line += " Duplicate: true";
+        }
+        println!("{line}");
+    }
+    Ok(())
+}
+
 pub async fn subscribe(conn: &ConnSettings, args: &SubArgs) -> Res<()> {
     let client = conn.connect().await?;
     let mut sub = match &args.queue {
@@ -142,7 +218,20 @@ pub async fn subscribe(conn: &ConnSettings, args: &SubArgs) -> Res<()> {
         } else {
             format_message(n, &msg)
         };
+        let js_reply = msg
+            .reply
+            .as_ref()
+            .filter(|r| crate::js::parse_ack_subject(r).is_some());
+        if let (true, Some(reply)) = (args.ack, js_reply) {
+            client
+                .publish(reply.clone(), Bytes::from_static(b"+ACK"))
+                .await
+                .map_err(|e| format!("cannot acknowledge: {e}"))?;
+        }
         if !emit(&text)? || (args.count > 0 && n >= args.count) {
+            if args.ack {
+                round_trip(&client, conn.timeout).await?;
+            }
             return Ok(());
         }
     }
@@ -224,7 +313,30 @@ pub async fn reply(conn: &ConnSettings, args: &ReplyArgs) -> Res<()> {
 }
 
 /// Formats a message the way `nats sub` does: a title line, headers, body.
+/// JetStream deliveries (reply subject `$JS.ACK...`) get their metadata
+/// decoded in the title.
 fn format_message(n: u64, msg: &Message) -> String {
+    if let Some(meta) = msg
+        .reply
+        .as_ref()
+        .and_then(|r| crate::js::parse_ack_subject(r))
+    {
+        let title = format!(
+            "[#{n}] Received JetStream message: stream: {} seq: {} / consumer: {} seq: {} / delivered: {} / pending: {} / subject: {} / time: {} UTC",
+            meta.stream,
+            meta.stream_seq,
+            meta.consumer,
+            meta.consumer_seq,
+            meta.delivered,
+            meta.pending,
+            msg.subject.as_str(),
+            crate::output::fmt_time_ns(meta.timestamp_ns)
+        );
+        return format!(
+            "{title}\n{}\n",
+            format_body(msg.headers.as_ref(), &msg.payload)
+        );
+    }
     let title = match &msg.reply {
         Some(r) => format!(
             "[#{n}] Received on {:?} with reply {:?}",

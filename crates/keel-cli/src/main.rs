@@ -1,12 +1,21 @@
 //! `keel` is the command line client for Keel and any other NATS server. It
-//! publishes, subscribes, sends and answers requests, and benchmarks core NATS
-//! (throughput, request latency, idle-connection memory). Subcommands and flags
-//! follow the official `nats` CLI where it has an equivalent, so habits and
-//! scripts carry over. All network work goes through the `async-nats` client,
-//! which makes the CLI an independent check on the server's protocol handling.
+//! publishes, subscribes, sends and answers requests, manages JetStream
+//! streams, consumers and key-value buckets, and benchmarks core NATS and
+//! JetStream. Subcommands, flags and defaults follow the official `nats` CLI,
+//! so a tutorial written for `nats` works with `keel` in its place; where
+//! `nats` would prompt for a missing setting, `keel` uses the answer `nats`
+//! offers as the default. All network work goes through the `async-nats`
+//! client, which makes the CLI an independent check on the server.
 
 mod bench;
+mod bench_js;
 mod commands;
+mod consumer;
+mod js;
+mod kv;
+mod output;
+mod stream;
+mod sys;
 mod util;
 
 use std::process::ExitCode;
@@ -53,6 +62,20 @@ struct Cli {
     )]
     password: Option<String>,
 
+    /// NATS credentials file (JWT and NKey seed)
+    #[arg(
+        long,
+        env = "NATS_CREDS",
+        global = true,
+        value_name = "FILE",
+        help_heading = "Connection"
+    )]
+    creds: Option<std::path::PathBuf>,
+
+    /// Print the server's JSON instead of text, for scripts
+    #[arg(short = 'j', long, global = true)]
+    json: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -70,19 +93,43 @@ enum Command {
     Req(commands::ReqArgs),
     /// Answer requests with a fixed (templated) body
     Reply(commands::ReplyArgs),
-    /// Benchmark a server: pub, pubsub, request, idle
+    /// JetStream streams: add, edit, info, ls, rm, purge, get, subjects
+    #[command(subcommand, visible_aliases = ["str", "s"])]
+    Stream(stream::StreamCmd),
+    /// JetStream consumers: add, edit, info, ls, rm, next
+    #[command(subcommand, visible_aliases = ["con", "c"])]
+    Consumer(consumer::ConsumerCmd),
+    /// Key-value buckets: add, put, get, del, history, watch, ls, rm
+    #[command(subcommand)]
+    Kv(kv::KvCmd),
+    /// The account: JetStream usage and limits
+    #[command(subcommand)]
+    Account(sys::AccountCmd),
+    /// The server: ping (round trip times), info
+    #[command(subcommand)]
+    Server(sys::ServerCmd),
+    /// Benchmark a server: pub, pubsub, request, idle, js
     #[command(long_about = bench::LONG_ABOUT)]
     Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, which turns `keel ... | head` into a panic on the
+    // next print. Restore the default so the process just ends, like `nats`.
+    #[cfg(unix)]
+    // SAFETY: called before any other thread exists; SIG_DFL is always valid.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let conn = ConnSettings {
         server: cli.server,
         timeout: cli.timeout,
         user: cli.user,
         password: cli.password,
+        creds: cli.creds,
     };
+    let json = cli.json;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -95,11 +142,16 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match &cli.command {
-            Command::Pub(a) => commands::publish(&conn, a).await,
+            Command::Pub(a) => commands::publish(&conn, a, json).await,
             Command::Sub(a) => commands::subscribe(&conn, a).await,
             Command::Req(a) => commands::request(&conn, a).await,
             Command::Reply(a) => commands::reply(&conn, a).await,
-            Command::Bench(a) => bench::run(&conn, a).await,
+            Command::Stream(c) => stream::run(&conn, c, json).await,
+            Command::Consumer(c) => consumer::run(&conn, c, json).await,
+            Command::Kv(c) => kv::run(&conn, c, json).await,
+            Command::Account(c) => sys::account(&conn, c, json).await,
+            Command::Server(c) => sys::server(&conn, c, json).await,
+            Command::Bench(a) => bench::run(&conn, a, json).await,
         }
     });
     // Don't wait for background client tasks (reconnect loops, etc.) on exit.

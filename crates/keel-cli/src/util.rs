@@ -19,15 +19,25 @@ pub struct ConnSettings {
     pub timeout: Duration,
     pub user: Option<String>,
     pub password: Option<String>,
+    /// A NATS credentials file (JWT and NKey seed), as `nats --creds`.
+    pub creds: Option<std::path::PathBuf>,
 }
 
 impl ConnSettings {
     /// Client options for these settings; benchmarks add buffer sizes on top.
     pub fn options(&self) -> ConnectOptions {
-        let opts = ConnectOptions::new()
+        let mut opts = ConnectOptions::new()
             .name("keel-cli")
             .connection_timeout(self.timeout)
             .request_timeout(Some(self.timeout));
+        if let Some(creds) = &self.creds {
+            // Read errors surface when connecting (see `connect_with`).
+            if let Ok(text) = std::fs::read_to_string(creds) {
+                if let Ok(o) = opts.clone().credentials(&text) {
+                    opts = o;
+                }
+            }
+        }
         // Flags win over credentials in the URL, as in the `nats` CLI.
         // (async-nats itself ignores URL credentials.)
         match (&self.user, url_credentials(&self.server)) {
@@ -45,6 +55,13 @@ impl ConnSettings {
     }
 
     pub async fn connect_with(&self, opts: ConnectOptions) -> Res<Client> {
+        if let Some(creds) = &self.creds {
+            let text = std::fs::read_to_string(creds)
+                .map_err(|e| format!("cannot read --creds file {}: {e}", creds.display()))?;
+            ConnectOptions::new()
+                .credentials(&text)
+                .map_err(|e| format!("invalid --creds file {}: {e}", creds.display()))?;
+        }
         opts.connect(self.server.as_str())
             .await
             .map_err(|e| connect_error_message(&redact(&self.server), &e))
@@ -103,13 +120,13 @@ fn connect_error_message(server: &str, err: &async_nats::ConnectError) -> String
         _ => match io_error_kind(err) {
             Some(io::ErrorKind::ConnectionRefused) => (
                 "connection refused".to_string(),
-                "is `keel-server` running?",
+                "is `keel-server -js` running?",
             ),
             Some(io::ErrorKind::ConnectionReset) | Some(io::ErrorKind::UnexpectedEof) => (
                 "connection closed by the server during the handshake".to_string(),
                 "is it a NATS server?",
             ),
-            _ => (format!("{err}"), "is `keel-server` running?"),
+            _ => (format!("{err}"), "is `keel-server -js` running?"),
         },
     };
     format!("cannot connect to {server}: {what} ({hint})")
@@ -128,7 +145,9 @@ fn io_error_kind(err: &async_nats::ConnectError) -> Option<io::ErrorKind> {
 }
 
 /// Parses durations the way Go (and so the `nats` CLI) writes them: `5s`,
-/// `500ms`, `1m30s`, `250us`; a bare number means seconds.
+/// `500ms`, `1m30s`, `250us`; a bare number means seconds. Like the `nats`
+/// CLI it also takes days `d`, weeks `w`, months `M` (30 days) and years `y`
+/// (365 days), e.g. `1d12h`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s.is_empty() {
@@ -154,6 +173,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(rest.len());
         let scale = match &rest[..unit_len] {
+            "y" => 365.0 * 86400.0,
+            "M" => 30.0 * 86400.0,
+            "w" => 7.0 * 86400.0,
+            "d" => 86400.0,
             "h" => 3600.0,
             "m" => 60.0,
             "s" => 1.0,
@@ -162,8 +185,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "ns" => 1e-9,
             u => {
                 return Err(format!(
-                    "invalid duration {s:?}: unknown unit {u:?} (use h, m, s, ms, us, ns)"
-                ))
+                "invalid duration {s:?}: unknown unit {u:?} (use y, M, w, d, h, m, s, ms, us, ns)"
+            ))
             }
         };
         total += value * scale;
@@ -294,6 +317,146 @@ pub fn group(n: u64) -> String {
     out
 }
 
+/// Parses a byte size the way the `nats` CLI does: a plain number of bytes,
+/// or a number with a 1024-based unit: `K`/`KB`/`KiB`, `M`/`MB`/`MiB`,
+/// `G`/`GB`/`GiB`, `T`/`TB`/`TiB` (case-insensitive), e.g. `1GB`, `512MiB`.
+/// A negative number means "unlimited" and yields -1.
+pub fn parse_bytes(s: &str) -> Result<i64, String> {
+    let t = s.trim();
+    if let Some(rest) = t.strip_prefix('-') {
+        return match rest.parse::<i64>() {
+            Ok(_) => Ok(-1),
+            Err(_) => Err(format!(
+                "invalid size {s:?}: expected e.g. 1024, 1GB, 512MiB"
+            )),
+        };
+    }
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: i64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected e.g. 1024, 1GB, 512MiB"))?;
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        u => {
+            return Err(format!(
+            "invalid size {s:?}: unknown unit {u:?} (use B, KB, MB, GB, TB or KiB, MiB, GiB, TiB)"
+        ))
+        }
+    };
+    n.checked_mul(1i64 << shift)
+        .ok_or_else(|| format!("invalid size {s:?}: too large"))
+}
+
+/// True when standard input is an interactive terminal.
+pub fn stdin_is_terminal() -> bool {
+    use std::io::IsTerminal;
+    io::stdin().is_terminal()
+}
+
+/// True when standard error is an interactive terminal (progress bars go there).
+pub fn stderr_is_terminal() -> bool {
+    use std::io::IsTerminal;
+    io::stderr().is_terminal()
+}
+
+/// Asks a yes/no question for a destructive action, as `nats` does.
+///
+/// `force` (`-f`) skips the question. Without a terminal on stdin there is
+/// nobody to answer, so the action is refused with a message naming `-f`
+/// rather than silently going ahead or hanging.
+pub fn confirm(question: &str, force: bool) -> Res<bool> {
+    if force {
+        return Ok(true);
+    }
+    if !stdin_is_terminal() {
+        return Err(format!(
+            "{question}? needs a confirmation, but stdin is not a terminal: pass -f (--force) to go ahead without asking"
+        ));
+    }
+    eprint!("? {question}? (y/N) ");
+    let _ = io::Write::flush(&mut io::stderr());
+    let mut answer = String::new();
+    io::stdin()
+        .read_line(&mut answer)
+        .map_err(|e| format!("cannot read the answer: {e}"))?;
+    Ok(matches!(
+        answer.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
+}
+
+/// A one-line progress display on stderr, redrawn in place a few times a
+/// second while a long benchmark runs. It draws nothing unless stderr is a
+/// terminal, so logs and `--json` pipelines stay clean.
+pub struct Progress {
+    done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Progress {
+    pub fn new(label: &str, total: u64, enabled: bool) -> Progress {
+        use std::sync::atomic::Ordering;
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let task = (enabled && total > 0 && stderr_is_terminal()).then(|| {
+            let done = done.clone();
+            let label = label.to_string();
+            tokio::spawn(async move {
+                let start = std::time::Instant::now();
+                loop {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let n = done.load(Ordering::Relaxed).min(total);
+                    let width = 30usize;
+                    let filled = (n as f64 / total as f64 * width as f64) as usize;
+                    let rate = n as f64 / start.elapsed().as_secs_f64().max(1e-9);
+                    eprint!(
+                        "\r{label} [{}{}] {}/{} {:>10} msgs/s ",
+                        "#".repeat(filled),
+                        "-".repeat(width - filled),
+                        group(n),
+                        group(total),
+                        group(rate.round() as u64)
+                    );
+                    if n >= total {
+                        break;
+                    }
+                }
+            })
+        });
+        Progress { done, task }
+    }
+
+    /// A counter to bump from any task (clones share it).
+    pub fn counter(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.done.clone()
+    }
+
+    pub fn add(&self, n: u64) {
+        self.done.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Stops drawing and clears the line.
+    pub fn finish(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            eprint!("\r{}\r", " ".repeat(100));
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            eprint!("\r{}\r", " ".repeat(100));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,6 +469,20 @@ mod tests {
         assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("24h").unwrap(), Duration::from_secs(86400));
+        assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86400));
+        assert_eq!(
+            parse_duration("1w1d").unwrap(),
+            Duration::from_secs(8 * 86400)
+        );
+        assert_eq!(
+            parse_duration("1y").unwrap(),
+            Duration::from_secs(365 * 86400)
+        );
+        assert_eq!(
+            parse_duration("1M").unwrap(),
+            Duration::from_secs(30 * 86400)
+        );
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("").is_err());
@@ -341,6 +518,17 @@ mod tests {
         assert_eq!(redact("nats://al:pw@h:4222"), "nats://al:***@h:4222");
         assert_eq!(redact("nats://tok@h"), "nats://***@h");
         assert_eq!(redact("nats://h:4222"), "nats://h:4222");
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("1024").unwrap(), 1024);
+        assert_eq!(parse_bytes("1GB").unwrap(), 1 << 30);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1k").unwrap(), 1024);
+        assert_eq!(parse_bytes("-1").unwrap(), -1);
+        assert!(parse_bytes("1XB").is_err());
+        assert!(parse_bytes("GB").is_err());
     }
 
     #[test]

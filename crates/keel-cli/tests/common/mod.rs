@@ -1,0 +1,187 @@
+//! Helpers for the end-to-end tests: start a server on a free loopback port
+//! (with JetStream on a temporary store directory when asked), run `keel`.
+//!
+//! The server is `$KEEL_TEST_SERVER_BIN` if set (`KEEL_TEST_SERVER_BIN=nats-server`
+//! uses the one on PATH), else a built `keel-server` from this workspace's
+//! target dir. Without either, server-backed tests print a note and pass.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub const KEEL: &str = env!("CARGO_BIN_EXE_keel");
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+    dir: Option<PathBuf>,
+}
+
+impl Server {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Runs keel against this server (`-s URL` appended).
+    pub fn keel(&self, args: &[&str]) -> Output {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["-s", &self.url]);
+        keel(&all)
+    }
+
+    /// Like [`Server::keel`], but asserts success and returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.keel(args);
+        assert!(
+            out.status.success(),
+            "keel {args:?} failed ({:?}):\nstdout: {}\nstderr: {}",
+            out.status.code(),
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    }
+
+    /// Like [`Server::keel`], but asserts failure with exit code 1 and
+    /// returns stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let out = self.keel(args);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "keel {args:?} should fail:\nstdout: {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stderr)
+    }
+
+    /// Runs keel and parses stdout as JSON.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.ok(args);
+        serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("keel {args:?} did not print JSON ({e}):\n{out}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+pub fn server_binary() -> Option<PathBuf> {
+    if let Some(bin) = std::env::var_os("KEEL_TEST_SERVER_BIN") {
+        return Some(PathBuf::from(bin));
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let built_here = Path::new(KEEL).parent().map(|d| d.join("keel-server"));
+    built_here
+        .into_iter()
+        .chain(["debug", "release"].map(|p| workspace.join("target").join(p).join("keel-server")))
+        .find(|p| p.is_file())
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let dir = std::env::temp_dir().join(format!("keel-cli-{tag}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+/// Starts a server with JetStream (`-js -sd <tmp>`) or without.
+pub fn start(jetstream: bool) -> Option<Server> {
+    let Some(bin) = server_binary() else {
+        eprintln!(
+            "note: skipping, no server binary: build keel-server or set KEEL_TEST_SERVER_BIN"
+        );
+        return None;
+    };
+    let port = free_port();
+    let mut cmd = Command::new(&bin);
+    cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+    let dir = jetstream.then(|| temp_dir("store"));
+    if let Some(d) = &dir {
+        cmd.args(["-js", "-sd"]).arg(d);
+    }
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+    let mut server = Server {
+        child,
+        url: format!("nats://127.0.0.1:{port}"),
+        dir,
+    };
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Some(status) = server.child.try_wait().expect("poll server") {
+            panic!("{} exited early with {status}", bin.display());
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "server did not listen on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some(server)
+}
+
+pub fn keel(args: &[&str]) -> Output {
+    Command::new(KEEL)
+        .args(args)
+        .env_remove("NATS_URL")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run keel")
+}
+
+/// Runs keel with `input` on stdin (a pipe, so not a terminal).
+pub fn keel_with_stdin(args: &[&str], input: &str) -> Output {
+    let mut child = Command::new(KEEL)
+        .args(args)
+        .env_remove("NATS_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn keel");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().expect("wait for keel")
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Asserts that every expected fragment occurs in `haystack`.
+pub fn contains_all(haystack: &str, expected: &[&str]) {
+    for e in expected {
+        assert!(haystack.contains(e), "missing {e:?} in:\n{haystack}");
+    }
+}
