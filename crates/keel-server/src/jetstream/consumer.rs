@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::api::ApiError;
-use super::stream::{Retention, Stream, API_LEVEL, REQ_LEVEL_KEY};
+use super::stream::{null_default, Retention, Stream, REQ_LEVEL_KEY};
 use crate::client::{ClientHandle, InMsg};
 use crate::router::{Outgoing, Router};
 use crate::server::Server;
@@ -146,14 +146,6 @@ pub struct ConsumerConfig {
     pub metadata: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_until: Option<String>,
-}
-
-fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 #[derive(Deserialize, Default)]
@@ -483,21 +475,7 @@ impl ConsumerConfig {
     }
 
     fn to_json(&self, dynamic_meta: bool) -> Value {
-        let mut v = serde_json::to_value(self).expect("config serializes");
-        if dynamic_meta {
-            if let Some(Value::Object(meta)) = v.get_mut("metadata") {
-                let mut m = Map::new();
-                m.insert("_nats.level".into(), API_LEVEL.to_string().into());
-                m.insert(
-                    REQ_LEVEL_KEY.into(),
-                    meta.remove(REQ_LEVEL_KEY).unwrap_or_else(|| "0".into()),
-                );
-                m.insert("_nats.ver".into(), crate::config::COMPAT_VERSION.into());
-                m.extend(std::mem::take(meta));
-                *meta = m;
-            }
-        }
-        v
+        super::stream::config_json(self, dynamic_meta)
     }
 }
 

@@ -153,7 +153,8 @@ pub struct StreamConfig {
     pub persist_mode: Option<Value>,
 }
 
-fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+/// Deserializes JSON `null` as the type's default (clients send null for empty lists).
+pub fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
 where
     D: serde::Deserializer<'de>,
     T: Default + Deserialize<'de>,
@@ -427,22 +428,28 @@ impl StreamConfig {
 
     /// The config as responses show it: stored metadata plus the server's level and version.
     pub fn to_json(&self, dynamic_meta: bool) -> Value {
-        let mut v = serde_json::to_value(self).expect("config serializes");
-        if dynamic_meta {
-            if let Some(Value::Object(meta)) = v.get_mut("metadata") {
-                let mut m = Map::new();
-                m.insert("_nats.level".into(), API_LEVEL.to_string().into());
-                m.insert(
-                    REQ_LEVEL_KEY.into(),
-                    meta.remove(REQ_LEVEL_KEY).unwrap_or_else(|| "0".into()),
-                );
-                m.insert("_nats.ver".into(), crate::config::COMPAT_VERSION.into());
-                m.extend(std::mem::take(meta));
-                *meta = m;
-            }
-        }
-        v
+        config_json(self, dynamic_meta)
     }
+}
+
+/// A stream or consumer config as responses show it: with `dynamic_meta`, the server's API
+/// level and version join the stored metadata (the reference adds them and never stores them).
+pub fn config_json<T: Serialize>(config: &T, dynamic_meta: bool) -> Value {
+    let mut v = serde_json::to_value(config).expect("config serializes");
+    if dynamic_meta {
+        if let Some(Value::Object(meta)) = v.get_mut("metadata") {
+            let mut m = Map::new();
+            m.insert("_nats.level".into(), API_LEVEL.to_string().into());
+            m.insert(
+                REQ_LEVEL_KEY.into(),
+                meta.remove(REQ_LEVEL_KEY).unwrap_or_else(|| "0".into()),
+            );
+            m.insert("_nats.ver".into(), crate::config::COMPAT_VERSION.into());
+            m.extend(std::mem::take(meta));
+            *meta = m;
+        }
+    }
+    v
 }
 
 /// What survives a restart besides the messages.
