@@ -1,0 +1,703 @@
+//! The core server endpoints: `/varz`, `/connz`, `/subsz`, `/routez`, `/leafz`, `/gatewayz`,
+//! `/accountz`, `/accstatz`, `/healthz` and the `/` index. Field names, nesting and order are
+//! the reference's (`shared/reference/monitoring.md`); values are keel's. Where keel has no
+//! counterpart (routes, gateways, leaf nodes, TLS, Go runtime) the field is there with the
+//! value the reference shows when that feature is unused.
+
+use std::cmp::Reverse;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Map, Value};
+
+use super::query::Query;
+use super::{jsz, proc, Ctx, Reply};
+use crate::client::{ClientHandle, SLOW_CONSUMERS};
+use crate::config::{COMPAT_VERSION, KEEL_VERSION};
+use crate::server::Server;
+use crate::time::{now_nanos, rfc3339};
+
+/// The only account keel has; the reference's name for it.
+pub const GLOBAL_ACCOUNT: &str = "$G";
+/// The reference's system account name. keel has no system account of its own, but tools
+/// expect the field (and `$SYS` among `/accountz` accounts).
+pub const SYSTEM_ACCOUNT: &str = "$SYS";
+const DEFAULT_LIST_SIZE: i64 = 1024;
+
+pub fn nanos(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+fn now() -> String {
+    rfc3339(now_nanos())
+}
+
+fn since(t: SystemTime) -> Duration {
+    SystemTime::now().duration_since(t).unwrap_or_default()
+}
+
+pub fn root_html() -> String {
+    let links = [
+        ("varz", "General"),
+        ("jsz", "JetStream"),
+        ("connz", "Connections"),
+        ("accountz", "Accounts"),
+        ("accstatz", "Account Stats"),
+        ("subsz", "Subscriptions"),
+        ("routez", "Routes"),
+        ("leafz", "LeafNodes"),
+        ("gatewayz", "Gateways"),
+        ("healthz", "Health Probe"),
+        ("metrics", "Prometheus Metrics"),
+    ];
+    let mut s = format!(
+        "<html lang=\"en\">\n<head><title>keel-server monitoring</title></head>\n<body>\n\
+         <h3>keel-server v{KEEL_VERSION} (nats-server API level {COMPAT_VERSION})</h3>\n"
+    );
+    for (path, name) in links {
+        s.push_str(&format!("<a href=./{path}>{name} /{path}</a><br/>\n"));
+    }
+    s.push_str("</body>\n</html>\n");
+    s
+}
+
+// ---------------------------------------------------------------------------
+// /varz
+// ---------------------------------------------------------------------------
+
+pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
+    let s = &ctx.server;
+    let o = &s.opts;
+    let t = s.totals();
+    let addr = *s.client_addr.lock().unwrap_or_else(|e| e.into_inner());
+    let process_start = Instant::now()
+        .checked_sub(since(s.start))
+        .unwrap_or_else(Instant::now);
+    let cpu = ctx
+        .cpu
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .percent(process_start);
+    let cores = proc::cores();
+    let slow = SLOW_CONSUMERS.load(Ordering::Relaxed);
+    let conns = s.num_clients();
+    let jetstream = match s.jetstream.get() {
+        Some(js) => {
+            let u = jsz::Usage::of(js);
+            json!({
+                "config": jsz::config_json(js),
+                "stats": {
+                    "memory": u.memory,
+                    "storage": u.storage,
+                    "reserved_memory": u.reserved_memory,
+                    "reserved_storage": u.reserved_storage,
+                    "accounts": 1,
+                    "ha_assets": 0,
+                    "api": jsz::api_json(jsz::api_level()),
+                },
+                "limits": {},
+            })
+        }
+        None => json!({}),
+    };
+    let start = rfc3339(nanos(s.start));
+    let mut req_stats = Map::new();
+    for (path, n) in ctx.req_stats() {
+        req_stats.insert(path.into(), n.into());
+    }
+    let mut v = json!({
+        "server_id": s.server_id,
+        "server_name": s.server_name,
+        "version": COMPAT_VERSION,
+        "proto": 1,
+        // keel has no git commit or Go toolchain to report; these say what it is instead.
+        "git_commit": "",
+        "go": format!("rust (keel-server {KEEL_VERSION})"),
+        "host": o.host,
+        "port": addr.map_or(0, |a| a.port()),
+        "max_connections": o.max_connections,
+        "ping_interval": o.ping_interval.as_nanos() as u64,
+        "ping_max": o.ping_max,
+        "http_host": o.http_host.as_deref().unwrap_or(&o.host),
+        // The configured value, as the reference reports it (-1 when a random port was asked
+        // for); the bound port is in the "Starting http monitor" log line.
+        "http_port": o.http_port.unwrap_or(ctx.http_port as i64),
+        "http_base_path": "",
+        "https_port": 0,
+        "auth_timeout": 2,
+        "max_control_line": keel_protocol::MAX_CONTROL_LINE,
+        "max_payload": o.max_payload,
+        "max_pending": o.max_pending,
+        "cluster": {},
+        "gateway": {},
+        "leaf": {},
+        "mqtt": {},
+        "websocket": {},
+        "jetstream": jetstream,
+    });
+    // Two halves: one json! of every field exceeds the macro recursion limit.
+    let rest = json!({
+        "tls_timeout": 2,
+        "write_deadline": o.write_deadline.as_nanos() as u64,
+        "start": start,
+        "now": now(),
+        "uptime": proc::uptime(since(s.start)),
+        "mem": proc::rss_bytes(),
+        "cores": cores,
+        "gomaxprocs": cores,
+        "cpu": cpu,
+        "connections": conns,
+        // Needs a server-wide accepted-connections counter, which `Server` does not expose; the
+        // live count is a lower bound.
+        "total_connections": conns,
+        "routes": 0,
+        "remotes": 0,
+        "leafnodes": 0,
+        "in_msgs": t.in_msgs,
+        "in_bytes": t.in_bytes,
+        "in_client_msgs": t.in_msgs,
+        "in_client_bytes": t.in_bytes,
+        "out_msgs": t.out_msgs,
+        "out_bytes": t.out_bytes,
+        "out_client_msgs": t.out_msgs,
+        "out_client_bytes": t.out_bytes,
+        "slow_consumers": slow,
+        "stale_connections": 0,
+        "stalled_clients": 0,
+        "subscriptions": s.sublist.count(),
+        "http_req_stats": req_stats,
+        "config_load_time": start,
+        "config_digest": "",
+        "feature_flags": {
+            "js_ack_fc_v2": false,
+            "js_api_reply_v2": false,
+            "js_raft_delete_range": false,
+            "js_snapshot_sources": false,
+        },
+        "system_account": SYSTEM_ACCOUNT,
+        "slow_consumer_stats": {"clients": slow, "routes": 0, "gateways": 0, "leafs": 0},
+        "stale_connection_stats": {"clients": 0, "routes": 0, "gateways": 0, "leafs": 0},
+        "disk_io_wait_stats": {"waiters": 0, "waits": 0, "wait_time": 0, "max_wait_time": 0},
+    });
+    if let (Value::Object(a), Value::Object(b)) = (&mut v, rest) {
+        a.extend(b);
+    }
+    Ok(v)
+}
+
+// ---------------------------------------------------------------------------
+// /connz
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum SortBy {
+    Cid,
+    Start,
+    Subs,
+    Pending,
+    MsgsTo,
+    MsgsFrom,
+    BytesTo,
+    BytesFrom,
+    Last,
+    Idle,
+    Uptime,
+    Stop,
+    Reason,
+    Rtt,
+}
+
+impl SortBy {
+    fn parse(s: &str) -> Option<SortBy> {
+        Some(match s {
+            "" | "cid" => SortBy::Cid,
+            "start" => SortBy::Start,
+            "subs" => SortBy::Subs,
+            "pending" => SortBy::Pending,
+            "msgs_to" => SortBy::MsgsTo,
+            "msgs_from" => SortBy::MsgsFrom,
+            "bytes_to" => SortBy::BytesTo,
+            "bytes_from" => SortBy::BytesFrom,
+            "last" => SortBy::Last,
+            "idle" => SortBy::Idle,
+            "uptime" => SortBy::Uptime,
+            "stop" => SortBy::Stop,
+            "reason" => SortBy::Reason,
+            "rtt" => SortBy::Rtt,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ConnState {
+    Open,
+    Closed,
+    All,
+}
+
+/// One subscription as `/connz` and `/subsz` list it.
+struct SubRow {
+    sid: String,
+    subject: String,
+    queue: Option<String>,
+    msgs: u64,
+    max: u64,
+    cid: u64,
+}
+
+impl SubRow {
+    fn of(cid: u64, sub: &crate::sublist::Sub) -> SubRow {
+        SubRow {
+            sid: String::from_utf8_lossy(&sub.sid).into_owned(),
+            subject: String::from_utf8_lossy(&sub.subject).into_owned(),
+            queue: sub
+                .queue
+                .as_ref()
+                .map(|q| String::from_utf8_lossy(q).into_owned()),
+            msgs: sub.delivered.load(Ordering::Relaxed),
+            max: sub.max.load(Ordering::Relaxed),
+            cid,
+        }
+    }
+
+    /// Numeric sids in numeric order, then the rest by text.
+    fn order_key(&self) -> (u64, &str) {
+        (self.sid.parse().unwrap_or(u64::MAX), self.sid.as_str())
+    }
+
+    fn detail(&self, with_account: bool) -> Value {
+        let mut m = Map::new();
+        if with_account {
+            m.insert("account".into(), GLOBAL_ACCOUNT.into());
+            m.insert("account_tag".into(), GLOBAL_ACCOUNT.into());
+        }
+        m.insert("subject".into(), self.subject.clone().into());
+        if let Some(q) = &self.queue {
+            m.insert("qgroup".into(), q.clone().into());
+        }
+        m.insert("sid".into(), self.sid.clone().into());
+        m.insert("msgs".into(), self.msgs.into());
+        if self.max > 0 {
+            m.insert("max".into(), self.max.into());
+        }
+        m.insert("cid".into(), self.cid.into());
+        Value::Object(m)
+    }
+}
+
+fn subs_of(h: &ClientHandle) -> Vec<SubRow> {
+    let mut rows: Vec<SubRow> = h
+        .subs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .map(|s| SubRow::of(h.id, s))
+        .collect();
+    rows.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+    rows
+}
+
+/// A snapshot of one connection, taken under its own locks only.
+struct ConnRow {
+    cid: u64,
+    ip: String,
+    port: u16,
+    start: i64,
+    pending: usize,
+    in_msgs: u64,
+    out_msgs: u64,
+    in_bytes: u64,
+    out_bytes: u64,
+    nsubs: usize,
+    name: String,
+    lang: String,
+    version: String,
+    subs: Vec<SubRow>,
+}
+
+impl ConnRow {
+    fn of(h: &Arc<ClientHandle>, with_subs: bool) -> ConnRow {
+        let meta = h.meta.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let subs = if with_subs { subs_of(h) } else { Vec::new() };
+        let nsubs = if with_subs {
+            subs.len()
+        } else {
+            h.subs.lock().unwrap_or_else(|e| e.into_inner()).len()
+        };
+        ConnRow {
+            cid: h.id,
+            ip: meta.addr.map(|a| a.ip().to_string()).unwrap_or_default(),
+            port: meta.addr.map_or(0, |a| a.port()),
+            start: meta.start.map_or(0, nanos),
+            pending: h.pending_bytes(),
+            in_msgs: h.stats.in_msgs.load(Ordering::Relaxed),
+            out_msgs: h.stats.out_msgs.load(Ordering::Relaxed),
+            in_bytes: h.stats.in_bytes.load(Ordering::Relaxed),
+            out_bytes: h.stats.out_bytes.load(Ordering::Relaxed),
+            nsubs,
+            name: meta.name,
+            lang: meta.lang,
+            version: meta.version,
+            subs,
+        }
+    }
+
+    /// keel does not record a connection's last activity yet; its start stands in, so
+    /// `last_activity`, `idle` and the `last`/`idle` sorts follow the connection's age.
+    fn last_activity(&self) -> i64 {
+        self.start
+    }
+}
+
+/// `subs` is a boolean or `detail`.
+fn subs_mode(q: &Query) -> Result<(bool, bool), String> {
+    if q.str("subs") == "detail" {
+        return Ok((true, true));
+    }
+    Ok((q.bool("subs")?, false))
+}
+
+pub fn connz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
+    let s = &ctx.server;
+    let sort_text = q.str("sort");
+    let (subs, detail) = subs_mode(q)?;
+    let mut offset = q.int("offset")?;
+    let mut limit = q.int("limit")?;
+    let cid = q.uint("cid")?;
+    let state = match q.str("state") {
+        "" | "open" => ConnState::Open,
+        "closed" => ConnState::Closed,
+        "any" | "all" => ConnState::All,
+        other => return Err(format!("Error decoding state for {other}")),
+    };
+    let auth = q.bool("auth")?;
+    let sort =
+        SortBy::parse(sort_text).ok_or_else(|| format!("invalid sorting option: {sort_text}"))?;
+    if sort == SortBy::Stop && state != ConnState::Closed {
+        return Err("sort by stop only valid on closed connections".into());
+    }
+    if sort == SortBy::Reason && state != ConnState::Closed {
+        return Err("sort by reason only valid on closed connections".into());
+    }
+    offset = offset.max(0);
+    if limit <= 0 {
+        limit = DEFAULT_LIST_SIZE;
+    }
+    if cid > 0 {
+        limit = 1;
+    }
+    let now_ns = now_nanos();
+    let now_text = rfc3339(now_ns);
+
+    // keel keeps no closed connections: `state=closed` lists none.
+    let handles = if state == ConnState::Closed {
+        Vec::new()
+    } else {
+        s.clients()
+    };
+    let total = handles.len();
+    let acc = q.str("acc");
+    // No users are recorded per connection yet, so a user filter matches none.
+    let filtered_out = (!acc.is_empty() && acc != GLOBAL_ACCOUNT) || !q.str("user").is_empty();
+    let mut rows: Vec<ConnRow> = if filtered_out {
+        Vec::new()
+    } else {
+        handles
+            .iter()
+            .filter(|h| cid == 0 || h.id == cid)
+            .map(|h| ConnRow::of(h, subs))
+            .collect()
+    };
+    // Ties keep cid order so paging is stable.
+    rows.sort_by_key(|r| r.cid);
+    match sort {
+        SortBy::Cid | SortBy::Start | SortBy::Stop | SortBy::Reason | SortBy::Rtt => {}
+        SortBy::Subs => rows.sort_by_key(|r| Reverse(r.nsubs)),
+        SortBy::Pending => rows.sort_by_key(|r| Reverse(r.pending)),
+        SortBy::MsgsTo => rows.sort_by_key(|r| Reverse(r.out_msgs)),
+        SortBy::MsgsFrom => rows.sort_by_key(|r| Reverse(r.in_msgs)),
+        SortBy::BytesTo => rows.sort_by_key(|r| Reverse(r.out_bytes)),
+        SortBy::BytesFrom => rows.sort_by_key(|r| Reverse(r.in_bytes)),
+        SortBy::Last => rows.sort_by_key(|r| Reverse(r.last_activity())),
+        SortBy::Idle => rows.sort_by_key(|r| Reverse(now_ns - r.last_activity())),
+        // The reference lists the youngest connection first.
+        SortBy::Uptime => rows.sort_by_key(|r| now_ns - r.start),
+    }
+    let offset = offset as usize;
+    let page: Vec<Value> = rows
+        .iter()
+        .skip(offset)
+        .take(limit as usize)
+        .map(|r| {
+            let mut c = Map::new();
+            c.insert("cid".into(), r.cid.into());
+            c.insert("kind".into(), "Client".into());
+            c.insert("type".into(), "nats".into());
+            c.insert("ip".into(), r.ip.clone().into());
+            c.insert("port".into(), r.port.into());
+            c.insert("start".into(), rfc3339(r.start).into());
+            c.insert("last_activity".into(), rfc3339(r.last_activity()).into());
+            // Round-trip times are not measured yet.
+            c.insert("rtt".into(), "0s".into());
+            let age = Duration::from_nanos((now_ns - r.start).max(0) as u64);
+            let idle = Duration::from_nanos((now_ns - r.last_activity()).max(0) as u64);
+            c.insert("uptime".into(), proc::uptime(age).into());
+            c.insert("idle".into(), proc::uptime(idle).into());
+            c.insert("pending_bytes".into(), r.pending.into());
+            c.insert("in_msgs".into(), r.in_msgs.into());
+            c.insert("out_msgs".into(), r.out_msgs.into());
+            c.insert("in_bytes".into(), r.in_bytes.into());
+            c.insert("out_bytes".into(), r.out_bytes.into());
+            c.insert("subscriptions".into(), r.nsubs.into());
+            for (k, v) in [
+                ("name", &r.name),
+                ("lang", &r.lang),
+                ("version", &r.version),
+            ] {
+                if !v.is_empty() {
+                    c.insert(k.into(), v.clone().into());
+                }
+            }
+            if auth {
+                c.insert("name_tag".into(), GLOBAL_ACCOUNT.into());
+            }
+            if subs && !r.subs.is_empty() {
+                if detail {
+                    let list: Vec<Value> = r.subs.iter().map(|s| s.detail(false)).collect();
+                    c.insert("subscriptions_list_detail".into(), list.into());
+                } else {
+                    let list: Vec<Value> =
+                        r.subs.iter().map(|s| s.subject.clone().into()).collect();
+                    c.insert("subscriptions_list".into(), list.into());
+                }
+            }
+            Value::Object(c)
+        })
+        .collect();
+    Ok(json!({
+        "server_id": s.server_id,
+        "now": now_text,
+        "num_connections": page.len(),
+        "total": total,
+        "offset": offset,
+        "limit": limit,
+        "connections": page,
+    }))
+}
+
+// ---------------------------------------------------------------------------
+// /subsz
+// ---------------------------------------------------------------------------
+
+pub fn subsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
+    let s = &ctx.server;
+    let subs = q.bool("subs")?;
+    let mut offset = q.int("offset")?;
+    let mut limit = q.int("limit")?;
+    let test = q.str("test");
+    if !test.is_empty() && !keel_protocol::subject::valid_publish(test.as_bytes()) {
+        return Err(format!(
+            "invalid test subject, must be valid publish subject: {test}"
+        ));
+    }
+    offset = offset.max(0);
+    if limit <= 0 {
+        limit = DEFAULT_LIST_SIZE;
+    }
+    let count = s.sublist.count();
+    let mut v = json!({
+        "server_id": s.server_id,
+        "now": now(),
+        "num_subscriptions": count,
+        // The subject index keeps no cache or match statistics yet.
+        "num_cache": 0,
+        "num_inserts": 0,
+        "num_removes": 0,
+        "num_matches": 0,
+        "cache_hit_rate": 0.0,
+        "max_fanout": 0,
+        "avg_fanout": 0.0,
+        "total": 0,
+        "offset": offset,
+        "limit": limit,
+    });
+    if subs {
+        let mut rows: Vec<SubRow> = Vec::new();
+        for h in s.clients() {
+            rows.extend(subs_of(&h).into_iter().filter(|r| {
+                test.is_empty()
+                    || keel_protocol::subject::matches(r.subject.as_bytes(), test.as_bytes())
+            }));
+        }
+        rows.sort_by(|a, b| (a.cid, a.order_key()).cmp(&(b.cid, b.order_key())));
+        let list: Vec<Value> = rows
+            .iter()
+            .skip(offset as usize)
+            .take(limit as usize)
+            .map(|r| r.detail(true))
+            .collect();
+        v["total"] = rows.len().into();
+        v["subscriptions_list"] = list.into();
+    }
+    Ok(v)
+}
+
+// ---------------------------------------------------------------------------
+// /routez, /leafz, /gatewayz: no clustering yet, so always empty.
+// ---------------------------------------------------------------------------
+
+pub fn routez(ctx: &Ctx, q: &Query) -> Result<Value, String> {
+    subs_mode(q)?;
+    Ok(json!({
+        "server_id": ctx.server.server_id,
+        "server_name": ctx.server.server_name,
+        "now": now(),
+        "num_routes": 0,
+        "routes": [],
+    }))
+}
+
+pub fn leafz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
+    q.bool("subs")?;
+    Ok(json!({
+        "server_id": ctx.server.server_id,
+        "now": now(),
+        "leafnodes": 0,
+        "leafs": [],
+    }))
+}
+
+pub fn gatewayz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
+    q.bool("accs")?;
+    q.bool("subs")?;
+    Ok(json!({
+        "server_id": ctx.server.server_id,
+        "now": now(),
+        "outbound_gateways": {},
+        "inbound_gateways": {},
+    }))
+}
+
+// ---------------------------------------------------------------------------
+// /accountz, /accstatz
+// ---------------------------------------------------------------------------
+
+pub fn accountz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
+    let s = &ctx.server;
+    q.bool("unused")?;
+    let acc = q.str("acc");
+    let mut v = json!({
+        "server_id": s.server_id,
+        "now": now(),
+        "system_account": SYSTEM_ACCOUNT,
+    });
+    if acc.is_empty() {
+        v["accounts"] = json!([GLOBAL_ACCOUNT, SYSTEM_ACCOUNT]);
+        return Ok(v);
+    }
+    let global = acc == GLOBAL_ACCOUNT;
+    if !global && acc != SYSTEM_ACCOUNT {
+        return Err(format!("Account {acc} does not exist"));
+    }
+    let subs = if global { s.sublist.count() } else { 0 };
+    let mut d = Map::new();
+    d.insert("account_name".into(), acc.into());
+    d.insert("update_time".into(), rfc3339(nanos(s.start)).into());
+    if !global {
+        d.insert("is_system".into(), true.into());
+    }
+    d.insert("expired".into(), false.into());
+    d.insert("complete".into(), true.into());
+    d.insert(
+        "jetstream_enabled".into(),
+        (global && s.jetstream.get().is_some()).into(),
+    );
+    d.insert("leafnode_connections".into(), 0.into());
+    d.insert(
+        "client_connections".into(),
+        (if global { s.num_clients() } else { 0 }).into(),
+    );
+    d.insert("subscriptions".into(), subs.into());
+    d.insert("name_tag".into(), acc.into());
+    d.insert(
+        "sublist_stats".into(),
+        json!({
+            "num_subscriptions": subs,
+            "num_cache": 0,
+            "num_inserts": 0,
+            "num_removes": 0,
+            "num_matches": 0,
+            "cache_hit_rate": 0.0,
+            "max_fanout": 0,
+            "avg_fanout": 0.0,
+        }),
+    );
+    v["account_detail"] = Value::Object(d);
+    Ok(v)
+}
+
+pub fn accstatz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
+    let s = &ctx.server;
+    q.bool("unused")?;
+    let t = s.totals();
+    let conns = s.num_clients();
+    let zero = json!({"msgs": 0, "bytes": 0});
+    Ok(json!({
+        "server_id": s.server_id,
+        "now": now(),
+        "account_statz": [{
+            "acc": GLOBAL_ACCOUNT,
+            "name": GLOBAL_ACCOUNT,
+            "conns": conns,
+            "leafnodes": 0,
+            "total_conns": conns,
+            "num_subscriptions": s.sublist.count(),
+            "sent": {"msgs": t.out_msgs, "bytes": t.out_bytes,
+                     "gateways": zero, "routes": zero, "leafs": zero},
+            "received": {"msgs": t.in_msgs, "bytes": t.in_bytes,
+                         "gateways": zero, "routes": zero, "leafs": zero},
+            "slow_consumers": SLOW_CONSUMERS.load(Ordering::Relaxed),
+        }],
+    }))
+}
+
+// ---------------------------------------------------------------------------
+// /healthz
+// ---------------------------------------------------------------------------
+
+/// `{"status":"ok"}`, compact as the reference writes it. When JetStream was asked for but is
+/// not running: 503 with the reference's `unavailable` status and JetStream-not-enabled error.
+/// `js-enabled-only` and `js-server-only` change nothing on a single server whose JetStream
+/// is up: there is no meta group or replicated asset to check beyond it.
+pub fn healthz(ctx: &Ctx, q: &Query) -> Reply {
+    for key in ["js-enabled-only", "js-server-only", "js-enabled", "details"] {
+        if let Err(e) = q.bool(key) {
+            return Reply::text(400, e);
+        }
+    }
+    let (status, body) = health(&ctx.server);
+    Reply::json_compact(status, &body, q)
+}
+
+fn health(server: &Server) -> (u16, Value) {
+    if server.opts.jetstream && server.jetstream.get().is_none() {
+        return (
+            503,
+            json!({"status": "unavailable", "error": "JetStream not enabled"}),
+        );
+    }
+    (200, json!({"status": "ok"}))
+}
+
+impl Reply {
+    fn json_compact(status: u16, v: &Value, q: &Query) -> Reply {
+        Reply::json_body(
+            status,
+            super::go_escape(&serde_json::to_string(v).unwrap_or_default()),
+            q,
+        )
+    }
+}

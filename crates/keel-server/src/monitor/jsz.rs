@@ -1,0 +1,215 @@
+//! `/jsz`: JetStream usage, the `$G` account and, on request, its streams and consumers, in the
+//! reference's shape. Every stream and consumer is read under its own lock, one at a time.
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use super::endpoints::GLOBAL_ACCOUNT;
+use super::query::Query;
+use super::Ctx;
+use crate::jetstream::stream::{StorageType, Stream};
+use crate::jetstream::JetStream;
+use crate::time::{now_nanos, rfc3339};
+
+/// The JetStream API level keel implements (reported where the reference reports its own).
+pub fn api_level() -> u32 {
+    crate::jetstream::stream::API_LEVEL
+}
+
+/// `{level, total, errors}`. The API request counters are private to the JetStream module
+/// (`JetStream::api_total`/`api_errors`); until they are exposed this reports zeros.
+pub fn api_json(level: u32) -> Value {
+    json!({"level": level, "total": 0, "errors": 0})
+}
+
+/// Store usage and reservations, as `$JS.API.INFO` computes them.
+pub struct Usage {
+    pub memory: u64,
+    pub storage: u64,
+    pub reserved_memory: u64,
+    pub reserved_storage: u64,
+}
+
+impl Usage {
+    pub fn of(js: &JetStream) -> Usage {
+        Usage::from_streams(&js.streams())
+    }
+
+    fn from_streams(streams: &[Arc<Stream>]) -> Usage {
+        let mut u = Usage {
+            memory: 0,
+            storage: 0,
+            reserved_memory: 0,
+            reserved_storage: 0,
+        };
+        for s in streams {
+            let bytes = s.bytes.load(std::sync::atomic::Ordering::Relaxed);
+            let cfg = s.config();
+            let reserve = cfg.max_bytes.max(0) as u64;
+            match cfg.storage {
+                StorageType::Memory => {
+                    u.memory += bytes;
+                    u.reserved_memory += reserve;
+                }
+                StorageType::File => {
+                    u.storage += bytes;
+                    u.reserved_storage += reserve;
+                }
+            }
+        }
+        u
+    }
+}
+
+/// `config` of `/jsz` and `/varz` `jetstream`: -1 limits mean unlimited (keel enforces no
+/// default share of memory or disk, unlike the reference). Sync-always (keel's default) is
+/// the reference's `sync_always: true` in place of `sync_interval`.
+pub fn config_json(js: &JetStream) -> Value {
+    let mut c = Map::new();
+    c.insert("max_memory".into(), js.max_memory.into());
+    c.insert("max_storage".into(), js.max_store.into());
+    c.insert(
+        "store_dir".into(),
+        js.store_dir.join("jetstream").display().to_string().into(),
+    );
+    match js.sync_interval {
+        Some(d) => c.insert("sync_interval".into(), (d.as_nanos() as u64).into()),
+        None => c.insert("sync_always".into(), true.into()),
+    };
+    c.insert("strict".into(), true.into());
+    Value::Object(c)
+}
+
+pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
+    let s = &ctx.server;
+    let acc = q.str("acc").to_string();
+    let mut accounts = q.bool("accounts")?;
+    let mut streams_opt = q.bool("streams")?;
+    let consumers_opt = q.bool("consumers")?;
+    let config_opt = q.bool("config")?;
+    q.bool("leader-only")?;
+    // Paging is over accounts, and there is one: only offset 0 shows it.
+    let offset = q.int("offset")?.max(0);
+    q.int("limit")?;
+    q.bool("raft")?;
+    q.bool("stream-leader-only")?;
+    if consumers_opt {
+        streams_opt = true;
+    }
+    if streams_opt && acc.is_empty() {
+        accounts = true;
+    }
+
+    let Some(js) = s.jetstream.get() else {
+        return Ok(json!({
+            "memory": 0, "storage": 0, "reserved_memory": 0, "reserved_storage": 0,
+            "accounts": 0, "ha_assets": 0, "api": api_json(0),
+            "server_id": s.server_id, "now": rfc3339(now_nanos()), "disabled": true,
+            "config": {"max_memory": 0, "max_storage": 0},
+            "streams": 0, "consumers": 0, "messages": 0, "bytes": 0, "total": 0,
+        }));
+    };
+
+    let streams = js.streams();
+    let usage = Usage::from_streams(&streams);
+    // One pass over the streams: totals, and the details when they were asked for.
+    let want_detail = (accounts || !acc.is_empty()) && acc_matches(&acc);
+    let mut n_consumers = 0usize;
+    let (mut messages, mut bytes) = (0u64, 0u64);
+    let mut details = Vec::new();
+    for st in &streams {
+        let state = st.state();
+        let consumers = st.consumer_list();
+        n_consumers += consumers.len();
+        messages += state.msgs;
+        bytes += state.bytes;
+        if want_detail && streams_opt {
+            details.push(stream_detail(
+                ctx,
+                st,
+                &state,
+                &consumers,
+                consumers_opt,
+                config_opt,
+            ));
+        }
+    }
+
+    let mut v = json!({
+        "memory": usage.memory,
+        "storage": usage.storage,
+        "reserved_memory": usage.reserved_memory,
+        "reserved_storage": usage.reserved_storage,
+        "accounts": 1,
+        "ha_assets": 0,
+        "api": api_json(api_level()),
+        "server_id": s.server_id,
+        "now": rfc3339(now_nanos()),
+        "config": config_json(js),
+        "limits": {},
+        "streams": streams.len(),
+        "consumers": n_consumers,
+        "messages": messages,
+        "bytes": bytes,
+    });
+    if want_detail && offset == 0 {
+        // The account's own limits are unlimited: the reference shows -1 as uint64 here.
+        let mut a = json!({
+            "name": GLOBAL_ACCOUNT,
+            "id": GLOBAL_ACCOUNT,
+            "memory": usage.memory,
+            "storage": usage.storage,
+            "reserved_memory": u64::MAX,
+            "reserved_storage": u64::MAX,
+            "accounts": 0,
+            "ha_assets": 0,
+            "api": api_json(0),
+        });
+        if streams_opt && !details.is_empty() {
+            a["stream_detail"] = details.into();
+        }
+        v["account_details"] = json!([a]);
+    }
+    v["total"] = 1.into();
+    Ok(v)
+}
+
+fn acc_matches(acc: &str) -> bool {
+    acc.is_empty() || acc == GLOBAL_ACCOUNT
+}
+
+fn stream_detail(
+    ctx: &Ctx,
+    st: &Arc<Stream>,
+    state: &keel_store::State,
+    consumers: &[Arc<crate::jetstream::consumer::Consumer>],
+    with_consumers: bool,
+    with_config: bool,
+) -> Value {
+    let mut d = Map::new();
+    d.insert("name".into(), st.name.clone().into());
+    d.insert("created".into(), rfc3339(st.created).into());
+    d.insert("cluster".into(), json!({"leader": ctx.server.server_name}));
+    if with_config {
+        d.insert("config".into(), st.config().to_json(false));
+    }
+    d.insert(
+        "state".into(),
+        Stream::state_json(state, consumers.len(), None, None),
+    );
+    if with_consumers && !consumers.is_empty() {
+        let list: Vec<Value> = consumers
+            .iter()
+            .map(|c| {
+                let mut info = c.info(&ctx.server, false);
+                if !with_config {
+                    info.shift_remove("config");
+                }
+                Value::Object(info)
+            })
+            .collect();
+        d.insert("consumer_detail".into(), list.into());
+    }
+    Value::Object(d)
+}
