@@ -67,6 +67,10 @@ pub struct ClientStats {
     pub in_bytes: AtomicU64,
     pub out_msgs: AtomicU64,
     pub out_bytes: AtomicU64,
+    /// Unix nanoseconds of the last bytes read from the client (monitoring).
+    pub last_activity: std::sync::atomic::AtomicI64,
+    /// Round trip of the last server PING, in nanoseconds (0 until measured).
+    pub rtt_nanos: AtomicU64,
 }
 
 /// Descriptive fields for monitoring.
@@ -280,6 +284,8 @@ struct Conn {
     pings_out: u32,
     last_in: Instant,
     rtt_known: bool,
+    /// When the outstanding server PING went out, to measure the round trip.
+    ping_sent: Option<Instant>,
 }
 
 /// Serves one accepted connection until it closes.
@@ -319,6 +325,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
         pings_out: 0,
         last_in: Instant::now(),
         rtt_known: false,
+        ping_sent: None,
         handle: handle.clone(),
         server: server.clone(),
     };
@@ -359,6 +366,10 @@ impl Conn {
                         Err(_) => return CloseReason::ReadError,
                     }
                     self.last_in = Instant::now();
+                    self.handle
+                        .stats
+                        .last_activity
+                        .store(crate::time::now_nanos(), Ordering::Relaxed);
                     let res = self.process(&mut buf);
                     if buf.is_empty() && read_size <= 1024 && buf.capacity() > 8 * 1024 {
                         // A burst is over: give its buffer back.
@@ -401,6 +412,7 @@ impl Conn {
             return Err(CloseReason::StaleConnection);
         }
         self.pings_out += 1;
+        self.ping_sent = Some(Instant::now());
         self.send_raw(encode::PING);
         Ok(())
     }
@@ -479,6 +491,12 @@ impl Conn {
                 ClientOp::Pong => {
                     self.pings_out = 0;
                     self.rtt_known = true;
+                    if let Some(sent) = self.ping_sent.take() {
+                        self.handle
+                            .stats
+                            .rtt_nanos
+                            .store(sent.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    }
                 }
                 ClientOp::Connect(json) => self.process_connect(&json)?,
                 ClientOp::Info => {}

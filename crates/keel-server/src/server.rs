@@ -25,6 +25,7 @@ pub struct Server {
     pub start: SystemTime,
     clients: Mutex<HashMap<u64, Arc<ClientHandle>>>,
     next_cid: AtomicU64,
+    total_connections: AtomicU64,
     /// Totals of connections that have gone, so server-wide counters do not go backwards.
     closed_stats: ClosedStats,
     shutdown: watch::Sender<bool>,
@@ -99,6 +100,7 @@ impl Server {
             start: SystemTime::now(),
             clients: Mutex::new(HashMap::new()),
             next_cid: AtomicU64::new(1),
+            total_connections: AtomicU64::new(0),
             closed_stats: ClosedStats::default(),
             shutdown,
             jetstream: std::sync::OnceLock::new(),
@@ -152,6 +154,7 @@ impl Server {
             return false;
         }
         clients.insert(h.id, h.clone());
+        self.total_connections.fetch_add(1, Ordering::Relaxed);
         true
     }
 
@@ -182,6 +185,11 @@ impl Server {
             .values()
             .cloned()
             .collect()
+    }
+
+    /// Client connections accepted since start.
+    pub fn total_connections(&self) -> u64 {
+        self.total_connections.load(Ordering::Relaxed)
     }
 
     pub fn num_clients(&self) -> usize {

@@ -67,6 +67,18 @@ pub struct Sublist {
     root: RwLock<Level>,
     generation: AtomicU64,
     count: AtomicUsize,
+    inserts: AtomicU64,
+    removes: AtomicU64,
+    /// Trie lookups (match-cache misses); cache hits never reach the trie.
+    matches: AtomicU64,
+}
+
+/// Counters for `/subsz`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SublistStats {
+    pub inserts: u64,
+    pub removes: u64,
+    pub matches: u64,
 }
 
 impl Sublist {
@@ -112,7 +124,16 @@ impl Sublist {
             level = node.next.get_or_insert_with(Default::default);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
+        self.inserts.fetch_add(1, Ordering::Relaxed);
         self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    pub fn stats(&self) -> SublistStats {
+        SublistStats {
+            inserts: self.inserts.load(Ordering::Relaxed),
+            removes: self.removes.load(Ordering::Relaxed),
+            matches: self.matches.load(Ordering::Relaxed),
+        }
     }
 
     /// Removes `sub` (by identity). Returns false if it was not there. Empty branches are
@@ -123,6 +144,7 @@ impl Sublist {
         let removed = remove_from(&mut root, &tokens, sub);
         if removed {
             self.count.fetch_sub(1, Ordering::Relaxed);
+            self.removes.fetch_add(1, Ordering::Relaxed);
             self.generation.fetch_add(1, Ordering::Release);
         }
         removed
@@ -135,6 +157,7 @@ impl Sublist {
         if tokens.iter().any(|t| t.is_empty()) {
             return r;
         }
+        self.matches.fetch_add(1, Ordering::Relaxed);
         let root = self.root.read().unwrap_or_else(|e| e.into_inner());
         match_level(&root, &tokens, &mut r);
         r

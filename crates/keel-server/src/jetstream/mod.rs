@@ -138,6 +138,14 @@ impl JetStream {
         self.streams_read().values().cloned().collect()
     }
 
+    /// API requests answered and how many of them were errors.
+    pub fn api_stats(&self) -> (u64, u64) {
+        (
+            self.api_total.load(Ordering::Relaxed),
+            self.api_errors.load(Ordering::Relaxed),
+        )
+    }
+
     /// Bytes used by memory and by file streams.
     pub fn usage(&self) -> (u64, u64) {
         let mut mem = 0;

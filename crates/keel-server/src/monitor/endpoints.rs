@@ -95,7 +95,7 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
                     "reserved_storage": u.reserved_storage,
                     "accounts": 1,
                     "ha_assets": 0,
-                    "api": jsz::api_json(jsz::api_level()),
+                    "api": jsz::api_json(jsz::api_level(), Some(js)),
                 },
                 "limits": {},
             })
@@ -149,9 +149,7 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         "gomaxprocs": cores,
         "cpu": cpu,
         "connections": conns,
-        // Needs a server-wide accepted-connections counter, which `Server` does not expose; the
-        // live count is a lower bound.
-        "total_connections": conns,
+        "total_connections": s.total_connections(),
         "routes": 0,
         "remotes": 0,
         "leafnodes": 0,
@@ -306,6 +304,8 @@ struct ConnRow {
     ip: String,
     port: u16,
     start: i64,
+    last_activity: i64,
+    rtt_nanos: u64,
     pending: usize,
     in_msgs: u64,
     out_msgs: u64,
@@ -332,6 +332,8 @@ impl ConnRow {
             ip: meta.addr.map(|a| a.ip().to_string()).unwrap_or_default(),
             port: meta.addr.map_or(0, |a| a.port()),
             start: meta.start.map_or(0, nanos),
+            last_activity: h.stats.last_activity.load(Ordering::Relaxed),
+            rtt_nanos: h.stats.rtt_nanos.load(Ordering::Relaxed),
             pending: h.pending_bytes(),
             in_msgs: h.stats.in_msgs.load(Ordering::Relaxed),
             out_msgs: h.stats.out_msgs.load(Ordering::Relaxed),
@@ -345,10 +347,8 @@ impl ConnRow {
         }
     }
 
-    /// keel does not record a connection's last activity yet; its start stands in, so
-    /// `last_activity`, `idle` and the `last`/`idle` sorts follow the connection's age.
     fn last_activity(&self) -> i64 {
-        self.start
+        self.last_activity.max(self.start)
     }
 }
 
@@ -440,8 +440,7 @@ pub fn connz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
             c.insert("port".into(), r.port.into());
             c.insert("start".into(), rfc3339(r.start).into());
             c.insert("last_activity".into(), rfc3339(r.last_activity()).into());
-            // Round-trip times are not measured yet.
-            c.insert("rtt".into(), "0s".into());
+            c.insert("rtt".into(), go_duration_text(r.rtt_nanos).into());
             let age = Duration::from_nanos((now_ns - r.start).max(0) as u64);
             let idle = Duration::from_nanos((now_ns - r.last_activity()).max(0) as u64);
             c.insert("uptime".into(), proc::uptime(age).into());
@@ -508,15 +507,16 @@ pub fn subsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         limit = DEFAULT_LIST_SIZE;
     }
     let count = s.sublist.count();
+    let stats = s.sublist.stats();
     let mut v = json!({
         "server_id": s.server_id,
         "now": now(),
         "num_subscriptions": count,
-        // The subject index keeps no cache or match statistics yet.
+        // Match caches are per connection; only trie lookups (cache misses) are counted.
         "num_cache": 0,
-        "num_inserts": 0,
-        "num_removes": 0,
-        "num_matches": 0,
+        "num_inserts": stats.inserts,
+        "num_removes": stats.removes,
+        "num_matches": stats.matches,
         "cache_hit_rate": 0.0,
         "max_fanout": 0,
         "avg_fanout": 0.0,
@@ -700,4 +700,20 @@ impl Reply {
             q,
         )
     }
+}
+
+/// A round trip as Go prints a duration (`464µs`, `1.2ms`, `0s`).
+fn go_duration_text(ns: u64) -> String {
+    match ns {
+        0 => "0s".into(),
+        n if n < 1_000 => format!("{n}ns"),
+        n if n < 1_000_000 => format!("{}µs", trim_float(n as f64 / 1e3)),
+        n if n < 1_000_000_000 => format!("{}ms", trim_float(n as f64 / 1e6)),
+        n => format!("{}s", trim_float(n as f64 / 1e9)),
+    }
+}
+
+fn trim_float(v: f64) -> String {
+    let s = format!("{v:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }

@@ -17,10 +17,10 @@ pub fn api_level() -> u32 {
     crate::jetstream::stream::API_LEVEL
 }
 
-/// `{level, total, errors}`. The API request counters are private to the JetStream module
-/// (`JetStream::api_total`/`api_errors`); until they are exposed this reports zeros.
-pub fn api_json(level: u32) -> Value {
-    json!({"level": level, "total": 0, "errors": 0})
+/// `{level, total, errors}` of the JetStream API.
+pub fn api_json(level: u32, js: Option<&JetStream>) -> Value {
+    let (total, errors) = js.map_or((0, 0), JetStream::api_stats);
+    json!({"level": level, "total": total, "errors": errors})
 }
 
 /// Store usage and reservations, as `$JS.API.INFO` computes them.
@@ -104,7 +104,7 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     let Some(js) = s.jetstream.get() else {
         return Ok(json!({
             "memory": 0, "storage": 0, "reserved_memory": 0, "reserved_storage": 0,
-            "accounts": 0, "ha_assets": 0, "api": api_json(0),
+            "accounts": 0, "ha_assets": 0, "api": api_json(0, None),
             "server_id": s.server_id, "now": rfc3339(now_nanos()), "disabled": true,
             "config": {"max_memory": 0, "max_storage": 0},
             "streams": 0, "consumers": 0, "messages": 0, "bytes": 0, "total": 0,
@@ -143,7 +143,7 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         "reserved_storage": usage.reserved_storage,
         "accounts": 1,
         "ha_assets": 0,
-        "api": api_json(api_level()),
+        "api": api_json(api_level(), Some(js)),
         "server_id": s.server_id,
         "now": rfc3339(now_nanos()),
         "config": config_json(js),
@@ -164,7 +164,7 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
             "reserved_storage": u64::MAX,
             "accounts": 0,
             "ha_assets": 0,
-            "api": api_json(0),
+            "api": api_json(0, None),
         });
         if streams_opt && !details.is_empty() {
             a["stream_detail"] = details.into();
