@@ -208,3 +208,57 @@ async fn damaged_segment_never_deletes_the_stream() {
         }
     }
 }
+
+/// `jetstream { max_file_store }` is a server-wide budget: a publish that would pass it is
+/// refused with the reference's error, and so is a stream reserving more than it.
+#[tokio::test]
+async fn server_store_limit_is_enforced() {
+    let server = Server::start_jetstream_with_config("jetstream { max_file_store: 4KB }\n");
+    let client = server.client().await;
+    let (_, resp) = common::json_request(
+        &client,
+        "$JS.API.STREAM.CREATE.BIG",
+        r#"{"name":"BIG","subjects":["big"],"max_bytes":1048576}"#,
+    )
+    .await;
+    let (code, err_code, _) = common::api_error(&resp);
+    assert_eq!((code, err_code), (500, 10047), "{resp}");
+
+    let js = jetstream::new(client.clone());
+    js.create_stream(jetstream::stream::Config {
+        name: "LIM".into(),
+        subjects: vec!["lim".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let payload = vec![b'x'; 200];
+    let mut refused = None;
+    for i in 0..100 {
+        let ack = js
+            .publish("lim", payload.clone().into())
+            .await
+            .unwrap()
+            .await;
+        if let Err(e) = ack {
+            refused = Some((i, e.to_string()));
+            break;
+        }
+    }
+    let (i, text) = refused.expect("a publish past the limit is refused");
+    assert!(i > 5 && i < 30, "refused after {i} messages");
+    assert!(
+        text.contains("insufficient") || text.contains("10047"),
+        "{text}"
+    );
+    let info = js
+        .get_stream("LIM")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .clone();
+    // Like the reference: the message that crosses the limit is taken, the next refused.
+    assert!(info.state.bytes < 4096 + 300, "{:?}", info.state);
+}

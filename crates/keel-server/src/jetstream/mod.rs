@@ -138,6 +138,29 @@ impl JetStream {
         self.streams_read().values().cloned().collect()
     }
 
+    /// How many bytes `stream` may hold under the server-wide memory or file store limit
+    /// (`jetstream { max_memory_store, max_file_store }`), or None when unlimited.
+    pub fn store_budget(&self, stream: &Stream) -> Option<u64> {
+        let memory = stream.config().storage == StorageType::Memory;
+        let limit = if memory {
+            self.max_memory
+        } else {
+            self.max_store
+        };
+        if limit < 0 {
+            return None;
+        }
+        let others: u64 = self
+            .streams()
+            .iter()
+            .filter(|s| {
+                s.name != stream.name && (s.config().storage == StorageType::Memory) == memory
+            })
+            .map(|s| s.bytes.load(Ordering::Relaxed))
+            .sum();
+        Some((limit as u64).saturating_sub(others))
+    }
+
     /// API requests answered and how many of them were errors.
     pub fn api_stats(&self) -> (u64, u64) {
         (

@@ -662,7 +662,8 @@ impl Stream {
 
     /// Stores a batch and returns the ack for each message that asked for one. With
     /// sync-always the acks are only produced after the batch is on disk.
-    fn process_batch(&self, batch: &mut Vec<InMsg>) -> Vec<(Bytes, Vec<u8>)> {
+    /// `budget`: bytes this stream may still add under the server-wide store limit.
+    fn process_batch(&self, batch: &mut Vec<InMsg>, budget: Option<u64>) -> Vec<(Bytes, Vec<u8>)> {
         // Interest retention keeps a message only while some consumer wants its subject.
         let interest: Option<Vec<Vec<String>>> = (self.config().retention == Retention::Interest)
             .then(|| {
@@ -675,7 +676,18 @@ impl Stream {
         let mut results = Vec::with_capacity(batch.len());
         let mut stored_any = false;
         for m in batch.drain(..) {
-            let r = inner.process(&m);
+            let r = match budget {
+                // As the reference: refused once usage has reached the limit (the message
+                // that crosses it is still taken).
+                Some(b) if inner.store.state().bytes >= b => {
+                    PubResult::Error(if inner.store_is_memory() {
+                        ApiError::insufficient_memory()
+                    } else {
+                        ApiError::insufficient_storage()
+                    })
+                }
+                _ => inner.process(&m),
+            };
             if let (PubResult::Stored(seq), Some(filters)) = (&r, &interest) {
                 let wanted = filters.iter().any(|f| {
                     f.is_empty() || f.iter().any(|p| subject::matches(p.as_bytes(), &m.subject))
@@ -953,10 +965,14 @@ async fn publish_loop(
             }
         }
         // The fsync blocks; let tokio move other work off this thread meanwhile.
+        let budget = server
+            .jetstream
+            .get()
+            .and_then(|js| js.store_budget(&stream));
         let acks = if stream.sync_always && !stream.lock().store_is_memory() {
-            tokio::task::block_in_place(|| stream.process_batch(&mut batch))
+            tokio::task::block_in_place(|| stream.process_batch(&mut batch, budget))
         } else {
-            stream.process_batch(&mut batch)
+            stream.process_batch(&mut batch, budget)
         };
         for c in stream.consumer_list() {
             c.notify();

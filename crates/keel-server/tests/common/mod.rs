@@ -147,6 +147,11 @@ impl Server {
         Server::launch(None, true)
     }
 
+    /// JetStream (`-js -sd <tempdir>/store`) plus a configuration file.
+    pub fn start_jetstream_with_config(conf: &str) -> Server {
+        Server::launch(Some(conf), true)
+    }
+
     fn launch(conf: Option<&str>, jetstream: bool) -> Server {
         let mut last_error = String::new();
         for _ in 0..STARTUP_ATTEMPTS {
