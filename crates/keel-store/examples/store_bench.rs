@@ -9,8 +9,14 @@ use std::time::Instant;
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let base = PathBuf::from(args.next().unwrap_or_else(|| "/tmp/keel-store-bench".into()));
-    let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
+    let base = PathBuf::from(
+        args.next()
+            .unwrap_or_else(|| "/tmp/keel-store-bench".into()),
+    );
+    let n: u64 = args
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
     let _ = std::fs::remove_dir_all(&base);
     let payload = vec![b'x'; 128];
     let subjects: Vec<String> = (0..100).map(|i| format!("orders.region{i}")).collect();
@@ -20,8 +26,13 @@ fn main() {
     let (mut s, _) = FileStore::open(&dir, Limits::default()).unwrap();
     let t = Instant::now();
     for i in 0..n {
-        s.store_msg(subjects[(i % 100) as usize].as_bytes(), b"", &payload, i as i64)
-            .unwrap();
+        s.store_msg(
+            subjects[(i % 100) as usize].as_bytes(),
+            b"",
+            &payload,
+            i as i64,
+        )
+        .unwrap();
         if i % 100 == 99 {
             s.sync().unwrap();
         }
@@ -40,8 +51,13 @@ fn main() {
     let (mut s2, _) = FileStore::open(&dir2, Limits::default()).unwrap();
     let t = Instant::now();
     for i in 0..n {
-        s2.store_msg(subjects[(i % 100) as usize].as_bytes(), b"", &payload, i as i64)
-            .unwrap();
+        s2.store_msg(
+            subjects[(i % 100) as usize].as_bytes(),
+            b"",
+            &payload,
+            i as i64,
+        )
+        .unwrap();
     }
     let el = t.elapsed();
     println!(

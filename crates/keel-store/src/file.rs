@@ -1,21 +1,28 @@
-//! The file store: append-only segment files of checksummed records, an in-memory index
-//! (the shared `index::Core` with each slot pointing at its record), and a saved copy of
-//! that index written by `close` so a clean restart does not rescan every record.
+//! The file store: append-only segment files of checksummed records (see `record`), an
+//! in-memory index (the shared `index::Core`, each slot pointing at its record), and a
+//! saved copy of that index written by `close` so a clean restart does not rescan.
 //!
-//! Durability rules, which the fault-injection tests check:
+//! Durability rules, which the fault-injection tests (`tests/crash.rs`) check:
 //! - A message is durable once `sync` returns: `sync` flushes the write buffer, fdatasyncs
 //!   every segment written since the last sync, then fsyncs the directory if a segment was
-//!   created or removed. Nothing in `store_msg` waits for the disk (group commit).
-//! - Removals are records too. An interior removal appends a tombstone. Removals at the
-//!   front of the stream (limits, expiry, purge) are covered instead by one "marker" record
-//!   ("everything below N is gone"), written at the next `sync`, so a stream at its limits
-//!   writes one small record per sync rather than one per discarded message.
-//! - A segment file is deleted (at `sync`) once none of its messages is live and never
-//!   while the records that keep its removals removed could be lost: the marker is synced
-//!   first, and an interior segment's tombstones for still-existing older segments are
-//!   re-appended (and synced) before it is unlinked.
-//! - Recovery replays records in append order (segment id, then offset); a torn tail is
-//!   truncated, a damaged record elsewhere is skipped and reported, never served.
+//!   created or removed. `store_msg` never waits for the disk (group commit).
+//! - Removals are records too. An interior removal appends a tombstone (carrying the
+//!   message's timestamp). Removals at the front (limits, expiry, purge) are covered by one
+//!   marker record, "everything below N is gone, last_seq is L", written at the next
+//!   `sync`: a stream at its limits writes one small record per sync, not one per discard.
+//! - A segment file is deleted at `sync` once none of its messages is live, and only after
+//!   what keeps its removals removed is durable, directory entry included: a fresh marker
+//!   (which also preserves last_seq, so sequences are never reused), and re-appended
+//!   tombstones it held for messages of older, surviving segments.
+//! - Erase writes a tombstone and syncs before overwriting the record in place, so a torn
+//!   overwrite reads as a removed message at recovery, never as a lost one; the first
+//!   erase after opening from a saved index also retires that index, since the index would
+//!   call an overwritten record live.
+//! - Recovery replays records in append order (segment id, then offset). With a valid saved
+//!   index it loads the index and replays only what was appended after it (it checks the
+//!   last covered record of every segment). A record that fails its checksum at the end of
+//!   a segment is a torn tail and is cut off; elsewhere it is skipped, reported, and never
+//!   served. Opening never fails or panics because of file content.
 
 use crate::index::{Core, Payload};
 use crate::io::{Fs, FsFile, StdFs};
@@ -79,6 +86,11 @@ pub(crate) struct Loc {
 }
 
 const HDR_FLAG: u32 = 1 << 31;
+
+#[cfg(test)]
+pub(crate) fn slot_size() -> usize {
+    std::mem::size_of::<crate::index::Slot<Loc>>()
+}
 
 impl Loc {
     fn len(&self) -> usize {
@@ -147,6 +159,11 @@ pub struct FileStore {
     /// Highest marker written: everything below is gone on disk.
     marker: u64,
     dir_dirty: bool,
+    /// Ids of segments written since the last sync (the fdatasync list), and of segments
+    /// whose last live message went (deletion candidates), so `sync` never walks every
+    /// segment of a large stream.
+    dirty: Vec<u32>,
+    emptied: Vec<u32>,
     failed: Option<String>,
     closed: bool,
     /// Damaged records: found at recovery or when a read failed its checksum.
@@ -229,15 +246,30 @@ impl FileStore {
         })
     }
 
-    /// Could a segment still on disk hold a record for `seq`? Conservative: a damaged
-    /// record's sequence is outside every recovered range but still in a file.
-    fn may_hold(&self, seq: u64) -> bool {
-        self.segs.last().is_some_and(|s| seq <= s.last)
-    }
-
     fn seg_idx(&self, seq: u64) -> Option<usize> {
         let i = self.segs.partition_point(|s| s.last < seq);
         (i < self.segs.len() && self.segs[i].first <= seq).then_some(i)
+    }
+
+    fn seg_by_id(&self, id: u32) -> Option<usize> {
+        self.segs.binary_search_by_key(&id, |s| s.id).ok()
+    }
+
+    fn mark_dirty(&mut self, i: usize) {
+        let s = &mut self.segs[i];
+        if !s.dirty {
+            s.dirty = true;
+            self.dirty.push(s.id);
+        }
+    }
+
+    /// One message of segment `i` went.
+    fn dec_live(&mut self, i: usize) {
+        let s = &mut self.segs[i];
+        s.live -= 1;
+        if s.live == 0 {
+            self.emptied.push(s.id);
+        }
     }
 
     fn active_len(&self) -> u64 {
@@ -248,17 +280,25 @@ impl FileStore {
         if self.wbuf.is_empty() {
             return Ok(());
         }
-        let s = self.segs.last_mut().expect("active segment");
+        let i = self.segs.len() - 1;
+        let s = &mut self.segs[i];
         s.file.write_at(&self.wbuf, s.flushed)?;
         s.flushed += self.wbuf.len() as u64;
-        s.dirty = true;
         self.wbuf.clear();
+        self.mark_dirty(i);
         Ok(())
     }
 
     /// Starts a new active segment. The previous one is left for `sync` to fdatasync.
     fn roll(&mut self) -> io::Result<()> {
         self.flush_wbuf()?;
+        // A segment that ends up holding no live message (only tombstones or markers, or
+        // everything already removed) becomes a deletion candidate once it is not active.
+        if let Some(s) = self.segs.last() {
+            if s.live == 0 {
+                self.emptied.push(s.id);
+            }
+        }
         let id = self.segs.last().map_or(1, |s| s.id + 1);
         let mut file = self.fs.open(&self.path(&seg_name(id)), true)?;
         if file.len()? != 0 {
@@ -274,7 +314,7 @@ impl FileStore {
             last: base,
             live: 0,
             ext_tombs: Vec::new(),
-            dirty: true,
+            dirty: false,
             last_rec: None,
         });
         self.dir_dirty = true;
@@ -283,7 +323,6 @@ impl FileStore {
 
     /// Appends one record to the active segment (rolling first if it would overflow).
     /// Returns the segment index and the record's location.
-    #[allow(clippy::too_many_arguments)]
     fn append(
         &mut self,
         kind: Kind,
@@ -301,9 +340,8 @@ impl FileStore {
         let idx = self.segs.len() - 1;
         let off = self.active_len();
         let crc = record::encode(&mut self.wbuf, kind, seq, ts, subj, hdr, data);
-        let s = &mut self.segs[idx];
-        s.last_rec = Some((off, crc));
-        s.dirty = true;
+        self.segs[idx].last_rec = Some((off, crc));
+        self.mark_dirty(idx);
         if self.wbuf.len() >= self.cfg.write_buffer {
             self.flush_wbuf()?;
         }
@@ -322,8 +360,9 @@ impl FileStore {
     /// and last_ts (a sequence once used must never be handed out again).
     fn write_tomb(&mut self, target: u64, ts: i64) -> io::Result<()> {
         let (idx, _) = self.append(Kind::Tomb, target, ts, b"", b"", b"")?;
-        if self.seg_idx(target).is_some_and(|t| t != idx) {
-            self.segs[idx].ext_tombs.push((target, ts));
+        let s = &mut self.segs[idx];
+        if !s.has_msgs() || target < s.first {
+            s.ext_tombs.push((target, ts));
         }
         Ok(())
     }
@@ -335,6 +374,7 @@ impl FileStore {
             for s in &mut self.segs {
                 s.live = 0;
                 s.ext_tombs.clear();
+                self.emptied.push(s.id);
             }
             // Everything is gone: start a fresh segment so every old one can be deleted
             // at the next sync, once the marker recording the new first sequence is down.
@@ -349,7 +389,7 @@ impl FileStore {
         let mut r = Ok(());
         for &(seq, ts, _) in &removed {
             if let Some(i) = self.seg_idx(seq) {
-                self.segs[i].live -= 1;
+                self.dec_live(i);
             }
             // Below first_seq the next marker covers it.
             if seq >= self.core.first_seq {
@@ -373,10 +413,22 @@ impl FileStore {
     }
 
     fn do_sync(&mut self) -> io::Result<()> {
-        let n = self.segs.len();
-        let dead: Vec<usize> = (0..n.saturating_sub(1))
-            .filter(|&i| self.segs[i].live == 0)
-            .collect();
+        // Deletion candidates: emptied, still empty, and not the active segment (which
+        // stays a candidate until a newer one takes over).
+        let active = self.segs.last().map(|s| s.id);
+        let mut ids = std::mem::take(&mut self.emptied);
+        ids.sort_unstable();
+        ids.dedup();
+        let mut dead = Vec::new();
+        for id in ids {
+            if Some(id) == active {
+                self.emptied.push(id);
+            } else if let Some(i) = self.seg_by_id(id) {
+                if self.segs[i].live == 0 {
+                    dead.push(i);
+                }
+            }
+        }
         // A marker is only news once something below first_seq existed, or for the
         // "purged before first use" state (first 1, last 0) that a scan could not infer.
         // Before deleting segments it is written regardless: the latest marker may sit in a
@@ -391,7 +443,9 @@ impl FileStore {
             let mut again = Vec::new();
             for &i in &dead {
                 for &(t, ts) in &self.segs[i].ext_tombs {
-                    if t >= self.marker && self.may_hold(t) && self.core.slots.get(t).is_none()
+                    if t >= self.marker
+                        && self.seg_idx(t).is_some()
+                        && self.core.slots.get(t).is_none()
                     {
                         again.push((t, ts));
                     }
@@ -402,9 +456,13 @@ impl FileStore {
             }
         }
         self.flush_wbuf()?;
-        for s in &mut self.segs {
-            if s.dirty {
-                s.file.sync()?;
+        for id in std::mem::take(&mut self.dirty) {
+            if let Some(i) = self.seg_by_id(id) {
+                let s = &mut self.segs[i];
+                if let Err(e) = s.file.sync() {
+                    self.dirty.push(id);
+                    return Err(e);
+                }
                 s.dirty = false;
             }
         }
@@ -423,10 +481,15 @@ impl FileStore {
                 self.fs.remove(&path)?;
             }
             self.dir_dirty = true;
-            // Tombstones below the marker are moot now.
+            // Tombstones below the marker or for deleted segments are moot now.
+            let ranges: Vec<(u64, u64)> = self.segs.iter().map(|s| (s.first, s.last)).collect();
             let marker = self.marker;
+            let exists = |t: u64| {
+                let i = ranges.partition_point(|r| r.1 < t);
+                i < ranges.len() && ranges[i].0 <= t
+            };
             for s in &mut self.segs {
-                s.ext_tombs.retain(|&(t, _)| t >= marker);
+                s.ext_tombs.retain(|&(t, _)| t >= marker && exists(t));
             }
         }
         if self.dir_dirty {
@@ -529,12 +592,12 @@ impl FileStore {
             }
         };
         s.file.write_at(&buf, off)?;
-        s.dirty = true;
         if let (Some(c), Some((lo, _))) = (crc, s.last_rec) {
             if lo == off {
                 s.last_rec = Some((off, c));
             }
         }
+        self.mark_dirty(i);
         Ok(())
     }
 
@@ -675,7 +738,7 @@ impl Store for FileStore {
                 // reads as a removed message at recovery, never as a lost one.
                 self.core.removed.clear();
                 if let Some(i) = self.seg_idx(seq) {
-                    self.segs[i].live -= 1;
+                    self.dec_live(i);
                 }
                 self.write_tomb(seq, ts)?;
                 self.do_sync()?;
@@ -908,12 +971,15 @@ struct Replay {
     max_msg: (u64, i64),
     /// Highest last_seq a marker recorded, and the last_ts with it.
     marker_last: (u64, i64),
-    /// Damaged records' sequences and sizes: confirmed, and awaiting the next good message
-    /// (a plausible damaged sequence lies between its good neighbours). A later tombstone
-    /// or marker for the sequence means the damage hit a removed message (a torn erase):
-    /// not a loss.
-    lost: Vec<(u64, u64)>,
-    pending: Vec<(u64, u64)>,
+    /// Damaged records with a readable sequence: confirmed, and awaiting the next good
+    /// message (a plausible damaged sequence lies between its good neighbours). A later
+    /// tombstone or marker for the sequence means the damage hit a removed message (a torn
+    /// erase): not a loss.
+    lost: Vec<Damaged>,
+    pending: Vec<Damaged>,
+    /// (segment id, sequence) of plausible damaged records: the segment still holds that
+    /// sequence, so its range must cover it (tombstones for it stay needed).
+    holds: Vec<(u32, u64)>,
     /// Damaged bytes with no plausible sequence.
     lost_bytes: u64,
     damaged_bytes: u64,
@@ -922,13 +988,31 @@ struct Replay {
     corrupt: u64,
 }
 
+#[derive(Clone, Copy)]
+struct Damaged {
+    seq: u64,
+    bytes: u64,
+    seg: u32,
+    removed: bool,
+}
+
 impl Replay {
     fn confirm(&mut self, next_good: u64) {
-        for (s, n) in std::mem::take(&mut self.pending) {
-            if s < next_good {
-                self.lost.push((s, n));
+        for d in std::mem::take(&mut self.pending) {
+            if d.seq < next_good {
+                self.holds.push((d.seg, d.seq));
+                self.lost.push(d);
             } else {
-                self.lost_bytes += n;
+                self.lost_bytes += d.bytes;
+            }
+        }
+    }
+
+    /// A tombstone or marker covers damaged records of removed messages.
+    fn removed(&mut self, pred: impl Fn(u64) -> bool) {
+        for d in self.lost.iter_mut().chain(self.pending.iter_mut()) {
+            if pred(d.seq) {
+                d.removed = true;
             }
         }
     }
@@ -965,8 +1049,7 @@ impl Replay {
                 if !seg.has_msgs() || t < seg.first {
                     seg.ext_tombs.push((t, r.ts));
                 }
-                self.lost.retain(|&(s, _)| s != t);
-                self.pending.retain(|&(s, _)| s != t);
+                self.removed(|s| s == t);
             }
             Kind::Marker => {
                 let m = r.seq;
@@ -983,8 +1066,7 @@ impl Replay {
                         self.marker_last = (last, r.ts);
                     }
                 }
-                self.lost.retain(|&(s, _)| s >= m);
-                self.pending.retain(|&(s, _)| s >= m);
+                self.removed(|s| s < m);
             }
         }
         self.core.removed.clear();
@@ -1008,7 +1090,12 @@ impl Replay {
                     self.damaged_bytes += n;
                     match record::damaged_seq(&data[o..]) {
                         Some(s) if s > self.max_msg.0 && s >= self.marker => {
-                            self.pending.push((s, n))
+                            self.pending.push(Damaged {
+                                seq: s,
+                                bytes: n,
+                                seg: seg.id,
+                                removed: false,
+                            })
                         }
                         _ => self.lost_bytes += n,
                     }
@@ -1077,6 +1164,7 @@ fn recover(
         marker_last: (0, 0),
         lost: Vec::new(),
         pending: Vec::new(),
+        holds: Vec::new(),
         lost_bytes: 0,
         damaged_bytes: 0,
         records: 0,
@@ -1143,7 +1231,22 @@ fn recover(
     } else {
         rp.marker_last
     };
-    rp.confirm(u64::MAX);
+    // Damaged records after the last good message are plausible up to last_seq.
+    rp.confirm(ls + 1);
+    for &(id, seq) in &rp.holds {
+        if let Some(s) = segs.iter_mut().find(|s| s.id == id) {
+            s.note_msg(seq);
+        }
+    }
+    // Keep `last` monotonic across segments (empty ones sit just above their predecessor).
+    let mut prev = 0;
+    for s in &mut segs {
+        if !s.has_msgs() {
+            s.first = prev + 1;
+            s.last = prev;
+        }
+        prev = s.last;
+    }
     let c = &mut rp.core;
     c.last_seq = ls;
     c.last_ts = lts;
@@ -1165,11 +1268,14 @@ fn recover(
         };
     }
     let mut lost: BTreeSet<u64> = saved_lost.0.into_iter().collect();
-    for (s, n) in std::mem::take(&mut rp.lost) {
-        if s <= ls && c.slots.get(s).is_none() {
-            lost.insert(s);
+    for d in std::mem::take(&mut rp.lost) {
+        if d.removed {
+            continue;
         }
-        rp.lost_bytes += n;
+        if c.slots.get(d.seq).is_none() {
+            lost.insert(d.seq);
+        }
+        rp.lost_bytes += d.bytes;
     }
     rep.records_scanned = rp.records;
     rep.torn_bytes = rp.torn;
@@ -1177,6 +1283,7 @@ fn recover(
     rep.corrupt_bytes = rp.damaged_bytes;
     rep.corrupt_seqs = lost.iter().copied().collect();
 
+    let emptied = segs.iter().filter(|s| s.live == 0).map(|s| s.id).collect();
     let mut store = FileStore {
         fs,
         dir: dir.to_path_buf(),
@@ -1186,6 +1293,8 @@ fn recover(
         wbuf: Vec::new(),
         marker: rp.marker,
         dir_dirty: false,
+        dirty: Vec::new(),
+        emptied,
         failed: None,
         closed: false,
         lost: RefCell::new((lost, saved_lost.1 + rp.lost_bytes)),

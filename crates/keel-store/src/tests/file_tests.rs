@@ -2,10 +2,12 @@
 //! full scan, process crash), damage handling, and equivalence with the memory store.
 
 use super::model::*;
+use super::sim::SimFs;
 use crate::*;
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 pub(crate) struct TempDir(pub PathBuf);
 
@@ -79,7 +81,8 @@ fn restart_with_and_without_index_gives_same_state() {
         put(&mut s, subj, &payload(1, (i % 50) as usize, i));
     }
     for i in (5..2000).step_by(7) {
-        s.remove(i, i % 2 == 0).unwrap();
+        // Erase syncs (its tombstone must be durable first): only a few.
+        s.remove(i, i % 100 == 5).unwrap();
     }
     s.purge(&Purge {
         filter: Some("d".into()),
@@ -344,7 +347,7 @@ fn erase_overwrites_bytes() {
 #[test]
 fn garbage_files_never_panic() {
     let mut rng = 42u64;
-    for case in 0..200 {
+    for case in 0..100 {
         let d = TempDir::new();
         std::fs::create_dir_all(&d.0).unwrap();
         let mut next = || {
@@ -375,6 +378,15 @@ fn garbage_files_never_panic() {
 }
 
 #[test]
+fn stores_are_send_and_slots_are_compact() {
+    fn send<T: Send>() {}
+    send::<FileStore>();
+    send::<MemStore>();
+    // The per-message index entry of the file store: offset, length, subject id, ts.
+    assert_eq!(crate::file::slot_size(), 20);
+}
+
+#[test]
 fn destroy_removes_directory() {
     let d = TempDir::new();
     let (mut s, _) = open(&d.0, Limits::default());
@@ -383,8 +395,27 @@ fn destroy_removes_directory() {
     assert!(!d.0.exists());
 }
 
-fn run_ops(dir: &Path, limits: Limits, ops: &[Op]) {
-    let mut s = Some(open(dir, limits.clone()).0);
+/// Opens a file store either on the real filesystem or on the in-memory simulator (which
+/// makes the model comparisons fast: no fsync).
+#[derive(Clone)]
+enum Where {
+    Disk(PathBuf),
+    Sim(SimFs),
+}
+
+impl Where {
+    fn open(&self, l: Limits) -> (FileStore, RecoveryReport) {
+        match self {
+            Where::Disk(d) => open(d, l),
+            Where::Sim(fs) => {
+                FileStore::open_fs(Arc::new(fs.clone()), Path::new("/s"), l, small()).unwrap()
+            }
+        }
+    }
+}
+
+fn run_ops(at: &Where, limits: Limits, ops: &[Op]) {
+    let mut s = Some(at.open(limits.clone()).0);
     let mut m = Model::new(limits, file_msg_size);
     for (i, op) in ops.iter().enumerate() {
         if let Op::Reopen = op {
@@ -397,7 +428,7 @@ fn run_ops(dir: &Path, limits: Limits, ops: &[Op]) {
                 st.sync().unwrap();
                 st.crash();
             }
-            let (st, rep) = open(dir, m.limits.clone());
+            let (st, rep) = at.open(m.limits.clone());
             if i % 2 == 0 {
                 assert!(rep.used_index, "{rep:?}");
             }
@@ -410,70 +441,149 @@ fn run_ops(dir: &Path, limits: Limits, ops: &[Op]) {
     }
 }
 
+fn compare_mem_and_file(at: &Where, limits: Limits, ops: &[Op]) {
+    let mut limits = limits;
+    limits.max_bytes = -1;
+    let mut f = at.open(limits.clone()).0;
+    let mut m = MemStore::new(limits);
+    for (i, op) in ops.iter().enumerate() {
+        // Drive both through the same op; compare results pairwise.
+        match op {
+            Op::Store {
+                subj,
+                hdr,
+                data,
+                ts,
+            } => {
+                let h = hdr_bytes(*hdr, i as u64);
+                let p = payload(*subj as u8, *data, i as u64);
+                let a = f.store_msg(SUBJECTS[*subj].as_bytes(), &h, &p, *ts);
+                let b = m.store_msg(SUBJECTS[*subj].as_bytes(), &h, &p, *ts);
+                assert_eq!(a, b);
+            }
+            Op::Remove { seq, erase } => {
+                assert_eq!(f.remove(*seq, *erase), m.remove(*seq, *erase))
+            }
+            Op::Purge(p) => assert_eq!(f.purge(p), m.purge(p)),
+            Op::Expire(now) => assert_eq!(f.expire(*now), m.expire(*now)),
+            Op::SetLimits(l) => {
+                let mut l = l.clone();
+                l.max_bytes = -1;
+                assert_eq!(f.set_limits(l.clone()), m.set_limits(l));
+            }
+            Op::Sync => f.sync().unwrap(),
+            Op::Reopen => {
+                let limits = f.core_limits();
+                f.close().unwrap();
+                drop(f);
+                f = at.open(limits).0;
+            }
+        }
+        let (mut a, mut b) = (f.state(), m.state());
+        a.bytes = 0;
+        b.bytes = 0;
+        assert_eq!(a, b);
+        assert_eq!(f.deleted(), m.deleted());
+        for flt in FILTERS {
+            assert_eq!(f.subjects(flt), m.subjects(flt));
+            assert_eq!(f.load_last(flt), m.load_last(flt));
+            for start in [0u64, 3, 10, 25] {
+                assert_eq!(f.load_next(start, flt), m.load_next(start, flt));
+                assert_eq!(
+                    f.num_pending(start, flt, false),
+                    m.num_pending(start, flt, false)
+                );
+                assert_eq!(
+                    f.num_pending(start, flt, true),
+                    m.num_pending(start, flt, true)
+                );
+            }
+        }
+        let last = m.state().last_seq;
+        for q in 0..=last + 1 {
+            assert_eq!(f.load(q), m.load(q));
+        }
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(300), ..ProptestConfig::default() })]
 
     #[test]
-    fn file_store_matches_model(limits in arb_limits(), ops in prop::collection::vec(arb_op(true), 1..80)) {
-        let d = TempDir::new();
-        run_ops(&d.0, limits, &ops);
+    fn file_store_matches_model(limits in arb_limits(), ops in prop::collection::vec(arb_op(true), 1..100)) {
+        run_ops(&Where::Sim(SimFs::new(0)), limits, &ops);
     }
 
     /// The same operations on both stores give the same answers (bytes aside: the two
     /// account differently, so max_bytes stays off).
     #[test]
     fn mem_and_file_agree(limits in arb_limits(), ops in prop::collection::vec(arb_op(false), 1..120)) {
-        let mut limits = limits;
-        limits.max_bytes = -1;
+        compare_mem_and_file(&Where::Sim(SimFs::new(0)), limits, &ops);
+    }
+}
+
+proptest! {
+    // The same on the real filesystem, fewer cases (every sync is an fsync).
+    #![proptest_config(ProptestConfig { cases: cases(24), ..ProptestConfig::default() })]
+
+    #[test]
+    fn file_store_matches_model_on_disk(limits in arb_limits(), ops in prop::collection::vec(arb_op(true), 1..80)) {
         let d = TempDir::new();
-        let mut f = open(&d.0, limits.clone()).0;
-        let mut m = MemStore::new(limits);
-        for (i, op) in ops.iter().enumerate() {
-            let mut model = Model::new(Limits::default(), file_msg_size);
-            // Drive both through the same op; compare results pairwise.
-            match op {
-                Op::Store { subj, hdr, data, ts } => {
-                    let h = hdr_bytes(*hdr, i as u64);
-                    let p = payload(*subj as u8, *data, i as u64);
-                    let a = f.store_msg(SUBJECTS[*subj].as_bytes(), &h, &p, *ts);
-                    let b = m.store_msg(SUBJECTS[*subj].as_bytes(), &h, &p, *ts);
-                    prop_assert_eq!(a, b);
-                }
-                Op::Remove { seq, erase } => prop_assert_eq!(f.remove(*seq, *erase), m.remove(*seq, *erase)),
-                Op::Purge(p) => prop_assert_eq!(f.purge(p), m.purge(p)),
-                Op::Expire(now) => prop_assert_eq!(f.expire(*now), m.expire(*now)),
-                Op::SetLimits(l) => {
-                    let mut l = l.clone();
-                    l.max_bytes = -1;
-                    prop_assert_eq!(f.set_limits(l.clone()), m.set_limits(l));
-                }
-                Op::Sync => f.sync().unwrap(),
-                Op::Reopen => {
-                    let limits = f.core_limits();
-                    f.close().unwrap();
-                    drop(f);
-                    f = open(&d.0, limits).0;
-                }
-            }
-            let _ = &mut model;
-            let (mut a, mut b) = (f.state(), m.state());
-            a.bytes = 0;
-            b.bytes = 0;
-            prop_assert_eq!(a, b);
-            prop_assert_eq!(f.deleted(), m.deleted());
-            for flt in FILTERS {
-                prop_assert_eq!(f.subjects(flt), m.subjects(flt));
-                prop_assert_eq!(f.load_last(flt), m.load_last(flt));
-                for start in [0u64, 3, 10, 25] {
-                    prop_assert_eq!(f.load_next(start, flt), m.load_next(start, flt));
-                    prop_assert_eq!(f.num_pending(start, flt, false), m.num_pending(start, flt, false));
-                    prop_assert_eq!(f.num_pending(start, flt, true), m.num_pending(start, flt, true));
-                }
-            }
-            let last = m.state().last_seq;
-            for q in 0..=last + 1 {
-                prop_assert_eq!(f.load(q), m.load(q));
-            }
+        run_ops(&Where::Disk(d.0.clone()), limits, &ops);
+    }
+
+    #[test]
+    fn mem_and_file_agree_on_disk(limits in arb_limits(), ops in prop::collection::vec(arb_op(false), 1..80)) {
+        let d = TempDir::new();
+        compare_mem_and_file(&Where::Disk(d.0.clone()), limits, &ops);
+    }
+}
+
+#[test]
+fn disk_use_stays_bounded_under_churn() {
+    // Discard-old at 100 messages, random interior removals and purges, a sync every few
+    // appends, and restarts: the files must track the live data, not the history.
+    let sim = SimFs::new(7);
+    let at = Where::Sim(sim.clone());
+    let limits = Limits {
+        max_msgs: 100,
+        ..Default::default()
+    };
+    let mut s = at.open(limits.clone()).0;
+    let mut rng = super::sim::Rng(99);
+    for i in 0..30_000u64 {
+        let subj = SUBJECTS[rng.below(SUBJECTS.len() as u64) as usize];
+        s.store_msg(subj.as_bytes(), b"", &payload(1, 100, i), 0)
+            .unwrap();
+        if rng.chance(3) {
+            let st = s.state();
+            let q = st.first_seq + rng.below(st.last_seq - st.first_seq + 1);
+            s.remove(q, rng.chance(50)).unwrap();
+        }
+        if rng.chance(500) {
+            s.purge(&Purge {
+                filter: Some("a.*".into()),
+                ..Default::default()
+            })
+            .unwrap();
+        }
+        if i % 7 == 0 {
+            s.sync().unwrap();
+        }
+        if i % 5000 == 4999 {
+            s.close().unwrap();
+            drop(s);
+            s = at.open(limits.clone()).0;
         }
     }
+    s.sync().unwrap();
+    let total: usize = sim
+        .dump()
+        .iter()
+        .filter(|(p, _)| p.extension().is_some_and(|e| e == "seg"))
+        .map(|(_, d)| d.len())
+        .sum();
+    // ~100 live messages of ~150 bytes in 4 KiB segments, plus tombstones and markers.
+    assert!(total < 64 * 1024, "{total} bytes on disk");
+    assert!(s.segment_count() < 20, "{} segments", s.segment_count());
 }

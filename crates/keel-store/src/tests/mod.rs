@@ -27,7 +27,7 @@ mod mem_model {
     use proptest::prelude::*;
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: cases(256), ..ProptestConfig::default() })]
         #[test]
         fn mem_store_matches_model(limits in arb_limits(), ops in prop::collection::vec(arb_op(true), 1..80)) {
             let mut s = MemStore::new(limits.clone());

@@ -304,6 +304,14 @@ impl Model {
     }
 }
 
+/// Proptest case count: `PROPTEST_CASES` when set (for long runs), else `default`.
+pub(crate) fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// One step of a random workload.
 #[derive(Debug, Clone)]
 pub(crate) enum Op {
