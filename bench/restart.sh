@@ -22,55 +22,60 @@ start() { # bin store port
   PID=$!
 }
 
-# Seconds (float) until the stream reports N messages.
-wait_ready() { # port
-  python3 - "$1" "$N" <<'EOF'
-import asyncio, sys, time
+# Starts the server and prints seconds from exec until STREAM.INFO shows all N messages
+# (the Python side is fully loaded before the clock starts), then the server's pid.
+restart_timed() { # bin store port
+  python3 - "$1" "$2" "$3" "$N" "$WORK/log" <<'EOF'
+import asyncio, socket, subprocess, sys, time
 import nats
-port, n = int(sys.argv[1]), int(sys.argv[2])
+binary, store, port, n, log = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+t0 = time.monotonic()
+proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", store],
+                        stdout=open(log, "w"), stderr=subprocess.STDOUT)
+while True:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+        break
+    except OSError:
+        time.sleep(0.001)
 async def main():
-    t0 = time.monotonic()
+    nc = await nats.connect(f"nats://127.0.0.1:{port}", allow_reconnect=False)
+    js = nc.jetstream(timeout=2)
     while True:
         try:
-            nc = await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=0.2,
-                                    allow_reconnect=False, max_reconnect_attempts=0)
-            js = nc.jetstream(timeout=1)
-            while True:
-                try:
-                    si = await js.stream_info("RESTART")
-                    if si.state.messages >= n:
-                        print(f"{time.monotonic() - t0:.3f}")
-                        await nc.close()
-                        return
-                except Exception:
-                    pass
-                await asyncio.sleep(0.005)
+            si = await js.stream_info("RESTART")
+            if si.state.messages >= n:
+                print(f"{time.monotonic() - t0:.3f} {proc.pid}")
+                await nc.close()
+                return
         except Exception:
-            await asyncio.sleep(0.005)
+            pass
+        await asyncio.sleep(0.001)
 asyncio.run(main())
 EOF
+}
+
+wait_port() { # port
+  until python3 -c "import socket;socket.create_connection(('127.0.0.1',$1),0.1)" 2>/dev/null; do sleep 0.01; done
 }
 
 run() { # name bin
   local name=$1 bin=$2 store="$WORK/$1-store" port
   port=$(free_port)
   start "$bin" "$store" "$port"
+  wait_port "$port"
   # Acknowledged async publishes into a file stream that is kept afterwards.
   "$KEEL" -s "nats://127.0.0.1:$port" bench js pub-async restart --stream RESTART \
     --storage file --msgs "$N" --size 128 --keep >/dev/null
-  wait_ready "$port" >/dev/null
   local du
   du=$(du -sh "$store" | cut -f1)
   for sig in TERM KILL; do
     kill -"$sig" "$PID"; wait "$PID" 2>/dev/null || true
-    local t0 t1
-    t0=$(date +%s.%N)
-    start "$bin" "$store" "$port"
-    local ready
-    ready=$(wait_ready "$port")
-    t1=$(date +%s.%N)
-    printf '%-12s %-8s %10s msgs  store %-6s ready after %ss (from exec: %.3fs)\n' \
-      "$name" "SIG$sig" "$N" "$du" "$ready" "$(echo "$t1 - $t0" | bc)"
+    local out
+    out=$(restart_timed "$bin" "$store" "$port")
+    PID=${out#* }
+    printf '%-12s after SIG%-5s %10s msgs  store %-5s  exec -> all messages served: %ss\n' \
+      "$name" "$sig" "$N" "$du" "${out% *}"
   done
   kill -TERM "$PID"; wait "$PID" 2>/dev/null || true; PID=
 }

@@ -726,6 +726,13 @@ impl Store for FileStore {
         self.core.last_seq_for_subject(subject)
     }
 
+    fn peek(&self, seq: u64) -> Option<(i64, bool)> {
+        self.core
+            .slots
+            .get(seq)
+            .map(|s| (s.ts(), s.p.len & HDR_FLAG != 0))
+    }
+
     fn remove(&mut self, seq: u64, erase: bool) -> Result<bool> {
         self.writable()?;
         let Some((loc, ts)) = self.core.slots.get(seq).map(|s| (s.p, s.ts())) else {

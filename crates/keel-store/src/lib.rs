@@ -152,6 +152,10 @@ pub trait Store: Send {
     /// The last sequence stored on exactly this literal subject (0 if none), for
     /// `Nats-Expected-Last-Subject-Sequence`.
     fn last_seq_for_subject(&self, subject: &str) -> u64;
+    /// The timestamp of `seq` and whether it has headers, from the in-memory index alone
+    /// (no I/O), or None if it is not stored. Lets the server rebuild its duplicate-window
+    /// map at startup without reading every message.
+    fn peek(&self, seq: u64) -> Option<(i64, bool)>;
 
     /// Removes one message; `erase` also overwrites its bytes on disk. Ok(false) if absent.
     fn remove(&mut self, seq: u64, erase: bool) -> Result<bool>;

@@ -85,6 +85,13 @@ impl Store for MemStore {
         self.core.last_seq_for_subject(subject)
     }
 
+    fn peek(&self, seq: u64) -> Option<(i64, bool)> {
+        self.core
+            .slots
+            .get(seq)
+            .map(|s| (s.ts(), !s.p.hdr.is_empty()))
+    }
+
     fn remove(&mut self, seq: u64, _erase: bool) -> Result<bool> {
         // Dropping the Bytes is the erase: nothing else holds the payload except readers
         // that already loaded it.

@@ -764,10 +764,17 @@ impl StreamInner {
         let mut seq = state.last_seq;
         let mut found = vec![];
         while seq >= state.first_seq && seq > 0 {
-            if let Ok(m) = self.store.load(seq) {
-                if now - m.ts > window {
-                    break;
+            // The index tells age and whether there are headers without reading the
+            // message; only messages that can carry a Nats-Msg-Id are read.
+            match self.store.peek(seq) {
+                Some((ts, _)) if now - ts > window => break,
+                Some((_, true)) => {}
+                _ => {
+                    seq -= 1;
+                    continue;
                 }
+            }
+            if let Ok(m) = self.store.load(seq) {
                 if let Some(id) = headers::get_str(&m.hdr, "Nats-Msg-Id") {
                     found.push((m.ts, id.to_string(), m.seq));
                 }
