@@ -230,6 +230,9 @@ async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
                 }
                 s.refresh_bytes(&inner);
             }
+            if inner.has_ttls() && inner.expire_ttls(now) > 0 {
+                s.refresh_bytes(&inner);
+            }
         }
         if let Some(iv) = js.sync_interval {
             if last_sync.elapsed() >= iv {

@@ -487,6 +487,8 @@ pub struct StreamInner {
     pub config: StreamConfig,
     pub store: Box<dyn Store>,
     dedup: Dedup,
+    /// (expiry ns, seq) of messages published with a `Nats-TTL`.
+    ttls: std::collections::BTreeSet<(i64, u64)>,
     /// `Nats-Msg-Id` of the last stored message (for Nats-Expected-Last-Msg-Id).
     last_msg_id: String,
     /// A failed sync leaves the stream refusing writes: acks must never lie.
@@ -547,10 +549,12 @@ impl Stream {
             config,
             store,
             dedup: Dedup::default(),
+            ttls: Default::default(),
             last_msg_id: String::new(),
             failed: None,
         };
         inner.rebuild_dedup();
+        inner.rebuild_ttls();
         let bytes = inner.store.state().bytes;
         let stream = Arc::new(Stream {
             name: inner.config.name.clone(),
@@ -756,6 +760,46 @@ impl StreamInner {
         self.config.storage == StorageType::Memory
     }
 
+    /// Removes messages whose `Nats-TTL` has passed. Returns how many.
+    pub fn expire_ttls(&mut self, now: i64) -> usize {
+        let mut n = 0;
+        while let Some(&(at, seq)) = self.ttls.first() {
+            if at > now {
+                break;
+            }
+            self.ttls.pop_first();
+            if self.store.remove(seq, false).unwrap_or(false) {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    pub fn has_ttls(&self) -> bool {
+        !self.ttls.is_empty()
+    }
+
+    /// Finds the messages that carry a `Nats-TTL` after a restart (only streams that allow
+    /// them; only messages with headers are read).
+    fn rebuild_ttls(&mut self) {
+        if !self.config.allow_msg_ttl {
+            return;
+        }
+        let state = self.store.state();
+        for seq in state.first_seq.max(1)..=state.last_seq {
+            if !matches!(self.store.peek(seq), Some((_, true))) {
+                continue;
+            }
+            if let Ok(m) = self.store.load(seq) {
+                if let Some(secs) = headers::get_str(&m.hdr, "Nats-TTL").and_then(parse_ttl) {
+                    if secs > 0 {
+                        self.ttls.insert((m.ts + secs * 1_000_000_000, seq));
+                    }
+                }
+            }
+        }
+    }
+
     /// Rebuilds the duplicate-window map from the newest messages after a restart.
     fn rebuild_dedup(&mut self) {
         let state = self.store.state();
@@ -818,6 +862,7 @@ impl StreamInner {
         }
         let now = now_nanos();
         let mut msg_id = None;
+        let mut ttl = 0i64;
         if !hdr.is_empty() {
             if let Some(exp) = headers::get(hdr, "Nats-Expected-Stream") {
                 if exp != cfg.name.as_bytes() {
@@ -871,7 +916,7 @@ impl StreamInner {
                     ));
                 }
             }
-            if headers::get(hdr, "Nats-TTL").is_some() {
+            if let Some(v) = headers::get_str(hdr, "Nats-TTL") {
                 if !cfg.allow_msg_ttl {
                     return PubResult::Error(ApiError::new(
                         400,
@@ -879,11 +924,16 @@ impl StreamInner {
                         "per-message TTL is disabled",
                     ));
                 }
-                return PubResult::Error(ApiError::new(
-                    400,
-                    10165,
-                    "per-message TTL is not supported by keel-server yet",
-                ));
+                match parse_ttl(v) {
+                    Some(secs) => ttl = secs,
+                    None => {
+                        return PubResult::Error(ApiError::new(
+                            400,
+                            10165,
+                            "invalid per-message TTL",
+                        ))
+                    }
+                }
             }
         }
         let seq = match self.store.store_msg(&m.subject, hdr, data, now) {
@@ -901,12 +951,29 @@ impl StreamInner {
                 keep: Some(1),
             });
         }
+        if ttl > 0 {
+            self.ttls.insert((now + ttl * 1_000_000_000, seq));
+        }
         self.last_msg_id = msg_id.clone().unwrap_or_default();
         if let Some(id) = msg_id {
             self.dedup.insert(id, seq, now);
         }
         PubResult::Stored(seq)
     }
+}
+
+/// `Nats-TTL` as the reference reads it: `never` (no expiry, -1), a Go duration of at least
+/// one second, or whole seconds; None when invalid.
+fn parse_ttl(v: &str) -> Option<i64> {
+    if v.eq_ignore_ascii_case("never") {
+        return Some(-1);
+    }
+    if let Ok(d) = crate::conf::parse_duration(v) {
+        if v.chars().any(|c| c.is_ascii_alphabetic()) {
+            return (d >= Duration::from_secs(1)).then(|| d.as_secs() as i64);
+        }
+    }
+    v.parse::<i64>().ok().filter(|s| *s >= 0)
 }
 
 fn wrong_last_seq(actual: u64) -> ApiError {
