@@ -970,7 +970,7 @@ fn parse_ttl(v: &str) -> Option<i64> {
     }
     if let Ok(d) = crate::conf::parse_duration(v) {
         if v.chars().any(|c| c.is_ascii_alphabetic()) {
-            return (d >= Duration::from_secs(1)).then(|| d.as_secs() as i64);
+            return (d >= Duration::from_secs(1)).then_some(d.as_secs() as i64);
         }
     }
     v.parse::<i64>().ok().filter(|s| *s >= 0)
