@@ -123,9 +123,13 @@ pub fn start(jetstream: bool) -> Option<Server> {
     if let Some(d) = &dir {
         cmd.args(["-js", "-sd"]).arg(d);
     }
+    // The log tells that *this* process listens: with tests in parallel, another test's
+    // server could briefly own the same port.
+    let log_path = temp_dir("log").join("server.log");
+    let log = std::fs::File::create(&log_path).expect("create server log");
     let child = cmd
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
     let mut server = Server {
@@ -134,7 +138,11 @@ pub fn start(jetstream: bool) -> Option<Server> {
         dir,
     };
     let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+    let listening = || {
+        std::fs::read_to_string(&log_path)
+            .is_ok_and(|s| s.contains("Listening for client connections on"))
+    };
+    while !listening() || TcpStream::connect(("127.0.0.1", port)).is_err() {
         if let Some(status) = server.child.try_wait().expect("poll server") {
             panic!("{} exited early with {status}", bin.display());
         }

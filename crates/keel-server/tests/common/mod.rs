@@ -86,6 +86,13 @@ pub struct Server {
     _dir: TempDir,
 }
 
+/// How many times the server log says it started listening for clients.
+fn listening_lines(log: &Path) -> usize {
+    fs::read_to_string(log)
+        .map(|s| s.matches("Listening for client connections on").count())
+        .unwrap_or(0)
+}
+
 fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local_addr").port()
@@ -187,6 +194,7 @@ impl Server {
             store_dir = Some(store);
         }
         let child = spawn_server(port, &args, &log_path)?;
+        let listening_before = 0;
 
         let mut server = Server {
             child,
@@ -196,7 +204,7 @@ impl Server {
             store_dir,
             _dir: dir,
         };
-        server.wait_ready()?;
+        server.wait_ready(listening_before)?;
         Ok(server)
     }
 
@@ -217,10 +225,11 @@ impl Server {
         }
         let deadline = Instant::now() + STARTUP_DEADLINE;
         loop {
+            let before = listening_lines(&self.log_path);
             let last_error = match spawn_server(self.port, &self.args, &self.log_path) {
                 Ok(child) => {
                     self.child = child;
-                    match self.wait_ready() {
+                    match self.wait_ready(before) {
                         Ok(()) => return,
                         Err(e) => e,
                     }
@@ -240,10 +249,29 @@ impl Server {
         self.store_dir.as_deref()
     }
 
-    fn wait_ready(&mut self) -> Result<(), String> {
+    /// Ready when this process logged that it listens (both servers print
+    /// "Listening for client connections on") and the port accepts. The log line matters:
+    /// with tests in parallel another test's server may briefly own the same port.
+    fn wait_ready(&mut self, listening_before: usize) -> Result<(), String> {
         let deadline = Instant::now() + STARTUP_DEADLINE;
         let addr = self.addr();
         loop {
+            if listening_lines(&self.log_path) <= listening_before {
+                if let Ok(Some(status)) = self.child.try_wait() {
+                    return Err(format!(
+                        "server exited early with {status}; log:\n{}",
+                        read_log(&self.log_path)
+                    ));
+                }
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "server did not log that it listens after {STARTUP_DEADLINE:?}; log:\n{}",
+                        read_log(&self.log_path)
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!(
                     "server exited early with {status}; log:\n{}",
