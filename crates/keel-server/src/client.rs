@@ -29,6 +29,11 @@ pub struct ClientHandle {
     wake_writer: Notify,
     /// Stops a write in progress: a slow consumer's socket is not draining.
     abort_writer: Notify,
+    /// Over three quarters of max_pending is queued: publishers pause briefly (as the
+    /// reference stalls producers) so a subscriber that is only behind can catch up
+    /// instead of being cut off. Cleared, and `drained` notified, after each write.
+    pub congested: AtomicBool,
+    pub drained: Notify,
     closed: watch::Sender<bool>,
     /// Whether the client takes HMSG (from its CONNECT); otherwise headers are stripped.
     headers: AtomicBool,
@@ -114,6 +119,8 @@ impl ClientHandle {
             out: Mutex::new(Outbound::default()),
             wake_writer: Notify::new(),
             abort_writer: Notify::new(),
+            congested: AtomicBool::new(false),
+            drained: Notify::new(),
             closed,
             headers: AtomicBool::new(false),
             max_pending,
@@ -206,6 +213,9 @@ impl ClientHandle {
             self.abort_writer.notify_one();
             self.close(CloseReason::SlowConsumerPendingBytes);
             return false;
+        }
+        if o.buf.len() > self.max_pending / 4 * 3 {
+            self.congested.store(true, Ordering::Relaxed);
         }
         schedule(&mut o)
     }
@@ -376,6 +386,7 @@ impl Conn {
                         buf = BytesMut::new();
                     }
                     self.flush_signals();
+                    self.stall_if_congested().await;
                     if let Err(reason) = res {
                         if reason == CloseReason::ProtocolError {
                             // Let the -ERR reach the client before the socket goes: read and
@@ -398,6 +409,26 @@ impl Conn {
                 _ = until_true(&mut shutdown) => return CloseReason::ServerShutdown,
             }
         }
+    }
+
+    /// Pauses this publisher for a few milliseconds when a subscriber it just fed is
+    /// congested (at most 5 ms per read, like the reference's producer stall).
+    async fn stall_if_congested(&mut self) {
+        let Some(h) = self.router.take_congested() else {
+            return;
+        };
+        let notified = h.drained.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if !h.congested.load(Ordering::Relaxed) {
+            return;
+        }
+        let wait = if h.pending_bytes() >= self.server.opts.max_pending {
+            Duration::from_millis(5)
+        } else {
+            Duration::from_millis(2)
+        };
+        let _ = tokio::time::timeout(wait, notified).await;
     }
 
     fn ping_timer(&mut self) -> Result<(), CloseReason> {
@@ -676,6 +707,8 @@ async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Dura
             },
             _ = h.abort_writer.notified() => break,
         }
+        h.congested.store(false, Ordering::Relaxed);
+        h.drained.notify_waiters();
         // Keep the buffer for reuse unless a burst made it large.
         spare = data;
         spare.clear();

@@ -17,6 +17,8 @@ pub struct Router {
     cache: MatchCache,
     to_signal: Vec<Arc<ClientHandle>>,
     rng: u64,
+    /// A subscriber found congested during this batch (the publisher may pause).
+    congested: Option<Arc<ClientHandle>>,
 }
 
 /// One message to route. `data` holds the header block (first `hdr_len` bytes) then the
@@ -33,6 +35,7 @@ impl Router {
         Router {
             cache: MatchCache::default(),
             to_signal: Vec::new(),
+            congested: None,
             rng: 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xA24B_AED4_963E_E407) | 1,
         }
     }
@@ -120,7 +123,15 @@ impl Router {
         {
             self.to_signal.push(sub.client.clone());
         }
+        if sub.client.congested.load(Ordering::Relaxed) && self.congested.is_none() {
+            self.congested = Some(sub.client.clone());
+        }
         true
+    }
+
+    /// The congested subscriber seen since the last call, if any.
+    pub fn take_congested(&mut self) -> Option<Arc<ClientHandle>> {
+        self.congested.take()
     }
 
     /// Does anyone subscribe to `subject`?
