@@ -160,6 +160,8 @@ const DEFAULT_ACK_WAIT: i64 = 30_000_000_000;
 const DEFAULT_MAX_ACK_PENDING: i64 = 1000;
 const DEFAULT_MAX_WAITING: i64 = 512;
 const DEFAULT_INACTIVE: i64 = 5_000_000_000;
+/// How often a durable consumer's changed state is written when no AckSync forces it.
+const SAVE_INTERVAL: Duration = Duration::from_millis(20);
 /// Push flow control: ask for a reply every this many bytes, stall at twice as many.
 const FC_WINDOW: usize = 1024 * 1024;
 
@@ -547,6 +549,7 @@ pub struct State {
     last_push_hb: Instant,
     push_bound: bool,
     dirty: bool,
+    last_save: Instant,
     deleted: bool,
 }
 
@@ -661,6 +664,7 @@ impl Consumer {
             last_push_hb: now,
             push_bound: false,
             dirty: false,
+            last_save: now,
             deleted: false,
         };
         match saved {
@@ -819,8 +823,15 @@ impl Consumer {
         f
     }
 
+    /// Writes and syncs the state now (clean shutdown).
+    pub fn flush_state(&self) {
+        let mut st = self.lock();
+        self.save(&mut st, true);
+    }
+
     fn save(&self, st: &mut State, sync: bool) {
         st.dirty = false;
+        st.last_save = Instant::now();
         let Some(dir) = &self.dir else { return };
         let saved = SavedState {
             delivered: st.delivered,
@@ -1153,9 +1164,13 @@ async fn run(
         deliver(&c, &server, &mut router);
         {
             let mut st = c.lock();
-            if st.dirty || !sync_replies.is_empty() {
+            if !sync_replies.is_empty() {
                 // An ack the client asked to be confirmed is on disk before we confirm it.
-                c.save(&mut st, !sync_replies.is_empty());
+                c.save(&mut st, true);
+            } else if st.dirty && st.last_save.elapsed() >= SAVE_INTERVAL {
+                // Other changes are written at most every SAVE_INTERVAL (without fsync: they
+                // survive a process kill), so a busy consumer does not rewrite its file per ack.
+                c.save(&mut st, false);
             }
         }
         for reply in sync_replies {
@@ -1342,6 +1357,9 @@ impl State {
     fn next_deadline(&self) -> Option<Instant> {
         let mut d: Option<Instant> = None;
         let mut consider = |t: Instant| d = Some(d.map_or(t, |x| x.min(t)));
+        if self.dirty {
+            consider(self.last_save + SAVE_INTERVAL);
+        }
         if self.config.ack_policy != AckPolicy::None {
             for p in self.pending.values() {
                 consider(p.deadline);

@@ -186,6 +186,9 @@ impl JetStream {
     /// Closes every store (saving indexes for a fast restart).
     pub fn shutdown(&self) {
         for s in self.streams() {
+            for c in s.consumer_list() {
+                c.flush_state();
+            }
             let mut inner = s.lock();
             if let Err(e) = inner.store.sync().and_then(|_| inner.store.close()) {
                 crate::error!("Stream {}: error closing store: {e}", s.name);
