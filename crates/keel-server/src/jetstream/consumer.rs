@@ -6,7 +6,7 @@
 //! `$JS.FC.<stream>.<consumer>.>`; the stream wakes it when new messages are stored. Its state
 //! (delivered, ack floor, pending acks with delivery counts) sits behind a mutex so info
 //! requests can read it, and durable consumers of file streams persist it: always before an
-//! acknowledged ack (AckSync) is confirmed, and after every batch of events otherwise.
+//! acknowledged ack (AckSync) is confirmed, and otherwise at most every 20 ms when it changed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
