@@ -230,6 +230,13 @@ impl ClientHandle {
         schedule(&mut o)
     }
 
+    /// Sends an INFO line pushed by the server (lame duck).
+    pub fn send_info(&self, line: &[u8]) {
+        if self.internal.is_none() && self.queue_raw(line) {
+            self.signal();
+        }
+    }
+
     /// Wakes the writer.
     pub fn signal(&self) {
         self.wake_writer.notify_one();

@@ -29,6 +29,10 @@ pub struct Opts {
     pub ping_interval: Duration,
     pub ping_max: u32,
     pub write_deadline: Duration,
+    /// Lame-duck mode (SIGUSR2): how long to spread client closes over, and how long to wait
+    /// before the first close.
+    pub lame_duck_duration: Duration,
+    pub lame_duck_grace_period: Duration,
     pub jetstream: bool,
     pub store_dir: Option<PathBuf>,
     pub max_memory_store: Option<i64>,
@@ -60,6 +64,8 @@ impl Default for Opts {
             ping_interval: Duration::from_secs(120),
             ping_max: 2,
             write_deadline: Duration::from_secs(10),
+            lame_duck_duration: Duration::from_secs(120),
+            lame_duck_grace_period: Duration::from_secs(10),
             jetstream: false,
             store_dir: None,
             max_memory_store: None,
@@ -113,7 +119,8 @@ Common Options:
     -v, --version                    Show version
 
 Config file keys: port, listen, host, server_name, http_port, http, max_payload,
-max_connections, max_pending, ping_interval, ping_max, write_deadline, debug, trace,
+max_connections, max_pending, ping_interval, ping_max, write_deadline, lame_duck_duration,
+lame_duck_grace_period, debug, trace,
 logtime, log_file, pid_file, jetstream { store_dir, max_memory_store, max_file_store, sync_interval }.
 ";
 
@@ -336,6 +343,14 @@ pub fn apply_config(opts: &mut Opts, map: &Map) -> Result<(), String> {
             "ping_interval" => opts.ping_interval = duration(key, v)?,
             "ping_max" => opts.ping_max = int(key, v)?.max(1) as u32,
             "write_deadline" => opts.write_deadline = duration(key, v)?,
+            "lame_duck_duration" => {
+                let d = duration(key, v)?;
+                if d < Duration::from_secs(30) {
+                    return Err(format!("{key}: must be at least 30s, got {d:?}"));
+                }
+                opts.lame_duck_duration = d;
+            }
+            "lame_duck_grace_period" => opts.lame_duck_grace_period = duration(key, v)?,
             "debug" => opts.debug = boolean(key, v)?,
             "trace" => opts.trace = boolean(key, v)?,
             "logtime" => opts.logtime = boolean(key, v)?,

@@ -142,10 +142,11 @@ async fn run(opts: config::Opts) -> ExitCode {
 
 async fn signals(server: Arc<Server>) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+    let (Ok(mut term), Ok(mut int), Ok(mut hup), Ok(mut usr2)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
         signal(SignalKind::hangup()),
+        signal(SignalKind::user_defined2()),
     ) else {
         error!("cannot install signal handlers");
         return;
@@ -155,6 +156,10 @@ async fn signals(server: Arc<Server>) {
             _ = term.recv() => { info!("Trapped \"terminated\" signal"); break; }
             _ = int.recv() => { info!("Trapped \"interrupt\" signal"); break; }
             _ = hup.recv() => warn!("Configuration reload is not supported; SIGHUP ignored"),
+            _ = usr2.recv() => {
+                let s = server.clone();
+                tokio::spawn(async move { s.lame_duck().await });
+            }
         }
     }
     server.shutdown();

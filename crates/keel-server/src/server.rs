@@ -30,6 +30,9 @@ pub struct Server {
     closed_stats: ClosedStats,
     shutdown: watch::Sender<bool>,
     pub jetstream: std::sync::OnceLock<Arc<crate::jetstream::JetStream>>,
+    lame_duck: std::sync::atomic::AtomicBool,
+    /// Set when lame-duck mode starts: the accept loop stops taking clients.
+    stop_accepting: watch::Sender<bool>,
 }
 
 #[derive(Default)]
@@ -70,6 +73,9 @@ struct Info<'a> {
     connect_info: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     remote_account: Option<&'a str>,
+    /// Lame-duck mode: clients should move to another server.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    ldm: bool,
 }
 
 /// A random id shaped like the reference's server ids: `N` and 55 base32 characters.
@@ -104,6 +110,8 @@ impl Server {
             closed_stats: ClosedStats::default(),
             shutdown,
             jetstream: std::sync::OnceLock::new(),
+            lame_duck: std::sync::atomic::AtomicBool::new(false),
+            stop_accepting: watch::channel(false).0,
         })
     }
 
@@ -131,6 +139,7 @@ impl Server {
             client_ip: peer.map(|p| p.ip().to_string()),
             connect_info,
             remote_account: connect_info.then_some("$G"),
+            ldm: self.lame_duck.load(std::sync::atomic::Ordering::Relaxed),
         };
         let json = serde_json::to_vec(&info).expect("INFO serializes");
         let mut b = bytes::BytesMut::with_capacity(json.len() + 8);
@@ -237,9 +246,13 @@ impl Server {
     /// Accepts clients until shutdown is requested.
     pub async fn accept_loop(self: &Arc<Self>, listener: TcpListener) {
         let mut shutdown = self.shutdown_rx();
+        let mut stop_accepting = self.stop_accepting.subscribe();
         let mut tasks = tokio::task::JoinSet::new();
+        let mut shutting_down = false;
         loop {
             tokio::select! {
+                // Lame duck: close the listener (new clients are refused), keep the rest.
+                _ = crate::client::until_true(&mut stop_accepting) => break,
                 r = listener.accept() => match r {
                     Ok((stream, _)) => {
                         let id = self.next_client_id();
@@ -252,10 +265,19 @@ impl Server {
                     }
                 },
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-                _ = crate::client::until_true(&mut shutdown) => break,
+                _ = crate::client::until_true(&mut shutdown) => {
+                    shutting_down = true;
+                    break;
+                }
             }
         }
         drop(listener);
+        while !shutting_down {
+            tokio::select! {
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                _ = crate::client::until_true(&mut shutdown) => shutting_down = true,
+            }
+        }
         // Connections see the shutdown signal, flush what they have queued and close.
         let _ = tokio::time::timeout(Duration::from_secs(3), async {
             while tasks.join_next().await.is_some() {}
@@ -265,5 +287,38 @@ impl Server {
 
     pub fn shutdown(&self) {
         self.shutdown.send_replace(true);
+    }
+
+    /// Lame-duck mode (SIGUSR2), as the reference: stop accepting clients, tell connected
+    /// ones with an INFO carrying `"ldm":true`, wait the grace period, close the clients
+    /// spread over the rest of the lame-duck duration, then shut down.
+    pub async fn lame_duck(self: &Arc<Self>) {
+        if self
+            .lame_duck
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        let (duration, grace) = (
+            self.opts.lame_duck_duration,
+            self.opts.lame_duck_grace_period,
+        );
+        crate::info!("Entering lame duck mode, stop accepting new clients");
+        self.stop_accepting.send_replace(true);
+        for h in self.clients() {
+            let meta_addr = h.meta.lock().unwrap_or_else(|e| e.into_inner()).addr;
+            h.send_info(&self.info_line(h.id, meta_addr, false));
+        }
+        tokio::time::sleep(grace).await;
+        let clients = self.clients();
+        if !clients.is_empty() {
+            let spread = duration.saturating_sub(grace) / clients.len() as u32;
+            crate::info!("Closing existing clients");
+            for h in clients {
+                h.close(client::CloseReason::ServerShutdown);
+                tokio::time::sleep(spread.min(Duration::from_secs(1))).await;
+            }
+        }
+        self.shutdown();
     }
 }

@@ -292,6 +292,11 @@ impl Server {
         }
     }
 
+    /// The server's process id (to send it signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }
