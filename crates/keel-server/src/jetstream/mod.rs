@@ -696,43 +696,18 @@ fn filtered_streams(js: &JetStream, subject: Option<&str>) -> Vec<Arc<Stream>> {
 fn stream_names(js: &JetStream, body: &[u8]) -> Result<Fields, ApiError> {
     let req: ListRequest = parse_body(body)?;
     let all = filtered_streams(js, req.subject.as_deref());
-    let names: Vec<Value> = all
-        .iter()
-        .skip(req.offset)
-        .take(NAMES_LIMIT)
-        .map(|s| Value::from(s.name.clone()))
-        .collect();
-    let mut f = Fields::new();
-    f.insert("total".into(), all.len().into());
-    f.insert("offset".into(), req.offset.into());
-    f.insert("limit".into(), NAMES_LIMIT.into());
-    // The reference sends null, not [], when nothing matches.
-    f.insert(
-        "streams".into(),
-        if names.is_empty() {
-            Value::Null
-        } else {
-            Value::Array(names)
-        },
-    );
-    Ok(f)
+    // The reference sends null, not [], when no stream matches.
+    Ok(page(&all, req.offset, NAMES_LIMIT, "streams", true, |s| {
+        Value::from(s.name.clone())
+    }))
 }
 
 fn stream_list(js: &JetStream, body: &[u8]) -> Result<Fields, ApiError> {
     let req: ListRequest = parse_body(body)?;
     let all = filtered_streams(js, req.subject.as_deref());
-    let infos: Vec<Value> = all
-        .iter()
-        .skip(req.offset)
-        .take(LIST_LIMIT)
-        .map(|s| Value::Object(stream_fields(s, false, None, None, false)))
-        .collect();
-    let mut f = Fields::new();
-    f.insert("total".into(), all.len().into());
-    f.insert("offset".into(), req.offset.into());
-    f.insert("limit".into(), LIST_LIMIT.into());
-    f.insert("streams".into(), Value::Array(infos));
-    Ok(f)
+    Ok(page(&all, req.offset, LIST_LIMIT, "streams", false, |s| {
+        Value::Object(stream_fields(s, false, None, None, false))
+    }))
 }
 
 fn stream_delete(
@@ -1292,19 +1267,15 @@ fn consumer_info(
 fn consumer_names(js: &JetStream, stream: &str, body: &[u8]) -> Result<Fields, ApiError> {
     let req: ListRequest = parse_body(body)?;
     let s = js.stream(stream).ok_or_else(ApiError::stream_not_found)?;
-    let all: Vec<String> = s.consumers_lock().keys().cloned().collect();
-    let names: Vec<Value> = all
-        .iter()
-        .skip(req.offset)
-        .take(NAMES_LIMIT)
-        .map(|n| Value::from(n.clone()))
-        .collect();
-    let mut f = Fields::new();
-    f.insert("total".into(), all.len().into());
-    f.insert("offset".into(), req.offset.into());
-    f.insert("limit".into(), NAMES_LIMIT.into());
-    f.insert("consumers".into(), Value::Array(names));
-    Ok(f)
+    let all = s.consumer_list();
+    Ok(page(
+        &all,
+        req.offset,
+        NAMES_LIMIT,
+        "consumers",
+        false,
+        |c| Value::from(c.name.clone()),
+    ))
 }
 
 fn consumer_list(
@@ -1316,18 +1287,40 @@ fn consumer_list(
     let req: ListRequest = parse_body(body)?;
     let s = js.stream(stream).ok_or_else(ApiError::stream_not_found)?;
     let all = s.consumer_list();
-    let infos: Vec<Value> = all
-        .iter()
-        .skip(req.offset)
-        .take(LIST_LIMIT)
-        .map(|c| Value::Object(c.info(server, false)))
-        .collect();
+    Ok(page(
+        &all,
+        req.offset,
+        LIST_LIMIT,
+        "consumers",
+        false,
+        |c| Value::Object(c.info(server, false)),
+    ))
+}
+
+/// A paged NAMES/LIST response: `total, offset, limit` and one page of `key`. With
+/// `null_if_empty` an empty page is `null`, as the reference writes for STREAM.NAMES.
+fn page<T>(
+    all: &[T],
+    offset: usize,
+    limit: usize,
+    key: &str,
+    null_if_empty: bool,
+    item: impl Fn(&T) -> Value,
+) -> Fields {
+    let items: Vec<Value> = all.iter().skip(offset).take(limit).map(item).collect();
     let mut f = Fields::new();
     f.insert("total".into(), all.len().into());
-    f.insert("offset".into(), req.offset.into());
-    f.insert("limit".into(), LIST_LIMIT.into());
-    f.insert("consumers".into(), Value::Array(infos));
-    Ok(f)
+    f.insert("offset".into(), offset.into());
+    f.insert("limit".into(), limit.into());
+    f.insert(
+        key.into(),
+        if items.is_empty() && null_if_empty {
+            Value::Null
+        } else {
+            Value::Array(items)
+        },
+    );
+    f
 }
 
 fn consumer_delete(
