@@ -7,90 +7,20 @@
 //! accept connections (never a fixed sleep).
 
 use std::io::{BufRead, BufReader, Read};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, Command, Output, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const KEEL: &str = env!("CARGO_BIN_EXE_keel");
 const DEADLINE: Duration = Duration::from_secs(20);
 
-struct Server {
-    child: Child,
-    url: String,
-}
+mod common;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::{free_port, keel, text};
 
-fn server_binary() -> Option<PathBuf> {
-    if let Some(bin) = std::env::var_os("KEEL_TEST_SERVER_BIN") {
-        return Some(PathBuf::from(bin));
-    }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    // The target dir the tests were built in first (it may be CARGO_TARGET_DIR).
-    let built_here = Path::new(KEEL).parent().map(|d| d.join("keel-server"));
-    built_here
-        .into_iter()
-        .chain(["debug", "release"].map(|p| workspace.join("target").join(p).join("keel-server")))
-        .find(|p| p.is_file())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
-}
-
-/// Starts a server on a free port, or returns None (after a note) if there is
-/// no server binary to test against.
-fn start_server() -> Option<Server> {
-    let Some(bin) = server_binary() else {
-        eprintln!(
-            "note: skipping, no server binary: build keel-server or set KEEL_TEST_SERVER_BIN"
-        );
-        return None;
-    };
-    let port = free_port();
-    let child = Command::new(&bin)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-    let mut server = Server {
-        child,
-        url: format!("nats://127.0.0.1:{port}"),
-    };
-    let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Some(status) = server.child.try_wait().expect("poll server") {
-            panic!("{} exited early with {status}", bin.display());
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "server did not listen on {port}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Some(server)
-}
-
-fn keel(args: &[&str]) -> Output {
-    Command::new(KEEL)
-        .args(args)
-        .env_remove("NATS_URL")
-        .output()
-        .expect("run keel")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+/// A plain server (no JetStream) from the shared harness, which waits for the server's own
+/// "Listening" log line.
+fn start_server() -> Option<common::Server> {
+    common::start(false)
 }
 
 /// Spawns a long-running keel command and waits for its readiness line on

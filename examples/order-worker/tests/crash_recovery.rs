@@ -69,11 +69,15 @@ fn start_server() -> Option<Server> {
         .expect("bind an ephemeral port")
         .port();
     let dir = temp_dir("js");
+    // Readiness is this process's own "Listening" log line, not just an open port: another
+    // test's server could briefly own the same port.
+    let log_path = dir.with_extension("log");
+    let log = std::fs::File::create(&log_path).expect("create server log");
     let child = Command::new(&bin)
         .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
         .arg(&dir)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
     let mut server = Server {
@@ -82,7 +86,11 @@ fn start_server() -> Option<Server> {
         dir,
     };
     let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+    let listening = || {
+        std::fs::read_to_string(&log_path)
+            .is_ok_and(|s| s.contains("Listening for client connections on"))
+    };
+    while !listening() || TcpStream::connect(("127.0.0.1", port)).is_err() {
         if let Some(status) = server.child.try_wait().expect("poll server") {
             panic!("{} exited early with {status}", bin.display());
         }
