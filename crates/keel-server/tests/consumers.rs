@@ -178,6 +178,19 @@ async fn state(client: &Client, stream: &str, name: &str) -> State {
     state_of(&consumer_info(client, stream, name).await)
 }
 
+/// Polls consumer info until `num_pending` is `want`: the reference tells a consumer about
+/// newly stored messages asynchronously, so a no_wait pull right after a publish can miss it.
+async fn wait_pending(client: &Client, stream: &str, name: &str, want: u64) {
+    let deadline = Instant::now() + STEP;
+    while state(client, stream, name).await.pending != want {
+        assert!(
+            Instant::now() < deadline,
+            "num_pending never reached {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Polls consumer info until it shows `want` (acks are processed
 /// asynchronously); panics with the last state after `STEP`.
 async fn wait_state(client: &Client, stream: &str, name: &str, want: State) {
@@ -2394,6 +2407,7 @@ async fn deliver_policy_last() {
     .await;
     assert_eq!(drain(&client, &js, "ca").await, owned(&[("a2", 3)]));
     publish(&client, "s.a", "a3").await;
+    wait_pending(&client, "S", "ca", 1).await;
     assert_eq!(drain(&client, &js, "ca").await, owned(&[("a3", 6)]));
 }
 
@@ -2406,6 +2420,7 @@ async fn deliver_policy_new() {
     assert_eq!(r["ack_floor"], json!({"consumer_seq": 0, "stream_seq": 5}));
     assert_eq!(drain(&client, &js, "c").await, owned(&[]));
     publish(&client, "s.c", "c2").await;
+    wait_pending(&client, "S", "c", 1).await;
     assert_eq!(drain(&client, &js, "c").await, owned(&[("c2", 6)]));
 }
 
@@ -2439,6 +2454,7 @@ async fn deliver_policy_by_start_sequence() {
     assert_eq!(r["delivered"]["stream_seq"], 6);
     publish(&client, "s.a", "six").await;
     publish(&client, "s.a", "seven").await;
+    wait_pending(&client, "S", "far", 1).await;
     assert_eq!(drain(&client, &js, "far").await, owned(&[("seven", 7)]));
 }
 
@@ -2502,6 +2518,7 @@ async fn deliver_policy_last_per_subject() {
         owned(&[("a2", 3), ("c1", 4), ("b2", 5)])
     );
     publish(&client, "s.a", "a3").await;
+    wait_pending(&client, "S", "c", 1).await;
     assert_eq!(drain(&client, &js, "c").await, owned(&[("a3", 6)]));
 
     // With filter_subjects.
@@ -2552,6 +2569,7 @@ async fn filter_subject_and_filter_subjects() {
     assert_eq!(drain(&client, &js, "wild").await.len(), 5);
     create_stream(&client, "T", &["t.>"], json!({})).await;
     publish(&client, "s.d", "d1").await;
+    wait_pending(&client, "S", "wild", 1).await;
     assert_eq!(drain(&client, &js, "fac").await, owned(&[]));
     assert_eq!(drain(&client, &js, "wild").await, owned(&[("d1", 6)]));
 
