@@ -252,6 +252,29 @@ pub fn parse_ack_subject(reply: &str) -> Option<AckMeta> {
     })
 }
 
+/// Merges `--metadata key=value` flags into a stream or consumer config's `metadata`.
+pub fn apply_metadata(
+    cfg: &mut serde_json::Map<String, serde_json::Value>,
+    pairs: &[String],
+) -> crate::util::Res<()> {
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    let mut m = cfg
+        .get("metadata")
+        .and_then(serde_json::Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    for kv in pairs {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("invalid --metadata {kv:?}: expected key=value"))?;
+        m.insert(k.to_string(), serde_json::Value::from(v));
+    }
+    cfg.insert("metadata".into(), serde_json::Value::Object(m));
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

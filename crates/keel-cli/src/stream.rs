@@ -406,20 +406,7 @@ fn apply_flags(cfg: &mut Map<String, Value>, f: &StreamFlags, adding: bool) -> R
         }
         cfg.insert("first_seq".into(), json!(seq));
     }
-    if !f.metadata.is_empty() {
-        let mut m = cfg
-            .get("metadata")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        for kv in &f.metadata {
-            let (k, v) = kv
-                .split_once('=')
-                .ok_or_else(|| format!("invalid --metadata {kv:?}: expected key=value"))?;
-            m.insert(k.to_string(), json!(v));
-        }
-        cfg.insert("metadata".into(), Value::Object(m));
-    }
+    crate::js::apply_metadata(cfg, &f.metadata)?;
     Ok(())
 }
 
