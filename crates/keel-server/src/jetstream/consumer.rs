@@ -1658,7 +1658,7 @@ fn deliver(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
 
 /// Interest and work-queue streams drop a message once every interested consumer is done.
 fn retention_check(c: &Arc<Consumer>, server: &Server, done: &[u64]) {
-    let retention = c.stream.config().retention;
+    let retention = c.stream.retention();
     if retention == Retention::Limits {
         return;
     }

@@ -141,11 +141,9 @@ impl JetStream {
     /// How many bytes `stream` may hold under the server-wide memory or file store limit
     /// (`jetstream { max_memory_store, max_file_store }`), or None when unlimited.
     pub fn store_budget(&self, stream: &Stream) -> Option<u64> {
-        let memory = stream.config().storage == StorageType::Memory;
-        let limit = if memory {
-            self.max_memory
-        } else {
-            self.max_store
+        let limit = match stream.storage {
+            StorageType::Memory => self.max_memory,
+            StorageType::File => self.max_store,
         };
         if limit < 0 {
             return None;
@@ -153,12 +151,20 @@ impl JetStream {
         let others: u64 = self
             .streams()
             .iter()
-            .filter(|s| {
-                s.name != stream.name && (s.config().storage == StorageType::Memory) == memory
-            })
+            .filter(|s| s.name != stream.name && s.storage == stream.storage)
             .map(|s| s.bytes.load(Ordering::Relaxed))
             .sum();
         Some((limit as u64).saturating_sub(others))
+    }
+
+    /// The `max_bytes` that streams of this storage type reserve (all but `except`).
+    pub fn reserved(&self, storage: StorageType, except: Option<&str>) -> i64 {
+        self.streams()
+            .iter()
+            .filter(|s| s.storage == storage && Some(s.name.as_str()) != except)
+            .map(|s| s.lock().config.max_bytes)
+            .filter(|b| *b > 0)
+            .sum()
     }
 
     /// API requests answered and how many of them were errors.
@@ -175,7 +181,7 @@ impl JetStream {
         let mut file = 0;
         for s in self.streams() {
             let b = s.bytes.load(Ordering::Relaxed);
-            match s.config().storage {
+            match s.storage {
                 StorageType::Memory => mem += b,
                 StorageType::File => file += b,
             }
@@ -408,18 +414,8 @@ type Fields = Map<String, Value>;
 fn account_info(js: &JetStream) -> Fields {
     let (mem, file) = js.usage();
     let streams = js.streams();
-    let reserved_mem: i64 = streams
-        .iter()
-        .map(|s| s.config())
-        .filter(|c| c.storage == StorageType::Memory && c.max_bytes > 0)
-        .map(|c| c.max_bytes)
-        .sum();
-    let reserved_file: i64 = streams
-        .iter()
-        .map(|s| s.config())
-        .filter(|c| c.storage == StorageType::File && c.max_bytes > 0)
-        .map(|c| c.max_bytes)
-        .sum();
+    let reserved_mem = js.reserved(StorageType::Memory, None);
+    let reserved_file = js.reserved(StorageType::File, None);
     let mut f = Fields::new();
     f.insert("memory".into(), mem.into());
     f.insert("storage".into(), file.into());
@@ -528,14 +524,7 @@ fn check_resources(
     if cfg.max_bytes > limit {
         return Err(err);
     }
-    let reserved: i64 = js
-        .streams()
-        .iter()
-        .filter(|s| Some(s.name.as_str()) != except)
-        .map(|s| s.config())
-        .filter(|c| c.storage == cfg.storage && c.max_bytes > 0)
-        .map(|c| c.max_bytes)
-        .sum();
+    let reserved = js.reserved(cfg.storage, except);
     if cfg.max_bytes > 0 && reserved + cfg.max_bytes > limit {
         return Err(err);
     }
@@ -885,7 +874,7 @@ fn direct_get(
     body: &[u8],
 ) {
     let s = js.stream(name);
-    let Some(s) = s.filter(|s| s.config().allow_direct) else {
+    let Some(s) = s.filter(|s| s.lock().config.allow_direct) else {
         // Nobody serves direct gets for this stream: the no-responders status.
         let hdr = encode::status_headers("503", &[]);
         reply_headers(server, router, reply_to, hdr.to_vec(), b"");

@@ -499,6 +499,8 @@ pub struct Stream {
     pub name: String,
     pub created: i64,
     pub dir: PathBuf,
+    /// Fixed at creation (an update may not change it), so readable without the lock.
+    pub storage: StorageType,
     inner: Mutex<StreamInner>,
     handle: Arc<ClientHandle>,
     subs: Mutex<Vec<Arc<Sub>>>,
@@ -560,6 +562,7 @@ impl Stream {
             name: inner.config.name.clone(),
             created: meta.created,
             dir: dir.to_path_buf(),
+            storage: inner.config.storage,
             inner: Mutex::new(inner),
             handle,
             subs: Mutex::new(Vec::new()),
@@ -610,6 +613,11 @@ impl Stream {
 
     pub fn lock(&self) -> MutexGuard<'_, StreamInner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The retention policy, without cloning the whole config.
+    pub fn retention(&self) -> Retention {
+        self.lock().config.retention
     }
 
     pub fn config(&self) -> StreamConfig {
@@ -669,8 +677,8 @@ impl Stream {
     /// `budget`: bytes this stream may still add under the server-wide store limit.
     fn process_batch(&self, batch: &mut Vec<InMsg>, budget: Option<u64>) -> Vec<(Bytes, Vec<u8>)> {
         // Interest retention keeps a message only while some consumer wants its subject.
-        let interest: Option<Vec<Vec<String>>> = (self.config().retention == Retention::Interest)
-            .then(|| {
+        let interest: Option<Vec<Vec<String>>> =
+            (self.retention() == Retention::Interest).then(|| {
                 self.consumer_list()
                     .iter()
                     .map(|c| c.config().filters())
@@ -703,7 +711,8 @@ impl Stream {
             stored_any |= matches!(r, PubResult::Stored(_));
             results.push((m.reply, r));
         }
-        if stored_any && (self.sync_always || inner.store_is_memory()) {
+        // A memory store's sync is a no-op; a file store's is the group commit.
+        if stored_any && self.sync_always {
             if let Err(e) = inner.store.sync() {
                 let text = format!("storage sync failed: {e}");
                 crate::error!(
@@ -1043,7 +1052,7 @@ async fn publish_loop(
             .jetstream
             .get()
             .and_then(|js| js.store_budget(&stream));
-        let acks = if stream.sync_always && !stream.lock().store_is_memory() {
+        let acks = if stream.sync_always && stream.storage == StorageType::File {
             tokio::task::block_in_place(|| stream.process_batch(&mut batch, budget))
         } else {
             stream.process_batch(&mut batch, budget)
