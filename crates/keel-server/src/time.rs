@@ -111,9 +111,58 @@ pub fn parse_rfc3339(s: &str) -> Option<i64> {
     Some(secs * 1_000_000_000 + nanos - offset)
 }
 
+/// A duration as Go's `time.Duration.String` prints it (`1h2m3s`, `1.5s`, `500ms`,
+/// `464µs`, `0s`); the reference uses it in status texts and monitoring fields.
+pub fn go_duration(ns: i64) -> String {
+    if ns == 0 {
+        return "0s".into();
+    }
+    let sign = if ns < 0 { "-" } else { "" };
+    let u = ns.unsigned_abs();
+    // Whole units and a fraction with trailing zeros trimmed.
+    let frac = |v: u64, unit: u64| -> String {
+        let (whole, rest) = (v / unit, v % unit);
+        if rest == 0 {
+            return whole.to_string();
+        }
+        let digits = unit.ilog10() as usize;
+        let f = format!("{rest:0digits$}");
+        format!("{whole}.{}", f.trim_end_matches('0'))
+    };
+    let text = if u < 1_000 {
+        format!("{u}ns")
+    } else if u < 1_000_000 {
+        format!("{}µs", frac(u, 1_000))
+    } else if u < 1_000_000_000 {
+        format!("{}ms", frac(u, 1_000_000))
+    } else {
+        let secs = u / 1_000_000_000;
+        let s = frac(u % 60_000_000_000, 1_000_000_000);
+        match (secs / 3600, secs % 3600 / 60) {
+            (0, 0) => format!("{s}s"),
+            (0, m) => format!("{m}m{s}s"),
+            (h, m) => format!("{h}h{m}m{s}s"),
+        }
+    };
+    format!("{sign}{text}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(go_duration(0), "0s");
+        assert_eq!(go_duration(1_000_000_000), "1s");
+        assert_eq!(go_duration(1_500_000_000), "1.5s");
+        assert_eq!(go_duration(500_000_000), "500ms");
+        assert_eq!(go_duration(90_000_000_000), "1m30s");
+        assert_eq!(go_duration(3_723_000_000_000), "1h2m3s");
+        assert_eq!(go_duration(464_000), "464µs");
+        assert_eq!(go_duration(1_234_567), "1.234567ms");
+        assert_eq!(go_duration(999), "999ns");
+    }
 
     #[test]
     fn format_and_parse() {

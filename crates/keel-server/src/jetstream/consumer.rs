@@ -605,31 +605,6 @@ fn policy_name(p: DeliverPolicy) -> &'static str {
     }
 }
 
-/// Go's duration text for the 409 texts (`1s`, `1.5s`, `500ms`).
-fn go_duration(ns: i64) -> String {
-    let d = Duration::from_nanos(ns.max(0) as u64);
-    if ns >= 1_000_000_000 {
-        let s = d.as_secs_f64();
-        if s.fract() == 0.0 {
-            let s = s as u64;
-            if s >= 3600 {
-                return format!("{}h{}m{}s", s / 3600, s % 3600 / 60, s % 60);
-            } else if s >= 60 {
-                return format!("{}m{}s", s / 60, s % 60);
-            }
-            return format!("{s}s");
-        }
-        return format!("{s}s");
-    }
-    if ns >= 1_000_000 {
-        return format!("{}ms", ns as f64 / 1e6);
-    }
-    if ns >= 1000 {
-        return format!("{}µs", ns as f64 / 1e3);
-    }
-    format!("{ns}ns")
-}
-
 impl Consumer {
     /// Creates the consumer, restores saved state when `dir` holds some, subscribes and
     /// starts its task.
@@ -1274,7 +1249,7 @@ fn pull_request(
     } else if cfg.max_expires > 0 && expires.is_some_and(|e| e > cfg.max_expires) {
         Some(format!(
             "409 Exceeded MaxRequestExpires of {}",
-            go_duration(cfg.max_expires)
+            crate::time::go_duration(cfg.max_expires)
         ))
     } else if cfg.max_bytes > 0 && max_bytes > cfg.max_bytes {
         Some(format!(
@@ -1735,14 +1710,6 @@ pub fn read_meta(dir: &Path) -> Result<ConsumerMeta, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_as_go_prints_them() {
-        assert_eq!(go_duration(1_000_000_000), "1s");
-        assert_eq!(go_duration(1_500_000_000), "1.5s");
-        assert_eq!(go_duration(500_000_000), "500ms");
-        assert_eq!(go_duration(90_000_000_000), "1m30s");
-    }
 
     #[test]
     fn pull_bodies() {

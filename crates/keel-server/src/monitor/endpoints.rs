@@ -440,7 +440,10 @@ pub fn connz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
             c.insert("port".into(), r.port.into());
             c.insert("start".into(), rfc3339(r.start).into());
             c.insert("last_activity".into(), rfc3339(r.last_activity()).into());
-            c.insert("rtt".into(), go_duration_text(r.rtt_nanos).into());
+            c.insert(
+                "rtt".into(),
+                crate::time::go_duration(r.rtt_nanos as i64).into(),
+            );
             let age = Duration::from_nanos((now_ns - r.start).max(0) as u64);
             let idle = Duration::from_nanos((now_ns - r.last_activity()).max(0) as u64);
             c.insert("uptime".into(), proc::uptime(age).into());
@@ -700,20 +703,4 @@ impl Reply {
             q,
         )
     }
-}
-
-/// A round trip as Go prints a duration (`464µs`, `1.2ms`, `0s`).
-fn go_duration_text(ns: u64) -> String {
-    match ns {
-        0 => "0s".into(),
-        n if n < 1_000 => format!("{n}ns"),
-        n if n < 1_000_000 => format!("{}µs", trim_float(n as f64 / 1e3)),
-        n if n < 1_000_000_000 => format!("{}ms", trim_float(n as f64 / 1e6)),
-        n => format!("{}s", trim_float(n as f64 / 1e9)),
-    }
-}
-
-fn trim_float(v: f64) -> String {
-    let s = format!("{v:.3}");
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
