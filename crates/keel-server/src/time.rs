@@ -12,7 +12,8 @@ pub fn now_nanos() -> i64 {
         .unwrap_or(0)
 }
 
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
+/// (year, month, day) of a day count since the Unix epoch.
+pub(crate) fn civil_from_days(days: i64) -> (i64, u32, u32) {
     // Howard Hinnant's days-to-civil algorithm.
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
