@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream as StdTcpStream};
@@ -71,6 +72,33 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.path);
     }
+}
+
+/// Every file under a directory: path -> (length, modification time, inode). The inode
+/// tells a rewrite by rename apart even when length and (coarse) mtime stay the same.
+pub type DirFingerprint = BTreeMap<PathBuf, (u64, SystemTime, u64)>;
+
+/// Fingerprint of every file under `dir` (missing or vanishing entries are skipped: the
+/// server may be renaming files while we look).
+pub fn dir_fingerprint(dir: &Path) -> DirFingerprint {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = DirFingerprint::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(meta) = e.metadata() else { continue };
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else {
+                let mtime = meta.modified().unwrap_or(UNIX_EPOCH);
+                out.insert(e.path(), (meta.len(), mtime, meta.ino()));
+            }
+        }
+    }
+    out
 }
 
 /// A running server process; killed (and its temp dir removed) on drop.
@@ -217,6 +245,23 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// Stops the server cleanly (SIGTERM, as a service manager would) and waits for it to
+    /// exit. The store directory and port are kept for `restart`.
+    pub fn stop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(rc, 0, "kill -TERM {}", self.child.id());
+        let deadline = Instant::now() + STARTUP_DEADLINE;
+        while self.is_running() {
+            assert!(
+                Instant::now() < deadline,
+                "server did not exit within {STARTUP_DEADLINE:?} of SIGTERM; log:\n{}",
+                read_log(&self.log_path)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Starts the server again with the same arguments, port and store
     /// directory (after `kill_hard`, or kills the running one first).
     pub fn restart(&mut self) {
@@ -247,6 +292,43 @@ impl Server {
     /// The JetStream store directory (`-sd`), if started with JetStream.
     pub fn store_dir(&self) -> Option<&Path> {
         self.store_dir.as_deref()
+    }
+
+    /// What every file under the store directory looks like now (see [`DirFingerprint`]).
+    pub fn store_fingerprint(&self) -> DirFingerprint {
+        dir_fingerprint(self.store_dir().expect("started with JetStream"))
+    }
+
+    /// Waits until the server has written to its store since `before` was taken and then
+    /// left it alone for `quiet`: a state write that is due (Keel saves consumer state at
+    /// most every 20 ms, the reference's flusher at most every 100 ms) has happened by then.
+    /// Layout-agnostic, so it works for both servers. Returns false when nothing changed
+    /// within `limit`.
+    pub async fn wait_store_written(
+        &self,
+        before: &DirFingerprint,
+        quiet: Duration,
+        limit: Duration,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut last = self.store_fingerprint();
+        while last == *before {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            last = self.store_fingerprint();
+        }
+        let mut since = tokio::time::Instant::now();
+        while since.elapsed() < quiet {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let now = self.store_fingerprint();
+            if now != last {
+                last = now;
+                since = tokio::time::Instant::now();
+            }
+        }
+        true
     }
 
     /// Ready when this process logged that it listens (both servers print
@@ -628,4 +710,114 @@ pub fn api_error(resp: &serde_json::Value) -> (u64, u64, String) {
             .expect("error.description")
             .to_string(),
     )
+}
+
+// ---------------------------------------------------------------------------
+// JetStream helpers (raw API requests, so every test sees the wire JSON)
+// ---------------------------------------------------------------------------
+
+/// A `$JS.API.*` request with a JSON body (`Null` sends an empty body) that must succeed;
+/// returns the response.
+pub async fn api_ok(
+    client: &async_nats::Client,
+    subject: &str,
+    body: serde_json::Value,
+) -> serde_json::Value {
+    let body = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
+    let (text, resp) = json_request(client, subject, body).await;
+    assert!(resp.get("error").is_none(), "{subject} failed: {text}");
+    resp
+}
+
+/// `$JS.API.CONSUMER.INFO.<stream>.<consumer>`, which must succeed.
+pub async fn consumer_info(
+    client: &async_nats::Client,
+    stream: &str,
+    consumer: &str,
+) -> serde_json::Value {
+    api_ok(
+        client,
+        &format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}"),
+        serde_json::Value::Null,
+    )
+    .await
+}
+
+/// Publishes `payload` to a stream subject as a core request with `headers` and returns
+/// the PubAck (or error) JSON.
+pub async fn js_publish(
+    client: &async_nats::Client,
+    subject: &str,
+    headers: &[(&str, &str)],
+    payload: &str,
+) -> serde_json::Value {
+    let mut map = async_nats::HeaderMap::new();
+    for (k, v) in headers {
+        map.insert(*k, *v);
+    }
+    let reply = within(
+        &format!("publish to {subject}"),
+        client.request_with_headers(
+            subject.to_string(),
+            map,
+            bytes::Bytes::from(payload.to_string()),
+        ),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("publish to {subject}: {e}"));
+    serde_json::from_slice(&reply.payload).unwrap_or_else(|e| {
+        panic!(
+            "PubAck from {subject} is not JSON ({e}): {:?}",
+            String::from_utf8_lossy(&reply.payload)
+        )
+    })
+}
+
+/// Sends a pull request (`$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>` with `body`)
+/// whose deliveries and status messages arrive on the returned subscription.
+pub async fn pull(
+    client: &async_nats::Client,
+    stream: &str,
+    consumer: &str,
+    body: &str,
+) -> async_nats::Subscriber {
+    let inbox = client.new_inbox();
+    let sub = client
+        .subscribe(inbox.clone())
+        .await
+        .expect("subscribe inbox");
+    client
+        .publish_with_reply(
+            format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"),
+            inbox,
+            bytes::Bytes::from(body.to_string()),
+        )
+        .await
+        .expect("publish pull request");
+    within("flush pull request", client.flush())
+        .await
+        .expect("flush");
+    sub
+}
+
+/// The next message on a pull subscription, which must be a delivery (a message with a
+/// `$JS.ACK.` reply, not a status).
+pub async fn delivery(sub: &mut async_nats::Subscriber) -> async_nats::Message {
+    let m = next_msg(sub).await;
+    assert!(
+        m.status.is_none()
+            && m.reply
+                .as_ref()
+                .is_some_and(|r| r.as_str().starts_with("$JS.ACK.")),
+        "expected a delivery, got subject {} reply {:?} status {:?} {:?}",
+        m.subject,
+        m.reply,
+        m.status,
+        m.description
+    );
+    m
 }
