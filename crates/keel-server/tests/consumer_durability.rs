@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 use async_nats::Client;
 use bytes::Bytes;
 use common::{
-    api_ok, consumer_info, delivery, is_reference, js_publish, next_msg, pull, within, Server,
-    STEP,
+    api_ok, consumer_info, delivery, is_reference, js_publish, next_msg, pull, within, Server, STEP,
 };
 use serde_json::{json, Value};
 
@@ -83,7 +82,13 @@ async fn plain_acks_survive_sigkill_once_written() {
     let mut server = Server::start_jetstream();
     let client = server.client().await;
     stream_and_durable(&client, N).await;
-    let mut sub = pull(&client, "S", "dur", &format!(r#"{{"batch":{N},"no_wait":true}}"#)).await;
+    let mut sub = pull(
+        &client,
+        "S",
+        "dur",
+        &format!(r#"{{"batch":{N},"no_wait":true}}"#),
+    )
+    .await;
     let mut replies = Vec::new();
     for i in 1..=N {
         let d = delivery(&mut sub).await;
@@ -119,38 +124,58 @@ async fn plain_acks_survive_sigkill_once_written() {
 }
 
 /// An AckSync confirmation means the ack is on disk: kill the server the moment the
-/// confirmation arrives, restart, the ack is there. Repeated with a fresh ack each round
-/// so that the periodic write cannot make a confirmation-before-write pass by luck.
+/// confirmation arrives, restart, the ack is there.
+///
+/// The confirmation goes to an inbox two connections subscribe to, and the first copy
+/// triggers the kill. With a single receiver a confirmation routed before the write still
+/// leaves after it: the receiver's writer task, woken by the consumer task, waits in that
+/// tokio worker's LIFO slot until the consumer task yields. The first of two woken writers
+/// is pushed out of that slot to where the other worker takes it at once. A confirmation
+/// merely queued before the write (woken after it) only escapes early when a writer is
+/// already awake, so each run makes 50 rounds, each with a fresh ack.
 ///
 /// Keel only: the reference confirms before its asynchronous flush (see
 /// `PERSIST_SETTLE` in tests/consumers.rs); run against it, this test loses the ack in
 /// round 1. Keel's promise is stronger: an ack means fsynced.
 #[tokio::test]
 async fn ack_sync_confirmation_survives_immediate_sigkill() {
+    use futures::StreamExt;
     if is_reference() {
         return;
     }
-    const ROUNDS: u64 = 30;
+    const ROUNDS: u64 = 50;
     let mut server = Server::start_jetstream();
-    let mut client = server.client().await;
-    stream_and_durable(&client, ROUNDS).await;
+    let setup = server.client().await;
+    stream_and_durable(&setup, ROUNDS).await;
+    drop(setup);
     for round in 1..=ROUNDS {
-        let mut sub = pull(&client, "S", "dur", r#"{"batch":1,"no_wait":true}"#).await;
+        let (acker, watcher) = (server.client().await, server.client().await);
+        let confirm = format!("confirm.{round}");
+        let mut mine = acker.subscribe(confirm.clone()).await.unwrap();
+        let mut theirs = watcher.subscribe(confirm.clone()).await.unwrap();
+        common::sync(&acker).await;
+        common::sync(&watcher).await;
+        let mut sub = pull(&acker, "S", "dur", r#"{"batch":1,"no_wait":true}"#).await;
         let d = delivery(&mut sub).await;
         assert_eq!(d.payload, Bytes::from(format!("m{round}")));
-        let reply = d.reply.clone().unwrap();
-        within(
-            "AckSync confirmation",
-            client.request(reply.to_string(), "+ACK".into()),
-        )
+        acker
+            .publish_with_reply(d.reply.clone().unwrap(), confirm, "+ACK".into())
+            .await
+            .unwrap();
+        within("flush AckSync", acker.flush()).await.unwrap();
+        within("AckSync confirmation", async {
+            tokio::select! {
+                m = mine.next() => m,
+                m = theirs.next() => m,
+            }
+        })
         .await
         .expect("AckSync confirmed");
         // No pause: whatever is not on disk by now is lost.
         server.kill_hard();
-        drop(sub);
-        drop(client);
+        drop((mine, theirs, sub, acker, watcher));
         server.restart();
-        client = server.client().await;
+        let client = server.client().await;
         let info = consumer_info(&client, "S", "dur").await;
         assert_eq!(
             ack_state(&info).0,
@@ -317,12 +342,21 @@ async fn full_wildcard_filter_does_not_match_its_prefix() {
             assert_eq!(m.status.map(|s| s.as_u16()), Some(408));
             break;
         }
-        got.push((m.subject.to_string(), String::from_utf8_lossy(&m.payload).into_owned()));
-        client.publish(m.reply.unwrap(), "+ACK".into()).await.unwrap();
+        got.push((
+            m.subject.to_string(),
+            String::from_utf8_lossy(&m.payload).into_owned(),
+        ));
+        client
+            .publish(m.reply.unwrap(), "+ACK".into())
+            .await
+            .unwrap();
     }
     assert_eq!(
         got,
-        [("foo.a".to_string(), "p2".to_string()), ("foo.b.c".into(), "p4".into())]
+        [
+            ("foo.a".to_string(), "p2".to_string()),
+            ("foo.b.c".into(), "p4".into())
+        ]
     );
 
     // A new message on `foo` is not pending for it; one on `foo.z` is.
