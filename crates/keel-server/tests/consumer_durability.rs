@@ -275,7 +275,7 @@ async fn dedup_window_still_applies_after_restart() {
     assert_eq!(
         ack,
         json!({"stream": "D", "seq": 3}),
-        "an id whose {WINDOW:?} window ended before the restart is a duplicate again"
+        "an id whose {WINDOW:?} window ended before the restart is still a duplicate after the restart"
     );
     let ack = publish_id(&client, "d.x", "young").await;
     assert_eq!(ack, json!({"stream": "D", "seq": 2, "duplicate": true}));
@@ -362,7 +362,15 @@ async fn full_wildcard_filter_does_not_match_its_prefix() {
     // A new message on `foo` is not pending for it; one on `foo.z` is.
     js_publish(&client, "foo", &[], "p6").await;
     js_publish(&client, "foo.z", &[], "p7").await;
-    let info = consumer_info(&client, "F", "pl").await;
+    // The reference updates a filtered consumer's count asynchronously.
+    let deadline = Instant::now() + STEP;
+    let info = loop {
+        let info = consumer_info(&client, "F", "pl").await;
+        if info["num_pending"] != 0 || Instant::now() >= deadline {
+            break info;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     assert_eq!(info["num_pending"], 1, "{info}");
 
     // A push consumer with the same filter gets the same selection.
@@ -384,4 +392,92 @@ async fn full_wildcard_filter_does_not_match_its_prefix() {
     }
     assert_eq!(pushed, ["foo.a", "foo.b.c", "foo.z"]);
     common::expect_no_msg(&mut push).await;
+}
+
+/// Interest retention asks the same question: a `foo.>` consumer has no interest in `foo`.
+/// A message on `foo` is not kept when it is the only consumer, and is removed once the
+/// unfiltered consumer acks it, while one on `foo.a` waits for both.
+#[tokio::test]
+async fn full_wildcard_filter_has_no_interest_in_its_prefix() {
+    let server = Server::start_jetstream();
+    let client = server.client().await;
+    api_ok(
+        &client,
+        "$JS.API.STREAM.CREATE.I",
+        json!({"name": "I", "subjects": ["foo", "foo.>"], "storage": "file", "retention": "interest"}),
+    )
+    .await;
+    let durable = |name: &str, filter: Option<&str>| {
+        let mut config = json!({"name": name, "durable_name": name, "ack_policy": "explicit"});
+        if let Some(f) = filter {
+            config["filter_subject"] = f.into();
+        }
+        json!({"stream_name": "I", "config": config})
+    };
+    api_ok(
+        &client,
+        "$JS.API.CONSUMER.CREATE.I.w",
+        durable("w", Some("foo.>")),
+    )
+    .await;
+    let state = |client: Client| async move {
+        api_ok(&client, "$JS.API.STREAM.INFO.I", Value::Null).await["state"].clone()
+    };
+    assert_eq!(js_publish(&client, "foo", &[], "p1").await["seq"], 1);
+    assert_eq!(
+        state(client.clone()).await["messages"],
+        0,
+        "foo kept for foo.>"
+    );
+    assert_eq!(js_publish(&client, "foo.a", &[], "p2").await["seq"], 2);
+    assert_eq!(state(client.clone()).await["messages"], 1);
+
+    api_ok(
+        &client,
+        "$JS.API.CONSUMER.CREATE.I.all",
+        durable("all", None),
+    )
+    .await;
+    assert_eq!(js_publish(&client, "foo", &[], "p3").await["seq"], 3);
+    assert_eq!(state(client.clone()).await["messages"], 2);
+    let mut sub = pull(&client, "I", "all", r#"{"batch":2,"no_wait":true}"#).await;
+    for subject in ["foo.a", "foo"] {
+        let d = delivery(&mut sub).await;
+        assert_eq!(d.subject.as_str(), subject);
+        within(
+            "AckSync",
+            client.request(d.reply.unwrap().to_string(), "+ACK".into()),
+        )
+        .await
+        .unwrap();
+    }
+    // Only `all` wanted seq 3; `w` still has to ack seq 2.
+    let deadline = Instant::now() + STEP;
+    let st = loop {
+        let st = state(client.clone()).await;
+        if st["messages"] != 2 || Instant::now() >= deadline {
+            break st;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(
+        (&st["messages"], &st["first_seq"]),
+        (&json!(1), &json!(2)),
+        "{st}"
+    );
+
+    let mut sub = pull(&client, "I", "w", r#"{"batch":1,"no_wait":true}"#).await;
+    let d = delivery(&mut sub).await;
+    assert_eq!(d.subject.as_str(), "foo.a");
+    within(
+        "AckSync",
+        client.request(d.reply.unwrap().to_string(), "+ACK".into()),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + STEP;
+    while state(client.clone()).await["messages"] != 0 {
+        assert!(Instant::now() < deadline, "foo.a kept after both acks");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
