@@ -152,3 +152,67 @@ async fn slow_consumer_probe_sees_open_connection() {
     raw.send(b"PING\r\n").await;
     assert_eq!(raw.read_op().await, "PONG");
 }
+
+/// Past `max_pending` bytes queued for it, a subscriber is closed at once, for that reason
+/// (the log line both servers write), not later by `write_deadline`, which is set far
+/// beyond the test's bound here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_consumer_past_max_pending_is_closed_at_once() {
+    const BOUND: Duration = Duration::from_secs(10);
+    let server = Server::start_with_config("max_pending: 1MB\nwrite_deadline: \"120s\"\n");
+
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    let stream = within("slow connect", socket.connect(server.addr()))
+        .await
+        .unwrap();
+    let mut slow = RawClient::from_stream(stream).await;
+    slow.send(
+        b"CONNECT {\"verbose\":false,\"pedantic\":false,\"protocol\":1}\r\nSUB big 1\r\nPING\r\n",
+    )
+    .await;
+    assert_eq!(slow.read_op().await, "PONG");
+
+    // 32 MiB: several times what the kernel buffers can hold for the stuck socket, so more
+    // than 1 MiB is left queued in the server.
+    let publisher = server.client().await;
+    let started = Instant::now();
+    let payload = Bytes::from(vec![b'p'; MSG_SIZE]);
+    let publish_all = async {
+        for _ in 0..MSG_COUNT / 2 {
+            publisher.publish("big", payload.clone()).await.unwrap();
+        }
+        publisher.flush().await.unwrap();
+    };
+    tokio::time::timeout(BOUND, publish_all)
+        .await
+        .expect("publisher stalled behind the slow consumer");
+
+    const REASON: &str = "Slow Consumer Detected: MaxPending of 1048576 Exceeded";
+    while !server.log().contains(REASON) {
+        assert!(
+            started.elapsed() < BOUND,
+            "no {REASON:?} within {BOUND:?}; log:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let closed_after = started.elapsed();
+    assert!(
+        !server.log().contains("WriteDeadline"),
+        "closed by the write deadline: {}",
+        server.log()
+    );
+    let closed = slow.expect_closed(Duration::from_secs(5)).await;
+    assert!(
+        matches!(closed, Closed::Eof | Closed::Error(_)),
+        "got {closed:?}"
+    );
+
+    // The publisher carries on.
+    let mut sub = publisher.subscribe("big").await.unwrap();
+    sync(&publisher).await;
+    publisher.publish("big", "after".into()).await.unwrap();
+    assert_eq!(next_msg(&mut sub).await.payload, Bytes::from("after"));
+    eprintln!("slow consumer closed for max_pending after {closed_after:?}");
+}
