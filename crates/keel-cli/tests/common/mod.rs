@@ -19,12 +19,66 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 pub struct Server {
     pub child: Child,
     pub url: String,
+    bin: PathBuf,
+    port: u16,
     dir: Option<PathBuf>,
+    log_path: PathBuf,
 }
 
 impl Server {
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// SIGKILLs the server (`kill -9`: no shutdown handling at all) and waits for it to be
+    /// gone; port and store directory are kept for [`Server::restart`].
+    pub fn kill_hard(&mut self) {
+        // `Child::kill` sends SIGKILL on Unix.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same port and store directory (killing it first
+    /// if it still runs).
+    pub fn restart(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.kill_hard();
+        }
+        let start = Instant::now();
+        loop {
+            let before = listening_lines(&self.log_path);
+            self.child = spawn(&self.bin, self.port, self.dir.as_deref(), &self.log_path);
+            if self.wait_listening(before) {
+                return;
+            }
+            // The old process's port may linger for a moment.
+            assert!(
+                start.elapsed() < DEADLINE,
+                "server did not restart on {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until this process logged more "Listening for client connections on" lines
+    /// than `before` and the port accepts; false if it exited first.
+    fn wait_listening(&mut self, before: usize) -> bool {
+        let start = Instant::now();
+        while listening_lines(&self.log_path) <= before
+            || TcpStream::connect(("127.0.0.1", self.port)).is_err()
+        {
+            if self.child.try_wait().expect("poll server").is_some() {
+                return false;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "server did not listen on {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
     }
 
     /// Runs keel against this server (`-s URL` appended).
@@ -76,6 +130,9 @@ impl Drop for Server {
         if let Some(dir) = &self.dir {
             let _ = std::fs::remove_dir_all(dir);
         }
+        if let Some(log_dir) = self.log_path.parent() {
+            let _ = std::fs::remove_dir_all(log_dir);
+        }
     }
 }
 
@@ -108,6 +165,42 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// True when the server under test is the reference nats-server
+/// (`KEEL_TEST_SERVER_BIN=nats-server`).
+pub fn is_reference() -> bool {
+    server_binary()
+        .and_then(|b| {
+            b.file_name()
+                .map(|n| n.to_string_lossy().starts_with("nats-server"))
+        })
+        .unwrap_or(false)
+}
+
+fn listening_lines(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .map(|s| s.matches("Listening for client connections on").count())
+        .unwrap_or(0)
+}
+
+/// Spawns `bin` on `port` (with JetStream on `store` when given), appending its stderr to
+/// `log_path`.
+fn spawn(bin: &Path, port: u16, store: Option<&Path>, log_path: &Path) -> Child {
+    let mut cmd = Command::new(bin);
+    cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(d) = store {
+        cmd.args(["-js", "-sd"]).arg(d);
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path)
+        .expect("open server log");
+    cmd.stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()))
+}
+
 /// Starts a server with JetStream (`-js -sd <tmp>`) or without.
 pub fn start(jetstream: bool) -> Option<Server> {
     let Some(bin) = server_binary() else {
@@ -117,40 +210,21 @@ pub fn start(jetstream: bool) -> Option<Server> {
         return None;
     };
     let port = free_port();
-    let mut cmd = Command::new(&bin);
-    cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
     let dir = jetstream.then(|| temp_dir("store"));
-    if let Some(d) = &dir {
-        cmd.args(["-js", "-sd"]).arg(d);
-    }
     // The log tells that *this* process listens: with tests in parallel, another test's
     // server could briefly own the same port.
     let log_path = temp_dir("log").join("server.log");
-    let log = std::fs::File::create(&log_path).expect("create server log");
-    let child = cmd
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+    let child = spawn(&bin, port, dir.as_deref(), &log_path);
     let mut server = Server {
         child,
         url: format!("nats://127.0.0.1:{port}"),
+        bin,
+        port,
         dir,
+        log_path,
     };
-    let start = Instant::now();
-    let listening = || {
-        std::fs::read_to_string(&log_path)
-            .is_ok_and(|s| s.contains("Listening for client connections on"))
-    };
-    while !listening() || TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Some(status) = server.child.try_wait().expect("poll server") {
-            panic!("{} exited early with {status}", bin.display());
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "server did not listen on {port}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
+    if !server.wait_listening(0) {
+        panic!("{} exited early", server.bin.display());
     }
     Some(server)
 }
