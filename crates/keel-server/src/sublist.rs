@@ -71,6 +71,10 @@ pub struct Sublist {
     removes: AtomicU64,
     /// Trie lookups (match-cache misses); cache hits never reach the trie.
     matches: AtomicU64,
+    /// Wakes tasks waiting for a new subscription (unbound push consumers); only touched on
+    /// insert while someone waits, so SUB stays as cheap as before otherwise.
+    inserted: tokio::sync::Notify,
+    insert_waiters: AtomicUsize,
 }
 
 /// Counters for `/subsz`.
@@ -126,6 +130,34 @@ impl Sublist {
         self.count.fetch_add(1, Ordering::Relaxed);
         self.inserts.fetch_add(1, Ordering::Relaxed);
         self.generation.fetch_add(1, Ordering::Release);
+        drop(root);
+        if self.insert_waiters.load(Ordering::Acquire) > 0 {
+            self.inserted.notify_waiters();
+        }
+    }
+
+    /// Completes after the next insert (never, with `since` None). `since` is the generation
+    /// the caller last looked at, so a change since then returns at once instead of being
+    /// missed.
+    pub async fn subscribed(&self, since: Option<u64>) {
+        let Some(generation) = since else {
+            return std::future::pending().await;
+        };
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let notified = self.inserted.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let _w = Waiting(&self.insert_waiters);
+        self.insert_waiters.fetch_add(1, Ordering::AcqRel);
+        if self.generation() != generation {
+            return;
+        }
+        notified.await;
     }
 
     pub fn stats(&self) -> SublistStats {
