@@ -290,7 +290,7 @@ async fn sigkilled_worker_long_poll() {
         BufReader::new(stdout)
             .lines()
             .map_while(Result::ok)
-            .any(|l| l.trim() == "READY")
+            .any(|l| l.trim_end().ends_with("READY"))
     });
     assert!(
         within("worker ready", ready).await.expect("reader"),
@@ -318,12 +318,17 @@ async fn crash_looping_worker_cannot_fill_max_waiting() {
     let (s, client, _js) = setup().await;
     create_stream(&client, "C", &["c.>"]).await;
     create_consumer(&client, "C", "worker", json!({"max_waiting": 2})).await;
-    for _ in 0..5 {
+    for n in 0..5 {
+        if common::is_reference() {
+            // The reference drops dead requests of a full queue at most once a second; a
+            // real crash loop is that slow. Keel drops them whenever the queue is full.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
         let mut raw = s.raw_connected().await;
         let body = json!({"batch": 1, "expires": 30 * SEC}).to_string();
         raw.send(
             format!(
-                "SUB _INBOX.crash 1\r\nPUB {API}.CONSUMER.MSG.NEXT.C.worker _INBOX.crash {}\r\n{body}\r\nPING\r\n",
+                "SUB _INBOX.crash.{n} 1\r\nPUB {API}.CONSUMER.MSG.NEXT.C.worker _INBOX.crash.{n} {}\r\n{body}\r\nPING\r\n",
                 body.len()
             )
             .as_bytes(),
@@ -814,9 +819,8 @@ async fn pause_and_resume() {
     // An update does not change the pause.
     let resp = create_consumer(&client, "P", "c", json!({"description": "x"})).await;
     assert_eq!(resp["config"]["pause_until"], "2099-01-01T00:00:00Z", "{resp}");
-    // Resume (nats-py sends the epoch): a waiting request gets the message.
-    let mut sub = pull(&client, "P", "c", json!({"batch": 1, "expires": 10 * SEC})).await;
-    wait_info(&client, "P", "c", |i| i["num_waiting"] == 1).await;
+    // Resume (nats-py sends the epoch). The reference does not wake requests already
+    // waiting (Keel does), so only a request made after it is checked.
     let resp = api_ok(
         &client,
         &format!("{API}.CONSUMER.PAUSE.P.c"),
@@ -828,6 +832,7 @@ async fn pause_and_resume() {
         json!({"type": "io.nats.jetstream.api.v1.consumer_pause_response",
                "paused": false, "pause_until": "1970-01-01T00:00:00Z"})
     );
+    let mut sub = pull(&client, "P", "c", json!({"batch": 1, "expires": 10 * SEC})).await;
     assert_eq!(delivery(&mut sub).await, ("held".into(), 1));
     let i = info(&client, "P", "c").await;
     assert!(i.get("paused").is_none(), "{i}");
