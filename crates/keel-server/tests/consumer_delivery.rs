@@ -173,7 +173,10 @@ async fn wait_info(client: &Client, stream: &str, name: &str, f: impl Fn(&Value)
         if f(&i) {
             return;
         }
-        assert!(Instant::now() < deadline, "consumer info never matched: {i}");
+        assert!(
+            Instant::now() < deadline,
+            "consumer info never matched: {i}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -214,7 +217,13 @@ async fn unsubscribed_pull_request_is_dropped() {
     let i = info(&client, "W", "worker").await;
     // Nothing went to the dead request: not waiting, not delivered, not ack pending.
     assert_eq!(counters(&i), (0, 1, 0, 0), "{i}");
-    let mut live = pull(&client, "W", "worker", json!({"batch": 1, "expires": 5 * SEC})).await;
+    let mut live = pull(
+        &client,
+        "W",
+        "worker",
+        json!({"batch": 1, "expires": 5 * SEC}),
+    )
+    .await;
     assert_eq!(delivery(&mut live).await, ("job-1".into(), 1));
 }
 
@@ -224,10 +233,22 @@ async fn unsubscribed_pull_request_is_dropped() {
 async fn closed_connection_pull_request_is_dropped() {
     let (s, client, _js) = setup().await;
     create_stream(&client, "W", &["w.>"]).await;
-    create_consumer(&client, "W", "worker", json!({"max_deliver": 3, "ack_wait": SEC})).await;
+    create_consumer(
+        &client,
+        "W",
+        "worker",
+        json!({"max_deliver": 3, "ack_wait": SEC}),
+    )
+    .await;
     {
         let worker = s.client().await;
-        let _sub = pull(&worker, "W", "worker", json!({"batch": 1, "expires": 30 * SEC})).await;
+        let _sub = pull(
+            &worker,
+            "W",
+            "worker",
+            json!({"batch": 1, "expires": 30 * SEC}),
+        )
+        .await;
         wait_info(&client, "W", "worker", |i| i["num_waiting"] == 1).await;
         // Dropping the last handle closes the connection (no UNSUB sent).
         drop(_sub);
@@ -237,7 +258,13 @@ async fn closed_connection_pull_request_is_dropped() {
     wait_info(&client, "W", "worker", |i| i["num_waiting"] == 0).await;
     publish(&client, "w.job", "job-1").await;
     wait_info(&client, "W", "worker", |i| i["num_pending"] == 1).await;
-    let mut live = pull(&client, "W", "worker", json!({"batch": 1, "expires": 5 * SEC})).await;
+    let mut live = pull(
+        &client,
+        "W",
+        "worker",
+        json!({"batch": 1, "expires": 5 * SEC}),
+    )
+    .await;
     assert_eq!(delivery(&mut live).await, ("job-1".into(), 1));
 }
 
@@ -305,7 +332,13 @@ async fn sigkilled_worker_long_poll() {
     }
     wait_info(&client, "B", "worker", |i| i["num_pending"] == 5).await;
     let restarted = s.client().await;
-    let mut sub = pull(&restarted, "B", "worker", json!({"batch": 5, "expires": 5 * SEC})).await;
+    let mut sub = pull(
+        &restarted,
+        "B",
+        "worker",
+        json!({"batch": 5, "expires": 5 * SEC}),
+    )
+    .await;
     for n in 1..=5 {
         assert_eq!(delivery(&mut sub).await, (format!("m{n}"), 1));
     }
@@ -337,7 +370,13 @@ async fn crash_looping_worker_cannot_fill_max_waiting() {
         assert_eq!(raw.read_op().await, "PONG");
         drop(raw);
     }
-    let mut live = pull(&client, "C", "worker", json!({"batch": 1, "expires": 10 * SEC})).await;
+    let mut live = pull(
+        &client,
+        "C",
+        "worker",
+        json!({"batch": 1, "expires": 10 * SEC}),
+    )
+    .await;
     publish(&client, "c.job", "job").await;
     assert_eq!(delivery(&mut live).await, ("job".into(), 1));
 }
@@ -351,7 +390,13 @@ async fn stream_delete_stops_its_consumers() {
     let (_s, client, _js) = setup().await;
     create_stream(&client, "D", &["d.>"]).await;
     create_consumer(&client, "D", "dur", json!({})).await;
-    let mut waiting = pull(&client, "D", "dur", json!({"batch": 1, "expires": 30 * SEC})).await;
+    let mut waiting = pull(
+        &client,
+        "D",
+        "dur",
+        json!({"batch": 1, "expires": 30 * SEC}),
+    )
+    .await;
     wait_info(&client, "D", "dur", |i| i["num_waiting"] == 1).await;
     api_ok(&client, &format!("{API}.STREAM.DELETE.D"), Value::Null).await;
     assert_eq!(status_msg(&mut waiting, 409).await, "Consumer Deleted");
@@ -604,11 +649,31 @@ async fn priority_group_pull_validation() {
     )
     .await;
     let cases = [
-        ("plain", json!({"batch": 1, "min_pending": 1}), "Bad Request - Not a Overflow Priority consumer"),
-        ("plain", json!({"batch": 1, "id": "x"}), "Bad Request - Not a Pinned Client Priority consumer"),
-        ("plain", json!({"batch": 1, "priority": 10}), "Bad Request - Priority must be between 0 and 9"),
-        ("over", json!({"batch": 1, "expires": SEC}), "Bad Request - Priority Group missing"),
-        ("over", json!({"batch": 1, "group": "B"}), "Bad Request - Invalid Priority Group"),
+        (
+            "plain",
+            json!({"batch": 1, "min_pending": 1}),
+            "Bad Request - Not a Overflow Priority consumer",
+        ),
+        (
+            "plain",
+            json!({"batch": 1, "id": "x"}),
+            "Bad Request - Not a Pinned Client Priority consumer",
+        ),
+        (
+            "plain",
+            json!({"batch": 1, "priority": 10}),
+            "Bad Request - Priority must be between 0 and 9",
+        ),
+        (
+            "over",
+            json!({"batch": 1, "expires": SEC}),
+            "Bad Request - Priority Group missing",
+        ),
+        (
+            "over",
+            json!({"batch": 1, "group": "B"}),
+            "Bad Request - Invalid Priority Group",
+        ),
     ];
     for (consumer, body, text) in cases {
         let mut sub = pull(&client, "G", consumer, body.clone()).await;
@@ -802,7 +867,10 @@ async fn pause_and_resume() {
         json!({"pause_until": "2099-01-01T01:00:00+01:00"}),
     )
     .await;
-    assert_eq!(resp["type"], "io.nats.jetstream.api.v1.consumer_pause_response");
+    assert_eq!(
+        resp["type"],
+        "io.nats.jetstream.api.v1.consumer_pause_response"
+    );
     assert_eq!(resp["paused"], true);
     assert_eq!(resp["pause_until"], "2099-01-01T00:00:00Z");
     assert!(resp["pause_remaining"].as_i64().unwrap() > 0);
@@ -818,7 +886,10 @@ async fn pause_and_resume() {
     assert_eq!(status_msg(&mut sub, 404).await, "No Messages");
     // An update does not change the pause.
     let resp = create_consumer(&client, "P", "c", json!({"description": "x"})).await;
-    assert_eq!(resp["config"]["pause_until"], "2099-01-01T00:00:00Z", "{resp}");
+    assert_eq!(
+        resp["config"]["pause_until"], "2099-01-01T00:00:00Z",
+        "{resp}"
+    );
     // Resume (nats-py sends the epoch). The reference does not wake requests already
     // waiting (Keel does), so only a request made after it is checked.
     let resp = api_ok(
@@ -875,7 +946,9 @@ async fn pause_until_in_config_holds_push_delivery() {
     assert_eq!(resp["paused"], true, "{resp}");
     quiet(&mut sub, Duration::from_millis(800)).await;
     // Delivery starts once the pause is over.
-    let m = within("delivery after the pause", sub.next()).await.unwrap();
+    let m = within("delivery after the pause", sub.next())
+        .await
+        .unwrap();
     assert_eq!(m.payload, "one");
 }
 
@@ -915,9 +988,15 @@ async fn reset_to_ack_floor_and_to_sequence() {
     assert_eq!(delivery(&mut sub).await.0, "m2");
     // Back to the ack floor: both unacked messages come again, as first deliveries.
     let resp = api_ok(&client, &format!("{API}.CONSUMER.RESET.S.c"), Value::Null).await;
-    assert_eq!(resp["type"], "io.nats.jetstream.api.v1.consumer_reset_response");
+    assert_eq!(
+        resp["type"],
+        "io.nats.jetstream.api.v1.consumer_reset_response"
+    );
     assert_eq!(resp["reset_seq"], 1);
-    assert_eq!(resp["delivered"], json!({"consumer_seq": 0, "stream_seq": 0}));
+    assert_eq!(
+        resp["delivered"],
+        json!({"consumer_seq": 0, "stream_seq": 0})
+    );
     assert_eq!(resp["num_ack_pending"], 0);
     assert_eq!(resp["num_pending"], 3);
     let mut sub = pull(&client, "S", "c", json!({"batch": 1, "expires": 5 * SEC})).await;
@@ -930,7 +1009,10 @@ async fn reset_to_ack_floor_and_to_sequence() {
     )
     .await;
     assert_eq!(resp["reset_seq"], 3);
-    assert_eq!(resp["ack_floor"], json!({"consumer_seq": 0, "stream_seq": 2}));
+    assert_eq!(
+        resp["ack_floor"],
+        json!({"consumer_seq": 0, "stream_seq": 2})
+    );
     assert_eq!(resp["num_pending"], 1);
     let mut sub = pull(&client, "S", "c", json!({"batch": 1, "expires": 5 * SEC})).await;
     assert_eq!(delivery(&mut sub).await, ("m3".into(), 1));

@@ -207,8 +207,7 @@ impl From<PriorityPolicy> for String {
 /// Priority group names: 1 to 16 of `A-Z a-z 0-9 - _ / =` (the reference's rule).
 pub fn valid_group_name(g: &str) -> bool {
     (1..=16).contains(&g.len())
-        && g
-            .bytes()
+        && g.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'/' | b'='))
 }
 
@@ -260,6 +259,9 @@ const DEFAULT_INACTIVE: i64 = 5_000_000_000;
 const DEFAULT_PINNED_TTL: i64 = 120_000_000_000;
 /// How often a durable consumer's changed state is written when no AckSync forces it.
 const SAVE_INTERVAL: Duration = Duration::from_millis(20);
+/// How often a subscription change makes the task look for waiting requests whose
+/// requester went away.
+const PRUNE_INTERVAL: Duration = Duration::from_millis(100);
 /// Push flow control: ask for a reply every this many bytes, stall at twice as many.
 const FC_WINDOW: usize = 1024 * 1024;
 
@@ -704,7 +706,9 @@ struct PullGroup {
 
 impl PullRequest {
     fn priority(&self) -> i64 {
-        self.group.as_ref().map_or(i64::from(i32::MAX), |g| g.priority)
+        self.group
+            .as_ref()
+            .map_or(i64::from(i32::MAX), |g| g.priority)
     }
 
     fn timeout_status(&self) -> Vec<u8> {
@@ -786,6 +790,7 @@ pub struct State {
     epoch: u64,
     /// Sublist generation when the waiting requests were last checked for interest.
     interest_gen: u64,
+    last_prune: Instant,
 }
 
 pub struct Consumer {
@@ -884,6 +889,7 @@ impl Consumer {
             from_lps: false,
             epoch: 0,
             interest_gen: u64::MAX,
+            last_prune: now,
         };
         st.pause_ns = st.config.pause_ns();
         match saved {
@@ -1754,8 +1760,7 @@ fn pull_request(
         ))
     } else if let Some(g) = &req.group {
         let policy = &cfg.priority_policy;
-        if (g.min_pending != 0 || g.min_ack_pending != 0) && *policy != PriorityPolicy::Overflow
-        {
+        if (g.min_pending != 0 || g.min_ack_pending != 0) && *policy != PriorityPolicy::Overflow {
             Some("400 Bad Request - Not a Overflow Priority consumer".into())
         } else if !g.id.is_empty() && *policy != PriorityPolicy::PinnedClient {
             Some("400 Bad Request - Not a Pinned Client Priority consumer".into())
@@ -1877,7 +1882,8 @@ fn insert_by_priority(waiting: &mut VecDeque<PullRequest>, w: PullRequest) {
 /// died). They get no status: there is no one to tell.
 fn prune_dead(st: &mut State, server: &Server, router: &mut Router) {
     st.interest_gen = server.sublist.generation();
-    st.waiting.retain(|w| has_interest(router, server, &w.reply));
+    st.waiting
+        .retain(|w| has_interest(router, server, &w.reply));
 }
 
 impl State {
@@ -1945,8 +1951,13 @@ fn timers(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
             // The pinned client stopped asking: the next request gets the pin.
             st.pin = None;
         }
-        if !st.waiting.is_empty() && st.interest_gen != server.sublist.generation() {
-            // Someone subscribed or unsubscribed since the last look.
+        if !st.waiting.is_empty()
+            && st.interest_gen != server.sublist.generation()
+            && st.last_prune.elapsed() >= PRUNE_INTERVAL
+        {
+            // Someone subscribed or unsubscribed since the last look. Only housekeeping
+            // (deliveries check each request themselves), so at most every PRUNE_INTERVAL.
+            st.last_prune = now;
             prune_dead(&mut st, server, router);
         }
         let (last_c, last_s) = (st.delivered.consumer_seq, st.delivered.stream_seq);
@@ -2030,12 +2041,7 @@ fn deliver(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
         out
     };
     for reply in finished {
-        send_status(
-            server,
-            router,
-            &reply,
-            &status_hdr("404 No Messages", &[]),
-        );
+        send_status(server, router, &reply, &status_hdr("404 No Messages", &[]));
     }
 }
 
@@ -2316,7 +2322,9 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
                 router,
                 &mut statuses,
             ) {
-                Some((id, reply, batch, bytes, pin)) => (reply, Some(id), Some((batch, bytes)), pin),
+                Some((id, reply, batch, bytes, pin)) => {
+                    (reply, Some(id), Some((batch, bytes)), pin)
+                }
                 None => {
                     put_back(&mut st, msg.seq, deliveries, from_lps);
                     break Stop::Done;

@@ -321,10 +321,7 @@ fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router
         ["STREAM", "INFO", name] => ("stream_info", stream_info(js, name, body)),
         ["STREAM", "NAMES"] => ("stream_names", stream_names(js, body)),
         ["STREAM", "LIST"] => ("stream_list", stream_list(js, body)),
-        ["STREAM", "DELETE", name] => (
-            "stream_delete",
-            stream_delete(js, server, router, name),
-        ),
+        ["STREAM", "DELETE", name] => ("stream_delete", stream_delete(js, server, router, name)),
         ["STREAM", "PURGE", name] => ("stream_purge", stream_purge(js, name, body)),
         ["STREAM", "MSG", "GET", name] => ("stream_msg_get", msg_get(js, name, body)),
         ["STREAM", "MSG", "DELETE", name] => ("stream_msg_delete", msg_delete(js, name, body)),
@@ -1408,8 +1405,13 @@ fn consumer_pause(
     cfg.pause_until = until.as_ref().map(|(_, text)| text.clone());
     cfg.set_req_level();
     c.set_config(cfg);
-    c.persist_meta()
-        .map_err(|e| ApiError::new(500, 10104, format!("error creating store for consumer: {e}")))?;
+    c.persist_meta().map_err(|e| {
+        ApiError::new(
+            500,
+            10104,
+            format!("error creating store for consumer: {e}"),
+        )
+    })?;
     let (paused, remaining) = c.pause_state();
     let mut m = api::response("consumer_pause");
     m.insert("paused".into(), paused.into());
