@@ -401,6 +401,37 @@ mod tests {
         assert!(sl.root.read().unwrap().is_empty());
     }
 
+    #[tokio::test]
+    async fn subscribed_wakes_on_insert_and_never_misses_one() {
+        use std::time::Duration;
+        let sl = Arc::new(Sublist::new());
+        // A change since the caller looked: at once.
+        let seen = sl.generation();
+        sl.insert(sub("a", None));
+        tokio::time::timeout(Duration::from_secs(5), sl.subscribed(Some(seen)))
+            .await
+            .expect("stale generation returns at once");
+        // Otherwise it waits for the next insert.
+        let seen = sl.generation();
+        let waiter = {
+            let sl = sl.clone();
+            tokio::spawn(async move { sl.subscribed(Some(seen)).await })
+        };
+        while sl.insert_waiters.load(Ordering::Acquire) == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiter.is_finished());
+        sl.insert(sub("b", None));
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("insert wakes the waiter")
+            .expect("task");
+        assert_eq!(sl.insert_waiters.load(Ordering::Acquire), 0);
+        // None never completes.
+        let never = tokio::time::timeout(Duration::from_millis(20), sl.subscribed(None));
+        assert!(never.await.is_err());
+    }
+
     #[test]
     fn cache_sees_changes() {
         let sl = Sublist::new();
