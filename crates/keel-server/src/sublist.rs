@@ -71,6 +71,10 @@ pub struct Sublist {
     removes: AtomicU64,
     /// Trie lookups (match-cache misses); cache hits never reach the trie.
     matches: AtomicU64,
+    /// Wakes tasks waiting for a new subscription (unbound push consumers); only touched on
+    /// insert while someone waits, so SUB stays as cheap as before otherwise.
+    inserted: tokio::sync::Notify,
+    insert_waiters: AtomicUsize,
 }
 
 /// Counters for `/subsz`.
@@ -126,6 +130,34 @@ impl Sublist {
         self.count.fetch_add(1, Ordering::Relaxed);
         self.inserts.fetch_add(1, Ordering::Relaxed);
         self.generation.fetch_add(1, Ordering::Release);
+        drop(root);
+        if self.insert_waiters.load(Ordering::Acquire) > 0 {
+            self.inserted.notify_waiters();
+        }
+    }
+
+    /// Completes after the next insert (never, with `since` None). `since` is the generation
+    /// the caller last looked at, so a change since then returns at once instead of being
+    /// missed.
+    pub async fn subscribed(&self, since: Option<u64>) {
+        let Some(generation) = since else {
+            return std::future::pending().await;
+        };
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let notified = self.inserted.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let _w = Waiting(&self.insert_waiters);
+        self.insert_waiters.fetch_add(1, Ordering::AcqRel);
+        if self.generation() != generation {
+            return;
+        }
+        notified.await;
     }
 
     pub fn stats(&self) -> SublistStats {
@@ -367,6 +399,37 @@ mod tests {
         assert!(sl.remove(&q));
         assert_eq!(sl.count(), 0);
         assert!(sl.root.read().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn subscribed_wakes_on_insert_and_never_misses_one() {
+        use std::time::Duration;
+        let sl = Arc::new(Sublist::new());
+        // A change since the caller looked: at once.
+        let seen = sl.generation();
+        sl.insert(sub("a", None));
+        tokio::time::timeout(Duration::from_secs(5), sl.subscribed(Some(seen)))
+            .await
+            .expect("stale generation returns at once");
+        // Otherwise it waits for the next insert.
+        let seen = sl.generation();
+        let waiter = {
+            let sl = sl.clone();
+            tokio::spawn(async move { sl.subscribed(Some(seen)).await })
+        };
+        while sl.insert_waiters.load(Ordering::Acquire) == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiter.is_finished());
+        sl.insert(sub("b", None));
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("insert wakes the waiter")
+            .expect("task");
+        assert_eq!(sl.insert_waiters.load(Ordering::Acquire), 0);
+        // None never completes.
+        let never = tokio::time::timeout(Duration::from_millis(20), sl.subscribed(None));
+        assert!(never.await.is_err());
     }
 
     #[test]

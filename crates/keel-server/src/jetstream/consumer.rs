@@ -146,6 +146,101 @@ pub struct ConsumerConfig {
     pub metadata: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_until: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_default"
+    )]
+    pub priority_groups: Vec<String>,
+    #[serde(default, skip_serializing_if = "PriorityPolicy::is_none")]
+    pub priority_policy: PriorityPolicy,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority_timeout: i64,
+}
+
+/// How waiting pull requests of a priority group are chosen (the reference's policies).
+/// Unknown names are kept so that validation can answer with the reference's text.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(from = "String", into = "String")]
+pub enum PriorityPolicy {
+    #[default]
+    None,
+    /// Serve a request only while the consumer is backed up (`min_pending`, `min_ack_pending`).
+    Overflow,
+    /// One client (by pin id) gets everything until it stops asking.
+    PinnedClient,
+    /// Requests with a lower `priority` number are served first.
+    Prioritized,
+    Unknown(String),
+}
+
+impl PriorityPolicy {
+    fn is_none(&self) -> bool {
+        *self == PriorityPolicy::None
+    }
+}
+
+impl From<String> for PriorityPolicy {
+    fn from(s: String) -> Self {
+        match s.as_str() {
+            "none" => PriorityPolicy::None,
+            "overflow" => PriorityPolicy::Overflow,
+            "pinned_client" => PriorityPolicy::PinnedClient,
+            "prioritized" => PriorityPolicy::Prioritized,
+            _ => PriorityPolicy::Unknown(s),
+        }
+    }
+}
+
+impl From<PriorityPolicy> for String {
+    fn from(p: PriorityPolicy) -> String {
+        match p {
+            PriorityPolicy::None => "none".into(),
+            PriorityPolicy::Overflow => "overflow".into(),
+            PriorityPolicy::PinnedClient => "pinned_client".into(),
+            PriorityPolicy::Prioritized => "prioritized".into(),
+            PriorityPolicy::Unknown(s) => s,
+        }
+    }
+}
+
+/// Priority group names: 1 to 16 of `A-Z a-z 0-9 - _ / =` (the reference's rule).
+pub fn valid_group_name(g: &str) -> bool {
+    (1..=16).contains(&g.len())
+        && g.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'/' | b'='))
+}
+
+pub fn invalid_group_name() -> ApiError {
+    ApiError::new(
+        400,
+        10162,
+        "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters",
+    )
+}
+
+/// Parses a `pause_until` time as Go's decoder does: Ok(None) for Go's zero time (no pause),
+/// otherwise the instant (Unix ns) and its UTC text; the error is the reference's text.
+pub fn parse_pause_until(s: &str) -> Result<Option<(i64, String)>, ApiError> {
+    let Some(ns) = parse_rfc3339(s) else {
+        return Err(ApiError::new(
+            400,
+            10025,
+            format!(
+                "invalid JSON: parsing time {s:?} as \"2006-01-02T15:04:05Z07:00\": cannot parse {s:?} as \"2006\""
+            ),
+        ));
+    };
+    if ns == 0 && s.starts_with("0001-") {
+        return Ok(None);
+    }
+    // rfc3339() writes 0 as Go's zero time; the Unix epoch is a real time here.
+    let text = if ns == 0 {
+        "1970-01-01T00:00:00Z".to_string()
+    } else {
+        rfc3339(ns)
+    };
+    Ok(Some((ns, text)))
 }
 
 #[derive(Deserialize, Default)]
@@ -160,8 +255,13 @@ const DEFAULT_ACK_WAIT: i64 = 30_000_000_000;
 const DEFAULT_MAX_ACK_PENDING: i64 = 1000;
 const DEFAULT_MAX_WAITING: i64 = 512;
 const DEFAULT_INACTIVE: i64 = 5_000_000_000;
+/// How long a pinned client keeps its pin without asking again (`priority_timeout`).
+const DEFAULT_PINNED_TTL: i64 = 120_000_000_000;
 /// How often a durable consumer's changed state is written when no AckSync forces it.
 const SAVE_INTERVAL: Duration = Duration::from_millis(20);
+/// How often a subscription change makes the task look for waiting requests whose
+/// requester went away.
+const PRUNE_INTERVAL: Duration = Duration::from_millis(100);
 /// Push flow control: ask for a reply every this many bytes, stall at twice as many.
 const FC_WINDOW: usize = 1024 * 1024;
 
@@ -412,12 +512,90 @@ impl ConsumerConfig {
         for k in ["_nats.level", "_nats.ver"] {
             self.metadata.remove(k);
         }
-        self.metadata.insert(REQ_LEVEL_KEY.into(), "0".into());
         if self.num_replicas > 1 {
             return Err(ApiError::replicas_not_supported());
         }
         self.num_replicas = 0;
+        if let Some(p) = &self.pause_until {
+            // Stored in UTC, as the reference does.
+            if let Some((_, utc)) = parse_pause_until(p)? {
+                self.pause_until = Some(utc);
+            }
+        }
+        if self.priority_timeout < 0 {
+            self.priority_timeout = 0;
+        }
+        match &self.priority_policy {
+            PriorityPolicy::Unknown(p) => {
+                return Err(ApiError::new(
+                    400,
+                    10025,
+                    format!("invalid JSON: unknown priority policy: {p:?}"),
+                ))
+            }
+            PriorityPolicy::None => {
+                if !self.priority_groups.is_empty() {
+                    return Err(bad(
+                        10196,
+                        "consumer can not have priority groups when policy is none",
+                    ));
+                }
+                if self.priority_timeout > 0 {
+                    return Err(bad(
+                        10197,
+                        "PinnedTTL cannot be set when PriorityPolicy is none",
+                    ));
+                }
+            }
+            policy => {
+                if self.is_push() {
+                    return Err(bad(
+                        10178,
+                        "priority groups can not be used with push consumers",
+                    ));
+                }
+                if self.priority_groups.is_empty() {
+                    return Err(bad(
+                        10159,
+                        "Setting PriorityPolicy requires at least one PriorityGroup to be set",
+                    ));
+                }
+                for g in &self.priority_groups {
+                    if g.is_empty() {
+                        return Err(bad(10161, "Group name cannot be an empty string"));
+                    }
+                    if !valid_group_name(g) {
+                        return Err(invalid_group_name());
+                    }
+                }
+                if *policy == PriorityPolicy::PinnedClient && self.priority_timeout == 0 {
+                    self.priority_timeout = DEFAULT_PINNED_TTL;
+                }
+            }
+        }
+        self.set_req_level();
         Ok(self)
+    }
+
+    /// `_nats.req.level`: the API level a server needs to honour this config (pause and
+    /// priority groups came with level 1).
+    pub fn set_req_level(&mut self) {
+        let paused = self
+            .pause_until
+            .as_deref()
+            .is_some_and(|p| !p.starts_with("0001-"));
+        let level = if paused || !self.priority_policy.is_none() || self.priority_timeout != 0 {
+            "1"
+        } else {
+            "0"
+        };
+        self.metadata.insert(REQ_LEVEL_KEY.into(), level.into());
+    }
+
+    /// The pause deadline (Unix ns), if a pause is configured.
+    pub fn pause_ns(&self) -> Option<i64> {
+        let p = self.pause_until.as_deref()?;
+        parse_pause_until(p).ok().flatten().map(|(ns, _)| ns)
     }
 
     /// Features Keel does not implement: refused clearly rather than silently ignored.
@@ -425,9 +603,6 @@ impl ConsumerConfig {
     pub fn check_supported(&self) -> Result<(), ApiError> {
         if !self.sample_freq.is_empty() {
             return Err(ApiError::not_supported("consumer sampling"));
-        }
-        if self.replay_policy == ReplayPolicy::Original {
-            return Err(ApiError::not_supported("replay policy original"));
         }
         if self.rate_limit_bps > 0 {
             return Err(ApiError::not_supported("consumer rate limits"));
@@ -505,6 +680,55 @@ struct PullRequest {
     expires: Option<Instant>,
     heartbeat: Option<Duration>,
     next_hb: Option<Instant>,
+    no_wait: bool,
+    /// Messages delivered to it so far.
+    delivered: u64,
+    /// The priority group fields of a JSON request body (absent for other bodies).
+    group: Option<PullGroup>,
+}
+
+/// `group`, `min_pending`, `min_ack_pending`, `id` (pin) and `priority` of a pull request.
+#[derive(Deserialize, Default, Clone, Debug)]
+#[serde(default)]
+struct PullGroup {
+    // Clients (async-nats) send null for the fields they do not use.
+    #[serde(deserialize_with = "null_default")]
+    group: String,
+    #[serde(deserialize_with = "null_default")]
+    min_pending: i64,
+    #[serde(deserialize_with = "null_default")]
+    min_ack_pending: i64,
+    #[serde(deserialize_with = "null_default")]
+    id: String,
+    #[serde(deserialize_with = "null_default")]
+    priority: i64,
+}
+
+impl PullRequest {
+    fn priority(&self) -> i64 {
+        self.group
+            .as_ref()
+            .map_or(i64::from(i32::MAX), |g| g.priority)
+    }
+
+    fn timeout_status(&self) -> Vec<u8> {
+        status_hdr(
+            "408 Request Timeout",
+            &[
+                ("Nats-Pending-Messages", self.batch.to_string()),
+                ("Nats-Pending-Bytes", self.max_bytes.max(0).to_string()),
+            ],
+        )
+    }
+}
+
+/// The client a `pinned_client` consumer serves while it keeps asking.
+struct Pin {
+    id: String,
+    /// When it was pinned (Unix ns), for info.
+    ts: i64,
+    /// Unpinned when no request with this id arrives before then (`priority_timeout`).
+    deadline: Instant,
 }
 
 /// What is persisted for a durable consumer.
@@ -551,6 +775,22 @@ pub struct State {
     dirty: bool,
     last_save: Instant,
     deleted: bool,
+    /// `pause_until` as Unix ns (None: not paused), kept in step with the config.
+    pause_ns: Option<i64>,
+    pin: Option<Pin>,
+    /// Replay policy original: stored messages up to this sequence are paced by their
+    /// timestamps (0 once caught up), with the last one sent (timestamp, when).
+    replay_until: u64,
+    replay_prev: Option<(i64, Instant)>,
+    /// When the next paced message is due.
+    replay_wait: Option<Instant>,
+    /// The last first delivery came from the last-per-subject list.
+    from_lps: bool,
+    /// Bumped by a reset, so a delivery undone afterwards does not touch the new state.
+    epoch: u64,
+    /// Sublist generation when the waiting requests were last checked for interest.
+    interest_gen: u64,
+    last_prune: Instant,
 }
 
 pub struct Consumer {
@@ -641,7 +881,17 @@ impl Consumer {
             dirty: false,
             last_save: now,
             deleted: false,
+            pause_ns: None,
+            pin: None,
+            replay_until: 0,
+            replay_prev: None,
+            replay_wait: None,
+            from_lps: false,
+            epoch: 0,
+            interest_gen: u64::MAX,
+            last_prune: now,
         };
+        st.pause_ns = st.config.pause_ns();
         match saved {
             Some(s) => {
                 st.delivered = s.delivered;
@@ -661,6 +911,9 @@ impl Consumer {
                 st.redelivered = s.redelivered.into_iter().collect();
             }
             None => st.init_position(stream),
+        }
+        if st.config.replay_policy == ReplayPolicy::Original {
+            st.replay_until = stream.lock().store.state().last_seq;
         }
         let (handle, rx) = ClientHandle::internal(server.next_client_id());
         let c = Arc::new(Consumer {
@@ -683,6 +936,9 @@ impl Consumer {
             // reference; an ack-none consumer listens for no acks at all.
             acks.then(|| format!("$JS.ACK.{s}.{name}.*.*.*.*.*")),
             Some(format!("$JS.FC.{s}.{name}.>")),
+            // Like the reference, the consumer answers its own resets (in order with its
+            // deliveries); the API ignores these subjects.
+            Some(format!("$JS.API.CONSUMER.RESET.{s}.{name}")),
         ];
         for subj in subjects.into_iter().flatten() {
             let sub = Arc::new(Sub {
@@ -697,7 +953,34 @@ impl Consumer {
             c.subs.lock().unwrap_or_else(|e| e.into_inner()).push(sub);
         }
         tokio::spawn(run(c.clone(), server.clone(), rx));
+        // `kick` starts set, so no notify() would wake the task: deliver what is stored now.
+        c.wake.notify_one();
         c
+    }
+
+    /// Replaces the config (an update or a pause) and what is derived from it.
+    pub fn set_config(&self, config: ConsumerConfig) {
+        let mut st = self.lock();
+        st.pause_ns = config.pause_ns();
+        if config.priority_policy != PriorityPolicy::PinnedClient {
+            st.pin = None;
+        }
+        st.config = config;
+        drop(st);
+        self.notify();
+    }
+
+    /// Pause state for responses: (paused, pause_remaining ns).
+    pub fn pause_state(&self) -> (bool, i64) {
+        let st = self.lock();
+        paused_for(st.pause_ns)
+    }
+
+    /// Drops the pin of a `pinned_client` consumer (`$JS.API.CONSUMER.UNPIN`): the next
+    /// request without a pin id gets a new one.
+    pub fn unpin(&self) {
+        self.lock().pin = None;
+        self.notify();
     }
 
     pub fn lock(&self) -> MutexGuard<'_, State> {
@@ -768,7 +1051,10 @@ impl Consumer {
 
     /// Consumer info fields (without `type`).
     pub fn info(&self, server: &Server, dynamic_meta: bool) -> Map<String, Value> {
-        let st = self.lock();
+        let mut st = self.lock();
+        // Requests whose requester went away are not waiting (the reference checks here too).
+        st.waiting
+            .retain(|w| !server.sublist.matches(&w.reply).is_empty());
         let num_pending = st.num_pending(&self.stream);
         let mut f = Map::new();
         f.insert("stream_name".into(), self.stream.name.clone().into());
@@ -786,7 +1072,13 @@ impl Consumer {
         }
         f.insert("ack_floor".into(), floor);
         f.insert("num_ack_pending".into(), st.pending.len().into());
-        f.insert("num_redelivered".into(), st.redelivered.len().into());
+        // With max_deliver 1 nothing is redelivered; the reference reports 0.
+        let redelivered = if st.config.max_deliver == 1 {
+            0
+        } else {
+            st.redelivered.len()
+        };
+        f.insert("num_redelivered".into(), redelivered.into());
         f.insert("num_waiting".into(), st.waiting.len().into());
         f.insert("num_pending".into(), num_pending.into());
         if let Some(ds) = &st.config.deliver_subject {
@@ -794,7 +1086,24 @@ impl Consumer {
                 f.insert("push_bound".into(), true.into());
             }
         }
+        let (paused, remaining) = paused_for(st.pause_ns);
+        if paused {
+            f.insert("paused".into(), true.into());
+            f.insert("pause_remaining".into(), remaining.into());
+        }
         f.insert("ts".into(), rfc3339(now_nanos()).into());
+        if let Some(g) = st.config.priority_groups.first() {
+            let mut pg = Map::new();
+            pg.insert("group".into(), g.clone().into());
+            if let Some(pin) = &st.pin {
+                pg.insert("pinned_client_id".into(), pin.id.clone().into());
+            }
+            pg.insert(
+                "pinned_ts".into(),
+                rfc3339(st.pin.as_ref().map_or(0, |p| p.ts)).into(),
+            );
+            f.insert("priority_groups".into(), vec![Value::Object(pg)].into());
+        }
         f
     }
 
@@ -805,6 +1114,10 @@ impl Consumer {
     }
 
     fn save(&self, st: &mut State, sync: bool) {
+        if st.deleted {
+            // Its directory is being removed; writing would bring it back.
+            return;
+        }
         st.dirty = false;
         st.last_save = Instant::now();
         let Some(dir) = &self.dir else { return };
@@ -922,9 +1235,11 @@ impl State {
         while let Some(seq) = self.lps.front().copied() {
             self.lps.pop_front();
             if let Ok(m) = inner.store.load(seq) {
+                self.from_lps = true;
                 return Some(m);
             }
         }
+        self.from_lps = false;
         let filters = self.config.filters();
         let found = if filters.is_empty() {
             inner.store.load_next(self.next_seq, ">").ok()
@@ -1064,39 +1379,79 @@ fn send_status(server: &Server, router: &mut Router, to: &Bytes, hdr: &[u8]) {
     );
 }
 
-/// Parses a MSG.NEXT body: JSON, a bare batch number, or empty (batch 1).
-/// A MSG.NEXT request: batch, byte budget, expiry (ns), no_wait, heartbeat (ns).
-type PullBody = (i64, i64, Option<i64>, bool, Option<i64>);
+/// A MSG.NEXT request body: JSON, a bare batch number, or empty (batch 1).
+#[derive(Debug, Default)]
+struct PullBody {
+    batch: i64,
+    max_bytes: i64,
+    /// Expiry in ns.
+    expires: Option<i64>,
+    no_wait: bool,
+    /// Heartbeat interval in ns.
+    heartbeat: Option<i64>,
+    /// Priority group fields; only a JSON body has them (as with the reference).
+    group: Option<PullGroup>,
+}
 
 fn parse_pull(body: &[u8]) -> Result<PullBody, String> {
     let text = std::str::from_utf8(body).map_err(|e| e.to_string())?.trim();
     // Only a JSON object is parsed as one; anything else is a batch size, or 1.
     if !text.starts_with('{') {
         let n = text.parse::<i64>().unwrap_or(1).max(1);
-        return Ok((n, 0, None, false, None));
+        return Ok(PullBody {
+            batch: n,
+            ..Default::default()
+        });
     }
+    // Go's decoder leaves a field alone on null: so does this one.
     #[derive(Deserialize)]
     struct Req {
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_default")]
         batch: i64,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_default")]
         max_bytes: i64,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_default")]
         expires: i64,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_default")]
         no_wait: bool,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_default")]
         idle_heartbeat: i64,
+        #[serde(flatten)]
+        group: PullGroup,
     }
     let r: Req = serde_json::from_str(text)
         .map_err(|e| super::api::go_json_error(text.as_bytes(), &e, false))?;
-    Ok((
-        r.batch.max(1),
-        r.max_bytes,
-        (r.expires != 0).then_some(r.expires),
-        r.no_wait,
-        (r.idle_heartbeat > 0).then_some(r.idle_heartbeat),
-    ))
+    // A heartbeat must fit twice into the wait (and needs one): the reference's rule.
+    if r.idle_heartbeat > 0 && r.idle_heartbeat.saturating_mul(2) > r.expires {
+        return Err("heartbeat value too large".into());
+    }
+    Ok(PullBody {
+        batch: r.batch.max(1),
+        max_bytes: r.max_bytes,
+        expires: (r.expires != 0).then_some(r.expires),
+        no_wait: r.no_wait,
+        heartbeat: (r.idle_heartbeat > 0).then_some(r.idle_heartbeat),
+        group: Some(r.group),
+    })
+}
+
+/// (paused, remaining ns) for a pause deadline in Unix ns.
+fn paused_for(pause_ns: Option<i64>) -> (bool, i64) {
+    match pause_ns {
+        Some(p) => {
+            let left = p - now_nanos();
+            (left > 0, left.max(0))
+        }
+        None => (false, 0),
+    }
+}
+
+/// A pin id: random, like the reference's NUIDs (22 characters).
+fn new_pin_id() -> String {
+    const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    (0..22)
+        .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+        .collect()
 }
 
 async fn run(
@@ -1107,14 +1462,22 @@ async fn run(
     let mut router = Router::new(c.created as u64);
     let mut closed = c.handle.closed_rx();
     loop {
-        let deadline = c.lock().next_deadline();
+        let (deadline, unbound) = {
+            let st = c.lock();
+            let unbound = st.config.is_push() && !st.push_bound;
+            (st.next_deadline(), unbound.then_some(st.interest_gen))
+        };
         let sleep = tokio::time::sleep_until(
             deadline
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(1))
                 .into(),
         );
+        // An unbound push consumer starts delivering as soon as its deliver subject has a
+        // subscriber (the reference is told of new interest, it does not poll for it).
+        let interest = server.sublist.subscribed(unbound);
         let mut batch = vec![];
         tokio::select! {
+            _ = interest => {}
             m = rx.recv() => match m {
                 Some(m) => batch.push(m),
                 None => break,
@@ -1165,7 +1528,7 @@ async fn run(
             retention_check(&c, &server, &done);
         }
         router.flush();
-        if inactive_expired(&c, &server) {
+        if inactive_expired(&c, &server, &mut router) {
             crate::debug!("Deleting inactive consumer {} > {}", c.stream.name, c.name);
             if let Some(js) = server.jetstream.get() {
                 js.remove_consumer(&server, &c.stream, &c.name, &mut router);
@@ -1210,9 +1573,156 @@ fn handle_msg(
             st.fc_pending = None;
             st.fc_bytes = 0;
         }
+    } else if subject.starts_with(b"$JS.API.CONSUMER.RESET.") {
+        if let Some(reply) = &m.reply {
+            reset_request(c, server, router, reply, m.payload(), done);
+        }
     } else if let Some(reply) = m.reply.clone() {
         pull_request(c, server, router, reply, m.payload());
     }
+}
+
+/// `$JS.API.CONSUMER.RESET.<stream>.<consumer>`: back to the ack floor (empty body or
+/// `seq` 0) or to `{"seq": n}`, answered with the consumer info and `reset_seq`.
+fn reset_request(
+    c: &Arc<Consumer>,
+    server: &Server,
+    router: &mut Router,
+    reply: &Bytes,
+    body: &[u8],
+    done: &mut Vec<u64>,
+) {
+    #[derive(Deserialize, Default)]
+    #[serde(default)]
+    struct ResetRequest {
+        seq: u64,
+    }
+    let kind = "consumer_reset";
+    let result = if body.iter().all(|b| b.is_ascii_whitespace()) {
+        Ok(ResetRequest::default())
+    } else {
+        serde_json::from_slice::<ResetRequest>(body).map_err(|e| {
+            ApiError::new(
+                400,
+                10025,
+                format!(
+                    "invalid JSON: {}",
+                    super::api::go_json_error(body, &e, false)
+                ),
+            )
+        })
+    }
+    .and_then(|req| {
+        let mut st = c.lock();
+        st.reset(req.seq, &c.stream)
+            .map_err(|e| ApiError::new(400, 10204, format!("invalid reset: {e}")))
+    });
+    let out = match result {
+        Ok((seq, skipped)) => {
+            // Skipped messages no longer keep an interest stream's copy alive.
+            if c.stream.retention() == Retention::Interest {
+                done.extend(skipped);
+            }
+            let mut m = super::api::response(kind);
+            m.extend(c.info(server, true));
+            m.insert("reset_seq".into(), seq.into());
+            super::api::to_bytes(&Value::Object(m))
+        }
+        Err(e) => super::api::error_response(kind, &e, &[("reset_seq", 0.into())]),
+    };
+    let data = Bytes::from(out);
+    router.route(
+        server,
+        &Outgoing {
+            subject: reply,
+            reply: None,
+            hdr_len: None,
+            data: &data,
+        },
+        None,
+    );
+}
+
+impl State {
+    /// Resets the delivery state to start at `seq` (0: one past the ack floor). Returns
+    /// the sequence and, for a forward move, the skipped sequences (retention may drop them).
+    fn reset(&mut self, seq: u64, stream: &Stream) -> Result<(u64, Vec<u64>), &'static str> {
+        let seq = if seq == 0 {
+            self.ack_floor.stream_seq + 1
+        } else {
+            match self.config.deliver_policy {
+                DeliverPolicy::All => seq,
+                DeliverPolicy::ByStartSequence => {
+                    if seq < self.config.opt_start_seq.unwrap_or(0) {
+                        return Err("below start seq");
+                    }
+                    seq
+                }
+                DeliverPolicy::ByStartTime => {
+                    let t = self
+                        .config
+                        .opt_start_time
+                        .as_deref()
+                        .and_then(parse_rfc3339)
+                        .unwrap_or(0);
+                    let inner = stream.lock();
+                    let state = inner.store.state();
+                    let mut s = state.first_seq.max(1);
+                    let first = loop {
+                        match inner.store.load_next(s, ">") {
+                            Ok(m) if m.ts >= t => break m.seq,
+                            Ok(m) => s = m.seq + 1,
+                            Err(_) => break state.last_seq + 1,
+                        }
+                    };
+                    if seq < first {
+                        return Err("below start time");
+                    }
+                    seq
+                }
+                _ => return Err("not allowed"),
+            }
+        }
+        .max(1);
+        let old_floor = self.ack_floor.stream_seq;
+        let skipped: Vec<u64> = if seq > old_floor + 1 {
+            let inner = stream.lock();
+            let mut v = vec![];
+            let mut s = old_floor + 1;
+            while let Ok(m) = inner.store.load_next(s, ">") {
+                if m.seq >= seq {
+                    break;
+                }
+                v.push(m.seq);
+                s = m.seq + 1;
+            }
+            v
+        } else {
+            vec![]
+        };
+        self.pending.clear();
+        self.redelivered.clear();
+        self.rdq.clear();
+        self.lps.clear();
+        self.next_seq = seq;
+        self.delivered = SeqPair {
+            consumer_seq: 0,
+            stream_seq: seq - 1,
+        };
+        self.ack_floor = self.delivered;
+        self.last_delivery = 0;
+        self.last_ack = 0;
+        self.replay_prev = None;
+        self.replay_wait = None;
+        self.epoch += 1;
+        self.dirty = true;
+        Ok((seq, skipped))
+    }
+}
+
+/// Is anyone subscribed to `reply`? Through the router's match cache, so cheap per delivery.
+fn has_interest(router: &mut Router, server: &Server, reply: &Bytes) -> bool {
+    router.has_interest(server, reply)
 }
 
 fn pull_request(
@@ -1224,55 +1734,108 @@ fn pull_request(
 ) {
     let mut st = c.lock();
     st.last_active = Instant::now();
-    if st.config.is_push() {
+    let reject = |st: MutexGuard<'_, State>, router: &mut Router, status: &str| {
         drop(st);
-        send_status(
-            server,
-            router,
-            &reply,
-            &status_hdr("409 Consumer is push based", &[]),
-        );
-        return;
+        send_status(server, router, &reply, &status_hdr(status, &[]));
+    };
+    if st.config.is_push() {
+        return reject(st, router, "409 Consumer is push based");
     }
-    let (batch, max_bytes, expires, no_wait, hb) = match parse_pull(body) {
+    let req = match parse_pull(body) {
         Ok(r) => r,
-        Err(e) => {
-            drop(st);
-            let hdr = status_hdr(&format!("400 Bad Request - {e}"), &[]);
-            send_status(server, router, &reply, &hdr);
-            return;
-        }
+        Err(e) => return reject(st, router, &format!("400 Bad Request - {e}")),
     };
     let cfg = &st.config;
-    let violation = if cfg.max_batch > 0 && batch > cfg.max_batch {
+    let violation = if cfg.max_batch > 0 && req.batch > cfg.max_batch {
         Some(format!("409 Exceeded MaxRequestBatch of {}", cfg.max_batch))
-    } else if cfg.max_expires > 0 && expires.is_some_and(|e| e > cfg.max_expires) {
+    } else if cfg.max_expires > 0 && req.expires.is_some_and(|e| e > cfg.max_expires) {
         Some(format!(
             "409 Exceeded MaxRequestExpires of {}",
             crate::time::go_duration(cfg.max_expires)
         ))
-    } else if cfg.max_bytes > 0 && max_bytes > cfg.max_bytes {
+    } else if cfg.max_bytes > 0 && req.max_bytes > cfg.max_bytes {
         Some(format!(
             "409 Exceeded MaxRequestMaxBytes of {}",
             cfg.max_bytes
         ))
-    } else if st.waiting.len() as i64 >= cfg.max_waiting.max(1) {
-        Some("409 Exceeded MaxWaiting".to_string())
+    } else if let Some(g) = &req.group {
+        let policy = &cfg.priority_policy;
+        if (g.min_pending != 0 || g.min_ack_pending != 0) && *policy != PriorityPolicy::Overflow {
+            Some("400 Bad Request - Not a Overflow Priority consumer".into())
+        } else if !g.id.is_empty() && *policy != PriorityPolicy::PinnedClient {
+            Some("400 Bad Request - Not a Pinned Client Priority consumer".into())
+        } else if !(0..=9).contains(&g.priority) {
+            Some("400 Bad Request - Priority must be between 0 and 9".into())
+        } else if policy.is_none() {
+            None
+        } else if g.group.is_empty() {
+            Some("400 Bad Request - Priority Group missing".into())
+        } else if !cfg.priority_groups.contains(&g.group) {
+            Some("400 Bad Request - Invalid Priority Group".into())
+        } else {
+            None
+        }
     } else {
         None
     };
     if let Some(v) = violation {
+        return reject(st, router, &v);
+    }
+    let ttl = Duration::from_nanos(st.config.priority_timeout.max(0) as u64);
+    let pin_state = match (&req.group, &st.pin) {
+        (Some(g), Some(pin)) if g.id == pin.id => Some(true),
+        (Some(g), Some(_)) if !g.id.is_empty() => Some(false),
+        _ => None,
+    };
+    match pin_state {
+        // The pinned client is still asking: it keeps its pin.
+        Some(true) => {
+            if let Some(pin) = st.pin.as_mut() {
+                pin.deadline = Instant::now() + ttl;
+            }
+        }
+        Some(false) => return reject(st, router, "423 Nats-Pin-Id mismatch"),
+        None => {}
+    }
+    let max_waiting = st.config.max_waiting.max(1) as usize;
+    if st.waiting.len() >= max_waiting {
+        // Full: make room by dropping requests whose requester is gone, so a crash-looping
+        // worker cannot fill the queue with dead requests.
+        prune_dead(&mut st, server, router);
+    }
+    if req.no_wait {
+        let available = st.num_pending(&c.stream) + st.rdq.len() as u64;
+        if available == 0 && req.expires.is_none() {
+            return reject(st, router, "404 No Messages");
+        }
+        if available > 0 {
+            let asked: i64 = st.waiting.iter().map(|w| w.batch).sum();
+            if available < asked.max(0) as u64 {
+                return reject(st, router, "408 Requests Pending");
+            }
+        }
+    }
+    if st.waiting.len() >= max_waiting {
         drop(st);
-        send_status(server, router, &reply, &status_hdr(&v, &[]));
+        // With a heartbeat the client notices the missing heartbeats instead; a 409 would
+        // have it retry in a hot loop (the reference's reasoning).
+        if req.heartbeat.is_none() {
+            send_status(
+                server,
+                router,
+                &reply,
+                &status_hdr("409 Exceeded MaxWaiting", &[]),
+            );
+        }
         return;
     }
-    if expires.is_some_and(|e| e < 0) {
+    if req.expires.is_some_and(|e| e < 0) {
         drop(st);
         let hdr = status_hdr(
             "408 Request Timeout",
             &[
-                ("Nats-Pending-Messages", batch.to_string()),
-                ("Nats-Pending-Bytes", max_bytes.max(0).to_string()),
+                ("Nats-Pending-Messages", req.batch.to_string()),
+                ("Nats-Pending-Bytes", req.max_bytes.max(0).to_string()),
             ],
         );
         send_status(server, router, &reply, &hdr);
@@ -1281,51 +1844,46 @@ fn pull_request(
     let now = Instant::now();
     st.pull_seq += 1;
     let id = st.pull_seq;
-    st.waiting.push_back(PullRequest {
+    let hb = req.heartbeat.map(|h| Duration::from_nanos(h as u64));
+    let w = PullRequest {
         id,
         reply,
-        batch,
-        max_bytes: max_bytes.max(0),
-        expires: expires.map(|e| now + Duration::from_nanos(e.max(0) as u64)),
-        heartbeat: hb.map(|h| Duration::from_nanos(h as u64)),
-        next_hb: hb.map(|h| now + Duration::from_nanos(h as u64)),
-    });
+        batch: req.batch,
+        max_bytes: req.max_bytes.max(0),
+        expires: req
+            .expires
+            .map(|e| now + Duration::from_nanos(e.max(0) as u64)),
+        heartbeat: hb,
+        next_hb: hb.map(|h| now + h),
+        no_wait: req.no_wait,
+        delivered: 0,
+        group: req.group,
+    };
+    if st.config.priority_policy == PriorityPolicy::Prioritized {
+        insert_by_priority(&mut st.waiting, w);
+    } else {
+        st.waiting.push_back(w);
+    }
     drop(st);
     deliver(c, server, router);
-    if no_wait {
-        // What was available has gone out; a request still short gets 404 now, unless
-        // messages are there but held back by max_ack_pending: then it waits for acks.
-        let mut st = c.lock();
-        let blocked = st.config.max_ack_pending > 0
-            && st.pending.len() as i64 >= st.config.max_ack_pending
-            && st.num_pending(&c.stream) > 0;
-        let expired = expires.is_some_and(|e| e < 0);
-        if let Some(pos) = st
-            .waiting
-            .iter()
-            .position(|w| w.id == id)
-            .filter(|_| !blocked || expired)
-        {
-            let w = st.waiting.remove(pos).expect("position exists");
-            drop(st);
-            send_status(
-                server,
-                router,
-                &w.reply,
-                &if expired {
-                    status_hdr(
-                        "408 Request Timeout",
-                        &[
-                            ("Nats-Pending-Messages", w.batch.to_string()),
-                            ("Nats-Pending-Bytes", w.max_bytes.to_string()),
-                        ],
-                    )
-                } else {
-                    status_hdr("404 No Messages", &[])
-                },
-            );
-        }
-    }
+}
+
+/// Queues `w` after every request of the same or a more urgent (lower) priority.
+fn insert_by_priority(waiting: &mut VecDeque<PullRequest>, w: PullRequest) {
+    let p = w.priority();
+    let at = waiting
+        .iter()
+        .position(|o| o.priority() > p)
+        .unwrap_or(waiting.len());
+    waiting.insert(at, w);
+}
+
+/// Drops waiting requests nobody listens for any more (requester unsubscribed, closed or
+/// died). They get no status: there is no one to tell.
+fn prune_dead(st: &mut State, server: &Server, router: &mut Router) {
+    st.interest_gen = server.sublist.generation();
+    st.waiting
+        .retain(|w| has_interest(router, server, &w.reply));
 }
 
 impl State {
@@ -1351,15 +1909,24 @@ impl State {
         if self.config.idle_heartbeat > 0 && self.config.is_push() {
             consider(self.last_push_hb + Duration::from_nanos(self.config.idle_heartbeat as u64));
         }
-        if self.config.is_push() {
-            // Interest on the deliver subject can appear at any time; look again soon.
-            consider(Instant::now() + Duration::from_millis(100));
+        if self.config.is_push() && !self.push_bound {
+            // New subscriptions wake the task; this only backs that up.
+            consider(Instant::now() + Duration::from_secs(1));
+        }
+        if let (true, left) = paused_for(self.pause_ns) {
+            consider(Instant::now() + Duration::from_nanos(left as u64));
+        }
+        if let Some(w) = self.replay_wait {
+            consider(w);
+        }
+        if let Some(p) = &self.pin {
+            consider(p.deadline);
         }
         d
     }
 }
 
-/// Ack deadlines, pull expiries and heartbeats.
+/// Ack deadlines, pull expiries, heartbeats, pin timeouts and requesters that went away.
 fn timers(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
     let now = Instant::now();
     let mut statuses: Vec<(Bytes, Vec<u8>)> = vec![];
@@ -1380,20 +1947,26 @@ fn timers(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
                 }
             }
         }
+        if st.pin.as_ref().is_some_and(|p| p.deadline <= now) {
+            // The pinned client stopped asking: the next request gets the pin.
+            st.pin = None;
+        }
+        if !st.waiting.is_empty()
+            && st.interest_gen != server.sublist.generation()
+            && st.last_prune.elapsed() >= PRUNE_INTERVAL
+        {
+            // Someone subscribed or unsubscribed since the last look. Only housekeeping
+            // (deliveries check each request themselves), so at most every PRUNE_INTERVAL.
+            st.last_prune = now;
+            prune_dead(&mut st, server, router);
+        }
         let (last_c, last_s) = (st.delivered.consumer_seq, st.delivered.stream_seq);
         let mut i = 0;
         while i < st.waiting.len() {
             let w = &mut st.waiting[i];
             if w.expires.is_some_and(|e| e <= now) {
                 let w = st.waiting.remove(i).expect("index valid");
-                let hdr = status_hdr(
-                    "408 Request Timeout",
-                    &[
-                        ("Nats-Pending-Messages", w.batch.to_string()),
-                        ("Nats-Pending-Bytes", w.max_bytes.max(0).to_string()),
-                    ],
-                );
-                statuses.push((w.reply, hdr));
+                statuses.push((w.reply.clone(), w.timeout_status()));
                 continue;
             }
             if let (Some(h), Some(next)) = (w.heartbeat, w.next_hb) {
@@ -1432,8 +2005,221 @@ fn timers(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
     }
 }
 
-/// Delivers as much as the consumer's targets and limits allow.
+/// Why a delivery pass stopped.
+#[derive(PartialEq, Eq)]
+enum Stop {
+    /// Nothing more to deliver now (or nobody to deliver to).
+    Done,
+    /// Held back by max_ack_pending: waiting no_wait requests keep waiting for acks.
+    AckPending,
+    /// Replay policy original: the next message is not due yet.
+    Pacing,
+}
+
+/// Delivers as much as the consumer's targets and limits allow, then finishes the
+/// no_wait requests that got what there was.
 fn deliver(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
+    let stop = deliver_pass(c, server, router);
+    if stop != Stop::Done {
+        return;
+    }
+    // End of what is available: a no_wait request that got something (or set no expiry)
+    // is answered 404; one with an expiry that got nothing waits for it (the reference).
+    let finished: Vec<Bytes> = {
+        let mut st = c.lock();
+        if st.waiting.iter().all(|w| !w.no_wait) {
+            return;
+        }
+        let mut out = vec![];
+        st.waiting.retain(|w| {
+            let done = w.no_wait && (w.expires.is_none() || w.delivered > 0);
+            if done {
+                out.push(w.reply.clone());
+            }
+            !done
+        });
+        out
+    };
+    for reply in finished {
+        send_status(server, router, &reply, &status_hdr("404 No Messages", &[]));
+    }
+}
+
+/// What a delivery changed, so it can be undone when nobody received it.
+struct Undo {
+    epoch: u64,
+    seq: u64,
+    deliveries: u64,
+    delivered: SeqPair,
+    ack_floor: SeqPair,
+    pending: Option<Pending>,
+    redelivered: Option<u64>,
+    last_delivery: i64,
+    from_lps: bool,
+    request: Option<u64>,
+    size: usize,
+}
+
+/// Puts a message that was taken but not sent back where it came from.
+fn put_back(st: &mut State, seq: u64, deliveries: u64, from_lps: bool) {
+    if deliveries > 1 {
+        st.rdq.insert(seq);
+    } else if from_lps {
+        st.lps.push_front(seq);
+    } else {
+        st.next_seq = st.next_seq.min(seq);
+    }
+}
+
+/// The waiting request that gets the next message, if any (the reference's order: expired
+/// ones answered, pins and overflow thresholds honoured, byte budgets checked, requesters
+/// that went away dropped). Updates the request as served and returns (id, reply, batch
+/// left, bytes left, pin id).
+fn next_waiting(
+    st: &mut State,
+    size: usize,
+    pending_incl: u64,
+    server: &Server,
+    router: &mut Router,
+    statuses: &mut Vec<(Bytes, Vec<u8>)>,
+) -> Option<(u64, Bytes, i64, i64, Option<String>)> {
+    let now = Instant::now();
+    let policy = st.config.priority_policy.clone();
+    let mut cycled = 0;
+    while !st.waiting.is_empty() {
+        let w = &st.waiting[0];
+        if w.expires.is_some_and(|e| e <= now) {
+            let w = st.waiting.pop_front().expect("not empty");
+            statuses.push((w.reply.clone(), w.timeout_status()));
+            continue;
+        }
+        let wrong_pin = |w: &PullRequest| {
+            status_hdr(
+                "423 Nats-Wrong-Pin-Id",
+                &[
+                    ("Nats-Pending-Messages", w.batch.to_string()),
+                    ("Nats-Pending-Bytes", w.max_bytes.to_string()),
+                ],
+            )
+        };
+        let mut assigned = false;
+        if policy == PriorityPolicy::PinnedClient {
+            enum Act {
+                Assign,
+                Serve,
+                Wait,
+                Wrong,
+            }
+            let wid = w.group.as_ref().map_or("", |g| g.id.as_str());
+            let has_group = w.group.as_ref().is_some_and(|g| !g.group.is_empty());
+            let act = match &st.pin {
+                None if wid.is_empty() && has_group => Act::Assign,
+                // Without a group nothing can be pinned; it is served as is.
+                None if wid.is_empty() => Act::Serve,
+                Some(pin) if wid == pin.id => Act::Serve,
+                Some(_) if wid.is_empty() => Act::Wait,
+                _ => Act::Wrong,
+            };
+            match act {
+                Act::Assign => {
+                    let id = new_pin_id();
+                    let ttl = Duration::from_nanos(st.config.priority_timeout.max(0) as u64);
+                    st.pin = Some(Pin {
+                        id: id.clone(),
+                        ts: now_nanos(),
+                        deadline: now + ttl,
+                    });
+                    if let Some(g) = st.waiting[0].group.as_mut() {
+                        g.id = id;
+                    }
+                    assigned = true;
+                }
+                Act::Serve => {}
+                Act::Wait => {
+                    // Someone else holds the pin: this one waits its turn.
+                    st.waiting.rotate_left(1);
+                    cycled += 1;
+                    if cycled >= st.waiting.len() {
+                        return None;
+                    }
+                    continue;
+                }
+                Act::Wrong => {
+                    let w = st.waiting.pop_front().expect("not empty");
+                    statuses.push((w.reply.clone(), wrong_pin(&w)));
+                    continue;
+                }
+            }
+        }
+        let w = &st.waiting[0];
+        if policy == PriorityPolicy::Overflow {
+            if let Some(g) = &w.group {
+                let wanted = g.min_pending > 0 || g.min_ack_pending > 0;
+                let backed_up = (g.min_pending > 0 && g.min_pending as u64 <= pending_incl)
+                    || (g.min_ack_pending > 0 && g.min_ack_pending as usize <= st.pending.len());
+                if wanted && !backed_up {
+                    st.waiting.rotate_left(1);
+                    cycled += 1;
+                    if cycled >= st.waiting.len() {
+                        return None;
+                    }
+                    continue;
+                }
+            }
+        }
+        if w.max_bytes > 0 && size as i64 > w.max_bytes {
+            let w = st.waiting.pop_front().expect("not empty");
+            if assigned {
+                st.pin = None;
+            }
+            let hdr = status_hdr(
+                "409 Message Size Exceeds MaxBytes",
+                &[
+                    ("Nats-Pending-Messages", w.batch.to_string()),
+                    ("Nats-Pending-Bytes", w.max_bytes.to_string()),
+                ],
+            );
+            statuses.push((w.reply, hdr));
+            continue;
+        }
+        if !has_interest(router, server, &w.reply) {
+            // The requester is gone: drop the request, tell no one.
+            st.waiting.pop_front();
+            if assigned {
+                st.pin = None;
+            }
+            continue;
+        }
+        let mut w = st.waiting.pop_front().expect("not empty");
+        if w.max_bytes > 0 {
+            w.max_bytes -= size as i64;
+            if w.max_bytes == 0 {
+                w.batch = 1; // The budget is spent exactly: this is its last message.
+            }
+        }
+        w.batch -= 1;
+        w.delivered += 1;
+        if let Some(h) = w.heartbeat {
+            w.next_hb = Some(now + h);
+        }
+        let pin = (policy == PriorityPolicy::PinnedClient)
+            .then(|| st.pin.as_ref().map(|p| p.id.clone()))
+            .flatten();
+        let chosen = (w.id, w.reply.clone(), w.batch, w.max_bytes, pin);
+        if w.batch > 0 {
+            // Requests take turns, one message each (the reference's order).
+            if policy == PriorityPolicy::Prioritized {
+                insert_by_priority(&mut st.waiting, w);
+            } else {
+                st.waiting.push_back(w);
+            }
+        }
+        return Some(chosen);
+    }
+    None
+}
+
+fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop {
     let mut st = c.lock();
     let push = st.config.is_push();
     let deliver_subject = st.config.deliver_subject.clone().map(Bytes::from);
@@ -1441,22 +2227,31 @@ fn deliver(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
         let ds = deliver_subject
             .as_ref()
             .expect("push has a deliver subject");
+        // Read before the check: a later change wakes the task (see Sublist::subscribed).
+        st.interest_gen = server.sublist.generation();
         st.push_bound = router.has_interest(server, ds);
         if st.push_bound {
             st.last_active = Instant::now();
         } else {
-            return;
+            return Stop::Done;
         }
     }
-    loop {
-        if st.deleted {
-            return;
+    let mut statuses: Vec<(Bytes, Vec<u8>)> = vec![];
+    let stop = loop {
+        if st.deleted || paused_for(st.pause_ns).0 {
+            break Stop::Done;
         }
         if !push && st.waiting.is_empty() {
-            return;
+            break Stop::Done;
         }
         if push && st.fc_pending.is_some() && st.fc_bytes >= 2 * FC_WINDOW {
-            return; // Stalled until the client answers flow control.
+            break Stop::Done; // Stalled until the client answers flow control.
+        }
+        if let Some(due) = st.replay_wait {
+            if Instant::now() < due {
+                break Stop::Pacing;
+            }
+            st.replay_wait = None;
         }
         // Redeliveries first, then new messages within max_ack_pending.
         let (msg, deliveries) = if let Some(seq) = st.rdq.pop_first() {
@@ -1484,56 +2279,76 @@ fn deliver(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
                 && limit > 0
                 && st.pending.len() as i64 >= limit
             {
-                return;
+                break Stop::AckPending;
             }
             match st.next_new(&c.stream) {
                 Some(m) => (m, 1),
-                None => return,
+                None => break Stop::Done,
             }
         };
+        let from_lps = deliveries == 1 && st.from_lps;
+        // Replay policy original: messages go out as far apart as they were stored.
+        if st.replay_until > 0 {
+            if let Some((lts, sent)) = st.replay_prev {
+                let gap = msg.ts - lts;
+                if gap > 1_000_000 {
+                    let due = sent + Duration::from_nanos(gap as u64);
+                    if Instant::now() < due {
+                        put_back(&mut st, msg.seq, deliveries, from_lps);
+                        st.replay_wait = Some(due);
+                        break Stop::Pacing;
+                    }
+                }
+            }
+        }
         // Sized as the reference does: subject, ack reply subject, headers, payload.
         let pending_after = st.num_pending(&c.stream);
+        let cseq = st.delivered.consumer_seq + 1;
         let ack_subject = format!(
             "$JS.ACK.{}.{}.{}.{}.{}.{}.{}",
-            c.stream.name,
-            c.name,
-            deliveries,
-            msg.seq,
-            st.delivered.consumer_seq + 1,
-            msg.ts,
-            pending_after
+            c.stream.name, c.name, deliveries, msg.seq, cseq, msg.ts, pending_after
         );
         let size = msg.subject.len() + ack_subject.len() + msg.hdr.len() + msg.data.len();
-        // Pick the target: the oldest waiting pull (if the message fits), or the push subject.
-        let target = if push {
-            deliver_subject.clone().expect("push has a deliver subject")
+        // Pick the target: a waiting pull request, or the push subject.
+        let (target, request, left, pin) = if push {
+            let ds = deliver_subject.clone().expect("push has a deliver subject");
+            (ds, None, None, None)
         } else {
-            let w = st.waiting.front().expect("checked non-empty");
-            if w.max_bytes > 0 && size as i64 > w.max_bytes {
-                let w = st.waiting.pop_front().expect("front exists");
-                // Put the message back for the next request.
-                if deliveries > 1 {
-                    st.rdq.insert(msg.seq);
-                } else {
-                    st.next_seq = msg.seq;
+            match next_waiting(
+                &mut st,
+                size,
+                pending_after + 1,
+                server,
+                router,
+                &mut statuses,
+            ) {
+                Some((id, reply, batch, bytes, pin)) => {
+                    (reply, Some(id), Some((batch, bytes)), pin)
                 }
-                let hdr = status_hdr(
-                    "409 Message Size Exceeds MaxBytes",
-                    &[
-                        ("Nats-Pending-Messages", w.batch.to_string()),
-                        ("Nats-Pending-Bytes", w.max_bytes.to_string()),
-                    ],
-                );
-                drop(st);
-                send_status(server, router, &w.reply, &hdr);
-                st = c.lock();
-                continue;
+                None => {
+                    put_back(&mut st, msg.seq, deliveries, from_lps);
+                    break Stop::Done;
+                }
             }
-            w.reply.clone()
         };
+        if st.replay_until > 0 {
+            st.replay_prev = Some((msg.ts, Instant::now()));
+        }
         // Bookkeeping for this delivery.
-        st.delivered.consumer_seq += 1;
-        let cseq = st.delivered.consumer_seq;
+        let undo = Undo {
+            epoch: st.epoch,
+            seq: msg.seq,
+            deliveries,
+            delivered: st.delivered,
+            ack_floor: st.ack_floor,
+            pending: st.pending.get(&msg.seq).copied(),
+            redelivered: st.redelivered.get(&msg.seq).copied(),
+            last_delivery: st.last_delivery,
+            from_lps,
+            request,
+            size,
+        };
+        st.delivered.consumer_seq = cseq;
         if deliveries == 1 {
             st.delivered.stream_seq = st.delivered.stream_seq.max(msg.seq);
         } else {
@@ -1551,27 +2366,15 @@ fn deliver(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
                 },
             );
         }
+        if st.replay_until > 0 && st.next_seq > st.replay_until && st.lps.is_empty() {
+            st.replay_until = 0; // Caught up: new messages go out at once.
+        }
         st.last_delivery = now_nanos();
         st.dirty = true;
-        if !push {
-            let w = st.waiting.front_mut().expect("checked non-empty");
-            w.batch -= 1;
-            let mut spent = false;
-            if w.max_bytes > 0 {
-                w.max_bytes -= size as i64;
-                spent = w.max_bytes <= 0;
-            }
-            if let Some(h) = w.heartbeat {
-                w.next_hb = Some(Instant::now() + h);
-            }
-            if w.batch <= 0 || spent {
-                st.waiting.pop_front();
-            }
-        } else {
+        if push {
             st.last_push_hb = Instant::now();
             st.fc_bytes += size;
         }
-        debug_assert_eq!(cseq, st.delivered.consumer_seq);
         let headers_only = st.config.headers_only;
         let need_fc =
             push && st.config.flow_control && st.fc_pending.is_none() && st.fc_bytes >= FC_WINDOW;
@@ -1584,24 +2387,12 @@ fn deliver(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
             None
         };
         drop(st);
-        let (hdr_len, data) = if headers_only {
-            let mut h: Vec<u8> = if msg.hdr.is_empty() {
-                b"NATS/1.0\r\n".to_vec()
-            } else {
-                msg.hdr[..msg.hdr.len() - 2].to_vec()
-            };
-            h.extend_from_slice(format!("Nats-Msg-Size: {}\r\n\r\n", msg.data.len()).as_bytes());
-            (Some(h.len()), Bytes::from(h))
-        } else if msg.hdr.is_empty() {
-            (None, msg.data.clone())
-        } else {
-            let mut d = Vec::with_capacity(msg.hdr.len() + msg.data.len());
-            d.extend_from_slice(&msg.hdr);
-            d.extend_from_slice(&msg.data);
-            (Some(msg.hdr.len()), Bytes::from(d))
-        };
+        for (to, hdr) in statuses.drain(..) {
+            send_status(server, router, &to, &hdr);
+        }
+        let (hdr_len, data) = delivery_body(&msg, headers_only, pin.as_deref());
         let reply = Bytes::from(ack_subject);
-        router.route_to(
+        let received = router.route_to(
             server,
             &target,
             &Outgoing {
@@ -1612,6 +2403,30 @@ fn deliver(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
             },
             None,
         );
+        st = c.lock();
+        if !received {
+            // The subscriber vanished since the interest check: this was no delivery.
+            undo_delivery(&mut st, undo);
+            if push {
+                st.push_bound = false;
+                break Stop::Done;
+            }
+            continue;
+        }
+        drop(st);
+        if let Some((batch, bytes)) = left {
+            if batch <= 0 && bytes > 0 {
+                // The batch is complete with bytes to spare: say so (the reference).
+                let hdr = status_hdr(
+                    "409 Batch Completed",
+                    &[
+                        ("Nats-Pending-Messages", batch.to_string()),
+                        ("Nats-Pending-Bytes", bytes.to_string()),
+                    ],
+                );
+                send_status(server, router, &target, &hdr);
+            }
+        }
         if let Some(fc) = fc_subject {
             let hdr = Bytes::from(status_hdr("100 FlowControl Request", &[]));
             let fc = Bytes::from(fc);
@@ -1628,7 +2443,76 @@ fn deliver(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
             );
         }
         st = c.lock();
+    };
+    drop(st);
+    for (to, hdr) in statuses {
+        send_status(server, router, &to, &hdr);
     }
+    stop
+}
+
+/// Reverts the bookkeeping of a delivery nobody received, and drops its (dead) request.
+fn undo_delivery(st: &mut State, u: Undo) {
+    if st.epoch != u.epoch {
+        return; // A reset replaced the state meanwhile.
+    }
+    st.delivered = u.delivered;
+    st.ack_floor = u.ack_floor;
+    match u.pending {
+        Some(p) => {
+            st.pending.insert(u.seq, p);
+        }
+        None => {
+            st.pending.remove(&u.seq);
+        }
+    }
+    match u.redelivered {
+        Some(n) => {
+            st.redelivered.insert(u.seq, n);
+        }
+        None => {
+            st.redelivered.remove(&u.seq);
+        }
+    }
+    st.last_delivery = u.last_delivery;
+    if st.config.is_push() {
+        st.fc_bytes = st.fc_bytes.saturating_sub(u.size);
+    }
+    if let Some(id) = u.request {
+        st.waiting.retain(|w| w.id != id);
+    }
+    put_back(st, u.seq, u.deliveries, u.from_lps);
+}
+
+/// The header block and payload of a delivery: stored headers (plus `Nats-Msg-Size` for
+/// headers_only, `Nats-Pin-Id` for a pinned client) and the payload.
+fn delivery_body(msg: &StoredMsg, headers_only: bool, pin: Option<&str>) -> (Option<usize>, Bytes) {
+    if !headers_only && pin.is_none() {
+        if msg.hdr.is_empty() {
+            return (None, msg.data.clone());
+        }
+        let mut d = Vec::with_capacity(msg.hdr.len() + msg.data.len());
+        d.extend_from_slice(&msg.hdr);
+        d.extend_from_slice(&msg.data);
+        return (Some(msg.hdr.len()), Bytes::from(d));
+    }
+    let mut h: Vec<u8> = if msg.hdr.is_empty() {
+        b"NATS/1.0\r\n".to_vec()
+    } else {
+        msg.hdr[..msg.hdr.len() - 2].to_vec()
+    };
+    if headers_only {
+        h.extend_from_slice(format!("Nats-Msg-Size: {}\r\n", msg.data.len()).as_bytes());
+    }
+    if let Some(p) = pin {
+        h.extend_from_slice(format!("Nats-Pin-Id: {p}\r\n").as_bytes());
+    }
+    h.extend_from_slice(b"\r\n");
+    let hdr_len = h.len();
+    if !headers_only {
+        h.extend_from_slice(&msg.data);
+    }
+    (Some(hdr_len), Bytes::from(h))
 }
 
 /// Interest and work-queue streams drop a message once every interested consumer is done.
@@ -1656,9 +2540,12 @@ fn retention_check(c: &Arc<Consumer>, server: &Server, done: &[u64]) {
     }
 }
 
-fn inactive_expired(c: &Arc<Consumer>, server: &Server) -> bool {
-    let st = c.lock();
+fn inactive_expired(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> bool {
+    let mut st = c.lock();
     if c.durable || st.config.inactive_threshold <= 0 {
+        return false;
+    }
+    if st.last_active.elapsed() < Duration::from_nanos(st.config.inactive_threshold as u64) {
         return false;
     }
     if st.config.is_push() {
@@ -1667,10 +2554,14 @@ fn inactive_expired(c: &Arc<Consumer>, server: &Server) -> bool {
                 return false;
             }
         }
-    } else if !st.waiting.is_empty() {
-        return false;
+    } else {
+        // Requests of requesters that went away do not keep it alive.
+        prune_dead(&mut st, server, router);
+        if !st.waiting.is_empty() {
+            return false;
+        }
     }
-    st.last_active.elapsed() >= Duration::from_nanos(st.config.inactive_threshold as u64)
+    true
 }
 
 fn load_state(dir: &Path) -> Option<SavedState> {
@@ -1713,11 +2604,18 @@ mod tests {
 
     #[test]
     fn pull_bodies() {
-        assert_eq!(parse_pull(b"").unwrap().0, 1);
-        assert_eq!(parse_pull(b"2").unwrap().0, 2);
+        assert_eq!(parse_pull(b"").unwrap().batch, 1);
+        assert_eq!(parse_pull(b"2").unwrap().batch, 2);
         let r = parse_pull(br#"{"batch":5,"no_wait":true,"expires":1000}"#).unwrap();
-        assert_eq!((r.0, r.2, r.3), (5, Some(1000), true));
+        assert_eq!((r.batch, r.expires, r.no_wait), (5, Some(1000), true));
         assert!(parse_pull(b"{bad").is_err());
+        // Nulls are absent values; a heartbeat needs twice its length of expiry.
+        let r = parse_pull(br#"{"batch":2,"group":null,"min_pending":null,"expires":null}"#);
+        assert_eq!(r.unwrap().expires, None);
+        assert_eq!(
+            parse_pull(br#"{"expires":1000,"idle_heartbeat":501}"#).unwrap_err(),
+            "heartbeat value too large"
+        );
     }
 
     #[test]

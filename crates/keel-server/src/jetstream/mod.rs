@@ -321,7 +321,7 @@ fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router
         ["STREAM", "INFO", name] => ("stream_info", stream_info(js, name, body)),
         ["STREAM", "NAMES"] => ("stream_names", stream_names(js, body)),
         ["STREAM", "LIST"] => ("stream_list", stream_list(js, body)),
-        ["STREAM", "DELETE", name] => ("stream_delete", stream_delete(js, server, name)),
+        ["STREAM", "DELETE", name] => ("stream_delete", stream_delete(js, server, router, name)),
         ["STREAM", "PURGE", name] => ("stream_purge", stream_purge(js, name, body)),
         ["STREAM", "MSG", "GET", name] => ("stream_msg_get", msg_get(js, name, body)),
         ["STREAM", "MSG", "DELETE", name] => ("stream_msg_delete", msg_delete(js, name, body)),
@@ -366,14 +366,26 @@ fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router
             }
             return;
         }
-        ["CONSUMER", "PAUSE", ..] => (
-            "consumer_pause",
-            Err(ApiError::not_supported("consumer pause")),
-        ),
-        ["CONSUMER", "RESET", ..] => (
-            "consumer_reset",
-            Err(ApiError::not_supported("consumer reset")),
-        ),
+        ["CONSUMER", "PAUSE", stream, name] => {
+            js.api_total.fetch_add(1, Ordering::Relaxed);
+            let body = consumer_pause(js, stream, name, body).unwrap_or_else(|e| {
+                js.api_errors.fetch_add(1, Ordering::Relaxed);
+                let zero = Value::from(rfc3339(0));
+                error_response(
+                    "consumer_pause",
+                    &e,
+                    &[("paused", false.into()), ("pause_until", zero)],
+                )
+            });
+            reply(server, router, &reply_to, body);
+            return;
+        }
+        ["CONSUMER", "UNPIN", stream, name] => {
+            ("consumer_unpin", consumer_unpin(js, stream, name, body))
+        }
+        // A consumer answers its own resets (on its own subscription), as with the
+        // reference: one that does not exist answers nothing.
+        ["CONSUMER", "RESET", ..] => return,
         // Unknown API subjects get no reply at all, as with the reference.
         _ => return,
     };
@@ -538,6 +550,11 @@ fn stream_create(
     body: &[u8],
 ) -> Result<Fields, ApiError> {
     let cfg = parse_config(name, body)?;
+    if cfg.mirror_direct && cfg.mirror.as_ref().is_none_or(Value::is_null) {
+        return Err(ApiError::invalid_config(
+            "stream has no mirror but does have mirror direct",
+        ));
+    }
     if let Some(existing) = js.stream(name) {
         let mut current = existing.config();
         current.metadata.remove(stream::REQ_LEVEL_KEY);
@@ -577,6 +594,7 @@ fn stream_update(
     let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
     let old = s.config();
     old.check_update(&cfg)?;
+    check_consumer_limits(&s, &old, &cfg)?;
     check_overlap(js, &cfg)?;
     check_resources(js, &cfg, Some(name))?;
     {
@@ -594,6 +612,42 @@ fn stream_update(
     s.persist_meta()
         .map_err(|e| ApiError::update_failed(format!("could not save stream config: {e}")))?;
     Ok(stream_fields(&s, true, None, None, false))
+}
+
+/// Lowering a stream's `consumer_limits` below what an existing consumer uses is refused,
+/// naming the consumers (the reference's check and text).
+fn check_consumer_limits(
+    s: &Stream,
+    old: &StreamConfig,
+    new: &StreamConfig,
+) -> Result<(), ApiError> {
+    let (oi, ni) = (
+        old.consumer_limits.inactive_threshold,
+        new.consumer_limits.inactive_threshold,
+    );
+    let (om, nm) = (
+        old.consumer_limits.max_ack_pending,
+        new.consumer_limits.max_ack_pending,
+    );
+    if !((ni > 0 && ni != oi) || (nm > 0 && nm != om)) {
+        return Ok(());
+    }
+    let violating: Vec<String> = s
+        .consumer_list()
+        .iter()
+        .filter(|c| {
+            let cfg = c.config();
+            (ni > 0 && cfg.inactive_threshold > ni) || (nm > 0 && cfg.max_ack_pending > nm)
+        })
+        .map(|c| c.name.clone())
+        .collect();
+    if violating.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::update_failed(format!(
+        "change to limits violates consumers: {}",
+        violating.join(", ")
+    )))
 }
 
 #[derive(Deserialize, Default)]
@@ -702,6 +756,7 @@ fn stream_list(js: &JetStream, body: &[u8]) -> Result<Fields, ApiError> {
 fn stream_delete(
     js: &Arc<JetStream>,
     server: &Arc<Server>,
+    router: &mut Router,
     name: &str,
 ) -> Result<Fields, ApiError> {
     let s = js
@@ -709,6 +764,12 @@ fn stream_delete(
         .remove(name)
         .ok_or_else(ApiError::stream_not_found)?;
     s.unsubscribe(server);
+    // Its consumers go with it: subscriptions removed, tasks ended, waiting pulls told
+    // `409 Consumer Deleted` (the reference). Their state is under the stream's directory.
+    let consumers = std::mem::take(&mut *s.consumers_lock());
+    for c in consumers.values() {
+        c.stop(server, router);
+    }
     {
         let mut inner = s.lock();
         // Replace the store so the old one can be destroyed by value.
@@ -1159,6 +1220,9 @@ fn create_consumer(
     let existing = s.consumers_lock().get(&name).cloned();
     if let Some(c) = existing {
         let mut current = c.config();
+        // An update never changes the pause (that is what CONSUMER.PAUSE is for).
+        stored_cfg.pause_until = current.pause_until.clone();
+        stored_cfg.set_req_level();
         current.metadata.remove(stream::REQ_LEVEL_KEY);
         let mut wanted = stored_cfg.clone();
         wanted.metadata.remove(stream::REQ_LEVEL_KEY);
@@ -1170,7 +1234,7 @@ fn create_consumer(
         }
         current.check_update(&wanted)?;
         wanted.check_supported()?;
-        c.lock().config = stored_cfg;
+        c.set_config(stored_cfg);
         c.persist_meta()
             .map_err(|e| ApiError::new(500, 10012, format!("could not save consumer: {e}")))?;
         c.notify();
@@ -1310,6 +1374,97 @@ fn page<T>(
         },
     );
     f
+}
+
+/// `$JS.API.CONSUMER.PAUSE.<stream>.<consumer>` `{"pause_until": <time>}`: pauses
+/// deliveries until then; no time (or a past one) resumes. The response is the whole body.
+fn consumer_pause(
+    js: &JetStream,
+    stream: &str,
+    name: &str,
+    body: &[u8],
+) -> Result<Vec<u8>, ApiError> {
+    #[derive(Deserialize, Default)]
+    #[serde(default)]
+    struct PauseRequest {
+        pause_until: Option<String>,
+    }
+    let trimmed = body.trim_ascii();
+    // Like the reference, only a JSON object or array is parsed; anything else resumes.
+    let req: PauseRequest = if trimmed.starts_with(b"{") || trimmed.starts_with(b"[") {
+        serde_json::from_slice(body).map_err(|e| ApiError::invalid_json_body(body, &e))?
+    } else {
+        PauseRequest::default()
+    };
+    let until = match req.pause_until.as_deref() {
+        Some(t) => consumer::parse_pause_until(t)?,
+        None => None,
+    };
+    let c = find_consumer(js, stream, name)?;
+    let mut cfg = c.config();
+    cfg.pause_until = until.as_ref().map(|(_, text)| text.clone());
+    cfg.set_req_level();
+    c.set_config(cfg);
+    c.persist_meta().map_err(|e| {
+        ApiError::new(
+            500,
+            10104,
+            format!("error creating store for consumer: {e}"),
+        )
+    })?;
+    let (paused, remaining) = c.pause_state();
+    let mut m = api::response("consumer_pause");
+    m.insert("paused".into(), paused.into());
+    m.insert(
+        "pause_until".into(),
+        until.map_or_else(|| rfc3339(0), |(_, text)| text).into(),
+    );
+    if paused {
+        m.insert("pause_remaining".into(), remaining.into());
+    }
+    Ok(to_bytes(&Value::Object(m)))
+}
+
+/// `$JS.API.CONSUMER.UNPIN.<stream>.<consumer>` `{"group": <name>}`: drops the pin of a
+/// pinned_client consumer so another client can take over.
+fn consumer_unpin(
+    js: &JetStream,
+    stream: &str,
+    name: &str,
+    body: &[u8],
+) -> Result<Fields, ApiError> {
+    #[derive(Deserialize)]
+    struct UnpinRequest {
+        #[serde(default)]
+        group: String,
+    }
+    let req: UnpinRequest = serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            400,
+            10025,
+            format!("invalid JSON: {}", api::go_json_error(body, &e, false)),
+        )
+    })?;
+    if req.group.is_empty() {
+        return Err(ApiError::new(
+            400,
+            10025,
+            "invalid JSON: consumer group not specified",
+        ));
+    }
+    if !consumer::valid_group_name(&req.group) {
+        return Err(consumer::invalid_group_name());
+    }
+    let c = find_consumer(js, stream, name)?;
+    if !c.config().priority_groups.contains(&req.group) {
+        return Err(ApiError::new(
+            400,
+            10160,
+            "Provided priority group does not exist for this consumer",
+        ));
+    }
+    c.unpin();
+    Ok(Fields::new())
 }
 
 fn consumer_delete(

@@ -149,6 +149,9 @@ pub struct StreamConfig {
     pub allow_atomic: Option<bool>,
     #[serde(default, skip_serializing)]
     pub allow_msg_schedules: Option<bool>,
+    /// Fast batch publishing (nats.go's AllowBatchPublish).
+    #[serde(default, skip_serializing)]
+    pub allow_batched: Option<bool>,
     #[serde(default, skip_serializing)]
     pub persist_mode: Option<Value>,
 }
@@ -243,6 +246,9 @@ impl StreamConfig {
         }
         if self.allow_msg_schedules == Some(true) {
             return Err(ApiError::not_supported("message schedules"));
+        }
+        if self.allow_batched == Some(true) {
+            return Err(ApiError::not_supported("fast batch publishing"));
         }
         if self
             .persist_mode
