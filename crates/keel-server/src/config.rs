@@ -48,6 +48,8 @@ pub struct Opts {
     /// `jetstream { strict }`: refuse API requests with fields the reference does not know
     /// (the reference's default, true) or decode them ignoring those fields.
     pub jetstream_strict: bool,
+    /// `jetstream { domain }`: the JetStream domain, also served on `$JS.<domain>.API.>`.
+    pub jetstream_domain: Option<String>,
     pub debug: bool,
     pub trace: bool,
     pub logtime: bool,
@@ -80,6 +82,7 @@ impl Default for Opts {
             max_file_store: None,
             sync_interval: None,
             jetstream_strict: true,
+            jetstream_domain: None,
             debug: false,
             trace: false,
             logtime: true,
@@ -130,7 +133,8 @@ Common Options:
 Config file keys: port, listen, host, server_name, http_port, http, max_payload,
 max_connections, max_pending, ping_interval, ping_max, write_deadline, lame_duck_duration,
 lame_duck_grace_period, debug, trace, logtime, log_file, pid_file, store_dir,
-jetstream { store_dir, max_memory_store, max_file_store, sync_interval, strict, enabled }.
+jetstream { store_dir, max_memory_store, max_file_store, sync_interval, strict, domain,
+enabled }.
 Other nats-server flags and keys are refused as not supported yet.
 ";
 
@@ -276,8 +280,6 @@ const UNSUPPORTED_KEYS: &[&str] = &[
 
 /// `jetstream { ... }` keys of the reference that Keel does not implement.
 const UNSUPPORTED_JETSTREAM_KEYS: &[&str] = &[
-    // JetStream domains (and the `$JS.<domain>.API` prefix) are not implemented.
-    "domain",
     // Encryption at rest.
     "key",
     "ek",
@@ -494,6 +496,23 @@ pub fn apply_config(opts: &mut Opts, map: &Map) -> Result<(), String> {
     Ok(())
 }
 
+/// A JetStream domain as the reference accepts it; empty is none.
+fn domain(d: &str) -> Result<Option<String>, String> {
+    if d.is_empty() {
+        return Ok(None);
+    }
+    if d.contains(['.', '*', '>']) {
+        return Err("invalid domain name: may not contain ., * or >".into());
+    }
+    let api = format!("$JS.{d}.API.>");
+    if !keel_protocol::subject::valid_subscribe(api.as_bytes()) {
+        return Err(format!(
+            "invalid domain name: derived {api:?} is not a valid subject"
+        ));
+    }
+    Ok(Some(d.to_string()))
+}
+
 /// `store_dir` may be given at the top level or in the jetstream block, not both.
 fn set_store_dir(opts: &mut Opts, key: &str, v: &Value) -> Result<(), String> {
     if opts.store_dir.is_some() {
@@ -518,6 +537,7 @@ fn apply_jetstream(opts: &mut Opts, key: &str, v: &Value) -> Result<(), String> 
                 match k.to_ascii_lowercase().as_str() {
                     "store_dir" | "storedir" | "store" => set_store_dir(opts, k, v)?,
                     "strict" => opts.jetstream_strict = boolean(k, v)?,
+                    "domain" => opts.jetstream_domain = domain(&string(k, v)?)?,
                     "max_memory_store" | "max_mem_store" | "max_mem" => {
                         opts.max_memory_store = Some(v.as_size().map_err(|e| format!("{k}: {e}"))?)
                     }
@@ -648,12 +668,16 @@ mod tests {
         assert!(apply("store_dir: /a\njetstream { store_dir: /b }")
             .unwrap_err()
             .contains("Duplicate 'store_dir'"));
-        for key in [
-            "domain: hub",
-            "cipher: aes",
-            "max_buffered_msgs: 10",
-            "limits { }",
-        ] {
+        let mut o = Opts::default();
+        apply_config(&mut o, &conf::parse("jetstream { domain: hub }").unwrap()).unwrap();
+        assert_eq!(o.jetstream_domain.as_deref(), Some("hub"));
+        assert!(apply("jetstream { domain: \"a.b\" }")
+            .unwrap_err()
+            .contains("may not contain"));
+        assert!(apply("jetstream { domain: \"a b\" }")
+            .unwrap_err()
+            .contains("is not a valid subject"));
+        for key in ["cipher: aes", "max_buffered_msgs: 10", "limits { }"] {
             let e = apply(&format!("jetstream {{ {key} }}")).unwrap_err();
             assert!(e.contains("does not support yet"), "{key}: {e}");
         }

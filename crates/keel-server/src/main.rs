@@ -102,6 +102,9 @@ async fn run(opts: config::Opts) -> ExitCode {
                     "  Store Directory: \"{}\"",
                     js.store_dir.join("jetstream").display()
                 );
+                if let Some(d) = &js.domain {
+                    info!("  Domain:          {d}");
+                }
                 info!(
                     "  API Level:       {}",
                     keel_server::jetstream::stream::API_LEVEL

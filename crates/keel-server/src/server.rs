@@ -80,6 +80,9 @@ struct Info<'a> {
     /// Lame-duck mode: clients should move to another server.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     ldm: bool,
+    /// The JetStream domain, when one is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    domain: Option<&'a str>,
     /// The JetStream API level Keel implements (as `_nats.level` in stream metadata).
     api_lvl: u32,
     keel_version: &'a str,
@@ -191,6 +194,7 @@ impl Server {
             connect_info,
             remote_account: connect_info.then_some("$G"),
             ldm: self.lame_duck.load(std::sync::atomic::Ordering::Relaxed),
+            domain: self.jetstream.get().and_then(|js| js.domain.as_deref()),
             api_lvl: crate::jetstream::stream::API_LEVEL,
             keel_version: KEEL_VERSION,
         };

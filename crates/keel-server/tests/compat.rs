@@ -943,3 +943,96 @@ async fn advisories_go_only_where_someone_listens() {
     assert_eq!(m.subject.as_str(), "$JS.EVENT.ADVISORY.STREAM.CREATED.ONE");
     common::expect_no_msg(&mut sub).await;
 }
+
+/// `jetstream { domain: hub }`: INFO, acks, account and stream info and advisories name the
+/// domain, and the API also answers on `$JS.hub.API.>` (pull requests included).
+#[tokio::test]
+async fn jetstream_domain() {
+    let server = Server::start_jetstream_with_config("jetstream { domain: hub }\n");
+    assert!(
+        server.log().contains("  Domain:          hub"),
+        "{}",
+        server.log()
+    );
+    let info = server.raw().await.info_json();
+    assert_eq!(info["domain"], "hub");
+    let keys: Vec<&String> = info.as_object().unwrap().keys().collect();
+    let at = |k: &str| keys.iter().position(|x| *x == k).unwrap();
+    assert!(
+        at("client_ip") < at("domain") && at("domain") < at("api_lvl"),
+        "{info}"
+    );
+
+    let client = server.client().await;
+    let mut events = client
+        .subscribe("$JS.EVENT.ADVISORY.STREAM.CREATED.D")
+        .await
+        .unwrap();
+    sync(&client).await;
+    create_stream(&client, json!({"name": "D", "subjects": ["d.>"]})).await;
+    let adv: Value = serde_json::from_slice(&next_msg(&mut events).await.payload).unwrap();
+    assert_eq!(keys_of(&adv).last().map(String::as_str), Some("domain"));
+    assert_eq!(adv["domain"], "hub");
+
+    let ack = within("publish", client.request("d.x", "hi".into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        ack.payload,
+        Bytes::from(r#"{"stream":"D","domain":"hub","seq":1}"#)
+    );
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", "m1");
+    for (seq, text) in [
+        (2, r#"{"stream":"D","domain":"hub","seq":2}"#),
+        (
+            2,
+            r#"{"stream":"D","domain":"hub","seq":2,"duplicate": true}"#,
+        ),
+    ] {
+        let ack = within(
+            "publish with id",
+            client.request_with_headers("d.x", headers.clone(), "hi".into()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(ack.payload, Bytes::from(text), "seq {seq}");
+    }
+
+    for prefix in ["$JS.API", "$JS.hub.API"] {
+        let (_, acct) = json_request(&client, &format!("{prefix}.INFO"), "").await;
+        assert_eq!(acct["domain"], "hub");
+        let keys = keys_of(&acct);
+        let pos = |k: &str| keys.iter().position(|x| x == k).unwrap();
+        assert_eq!(pos("domain") + 1, pos("api"), "{acct}");
+        let (_, si) = json_request(&client, &format!("{prefix}.STREAM.INFO.D"), "").await;
+        let keys = keys_of(&si);
+        let pos = |k: &str| keys.iter().position(|x| x == k).unwrap();
+        assert_eq!(si["domain"], "hub");
+        assert_eq!(pos("domain") + 1, pos("cluster"), "{si}");
+    }
+    let (_, made) = json_request(
+        &client,
+        "$JS.hub.API.CONSUMER.CREATE.D.c",
+        json!({"stream_name": "D", "config": {"name": "c", "ack_policy": "explicit"}}).to_string(),
+    )
+    .await;
+    ok(&made);
+    let inbox = client.new_inbox();
+    let mut sub = client.subscribe(inbox.clone()).await.unwrap();
+    client
+        .publish_with_reply(
+            "$JS.hub.API.CONSUMER.MSG.NEXT.D.c",
+            inbox,
+            r#"{"batch":1}"#.into(),
+        )
+        .await
+        .unwrap();
+    let msg = next_msg(&mut sub).await;
+    assert_eq!(msg.subject.as_str(), "d.x");
+    assert!(msg.reply.unwrap().as_str().starts_with("$JS.ACK.D.c.1.1."));
+}
+
+fn keys_of(v: &Value) -> Vec<String> {
+    v.as_object().unwrap().keys().cloned().collect()
+}

@@ -73,7 +73,12 @@ fn send(
     if !router.has_interest(server, &subject) {
         return;
     }
-    let data = Bytes::from(to_bytes(&Value::Object(build())));
+    let mut event = build();
+    // Last, and only with a domain configured (the reference's `omitempty`).
+    if let Some(d) = super::domain() {
+        event.insert("domain".into(), d.into());
+    }
+    let data = Bytes::from(to_bytes(&Value::Object(event)));
     router.route(
         server,
         &Outgoing {

@@ -44,6 +44,9 @@ pub struct JetStream {
     /// `jetstream { strict }` (default true): API requests with fields the reference does
     /// not know are refused rather than decoded with those fields ignored.
     pub strict: bool,
+    /// `jetstream { domain }`: named in INFO, acks, infos and advisories; the API is also
+    /// served on `$JS.<domain>.API.>`.
+    pub domain: Option<String>,
 }
 
 const NAMES_LIMIT: usize = 1024;
@@ -71,18 +74,25 @@ impl JetStream {
             max_store: opts.max_file_store.unwrap_or(-1),
             sync_interval: opts.sync_interval,
             strict: opts.jetstream_strict,
+            domain: opts.jetstream_domain.clone(),
         });
+        if let Some(d) = &js.domain {
+            let _ = DOMAIN.set(d.clone());
+        }
         js.recover(server)?;
 
         let (handle, rx) = ClientHandle::internal(server.next_client_id());
-        server.sublist.insert(Arc::new(Sub {
-            client: handle,
-            sid: Bytes::from_static(b"api"),
-            subject: Bytes::from_static(b"$JS.API.>"),
-            queue: None,
-            max: AtomicU64::new(0),
-            delivered: AtomicU64::new(0),
-        }));
+        let domain_api = js.domain.as_ref().map(|d| format!("$JS.{d}.API.>"));
+        for subject in std::iter::once("$JS.API.>".to_string()).chain(domain_api) {
+            server.sublist.insert(Arc::new(Sub {
+                client: handle.clone(),
+                sid: Bytes::from_static(b"api"),
+                subject: Bytes::from(subject),
+                queue: None,
+                max: AtomicU64::new(0),
+                delivered: AtomicU64::new(0),
+            }));
+        }
         tokio::spawn(api_loop(js.clone(), server.clone(), rx));
         tokio::spawn(maintenance_loop(js.clone(), server.clone()));
         Ok(js)
@@ -291,11 +301,45 @@ fn reply_headers(server: &Server, router: &mut Router, to: &Bytes, hdr: Vec<u8>,
     );
 }
 
+/// The JetStream domain, once JetStream has started with one.
+pub static DOMAIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The configured JetStream domain, if any.
+pub fn domain() -> Option<&'static str> {
+    DOMAIN.get().map(String::as_str)
+}
+
+/// `$JS.<domain>.API.X` is `$JS.API.X` (the reference maps the prefix): the request is
+/// published again on the plain subject, with its reply and its publisher, so the API and
+/// the consumers' pull subscriptions take it as if it had been sent there.
+fn relay_domain_request(js: &JetStream, server: &Server, m: &InMsg) {
+    let Some(d) = &js.domain else { return };
+    let Some(rest) = m.subject.strip_prefix(format!("$JS.{d}.API.").as_bytes()) else {
+        return;
+    };
+    let mut subject = b"$JS.API.".to_vec();
+    subject.extend_from_slice(rest);
+    let subject = Bytes::from(subject);
+    let mut router = Router::new(m.origin).with_origin(m.origin);
+    router.route(
+        server,
+        &Outgoing {
+            subject: &subject,
+            reply: m.reply.as_ref(),
+            hdr_len: (m.hdr_len > 0).then_some(m.hdr_len),
+            data: &m.data,
+        },
+        None,
+    );
+    router.flush();
+}
+
 fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router, m: InMsg) {
     let Ok(subject) = std::str::from_utf8(&m.subject) else {
         return;
     };
     let Some(rest) = subject.strip_prefix("$JS.API.") else {
+        relay_domain_request(js, server, &m);
         return;
     };
     let Some(reply_to) = m.reply.clone() else {
@@ -456,6 +500,9 @@ fn account_info(js: &JetStream) -> Fields {
             "storage_max_stream_bytes": -1, "max_bytes_required": false
         }),
     );
+    if let Some(d) = &js.domain {
+        f.insert("domain".into(), d.clone().into());
+    }
     f.insert(
         "api".into(),
         serde_json::json!({
@@ -493,6 +540,10 @@ fn stream_fields(
         ),
     );
     if let Some(leader) = cluster {
+        // Stream info names the domain before the cluster, as the reference.
+        if let Some(d) = domain() {
+            f.insert("domain".into(), d.into());
+        }
         f.insert("cluster".into(), serde_json::json!({ "leader": leader }));
     }
     f.insert("ts".into(), rfc3339(now_nanos()).into());
