@@ -102,10 +102,15 @@ pub fn bind_tcp(host: &str, port: u16) -> std::io::Result<TcpListener> {
             Err(e) => crate::debug!("No IPv6 listener ({e}); listening on IPv4 only"),
         }
     }
-    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host.trim_matches(['[', ']']), port))?
-        .next()
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))?;
-    listen_on(addr, false)
+    // As tokio's bind: the first of the host's addresses that can be bound.
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address for host");
+    for addr in std::net::ToSocketAddrs::to_socket_addrs(&(host.trim_matches(['[', ']']), port))? {
+        match listen_on(addr, false) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 fn listen_on(addr: SocketAddr, dual_stack: bool) -> std::io::Result<TcpListener> {
@@ -386,5 +391,27 @@ impl Server {
             }
         }
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn wildcard_listener_takes_ipv4_and_ipv6() {
+        let l = bind_tcp("0.0.0.0", 0).unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        if std::net::TcpListener::bind("[::1]:0").is_ok() {
+            assert!(l.local_addr().unwrap().is_ipv6(), "one dual-stack socket");
+            tokio::net::TcpStream::connect(("::1", port)).await.unwrap();
+        }
+        let l = bind_tcp("127.0.0.1", 0).unwrap();
+        assert!(l.local_addr().unwrap().is_ipv4());
+        assert_eq!(host_port("::1", 4222), "[::1]:4222");
+        assert_eq!(host_port("0.0.0.0", 4222), "0.0.0.0:4222");
     }
 }
