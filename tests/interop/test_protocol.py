@@ -60,6 +60,22 @@ async def test_info_line_format(server):
     await c.close()
 
 
+async def test_info_has_what_the_modern_nats_py_client_reads(server):
+    """nats-core (the modern nats.py client under nats-jetstream and nats-key-value; it needs
+    Python 3.13, so it is not installed here) builds its ServerInfo from INFO with
+    info["server_id"], info["version"], info["go"], info["host"], info["port"] and
+    info["headers"]: a missing key is a KeyError on every connect. The reference also sends
+    git_commit and api_lvl."""
+    c = await RawClient.open(server.port)
+    info = c.info
+    for key in ("server_id", "version", "go", "host", "port", "headers"):
+        assert key in info, f"INFO lacks {key!r}: {info}"
+    assert isinstance(info["go"], str) and info["go"]
+    assert isinstance(info["git_commit"], str) and info["git_commit"]
+    assert isinstance(info["api_lvl"], int) and info["api_lvl"] >= 1
+    await c.close()
+
+
 async def test_info_client_id_is_per_connection(server):
     a = await RawClient.open(server.port)
     b = await RawClient.open(server.port)

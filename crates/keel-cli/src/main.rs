@@ -11,6 +11,7 @@ mod bench;
 mod bench_js;
 mod commands;
 mod consumer;
+mod events;
 mod js;
 mod kv;
 mod output;
@@ -108,6 +109,9 @@ enum Command {
     /// The server: ping (round trip times), info
     #[command(subcommand)]
     Server(sys::ServerCmd),
+    /// Show JetStream advisories and metrics as the server publishes them
+    #[command(visible_alias = "event")]
+    Events(events::EventsArgs),
     /// Benchmark a server: pub, pubsub, request, idle, js
     #[command(long_about = bench::LONG_ABOUT)]
     Bench(bench::BenchArgs),
@@ -151,6 +155,7 @@ fn main() -> ExitCode {
             Command::Kv(c) => kv::run(&conn, c, json).await,
             Command::Account(c) => sys::account(&conn, c, json).await,
             Command::Server(c) => sys::server(&conn, c, json).await,
+            Command::Events(a) => events::run(&conn, a, json).await,
             Command::Bench(a) => bench::run(&conn, a, json).await,
         }
     });

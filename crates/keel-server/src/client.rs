@@ -55,6 +55,8 @@ pub struct InMsg {
     /// Length of the header block at the start of `data` (0 when none).
     pub hdr_len: usize,
     pub data: Bytes,
+    /// The connection that published it (0: the server itself), e.g. for API audits.
+    pub origin: u64,
 }
 
 impl InMsg {
@@ -170,6 +172,7 @@ impl ClientHandle {
         reply: Option<&Bytes>,
         hdr_len: Option<usize>,
         data: &Bytes,
+        origin: u64,
     ) -> bool {
         if let Some(tx) = &self.internal {
             self.stats.out_msgs.fetch_add(1, Ordering::Relaxed);
@@ -179,6 +182,7 @@ impl ClientHandle {
                 reply: reply.cloned(),
                 hdr_len: hdr_len.unwrap_or(0),
                 data: data.clone(),
+                origin,
             });
             return false;
         }
@@ -332,7 +336,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
 
     let mut conn = Conn {
         parser: Parser::new(server.opts.max_payload),
-        router: Router::new(id),
+        router: Router::new(id).with_origin(id),
         verbose: true, // the reference treats a client that never sent CONNECT as verbose
         pedantic: false,
         echo: true,

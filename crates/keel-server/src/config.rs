@@ -14,6 +14,11 @@ use crate::conf::{self, Map, Value};
 pub const COMPAT_VERSION: &str = "2.14.0";
 /// Keel's own version.
 pub const KEEL_VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The toolchain Keel was built with, where the reference names its Go runtime (INFO and
+/// /varz `go`).
+pub const TOOLCHAIN: &str = concat!("rustc ", env!("KEEL_RUSTC_VERSION"));
+/// The commit Keel was built from (7 characters; empty outside a git checkout).
+pub const GIT_COMMIT: &str = env!("KEEL_GIT_COMMIT");
 
 #[derive(Debug, Clone)]
 pub struct Opts {
@@ -40,6 +45,11 @@ pub struct Opts {
     /// `jetstream { sync_interval }`: None (the default, `always`) syncs before every ack;
     /// a duration acknowledges at once and syncs on that interval (the reference's mode).
     pub sync_interval: Option<Duration>,
+    /// `jetstream { strict }`: refuse API requests with fields the reference does not know
+    /// (the reference's default, true) or decode them ignoring those fields.
+    pub jetstream_strict: bool,
+    /// `jetstream { domain }`: the JetStream domain, also served on `$JS.<domain>.API.>`.
+    pub jetstream_domain: Option<String>,
     pub debug: bool,
     pub trace: bool,
     pub logtime: bool,
@@ -71,6 +81,8 @@ impl Default for Opts {
             max_memory_store: None,
             max_file_store: None,
             sync_interval: None,
+            jetstream_strict: true,
+            jetstream_domain: None,
             debug: false,
             trace: false,
             logtime: true,
@@ -120,8 +132,10 @@ Common Options:
 
 Config file keys: port, listen, host, server_name, http_port, http, max_payload,
 max_connections, max_pending, ping_interval, ping_max, write_deadline, lame_duck_duration,
-lame_duck_grace_period, debug, trace,
-logtime, log_file, pid_file, jetstream { store_dir, max_memory_store, max_file_store, sync_interval }.
+lame_duck_grace_period, debug, trace, logtime, log_file, pid_file, store_dir,
+jetstream { store_dir, max_memory_store, max_file_store, sync_interval, strict, domain,
+enabled }.
+Other nats-server flags and keys are refused as not supported yet.
 ";
 
 #[derive(Clone, Copy, PartialEq)]
@@ -163,11 +177,14 @@ const UNSUPPORTED: &[&str] = &[
     "tlskey",
     "tlsverify",
     "tlscacert",
+    "help_tls",
     "routes",
     "cluster",
     "cluster_name",
     "cluster_advertise",
+    "cluster_listen",
     "no_advertise",
+    "connect_retries",
     "ms",
     "https_port",
     "s",
@@ -178,9 +195,120 @@ const UNSUPPORTED: &[&str] = &[
     "sl",
     "client_advertise",
     "ports_file_dir",
-    "connect_retries",
     "max_traced_msg_len",
+    "logtime_utc",
+    "log_size_limit",
+    "profile",
 ];
+
+/// Top-level config keys of the reference that Keel does not implement (refused as "not
+/// supported yet"; anything else is an unknown key).
+const UNSUPPORTED_KEYS: &[&str] = &[
+    "client_advertise",
+    "trace_verbose",
+    "trace_headers",
+    "logtime_utc",
+    "mappings",
+    "maps",
+    "disable_sublist_cache",
+    "no_sublist_cache",
+    "accounts",
+    "default_sentinel",
+    "authorization",
+    "https",
+    "https_port",
+    "http_base_path",
+    "cluster",
+    "gateway",
+    "leaf",
+    "leafnodes",
+    "logfile_size_limit",
+    "log_size_limit",
+    "logfile_max_num",
+    "log_max_num",
+    "syslog",
+    "remote_syslog",
+    "ports_file_dir",
+    "prof_port",
+    "prof_block_rate",
+    "max_control_line",
+    "proxy_protocol",
+    "max_traced_msg_len",
+    "max_subscriptions",
+    "max_subs",
+    "max_sub_tokens",
+    "max_subscription_tokens",
+    "tls",
+    "ocsp",
+    "allow_non_tls",
+    "write_timeout",
+    "operator",
+    "operators",
+    "roots",
+    "root",
+    "root_operators",
+    "root_operator",
+    "resolver",
+    "account_resolver",
+    "accounts_resolver",
+    "resolver_tls",
+    "resolver_preload",
+    "resolver_pinned_accounts",
+    "no_auth_user",
+    "system_account",
+    "system",
+    "no_system_account",
+    "no_system",
+    "no_sys_acc",
+    "no_header_support",
+    "trusted",
+    "trusted_keys",
+    "connect_error_reports",
+    "reconnect_error_reports",
+    "websocket",
+    "ws",
+    "mqtt",
+    "server_tags",
+    "server_metadata",
+    "feature_flags",
+    "default_js_domain",
+    "ocsp_cache",
+    "no_fast_producer_stall",
+    "max_closed_clients",
+    "proxies",
+];
+
+/// `jetstream { ... }` keys of the reference that Keel does not implement.
+const UNSUPPORTED_JETSTREAM_KEYS: &[&str] = &[
+    // Encryption at rest.
+    "key",
+    "ek",
+    "encryption_key",
+    "prev_key",
+    "prev_ek",
+    "prev_encryption_key",
+    "cipher",
+    "tpm",
+    // Operator-mode account limits and server-wide JetStream limits.
+    "extension_hint",
+    "limits",
+    // Clustering.
+    "unique_tag",
+    "max_outstanding_catchup",
+    "meta_compact",
+    "meta_compact_size",
+    "meta_compact_sync",
+    // Ingest and API queue tuning.
+    "max_buffered_size",
+    "max_buffered_msgs",
+    "request_queue_limit",
+    "info_queue_limit",
+    "max_concurrent_io",
+];
+
+fn not_supported(what: &str) -> String {
+    format!("{what} is a nats-server option that keel-server does not support yet")
+}
 
 fn parse_bool(flag: &str, v: &str) -> Result<bool, String> {
     match v.to_ascii_lowercase().as_str() {
@@ -213,9 +341,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, St
         let Some(&(_, kind, canon)) = FLAGS.iter().find(|(names, _, _)| names.contains(&name))
         else {
             if UNSUPPORTED.contains(&name) {
-                return Err(format!(
-                    "flag {arg:?} is a nats-server option that keel-server does not support yet"
-                ));
+                return Err(not_supported(&format!("flag {arg:?}")));
             }
             return Err(format!("unknown flag {arg:?} (see --help)"));
         };
@@ -356,17 +482,43 @@ pub fn apply_config(opts: &mut Opts, map: &Map) -> Result<(), String> {
             "logtime" => opts.logtime = boolean(key, v)?,
             "log_file" => opts.log_file = Some(string(key, v)?.into()),
             "pid_file" => opts.pid_file = Some(string(key, v)?.into()),
+            "store_dir" | "storedir" => set_store_dir(opts, key, v)?,
             "jetstream" => apply_jetstream(opts, key, v)?,
-            other => {
-                return Err(format!(
-                    "unsupported configuration key {other:?} (keel-server does not implement it)"
-                ))
+            other if UNSUPPORTED_KEYS.contains(&other) => {
+                return Err(not_supported(&format!("configuration key {key:?}")))
             }
+            _ => return Err(format!("unknown configuration key {key:?}")),
         }
     }
     if opts.max_payload > 64 * 1024 * 1024 {
         return Err("max_payload cannot exceed 64MB".into());
     }
+    Ok(())
+}
+
+/// A JetStream domain as the reference accepts it; empty is none.
+fn domain(d: &str) -> Result<Option<String>, String> {
+    if d.is_empty() {
+        return Ok(None);
+    }
+    if d.contains(['.', '*', '>']) {
+        return Err("invalid domain name: may not contain ., * or >".into());
+    }
+    let api = format!("$JS.{d}.API.>");
+    if !keel_protocol::subject::valid_subscribe(api.as_bytes()) {
+        return Err(format!(
+            "invalid domain name: derived {api:?} is not a valid subject"
+        ));
+    }
+    Ok(Some(d.to_string()))
+}
+
+/// `store_dir` may be given at the top level or in the jetstream block, not both.
+fn set_store_dir(opts: &mut Opts, key: &str, v: &Value) -> Result<(), String> {
+    if opts.store_dir.is_some() {
+        return Err("Duplicate 'store_dir' configuration".into());
+    }
+    opts.store_dir = Some(string(key, v)?.into());
     Ok(())
 }
 
@@ -383,7 +535,9 @@ fn apply_jetstream(opts: &mut Opts, key: &str, v: &Value) -> Result<(), String> 
             opts.jetstream = true;
             for (k, v) in &m.0 {
                 match k.to_ascii_lowercase().as_str() {
-                    "store_dir" | "storedir" => opts.store_dir = Some(string(k, v)?.into()),
+                    "store_dir" | "storedir" | "store" => set_store_dir(opts, k, v)?,
+                    "strict" => opts.jetstream_strict = boolean(k, v)?,
+                    "domain" => opts.jetstream_domain = domain(&string(k, v)?)?,
                     "max_memory_store" | "max_mem_store" | "max_mem" => {
                         opts.max_memory_store = Some(v.as_size().map_err(|e| format!("{k}: {e}"))?)
                     }
@@ -397,9 +551,10 @@ fn apply_jetstream(opts: &mut Opts, key: &str, v: &Value) -> Result<(), String> 
                             v => Some(duration(k, v)?).filter(|d| !d.is_zero()),
                         }
                     }
-                    other => {
-                        return Err(format!("unsupported jetstream configuration key {other:?}"))
+                    other if UNSUPPORTED_JETSTREAM_KEYS.contains(&other) => {
+                        return Err(not_supported(&format!("jetstream configuration key {k:?}")))
                     }
+                    _ => return Err(format!("unknown jetstream configuration key {k:?}")),
                 }
             }
         }
@@ -461,6 +616,10 @@ mod tests {
         ));
         assert!(run(&["--bogus"]).unwrap_err().contains("unknown flag"));
         assert!(run(&["--tls"]).unwrap_err().contains("does not support"));
+        for flag in ["--cluster_listen", "--cluster", "--routes", "--profile"] {
+            let e = run(&[flag, "x"]).unwrap_err();
+            assert!(e.contains("does not support yet"), "{flag}: {e}");
+        }
         assert!(run(&["-p"]).unwrap_err().contains("needs a value"));
         assert!(run(&["-p", "x"]).unwrap_err().contains("invalid port"));
         assert!(run(&["stray"]).unwrap_err().contains("unexpected argument"));
@@ -486,6 +645,44 @@ mod tests {
         let bad = conf::parse("cluster { port: 1 }").unwrap();
         assert!(apply_config(&mut Opts::default(), &bad)
             .unwrap_err()
-            .contains("unsupported configuration key"));
+            .contains("does not support yet"));
+        let bogus = conf::parse("bogus_key: 1").unwrap();
+        assert!(apply_config(&mut Opts::default(), &bogus)
+            .unwrap_err()
+            .contains("unknown configuration key"));
+    }
+
+    #[test]
+    fn jetstream_keys() {
+        let apply = |text: &str| apply_config(&mut Opts::default(), &conf::parse(text).unwrap());
+        let mut o = Opts::default();
+        assert!(o.jetstream_strict);
+        apply_config(
+            &mut o,
+            &conf::parse("jetstream { strict: false, store: /tmp/s }").unwrap(),
+        )
+        .unwrap();
+        assert!(o.jetstream && !o.jetstream_strict);
+        assert_eq!(o.store_dir, Some(PathBuf::from("/tmp/s")));
+        assert!(apply("jetstream { strict: true }").is_ok());
+        assert!(apply("store_dir: /a\njetstream { store_dir: /b }")
+            .unwrap_err()
+            .contains("Duplicate 'store_dir'"));
+        let mut o = Opts::default();
+        apply_config(&mut o, &conf::parse("jetstream { domain: hub }").unwrap()).unwrap();
+        assert_eq!(o.jetstream_domain.as_deref(), Some("hub"));
+        assert!(apply("jetstream { domain: \"a.b\" }")
+            .unwrap_err()
+            .contains("may not contain"));
+        assert!(apply("jetstream { domain: \"a b\" }")
+            .unwrap_err()
+            .contains("is not a valid subject"));
+        for key in ["cipher: aes", "max_buffered_msgs: 10", "limits { }"] {
+            let e = apply(&format!("jetstream {{ {key} }}")).unwrap_err();
+            assert!(e.contains("does not support yet"), "{key}: {e}");
+        }
+        assert!(apply("jetstream { bogus: 1 }")
+            .unwrap_err()
+            .contains("unknown jetstream configuration key"));
     }
 }

@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use keel_server::config::{self, Command, COMPAT_VERSION, KEEL_VERSION};
-use keel_server::server::Server;
+use keel_server::config::{self, Command, COMPAT_VERSION, GIT_COMMIT, KEEL_VERSION};
+use keel_server::server::{host_port, Server};
 use keel_server::{error, info, log, monitor, warn};
 
 fn main() -> ExitCode {
@@ -64,6 +64,9 @@ async fn run(opts: config::Opts) -> ExitCode {
     let server = Server::new(opts);
     info!("Starting keel-server");
     info!("  Version:  {KEEL_VERSION} (nats-server API level {COMPAT_VERSION})");
+    if !GIT_COMMIT.is_empty() {
+        info!("  Git:      [{GIT_COMMIT}]");
+    }
     info!("  Name:     {}", server.server_name);
     info!("  ID:       {}", server.server_id);
     if let Some(cf) = &server.opts.config_file {
@@ -80,13 +83,39 @@ async fn run(opts: config::Opts) -> ExitCode {
         match keel_server::jetstream::JetStream::start(&server) {
             Ok(js) => {
                 info!("Starting JetStream");
-                info!("  Store directory: {}", js.store_dir.display());
+                // The reference's block; clients' test helpers parse the Store Directory line
+                // to clean up after the server.
+                info!("---------------- JETSTREAM ----------------");
+                if js.strict {
+                    info!("  Strict:          true");
+                }
+                let limit = |l: i64| {
+                    if l < 0 {
+                        "unlimited".to_string()
+                    } else {
+                        friendly_bytes(l)
+                    }
+                };
+                info!("  Max Memory:      {}", limit(js.max_memory));
+                info!("  Max Storage:     {}", limit(js.max_store));
+                info!(
+                    "  Store Directory: \"{}\"",
+                    js.store_dir.join("jetstream").display()
+                );
+                if let Some(d) = &js.domain {
+                    info!("  Domain:          {d}");
+                }
+                info!(
+                    "  API Level:       {}",
+                    keel_server::jetstream::stream::API_LEVEL
+                );
                 match js.sync_interval {
                     None => info!("  Sync: always (an acknowledged message is on disk)"),
                     Some(d) => warn!(
                         "  Sync: every {d:?}; acknowledged messages can be lost on power failure"
                     ),
                 }
+                info!("-------------------------------------------");
                 let _ = server.jetstream.set(js);
             }
             Err(e) => {
@@ -100,7 +129,12 @@ async fn run(opts: config::Opts) -> ExitCode {
         match monitor::bind(&server).await {
             Ok(l) => {
                 if let Ok(a) = l.local_addr() {
-                    info!("Starting http monitor on {a}");
+                    let host = server
+                        .opts
+                        .http_host
+                        .as_deref()
+                        .unwrap_or(&server.opts.host);
+                    info!("Starting http monitor on {}", host_port(host, a.port()));
                 }
                 tokio::spawn(monitor::serve(server.clone(), l));
             }
@@ -121,11 +155,12 @@ async fn run(opts: config::Opts) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let addr = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    info!("Listening for client connections on {addr}");
+    // The configured host, as the reference writes it (the wildcard listens on IPv6 too).
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
+    info!(
+        "Listening for client connections on {}",
+        host_port(&server.opts.host, port)
+    );
     info!("Server is ready");
 
     tokio::spawn(signals(server.clone()));
@@ -138,6 +173,22 @@ async fn run(opts: config::Opts) -> ExitCode {
         let _ = std::fs::remove_file(p);
     }
     ExitCode::SUCCESS
+}
+
+/// Bytes as the reference's startup banner writes them (`17.66 GB`, 1024-based).
+fn friendly_bytes(n: i64) -> String {
+    const UNITS: [&str; 6] = ["K", "M", "G", "T", "P", "E"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64;
+    let mut unit = 0;
+    v /= 1024.0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.2} {}B", UNITS[unit])
 }
 
 async fn signals(server: Arc<Server>) {

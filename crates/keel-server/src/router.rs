@@ -19,6 +19,8 @@ pub struct Router {
     rng: u64,
     /// A subscriber found congested during this batch (the publisher may pause).
     congested: Option<Arc<ClientHandle>>,
+    /// The publishing connection's id, handed to in-process subscribers (0: the server).
+    origin: u64,
 }
 
 /// One message to route. `data` holds the header block (first `hdr_len` bytes) then the
@@ -36,8 +38,15 @@ impl Router {
             cache: MatchCache::default(),
             to_signal: Vec::new(),
             congested: None,
+            origin: 0,
             rng: 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xA24B_AED4_963E_E407) | 1,
         }
+    }
+
+    /// Marks what this router routes as published by connection `id`.
+    pub fn with_origin(mut self, id: u64) -> Self {
+        self.origin = id;
+        self
     }
 
     /// Delivers `msg` to every plain subscription and one member of each queue group.
@@ -117,10 +126,14 @@ impl Router {
                 server.remove_sub(sub);
             }
         }
-        if sub
-            .client
-            .queue_msg(msg.subject, &sub.sid, msg.reply, msg.hdr_len, msg.data)
-        {
+        if sub.client.queue_msg(
+            msg.subject,
+            &sub.sid,
+            msg.reply,
+            msg.hdr_len,
+            msg.data,
+            self.origin,
+        ) {
             self.to_signal.push(sub.client.clone());
         }
         if sub.client.congested.load(Ordering::Relaxed) && self.congested.is_none() {

@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::client::{self, ClientHandle};
-use crate::config::{Opts, COMPAT_VERSION, KEEL_VERSION};
+use crate::config::{Opts, COMPAT_VERSION, GIT_COMMIT, KEEL_VERSION, TOOLCHAIN};
 use crate::sublist::{Sub, Sublist};
 
 pub struct Server {
@@ -52,14 +52,18 @@ pub struct Totals {
     pub out_bytes: u64,
 }
 
-/// INFO as the reference orders its fields; optional fields are left out when unset.
+/// INFO as the reference orders its fields; optional fields are left out when unset. There
+/// is no `xkey`: the reference's curve key serves auth callout and encrypted system
+/// requests, which Keel does not have, so advertising one would invite clients to use it.
 #[derive(Serialize)]
 struct Info<'a> {
     server_id: &'a str,
     server_name: &'a str,
     version: &'a str,
     proto: u8,
-    keel_version: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    git_commit: &'a str,
+    go: &'a str,
     host: &'a str,
     port: u16,
     headers: bool,
@@ -76,6 +80,60 @@ struct Info<'a> {
     /// Lame-duck mode: clients should move to another server.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     ldm: bool,
+    /// The JetStream domain, when one is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    domain: Option<&'a str>,
+    /// The JetStream API level Keel implements (as `_nats.level` in stream metadata).
+    api_lvl: u32,
+    keel_version: &'a str,
+}
+
+/// Binds a TCP listener on `host:port`. The wildcard host (`0.0.0.0`, the default, or `::`)
+/// gets one socket for IPv6 and IPv4 together, as the reference's listeners do; where IPv6
+/// is unavailable `0.0.0.0` falls back to IPv4 alone.
+pub fn bind_tcp(host: &str, port: u16) -> std::io::Result<TcpListener> {
+    let dual = matches!(host, "0.0.0.0" | "" | "::" | "[::]");
+    if dual {
+        match listen_on((std::net::Ipv6Addr::UNSPECIFIED, port).into(), true) {
+            Ok(l) => return Ok(l),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse || host.contains(':') => {
+                return Err(e)
+            }
+            Err(e) => crate::debug!("No IPv6 listener ({e}); listening on IPv4 only"),
+        }
+    }
+    // As tokio's bind: the first of the host's addresses that can be bound.
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address for host");
+    for addr in std::net::ToSocketAddrs::to_socket_addrs(&(host.trim_matches(['[', ']']), port))? {
+        match listen_on(addr, false) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+fn listen_on(addr: SocketAddr, dual_stack: bool) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if dual_stack {
+        socket.set_only_v6(false)?;
+    }
+    // As tokio's own bind: a restarted server can take its port back at once.
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// `host:port` as the reference's log lines write a listen address (`[v6]:port`).
+pub fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
 }
 
 /// A random id shaped like the reference's server ids: `N` and 55 base32 characters.
@@ -129,7 +187,8 @@ impl Server {
             server_name: &self.server_name,
             version: COMPAT_VERSION,
             proto: 1,
-            keel_version: KEEL_VERSION,
+            git_commit: GIT_COMMIT,
+            go: TOOLCHAIN,
             host: &self.opts.host,
             port: addr.map_or(0, |a| a.port()),
             headers: true,
@@ -140,6 +199,9 @@ impl Server {
             connect_info,
             remote_account: connect_info.then_some("$G"),
             ldm: self.lame_duck.load(std::sync::atomic::Ordering::Relaxed),
+            domain: self.jetstream.get().and_then(|js| js.domain.as_deref()),
+            api_lvl: crate::jetstream::stream::API_LEVEL,
+            keel_version: KEEL_VERSION,
         };
         let json = serde_json::to_vec(&info).expect("INFO serializes");
         let mut b = bytes::BytesMut::with_capacity(json.len() + 8);
@@ -196,6 +258,15 @@ impl Server {
             .collect()
     }
 
+    /// The connection with this id, if it is still there.
+    pub fn client(&self, id: u64) -> Option<Arc<ClientHandle>> {
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
     /// Client connections accepted since start.
     pub fn total_connections(&self) -> u64 {
         self.total_connections.load(Ordering::Relaxed)
@@ -238,7 +309,7 @@ impl Server {
         } else {
             self.opts.port as u16
         };
-        let listener = TcpListener::bind((self.opts.host.as_str(), port)).await?;
+        let listener = bind_tcp(&self.opts.host, port)?;
         *self.client_addr.lock().unwrap_or_else(|e| e.into_inner()) = Some(listener.local_addr()?);
         Ok(listener)
     }
@@ -320,5 +391,27 @@ impl Server {
             }
         }
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn wildcard_listener_takes_ipv4_and_ipv6() {
+        let l = bind_tcp("0.0.0.0", 0).unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        if std::net::TcpListener::bind("[::1]:0").is_ok() {
+            assert!(l.local_addr().unwrap().is_ipv6(), "one dual-stack socket");
+            tokio::net::TcpStream::connect(("::1", port)).await.unwrap();
+        }
+        let l = bind_tcp("127.0.0.1", 0).unwrap();
+        assert!(l.local_addr().unwrap().is_ipv4());
+        assert_eq!(host_port("::1", 4222), "[::1]:4222");
+        assert_eq!(host_port("0.0.0.0", 4222), "0.0.0.0:4222");
     }
 }

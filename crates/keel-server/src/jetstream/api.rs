@@ -1,7 +1,10 @@
 //! JetStream API plumbing: the error type with the reference's codes and texts, and helpers
 //! that build responses with `type` first and `error` right after it, as the reference does.
 
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
+
+use super::schema::{Field, Schema};
 
 /// An API error as the reference reports it: HTTP-like `code`, NATS `err_code`, text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,11 +188,144 @@ pub fn to_bytes(v: &Value) -> Vec<u8> {
     out.into_bytes()
 }
 
-/// Parses a request body; an empty body is `{}`.
-pub fn parse_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
-    // async-nats sends `null` where other clients send nothing.
-    if body.iter().all(|b| b.is_ascii_whitespace()) || body.trim_ascii() == b"null" {
+/// Parses an API request the way the reference does: an empty body (or `null`, which
+/// async-nats sends where other clients send nothing) is the zero request; otherwise the JSON
+/// is brought into Go's view by [`normalize`] (nulls absent, keys case-insensitive, unknown
+/// fields refused when `strict`) and then decoded.
+pub fn parse_request<T: DeserializeOwned + Default>(
+    body: &[u8],
+    schema: &Schema,
+    strict: bool,
+) -> Result<T, ApiError> {
+    let trimmed = body.trim_ascii();
+    if trimmed.is_empty() || trimmed == b"null" {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::invalid_json_body(body, &e))
+    let mut v: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::invalid_json_body(body, &e))?;
+    normalize(&mut v, schema, strict)
+        .map_err(|text| ApiError::new(400, 10025, format!("invalid JSON: {text}")))?;
+    serde_json::from_value(v).map_err(|e| ApiError::invalid_json_body(body, &e))
+}
+
+/// Like [`parse_request`] for the bodies the reference decodes leniently (pull requests,
+/// direct gets): unknown fields are ignored; the error is Go's text without an offset.
+pub fn parse_lenient<T: DeserializeOwned>(body: &[u8], schema: &Schema) -> Result<T, String> {
+    let mut v: Value = serde_json::from_slice(body).map_err(|e| go_json_error(body, &e, false))?;
+    normalize(&mut v, schema, false)?;
+    serde_json::from_value(v).map_err(|e| go_json_error(body, &e, false))
+}
+
+/// Rewrites a request object into what Go's decoder would see: `null` members dropped (Go
+/// leaves such a field at its zero value, which is what an absent field gets here), `null`
+/// map values made empty strings, keys renamed to the field they match case-insensitively.
+/// A `null` enum fails with the reference's text; with `strict`, so does an unknown field.
+pub fn normalize(v: &mut Value, schema: &Schema, strict: bool) -> Result<(), String> {
+    let Value::Object(m) = v else {
+        return Ok(());
+    };
+    for (key, mut val) in std::mem::take(m) {
+        let Some((name, field)) = schema.field(&key) else {
+            if strict {
+                return Err(format!("json: unknown field {key:?}"));
+            }
+            continue;
+        };
+        match field {
+            Field::Enum(text) if val.is_null() => return Err((*text).to_string()),
+            _ if val.is_null() => continue,
+            Field::Map => {
+                if let Value::Object(entries) = &mut val {
+                    for e in entries.values_mut().filter(|e| e.is_null()) {
+                        *e = Value::from("");
+                    }
+                }
+            }
+            Field::Obj(inner) => normalize(&mut val, inner, strict)?,
+            Field::List(inner) => {
+                if let Value::Array(items) = &mut val {
+                    for item in items {
+                        normalize(item, inner, strict)?;
+                    }
+                }
+            }
+            Field::Value | Field::Enum(_) => {}
+        }
+        m.insert((*name).to_string(), val);
+    }
+    Ok(())
+}
+
+/// Requests that take no body (stream delete, consumer info and delete) refuse one, as the
+/// reference does; `{}` counts as empty.
+pub fn expect_empty(body: &[u8]) -> Result<(), ApiError> {
+    let empty = body.is_empty()
+        || serde_json::from_slice::<Value>(body)
+            .is_ok_and(|v| v.as_object().is_some_and(|m| m.is_empty()));
+    if empty {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            400,
+            10038,
+            "expected an empty request payload",
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jetstream::schema;
+
+    fn norm(body: &str, strict: bool) -> Result<Value, String> {
+        let mut v: Value = serde_json::from_str(body).unwrap();
+        normalize(&mut v, &schema::CONSUMER_CREATE, strict).map(|_| v)
+    }
+
+    #[test]
+    fn nulls_are_absent_except_enums() {
+        let v = norm(
+            r#"{"stream_name":"S","config":{"name":null,"max_deliver":null,"metadata":{"a":null,"b":"x"},"backoff":null}}"#,
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"stream_name":"S","config":{"metadata":{"a":"","b":"x"}}})
+        );
+        assert_eq!(
+            norm(r#"{"config":{"ack_policy":null}}"#, true).unwrap_err(),
+            "can not unmarshal \"null\""
+        );
+        assert_eq!(
+            norm(r#"{"action":null}"#, false).unwrap_err(),
+            "unknown consumer action: null"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_key_case() {
+        assert_eq!(
+            norm(r#"{"config":{"zzz":1}}"#, true).unwrap_err(),
+            "json: unknown field \"zzz\""
+        );
+        assert_eq!(
+            norm(r#"{"config":{"zzz":1}}"#, false).unwrap(),
+            serde_json::json!({"config":{}})
+        );
+        assert_eq!(
+            norm(r#"{"Stream_Name":"S"}"#, true).unwrap(),
+            serde_json::json!({"stream_name":"S"})
+        );
+    }
+
+    #[test]
+    fn empty_requests() {
+        assert!(expect_empty(b"").is_ok());
+        assert!(expect_empty(b"{}").is_ok());
+        assert!(expect_empty(b" { } ").is_ok());
+        assert_eq!(expect_empty(b"null").unwrap_err().err_code, 10038);
+        assert_eq!(expect_empty(br#"{"a":1}"#).unwrap_err().err_code, 10038);
+    }
 }

@@ -19,6 +19,7 @@ use keel_store::StoredMsg;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::advisory::{ConsumerEvent, ConsumerEventKind};
 use super::api::ApiError;
 use super::stream::{null_default, Retention, Stream, REQ_LEVEL_KEY};
 use crate::client::{ClientHandle, InMsg};
@@ -371,6 +372,9 @@ impl ConsumerConfig {
         if self.max_deliver == 0 {
             self.max_deliver = -1;
         }
+        if !self.sample_freq.is_empty() {
+            super::advisory::parse_sample_freq(&self.sample_freq)?;
+        }
         if self.is_push() {
             let ds = self.deliver_subject.as_deref().unwrap_or_default();
             if !keel_protocol::subject::valid_publish(ds.as_bytes()) {
@@ -515,7 +519,10 @@ impl ConsumerConfig {
         if self.num_replicas > 1 {
             return Err(ApiError::replicas_not_supported());
         }
-        self.num_replicas = 0;
+        if self.num_replicas < 0 {
+            return Err(bad(10133, "replicas count cannot be negative"));
+        }
+        // 0 and 1 are echoed as given, as the reference does.
         if let Some(p) = &self.pause_until {
             // Stored in UTC, as the reference does.
             if let Some((_, utc)) = parse_pause_until(p)? {
@@ -601,9 +608,6 @@ impl ConsumerConfig {
     /// Features Keel does not implement: refused clearly rather than silently ignored.
     /// Checked after the update rules so an update gets the reference's error first.
     pub fn check_supported(&self) -> Result<(), ApiError> {
-        if !self.sample_freq.is_empty() {
-            return Err(ApiError::not_supported("consumer sampling"));
-        }
         if self.rate_limit_bps > 0 {
             return Err(ApiError::not_supported("consumer rate limits"));
         }
@@ -791,6 +795,8 @@ pub struct State {
     /// Sublist generation when the waiting requests were last checked for interest.
     interest_gen: u64,
     last_prune: Instant,
+    /// Advisories and metrics recorded under the lock, published by the task after it.
+    events: Vec<ConsumerEvent>,
 }
 
 pub struct Consumer {
@@ -890,6 +896,7 @@ impl Consumer {
             epoch: 0,
             interest_gen: u64::MAX,
             last_prune: now,
+            events: Vec::new(),
         };
         st.pause_ns = st.config.pause_ns();
         match saved {
@@ -1294,6 +1301,7 @@ impl State {
                 out.next = Some(rest.to_string());
             }
             "-NAK" if self.pending.contains_key(&sseq) => {
+                self.on_nak(sseq);
                 let delay = serde_json::from_str::<Value>(rest)
                     .ok()
                     .and_then(|v| v.get("delay").and_then(Value::as_i64))
@@ -1316,7 +1324,9 @@ impl State {
                     p.deadline = Instant::now() + wait;
                 }
             }
-            "+TERM" if self.pending.remove(&sseq).is_some() => {
+            "+TERM" if self.pending.contains_key(&sseq) => {
+                self.on_term(sseq, rest);
+                self.pending.remove(&sseq);
                 self.rdq.remove(&sseq);
                 self.redelivered.remove(&sseq);
                 self.update_floor();
@@ -1335,6 +1345,7 @@ impl State {
         match self.config.ack_policy {
             AckPolicy::None => {}
             AckPolicy::Explicit => {
+                self.sample_ack(sseq);
                 if self.pending.remove(&sseq).is_some() {
                     self.rdq.remove(&sseq);
                     self.redelivered.remove(&sseq);
@@ -1419,8 +1430,7 @@ fn parse_pull(body: &[u8]) -> Result<PullBody, String> {
         #[serde(flatten)]
         group: PullGroup,
     }
-    let r: Req = serde_json::from_str(text)
-        .map_err(|e| super::api::go_json_error(text.as_bytes(), &e, false))?;
+    let r: Req = super::api::parse_lenient(text.as_bytes(), &super::schema::PULL)?;
     // A heartbeat must fit twice into the wait (and needs one): the reference's rule.
     if r.idle_heartbeat > 0 && r.idle_heartbeat.saturating_mul(2) > r.expires {
         return Err("heartbeat value too large".into());
@@ -1527,6 +1537,8 @@ async fn run(
         if !done.is_empty() {
             retention_check(&c, &server, &done);
         }
+        let events = std::mem::take(&mut c.lock().events);
+        super::advisory::consumer_events(&server, &mut router, &c.stream.name, &c.name, events);
         router.flush();
         if inactive_expired(&c, &server, &mut router) {
             crate::debug!("Deleting inactive consumer {} > {}", c.stream.name, c.name);
@@ -1940,6 +1952,9 @@ fn timers(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
                 .map(|(s, _)| *s)
                 .collect();
             for s in due {
+                if st.deliveries_exhausted(s) {
+                    continue;
+                }
                 st.rdq.insert(s);
                 // Park it far away until it is redelivered.
                 if let Some(p) = st.pending.get_mut(&s) {
@@ -2258,6 +2273,7 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
             let dc = st.redelivered.get(&seq).copied().unwrap_or(1) + 1;
             if st.config.max_deliver > 0 && dc > st.config.max_deliver as u64 {
                 // Out of attempts: it stays unacked but is never sent again.
+                st.on_max_deliveries(seq, dc - 1);
                 st.pending.remove(&seq);
                 st.update_floor();
                 continue;
@@ -2596,6 +2612,82 @@ pub fn write_atomic(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()
 pub fn read_meta(dir: &Path) -> Result<ConsumerMeta, String> {
     let b = std::fs::read(dir.join("meta.json")).map_err(|e| e.to_string())?;
     serde_json::from_slice(&b).map_err(|e| e.to_string())
+}
+
+/// Advisory hooks: what the reference reports about deliveries, recorded as events.
+impl State {
+    fn deliveries(&self, sseq: u64) -> u64 {
+        self.redelivered.get(&sseq).copied().unwrap_or(1)
+    }
+
+    fn on_nak(&mut self, sseq: u64) {
+        let Some(p) = self.pending.get(&sseq) else {
+            return;
+        };
+        let kind = ConsumerEventKind::Nak {
+            stream_seq: sseq,
+            consumer_seq: p.cseq,
+            deliveries: self.deliveries(sseq),
+        };
+        self.events.push(ConsumerEvent::new(kind));
+    }
+
+    fn on_term(&mut self, sseq: u64, reason: &str) {
+        let Some(p) = self.pending.get(&sseq) else {
+            return;
+        };
+        let kind = ConsumerEventKind::Terminated {
+            stream_seq: sseq,
+            consumer_seq: p.cseq,
+            deliveries: self.deliveries(sseq),
+            reason: reason.to_string(),
+        };
+        self.events.push(ConsumerEvent::new(kind));
+    }
+
+    fn on_max_deliveries(&mut self, sseq: u64, deliveries: u64) {
+        let kind = ConsumerEventKind::MaxDeliveries {
+            stream_seq: sseq,
+            deliveries,
+        };
+        self.events.push(ConsumerEvent::new(kind));
+    }
+
+    /// At an ack deadline: a message already delivered `max_deliver` times is given up on
+    /// now (the reference's rule, so the advisory does not wait for the next pull).
+    fn deliveries_exhausted(&mut self, sseq: u64) -> bool {
+        let dc = self.deliveries(sseq);
+        if self.config.max_deliver <= 0 || dc < self.config.max_deliver as u64 {
+            return false;
+        }
+        self.on_max_deliveries(sseq, dc);
+        self.pending.remove(&sseq);
+        self.update_floor();
+        true
+    }
+
+    /// The `sample_freq` metric for an explicit ack of a pending delivery.
+    fn sample_ack(&mut self, sseq: u64) {
+        let Some(p) = self.pending.get(&sseq).copied() else {
+            return;
+        };
+        if !super::advisory::should_sample(&self.config.sample_freq) {
+            return;
+        }
+        let dc = self.deliveries(sseq);
+        // The deadline is the delivery (or last progress) plus the ack wait.
+        let since = p
+            .deadline
+            .checked_sub(self.ack_wait_for(dc))
+            .map_or(0, |t| t.elapsed().as_nanos() as i64);
+        let kind = ConsumerEventKind::Ack {
+            stream_seq: sseq,
+            consumer_seq: p.cseq,
+            deliveries: dc,
+            ack_time: since,
+        };
+        self.events.push(ConsumerEvent::new(kind));
+    }
 }
 
 #[cfg(test)]

@@ -3,8 +3,10 @@
 //! publishing to their reply subjects through a [`Router`], and each stream subscribes to its
 //! own subjects. Stream configs live in `<store_dir>/jetstream/$G/streams/<name>/`.
 
+pub mod advisory;
 pub mod api;
 pub mod consumer;
+pub mod schema;
 pub mod stream;
 
 use std::collections::BTreeMap;
@@ -25,7 +27,7 @@ use crate::router::{Outgoing, Router};
 use crate::server::Server;
 use crate::sublist::Sub;
 use crate::time::{now_nanos, rfc3339};
-use api::{error_response, parse_body, response, to_bytes, ApiError};
+use api::{error_response, expect_empty, parse_request, response, to_bytes, ApiError};
 use stream::{StorageType, Stream, StreamConfig, StreamMeta};
 
 pub struct JetStream {
@@ -39,6 +41,12 @@ pub struct JetStream {
     pub max_store: i64,
     /// None: sync before every ack (the default). Some(d): sync every d, ack at once.
     pub sync_interval: Option<Duration>,
+    /// `jetstream { strict }` (default true): API requests with fields the reference does
+    /// not know are refused rather than decoded with those fields ignored.
+    pub strict: bool,
+    /// `jetstream { domain }`: named in INFO, acks, infos and advisories; the API is also
+    /// served on `$JS.<domain>.API.>`.
+    pub domain: Option<String>,
 }
 
 const NAMES_LIMIT: usize = 1024;
@@ -65,18 +73,26 @@ impl JetStream {
             max_memory: opts.max_memory_store.unwrap_or(-1),
             max_store: opts.max_file_store.unwrap_or(-1),
             sync_interval: opts.sync_interval,
+            strict: opts.jetstream_strict,
+            domain: opts.jetstream_domain.clone(),
         });
+        if let Some(d) = &js.domain {
+            let _ = DOMAIN.set(d.clone());
+        }
         js.recover(server)?;
 
         let (handle, rx) = ClientHandle::internal(server.next_client_id());
-        server.sublist.insert(Arc::new(Sub {
-            client: handle,
-            sid: Bytes::from_static(b"api"),
-            subject: Bytes::from_static(b"$JS.API.>"),
-            queue: None,
-            max: AtomicU64::new(0),
-            delivered: AtomicU64::new(0),
-        }));
+        let domain_api = js.domain.as_ref().map(|d| format!("$JS.{d}.API.>"));
+        for subject in std::iter::once("$JS.API.>".to_string()).chain(domain_api) {
+            server.sublist.insert(Arc::new(Sub {
+                client: handle.clone(),
+                sid: Bytes::from_static(b"api"),
+                subject: Bytes::from(subject),
+                queue: None,
+                max: AtomicU64::new(0),
+                delivered: AtomicU64::new(0),
+            }));
+        }
         tokio::spawn(api_loop(js.clone(), server.clone(), rx));
         tokio::spawn(maintenance_loop(js.clone(), server.clone()));
         Ok(js)
@@ -254,8 +270,8 @@ async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
     }
 }
 
-fn reply(server: &Server, router: &mut Router, to: &Bytes, body: Vec<u8>) {
-    let body = Bytes::from(body);
+fn reply(server: &Server, router: &mut Router, to: &Bytes, body: impl Into<Bytes>) {
+    let body: Bytes = body.into();
     router.route(
         server,
         &Outgoing {
@@ -285,11 +301,45 @@ fn reply_headers(server: &Server, router: &mut Router, to: &Bytes, hdr: Vec<u8>,
     );
 }
 
+/// The JetStream domain, once JetStream has started with one.
+pub static DOMAIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The configured JetStream domain, if any.
+pub fn domain() -> Option<&'static str> {
+    DOMAIN.get().map(String::as_str)
+}
+
+/// `$JS.<domain>.API.X` is `$JS.API.X` (the reference maps the prefix): the request is
+/// published again on the plain subject, with its reply and its publisher, so the API and
+/// the consumers' pull subscriptions take it as if it had been sent there.
+fn relay_domain_request(js: &JetStream, server: &Server, m: &InMsg) {
+    let Some(d) = &js.domain else { return };
+    let Some(rest) = m.subject.strip_prefix(format!("$JS.{d}.API.").as_bytes()) else {
+        return;
+    };
+    let mut subject = b"$JS.API.".to_vec();
+    subject.extend_from_slice(rest);
+    let subject = Bytes::from(subject);
+    let mut router = Router::new(m.origin).with_origin(m.origin);
+    router.route(
+        server,
+        &Outgoing {
+            subject: &subject,
+            reply: m.reply.as_ref(),
+            hdr_len: (m.hdr_len > 0).then_some(m.hdr_len),
+            data: &m.data,
+        },
+        None,
+    );
+    router.flush();
+}
+
 fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router, m: InMsg) {
     let Ok(subject) = std::str::from_utf8(&m.subject) else {
         return;
     };
     let Some(rest) = subject.strip_prefix("$JS.API.") else {
+        relay_domain_request(js, server, &m);
         return;
     };
     let Some(reply_to) = m.reply.clone() else {
@@ -316,12 +366,21 @@ fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router
     }
     let (kind, result) = match tokens.as_slice() {
         ["INFO"] => ("account_info", Ok(account_info(js))),
-        ["STREAM", "CREATE", name] => ("stream_create", stream_create(js, server, name, body)),
-        ["STREAM", "UPDATE", name] => ("stream_update", stream_update(js, server, name, body)),
+        ["STREAM", "CREATE", name] => (
+            "stream_create",
+            stream_create(js, server, router, name, body),
+        ),
+        ["STREAM", "UPDATE", name] => (
+            "stream_update",
+            stream_update(js, server, router, name, body),
+        ),
         ["STREAM", "INFO", name] => ("stream_info", stream_info(js, name, body)),
         ["STREAM", "NAMES"] => ("stream_names", stream_names(js, body)),
         ["STREAM", "LIST"] => ("stream_list", stream_list(js, body)),
-        ["STREAM", "DELETE", name] => ("stream_delete", stream_delete(js, server, router, name)),
+        ["STREAM", "DELETE", name] => (
+            "stream_delete",
+            expect_empty(body).and_then(|_| stream_delete(js, server, router, name)),
+        ),
         ["STREAM", "PURGE", name] => ("stream_purge", stream_purge(js, name, body)),
         ["STREAM", "MSG", "GET", name] => ("stream_msg_get", msg_get(js, name, body)),
         ["STREAM", "MSG", "DELETE", name] => ("stream_msg_delete", msg_delete(js, name, body)),
@@ -344,14 +403,15 @@ fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router
             "consumer_create",
             consumer_create_durable(js, server, router, stream, name, body),
         ),
-        ["CONSUMER", "INFO", stream, name] => {
-            ("consumer_info", consumer_info(js, server, stream, name))
-        }
+        ["CONSUMER", "INFO", stream, name] => (
+            "consumer_info",
+            expect_empty(body).and_then(|_| consumer_info(js, server, stream, name)),
+        ),
         ["CONSUMER", "NAMES", stream] => ("consumer_names", consumer_names(js, stream, body)),
         ["CONSUMER", "LIST", stream] => ("consumer_list", consumer_list(js, server, stream, body)),
         ["CONSUMER", "DELETE", stream, name] => (
             "consumer_delete",
-            consumer_delete(js, server, router, stream, name),
+            expect_empty(body).and_then(|_| consumer_delete(js, server, router, stream, name)),
         ),
         ["CONSUMER", "MSG", "NEXT", stream, name] => {
             // A live consumer takes its pull requests on its own subscription; one that
@@ -418,7 +478,9 @@ fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router
             error_response(kind, &e, &extra)
         }
     };
-    reply(server, router, &reply_to, body);
+    let response = Bytes::from(body);
+    reply(server, router, &reply_to, response.clone());
+    advisory::api_audit(server, router, m.origin, &m.subject, m.payload(), &response);
 }
 
 type Fields = Map<String, Value>;
@@ -450,6 +512,9 @@ fn account_info(js: &JetStream) -> Fields {
             "storage_max_stream_bytes": -1, "max_bytes_required": false
         }),
     );
+    if let Some(d) = &js.domain {
+        f.insert("domain".into(), d.clone().into());
+    }
     f.insert(
         "api".into(),
         serde_json::json!({
@@ -487,22 +552,42 @@ fn stream_fields(
         ),
     );
     if let Some(leader) = cluster {
+        // Stream info names the domain before the cluster, as the reference.
+        if let Some(d) = domain() {
+            f.insert("domain".into(), d.into());
+        }
         f.insert("cluster".into(), serde_json::json!({ "leader": leader }));
     }
     f.insert("ts".into(), rfc3339(now_nanos()).into());
     f
 }
 
-fn parse_config(name: &str, body: &[u8]) -> Result<StreamConfig, ApiError> {
+fn parse_config(js: &JetStream, name: &str, body: &[u8]) -> Result<StreamConfig, ApiError> {
     if body.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(ApiError::stream_mismatch());
     }
-    let cfg: StreamConfig =
-        serde_json::from_slice(body).map_err(|e| ApiError::invalid_json_body(body, &e))?;
+    let cfg: StreamConfig = parse_request(body, &schema::STREAM_CONFIG, js.strict)?;
+    refuse_pedantic(body)?;
     if cfg.name != name {
         return Err(ApiError::stream_mismatch());
     }
     cfg.normalize()
+}
+
+/// `pedantic: true` asks the server to refuse rather than adjust a config; Keel adjusts, so
+/// the request is refused as unsupported instead of being silently treated as non-pedantic.
+fn refuse_pedantic(body: &[u8]) -> Result<(), ApiError> {
+    #[derive(Deserialize)]
+    struct Pedantic {
+        #[serde(default)]
+        pedantic: Option<bool>,
+    }
+    match serde_json::from_slice::<Pedantic>(body) {
+        Ok(Pedantic {
+            pedantic: Some(true),
+        }) => Err(ApiError::not_supported("pedantic mode")),
+        _ => Ok(()),
+    }
 }
 
 fn check_overlap(js: &JetStream, cfg: &StreamConfig) -> Result<(), ApiError> {
@@ -546,10 +631,11 @@ fn check_resources(
 fn stream_create(
     js: &Arc<JetStream>,
     server: &Arc<Server>,
+    router: &mut Router,
     name: &str,
     body: &[u8],
 ) -> Result<Fields, ApiError> {
-    let cfg = parse_config(name, body)?;
+    let cfg = parse_config(js, name, body)?;
     if cfg.mirror_direct && cfg.mirror.as_ref().is_none_or(Value::is_null) {
         return Err(ApiError::invalid_config(
             "stream has no mirror but does have mirror direct",
@@ -579,6 +665,7 @@ fn stream_create(
     let s = Stream::open(server, &dir, meta, js.sync_interval.is_none())
         .map_err(|e| ApiError::new(500, 10049, e))?;
     js.streams_write().insert(name.to_string(), s.clone());
+    advisory::stream_action(server, router, name, advisory::Action::Create);
     let mut f = stream_fields(&s, true, None, None, false);
     f.insert("did_create".into(), true.into());
     Ok(f)
@@ -587,10 +674,11 @@ fn stream_create(
 fn stream_update(
     js: &Arc<JetStream>,
     server: &Arc<Server>,
+    router: &mut Router,
     name: &str,
     body: &[u8],
 ) -> Result<Fields, ApiError> {
-    let cfg = parse_config(name, body)?;
+    let cfg = parse_config(js, name, body)?;
     let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
     let old = s.config();
     old.check_update(&cfg)?;
@@ -611,6 +699,7 @@ fn stream_update(
     }
     s.persist_meta()
         .map_err(|e| ApiError::update_failed(format!("could not save stream config: {e}")))?;
+    advisory::stream_action(server, router, name, advisory::Action::Update);
     Ok(stream_fields(&s, true, None, None, false))
 }
 
@@ -659,7 +748,7 @@ struct InfoRequest {
 }
 
 fn stream_info(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
-    let req: InfoRequest = parse_body(body)?;
+    let req: InfoRequest = parse_request(body, &schema::STREAM_INFO, js.strict)?;
     let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
     let mut f = Fields::new();
     let mut inner_fields = stream_fields(
@@ -737,7 +826,7 @@ fn filtered_streams(js: &JetStream, subject: Option<&str>) -> Vec<Arc<Stream>> {
 }
 
 fn stream_names(js: &JetStream, body: &[u8]) -> Result<Fields, ApiError> {
-    let req: ListRequest = parse_body(body)?;
+    let req: ListRequest = parse_request(body, &schema::STREAM_NAMES, js.strict)?;
     let all = filtered_streams(js, req.subject.as_deref());
     // The reference sends null, not [], when no stream matches.
     Ok(page(&all, req.offset, NAMES_LIMIT, "streams", true, |s| {
@@ -746,7 +835,7 @@ fn stream_names(js: &JetStream, body: &[u8]) -> Result<Fields, ApiError> {
 }
 
 fn stream_list(js: &JetStream, body: &[u8]) -> Result<Fields, ApiError> {
-    let req: ListRequest = parse_body(body)?;
+    let req: ListRequest = parse_request(body, &schema::STREAM_NAMES, js.strict)?;
     let all = filtered_streams(js, req.subject.as_deref());
     Ok(page(&all, req.offset, LIST_LIMIT, "streams", false, |s| {
         Value::Object(stream_fields(s, false, None, None, false))
@@ -769,6 +858,7 @@ fn stream_delete(
     let consumers = std::mem::take(&mut *s.consumers_lock());
     for c in consumers.values() {
         c.stop(server, router);
+        advisory::consumer_action(server, router, name, &c.name, advisory::Action::Delete);
     }
     {
         let mut inner = s.lock();
@@ -786,6 +876,7 @@ fn stream_delete(
             crate::error!("Stream {name}: could not remove {}: {e}", s.dir.display());
         }
     }
+    advisory::stream_action(server, router, name, advisory::Action::Delete);
     let mut f = Fields::new();
     f.insert("success".into(), true.into());
     Ok(f)
@@ -800,7 +891,7 @@ struct PurgeRequest {
 }
 
 fn stream_purge(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
-    let req: PurgeRequest = parse_body(body)?;
+    let req: PurgeRequest = parse_request(body, &schema::STREAM_PURGE, js.strict)?;
     let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
     let mut inner = s.lock();
     if inner.config.sealed {
@@ -854,7 +945,7 @@ fn load_for_get(
 }
 
 fn msg_get(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
-    let req: MsgGetRequest = parse_body(body)?;
+    let req: MsgGetRequest = parse_request(body, &schema::MSG_GET, js.strict)?;
     let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
     let valid = matches!(
         (
@@ -898,7 +989,7 @@ struct MsgDeleteRequest {
 }
 
 fn msg_delete(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
-    let req: MsgDeleteRequest = parse_body(body)?;
+    let req: MsgDeleteRequest = parse_request(body, &schema::MSG_DELETE, js.strict)?;
     let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
     let mut inner = s.lock();
     if inner.config.sealed {
@@ -950,7 +1041,11 @@ fn direct_get(
             reply_headers(server, router, reply_to, status("408 Empty Request"), b"");
             return;
         }
-        None => match serde_json::from_slice::<Value>(body) {
+        None => match serde_json::from_slice::<Value>(body).map(|mut v| {
+            // Parsed leniently, as the reference does; `null` is absent.
+            let _ = api::normalize(&mut v, &schema::MSG_GET, false);
+            v
+        }) {
             Ok(v) if v.get("batch").is_some() || v.get("multi_last").is_some() => {
                 reply_headers(server, router, reply_to, status("400 Bad Request"), b"");
                 return;
@@ -1021,6 +1116,7 @@ impl JetStream {
             return false;
         };
         c.stop(server, router);
+        advisory::consumer_action(server, router, &stream.name, name, advisory::Action::Delete);
         let dir = stream.dir.join("consumers").join(name);
         if dir.exists() {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
@@ -1080,7 +1176,9 @@ fn consumer_create_durable(
     body: &[u8],
 ) -> Result<Fields, ApiError> {
     check_duration_fields(body)?;
-    let mut req: consumer::CreateRequest = parse_body(body)?;
+    let mut req: consumer::CreateRequest =
+        parse_request(body, &schema::CONSUMER_CREATE, js.strict)?;
+    refuse_pedantic(body)?;
     if req.stream_name != stream {
         return Err(ApiError::stream_mismatch());
     }
@@ -1115,7 +1213,9 @@ fn consumer_create(
     body: &[u8],
 ) -> Result<Fields, ApiError> {
     check_duration_fields(body)?;
-    let mut req: consumer::CreateRequest = parse_body(body)?;
+    let mut req: consumer::CreateRequest =
+        parse_request(body, &schema::CONSUMER_CREATE, js.strict)?;
+    refuse_pedantic(body)?;
     if req.stream_name != stream {
         return Err(ApiError::stream_mismatch());
     }
@@ -1293,8 +1393,8 @@ fn create_consumer(
             format!("error creating store for consumer: {e}"),
         )
     })?;
-    s.consumers_lock().insert(name, c.clone());
-    let _ = router;
+    s.consumers_lock().insert(name.clone(), c.clone());
+    advisory::consumer_action(server, router, stream_name, &name, advisory::Action::Create);
     Ok(c.info(server, true))
 }
 
@@ -1318,7 +1418,7 @@ fn consumer_info(
 }
 
 fn consumer_names(js: &JetStream, stream: &str, body: &[u8]) -> Result<Fields, ApiError> {
-    let req: ListRequest = parse_body(body)?;
+    let req: ListRequest = parse_request(body, &schema::CONSUMER_NAMES, js.strict)?;
     let s = js.stream(stream).ok_or_else(ApiError::stream_not_found)?;
     let all = s.consumer_list();
     Ok(page(
@@ -1337,7 +1437,7 @@ fn consumer_list(
     stream: &str,
     body: &[u8],
 ) -> Result<Fields, ApiError> {
-    let req: ListRequest = parse_body(body)?;
+    let req: ListRequest = parse_request(body, &schema::CONSUMER_NAMES, js.strict)?;
     let s = js.stream(stream).ok_or_else(ApiError::stream_not_found)?;
     let all = s.consumer_list();
     Ok(page(

@@ -754,11 +754,17 @@ impl Stream {
 
 fn pub_ack(stream: &str, r: &PubResult) -> Vec<u8> {
     let name = serde_json::to_string(stream).expect("string serializes");
+    // With a JetStream domain, successful acks name it (errors do not), as the reference.
+    let domain = super::domain()
+        .map(|d| format!(",\"domain\":{}", serde_json::to_string(d).expect("string")))
+        .unwrap_or_default();
     match r {
-        PubResult::Stored(seq) => format!("{{\"stream\":{name},\"seq\":{seq}}}").into_bytes(),
+        PubResult::Stored(seq) => {
+            format!("{{\"stream\":{name}{domain},\"seq\":{seq}}}").into_bytes()
+        }
         // The one non-compact JSON the reference sends: a space after the colon.
         PubResult::Duplicate(seq) => {
-            format!("{{\"stream\":{name},\"seq\":{seq},\"duplicate\": true}}").into_bytes()
+            format!("{{\"stream\":{name}{domain},\"seq\":{seq},\"duplicate\": true}}").into_bytes()
         }
         PubResult::Error(e) => {
             let err = super::api::to_bytes(&e.to_json());

@@ -112,9 +112,9 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         "server_name": s.server_name,
         "version": COMPAT_VERSION,
         "proto": 1,
-        // keel has no git commit or Go toolchain to report; these say what it is instead.
-        "git_commit": "",
-        "go": format!("rust (keel-server {KEEL_VERSION})"),
+        // The commit and toolchain Keel was built from, as INFO reports them.
+        "git_commit": crate::config::GIT_COMMIT,
+        "go": crate::config::TOOLCHAIN,
         "host": o.host,
         "port": addr.map_or(0, |a| a.port()),
         "max_connections": o.max_connections,

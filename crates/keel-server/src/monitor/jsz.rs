@@ -77,7 +77,12 @@ pub fn config_json(js: &JetStream) -> Value {
         Some(d) => c.insert("sync_interval".into(), (d.as_nanos() as u64).into()),
         None => c.insert("sync_always".into(), true.into()),
     };
-    c.insert("strict".into(), true.into());
+    if let Some(d) = &js.domain {
+        c.insert("domain".into(), d.clone().into());
+    }
+    if js.strict {
+        c.insert("strict".into(), true.into());
+    }
     Value::Object(c)
 }
 

@@ -51,7 +51,7 @@ pub async fn bind(server: &Server) -> std::io::Result<TcpListener> {
         .unwrap_or(&server.opts.host);
     let port = server.opts.http_port.unwrap_or(0);
     let port = if port <= 0 { 0 } else { port as u16 };
-    TcpListener::bind((host, port)).await
+    crate::server::bind_tcp(host, port)
 }
 
 /// Serves monitoring requests until the server shuts down.

@@ -168,29 +168,35 @@ fn read_log(path: &Path) -> String {
 impl Server {
     /// Starts a server with default settings.
     pub fn start() -> Server {
-        Server::launch(None, false)
+        Server::launch(None, false, &[])
+    }
+
+    /// Starts a server with extra command-line flags after `-a 127.0.0.1 -p <port>` (a
+    /// later flag overrides an earlier one, e.g. `-a 0.0.0.0`).
+    pub fn start_with_args(extra: &[&str]) -> Server {
+        Server::launch(None, false, extra)
     }
 
     /// Starts a server with the given configuration file contents
     /// (nats-server configuration syntax).
     pub fn start_with_config(conf: &str) -> Server {
-        Server::launch(Some(conf), false)
+        Server::launch(Some(conf), false, &[])
     }
 
     /// Starts a server with JetStream enabled: `-js -sd <tempdir>/store`.
     pub fn start_jetstream() -> Server {
-        Server::launch(None, true)
+        Server::launch(None, true, &[])
     }
 
     /// JetStream (`-js -sd <tempdir>/store`) plus a configuration file.
     pub fn start_jetstream_with_config(conf: &str) -> Server {
-        Server::launch(Some(conf), true)
+        Server::launch(Some(conf), true, &[])
     }
 
-    fn launch(conf: Option<&str>, jetstream: bool) -> Server {
+    fn launch(conf: Option<&str>, jetstream: bool, extra: &[&str]) -> Server {
         let mut last_error = String::new();
         for _ in 0..STARTUP_ATTEMPTS {
-            match Server::try_launch(conf, jetstream) {
+            match Server::try_launch(conf, jetstream, extra) {
                 Ok(server) => return server,
                 // Most likely the free port was taken between probe and bind.
                 Err(e) => last_error = e,
@@ -202,7 +208,7 @@ impl Server {
         );
     }
 
-    fn try_launch(conf: Option<&str>, jetstream: bool) -> Result<Server, String> {
+    fn try_launch(conf: Option<&str>, jetstream: bool, extra: &[&str]) -> Result<Server, String> {
         let dir = TempDir::new("keel-server-test");
         let port = free_port();
         let log_path = dir.path().join("server.log");
@@ -221,6 +227,7 @@ impl Server {
             args.push(store.display().to_string());
             store_dir = Some(store);
         }
+        args.extend(extra.iter().map(|a| a.to_string()));
         let child = spawn_server(port, &args, &log_path)?;
         let listening_before = 0;
 
