@@ -122,11 +122,6 @@ async def test_interest_follows_consumer_filters(connect):
     await wait_state(js, "IF", (0, 4))
 
 
-@pytest.mark.xfail(
-    server_kind() == "keel", strict=True,
-    reason="known Keel bug: a deleted consumer's interest is not released "
-    "(jetstream/mod.rs remove_consumer runs no retention check); remove this mark with the fix",
-)
 async def test_deleting_a_consumer_releases_its_interest(connect):
     nc, js = await js_ctx(connect)
     await js.add_stream(name="ID", subjects=["id.>"], retention=api.RetentionPolicy.INTEREST)

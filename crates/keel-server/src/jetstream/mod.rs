@@ -1123,7 +1123,27 @@ impl JetStream {
                 crate::error!("Could not remove consumer data {}: {e}", dir.display());
             }
         }
+        if stream.retention() == stream::Retention::Interest {
+            release_interest(stream);
+        }
         true
+    }
+}
+
+/// Interest retention after a consumer left: messages that no remaining consumer still
+/// needs go, as with the reference. A rare admin operation, so a scan is fine.
+fn release_interest(stream: &Stream) {
+    let consumers = stream.consumer_list();
+    let mut seq = stream.state().first_seq.max(1);
+    loop {
+        let next = stream.lock().store.load_next(seq, ">");
+        let Ok(m) = next else { break };
+        seq = m.seq + 1;
+        if consumers.iter().all(|c| c.is_done_with(m.seq, &m.subject)) {
+            let mut inner = stream.lock();
+            let _ = inner.store.remove(m.seq, false);
+            stream.refresh_bytes(&inner);
+        }
     }
 }
 
