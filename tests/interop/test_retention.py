@@ -14,7 +14,6 @@ import pytest
 from nats.js import api
 
 from natsutil import sync
-from servers import server_kind
 
 pytestmark = pytest.mark.jetstream
 
