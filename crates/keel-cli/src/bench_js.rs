@@ -21,7 +21,7 @@ use crate::bench::{
     check_counts, check_size, join_all, parse_size, payload_of, plural, publisher_opts, round2,
     rss_kib, split, subscriber_opts, wait_for_start, Ctx, Latency, Rate, Report,
 };
-use crate::util::{group, parse_duration, redact, Progress, Res};
+use crate::util::{group, parse_duration, redact, ConnSettings, Progress, Res};
 
 pub const LONG_ABOUT: &str = "\
 JetStream benchmarks against any NATS server started with JetStream (-js).
@@ -168,9 +168,10 @@ pub async fn run(ctx: &Ctx, mode: &JsMode, progress: bool) -> Res<Report> {
     }
 }
 
-fn context(client: &Client, timeout: Duration, inflight: usize) -> jetstream::Context {
+fn context(client: &Client, conn: &ConnSettings, inflight: usize) -> jetstream::Context {
     jetstream::ContextBuilder::new()
-        .timeout(timeout)
+        .timeout(conn.timeout)
+        .api_prefix(conn.js_api_prefix.clone())
         .max_ack_inflight(inflight.max(1))
         .build(client.clone())
 }
@@ -187,7 +188,7 @@ fn js_error(e: impl std::fmt::Display) -> String {
 /// Deletes and creates the benchmark stream.
 async fn fresh_stream(client: &Client, ctx: &Ctx, s: &StreamOpts) -> Res<stream::Stream> {
     crate::js::check_name("stream", &s.stream)?;
-    let js = context(client, ctx.conn.timeout, 1);
+    let js = context(client, &ctx.conn, 1);
     match js.delete_stream(&s.stream).await {
         Ok(_) => {}
         Err(e) if e.to_string().contains("not found") => {}
@@ -214,14 +215,14 @@ async fn fresh_stream(client: &Client, ctx: &Ctx, s: &StreamOpts) -> Res<stream:
 
 async fn cleanup(client: &Client, ctx: &Ctx, s: &StreamOpts) {
     if !s.keep {
-        let js = context(client, ctx.conn.timeout, 1);
+        let js = context(client, &ctx.conn, 1);
         let _ = js.delete_stream(&s.stream).await;
     }
 }
 
 /// Fills the stream with `s.msgs` messages, many acks in flight (not timed).
 async fn fill(client: &Client, ctx: &Ctx, s: &StreamOpts, progress: bool) -> Res<()> {
-    let js = context(client, ctx.conn.timeout, 1024);
+    let js = context(client, &ctx.conn, 1024);
     let payload = payload_of(s.size);
     let bar = Progress::new("fill", s.msgs, progress);
     let mut acks = VecDeque::with_capacity(1024);
@@ -297,7 +298,7 @@ async fn bench_pub(ctx: &Ctx, a: &PubArgs, progress: bool) -> Res<Report> {
     let (go_tx, go_rx) = watch::channel(false);
     let mut set = JoinSet::new();
     for (client, count) in clients.iter().cloned().zip(split(a.s.msgs, a.pubs)) {
-        let js = context(&client, ctx.conn.timeout, 1);
+        let js = context(&client, &ctx.conn, 1);
         let (subject, payload, mut go) = (a.s.subject.clone(), payload_of(a.s.size), go_rx.clone());
         let done = bar.counter();
         set.spawn(async move {
@@ -360,7 +361,7 @@ async fn bench_pub_async(ctx: &Ctx, a: &PubAsyncArgs, progress: bool) -> Res<Rep
     let mut set = JoinSet::new();
     for (client, count) in clients.iter().cloned().zip(split(a.s.msgs, a.pubs)) {
         let inflight = a.inflight;
-        let js = context(&client, ctx.conn.timeout, inflight);
+        let js = context(&client, &ctx.conn, inflight);
         let (subject, payload, mut go) = (a.s.subject.clone(), payload_of(a.s.size), go_rx.clone());
         let done = bar.counter();
         set.spawn(async move {
@@ -501,7 +502,7 @@ async fn bench_consume(ctx: &Ctx, a: &ConsumeArgs, progress: bool) -> Res<Report
             .conn
             .connect_with(subscriber_opts(ctx.options()))
             .await?;
-        let js = context(&consumer_client, ctx.conn.timeout, 1);
+        let js = context(&consumer_client, &ctx.conn, 1);
         let consumer = durable(
             &js,
             &a.s.stream,
@@ -558,7 +559,7 @@ async fn bench_fanout(ctx: &Ctx, a: &FanoutArgs, progress: bool) -> Res<Report> 
         let clients = ctx.connect_many(a.consumers, subscriber_opts).await?;
         let mut consumers = Vec::new();
         for (k, c) in clients.iter().enumerate() {
-            let js = context(c, ctx.conn.timeout, 1);
+            let js = context(c, &ctx.conn, 1);
             consumers.push(
                 durable(
                     &js,
@@ -631,7 +632,7 @@ async fn bench_mem(ctx: &Ctx, a: &MemArgs, progress: bool) -> Res<Report> {
         // Let the server settle after the fill before the baseline reading.
         tokio::time::sleep(a.settle).await;
         let before = a.server_pid.map(rss_kib).transpose()?;
-        let js = context(&client, ctx.conn.timeout, 1);
+        let js = context(&client, &ctx.conn, 1);
         let bar = Progress::new("consumers", a.consumers as u64, progress);
         let t0 = Instant::now();
         let fetch = a.fetch;
