@@ -148,7 +148,7 @@ async fn publish_jetstream(
             .await
             .map_err(|e| match e.kind() {
                 RequestErrorKind::NoResponders => format!(
-                    "no stream stores subject {subject:?} (create one with `keel stream add NAME --subjects '{subject}'`;                      is JetStream enabled with -js?)"
+                    "no stream stores subject {subject:?} (create one with `keel stream add NAME --subjects '{subject}'`; is JetStream enabled with -js?)"
                 ),
                 RequestErrorKind::TimedOut => format!(
                     "no ack for the message on {subject:?} within {:?} (raise --timeout?)",

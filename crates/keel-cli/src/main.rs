@@ -17,6 +17,7 @@ mod kv;
 mod object;
 mod output;
 mod stream;
+mod stream_ops;
 mod sys;
 mod util;
 
