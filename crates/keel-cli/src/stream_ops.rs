@@ -365,7 +365,7 @@ pub async fn find(js: &Js, a: &FindArgs, json_out: bool) -> Res<()> {
 }
 
 /// A short-lived, unacknowledged pull consumer for reading a stream in order.
-async fn reader(
+pub(crate) async fn reader(
     js: &Js,
     stream: &str,
     mut cfg: Map<String, Value>,
@@ -391,7 +391,7 @@ async fn reader(
     Ok((consumer, name, pending))
 }
 
-async fn drop_reader(js: &Js, stream: &str, name: &str) {
+pub(crate) async fn drop_reader(js: &Js, stream: &str, name: &str) {
     let _ = js
         .api(&format!("CONSUMER.DELETE.{stream}.{name}"), None)
         .await;
