@@ -9,6 +9,7 @@
 
 mod bench;
 mod bench_js;
+mod bench_nats;
 mod commands;
 mod consumer;
 mod context;

@@ -495,7 +495,7 @@ pub async fn view(js: &Js, a: &ViewArgs) -> Res<()> {
                 eprintln!("Reached apparent end of data");
                 return Ok(());
             }
-            if shown % size == 0 {
+            if shown.is_multiple_of(size) {
                 // Like nats: ask for the next page; without a terminal, one page.
                 if !crate::util::stdin_is_terminal() {
                     return Ok(());
