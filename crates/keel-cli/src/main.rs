@@ -100,20 +100,43 @@ fn parse_args() -> Cli {
         Err(err) => {
             use clap::error::{ContextKind, ContextValue, ErrorKind};
             if err.kind() == ErrorKind::InvalidSubcommand {
-                let destructive = match err.get(ContextKind::SuggestedSubcommand) {
-                    Some(ContextValue::String(s)) => DESTRUCTIVE.contains(&s.as_str()),
-                    Some(ContextValue::Strings(v)) => {
-                        v.iter().any(|s| DESTRUCTIVE.contains(&s.as_str()))
-                    }
-                    _ => false,
+                let suggested: Vec<String> = match err.get(ContextKind::SuggestedSubcommand) {
+                    Some(ContextValue::String(s)) => vec![s.clone()],
+                    Some(ContextValue::Strings(v)) => v.clone(),
+                    _ => Vec::new(),
                 };
-                if destructive {
+                let (kept, dropped): (Vec<String>, Vec<String>) = suggested
+                    .into_iter()
+                    .partition(|s| !DESTRUCTIVE.contains(&s.as_str()));
+                if !dropped.is_empty() {
+                    let tip = match kept.as_slice() {
+                        [] => None,
+                        [one] => Some(format!("  tip: a similar subcommand exists: '{one}'")),
+                        many => Some(format!(
+                            "  tip: some similar subcommands exist: {}",
+                            many.iter()
+                                .map(|s| format!("'{s}'"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )),
+                    };
                     let text = err.render().to_string();
-                    let kept: Vec<&str> = text
-                        .lines()
-                        .filter(|l| !l.contains("a similar subcommand exists"))
-                        .collect();
-                    eprintln!("{}", kept.join("\n").replace("\n\n\n", "\n\n"));
+                    let mut out = Vec::new();
+                    for line in text.lines() {
+                        if line.contains("similar subcommand") {
+                            if let Some(t) = &tip {
+                                out.push(t.clone());
+                            } else {
+                                // Drop the tip and the blank line before it.
+                                if out.last().is_some_and(|l: &String| l.is_empty()) {
+                                    out.pop();
+                                }
+                            }
+                        } else {
+                            out.push(line.to_string());
+                        }
+                    }
+                    eprintln!("{}", out.join("\n"));
                     std::process::exit(2);
                 }
             }

@@ -859,13 +859,16 @@ async fn purge(js: &Js, a: &PurgeArgs, json_out: bool) -> Res<()> {
     if let Some(keep) = a.keep {
         req.insert("keep".into(), json!(keep));
     }
+    let spinner = crate::util::Progress::spinner(&format!("purging {}", a.stream), !json_out);
     let resp = js
         .api(
             &format!("STREAM.PURGE.{}", a.stream),
             (!req.is_empty()).then_some(&Value::Object(req)),
         )
         .await
-        .map_err(stream_error(&a.stream))?;
+        .map_err(stream_error(&a.stream));
+    spinner.finish();
+    let resp = resp?;
     if !json_out {
         println!("Purged {} messages from {}\n", u(&resp, "purged"), a.stream);
     }

@@ -93,9 +93,15 @@ impl ConnSettings {
     }
 
     pub async fn connect_with(&self, opts: ConnectOptions) -> Res<Client> {
-        opts.connect(self.server.as_str())
-            .await
-            .map_err(|e| connect_error_message(&redact(&self.server), &e))
+        let tls = self.tls_ca.is_some() || self.tls_cert.is_some() || self.tls_first;
+        opts.connect(self.server.as_str()).await.map_err(|e| {
+            let msg = connect_error_message(&redact(&self.server), &e);
+            if tls {
+                format!("{msg}; TLS was asked for (--tlsca/--tlscert/--tlsfirst): does the server have TLS enabled?")
+            } else {
+                msg
+            }
+        })
     }
 }
 
@@ -450,6 +456,29 @@ impl Progress {
             enabled,
             "{prefix} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
         )
+    }
+
+    /// For one long request with no count to show (a purge): a spinner and the time.
+    pub fn spinner(label: &str, enabled: bool) -> Progress {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        if !(enabled && stderr_is_terminal()) {
+            return Progress {
+                done,
+                bar: None,
+                task: None,
+            };
+        }
+        let bar = indicatif::ProgressBar::new_spinner();
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {prefix} {elapsed}") {
+            bar.set_style(style);
+        }
+        bar.set_prefix(label.to_string());
+        bar.enable_steady_tick(Duration::from_millis(100));
+        Progress {
+            done,
+            bar: Some(bar),
+            task: None,
+        }
     }
 
     fn styled(label: &str, total: u64, enabled: bool, template: &str) -> Progress {
