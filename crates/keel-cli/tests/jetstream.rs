@@ -6,10 +6,10 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{contains_all, keel, keel_with_stdin, start, text, KEEL};
+use common::{contains_all, keel, keel_with_stdin, start, text};
 use serde_json::Value;
 
 #[test]

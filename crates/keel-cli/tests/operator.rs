@@ -37,6 +37,8 @@ fn ok_in(config: &Path, args: &[&str]) -> String {
 }
 
 /// Spawns a long-running keel command and waits for a line on stderr that starts with `ready`.
+/// The caller waits for the child (`finish`).
+#[allow(clippy::zombie_processes)]
 fn spawn_ready(srv: &Server, args: &[&str], ready: &str) -> (Child, BufReader<ChildStderr>) {
     let mut all: Vec<&str> = args.to_vec();
     all.extend(["-s", &srv.url]);
@@ -50,13 +52,15 @@ fn spawn_ready(srv: &Server, args: &[&str], ready: &str) -> (Child, BufReader<Ch
     let deadline = Instant::now() + common::DEADLINE;
     loop {
         let mut line = String::new();
-        if err.read_line(&mut line).unwrap_or(0) == 0 {
-            panic!("keel {args:?} ended before printing {ready:?}");
-        }
-        if line.starts_with(ready) {
+        let ended = err.read_line(&mut line).unwrap_or(0) == 0;
+        if !ended && line.starts_with(ready) {
             return (child, err);
         }
-        assert!(Instant::now() < deadline, "no {ready:?} from keel {args:?}");
+        if ended || Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no {ready:?} from keel {args:?}");
+        }
     }
 }
 
