@@ -7,10 +7,9 @@
 //! accept connections (never a fixed sleep).
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, ChildStderr, Command, Stdio};
+use std::process::{Child, ChildStderr, Stdio};
 use std::time::{Duration, Instant};
 
-const KEEL: &str = env!("CARGO_BIN_EXE_keel");
 const DEADLINE: Duration = Duration::from_secs(20);
 
 mod common;
