@@ -12,7 +12,8 @@
 # cargo-nextest is used when installed (faster: one process per test, all
 # binaries at once), else cargo test. The reference runs go in parallel with
 # Keel's own Python suite; set KEEL_TEST_SERIAL=1 to run everything in turn,
-# KEEL_SKIP_REFERENCE=1 to skip the reference runs.
+# KEEL_SKIP_REFERENCE=1 to skip the reference runs, KEEL_NO_NEXTEST=1 to use cargo
+# test even where nextest is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -21,7 +22,7 @@ START=$SECONDS
 
 step() { echo "== $* ($((SECONDS - START))s)"; }
 
-if cargo nextest --version >/dev/null 2>&1; then
+if [ "${KEEL_NO_NEXTEST:-0}" != 1 ] && cargo nextest --version >/dev/null 2>&1; then
   NEXTEST=1
 else
   NEXTEST=0

@@ -245,6 +245,19 @@ fn select(name: &str) -> Res<()> {
     write_private(&dir.join("context.txt"), name.as_bytes())
 }
 
+/// The context for `--json`, with the password and token masked: output gets
+/// pasted into tickets, and secrets must not travel with it.
+fn masked(mut cfg: Map<String, Value>) -> Value {
+    for key in ["password", "token"] {
+        if let Some(Value::String(v)) = cfg.get_mut(key) {
+            if !v.is_empty() {
+                *v = "*".repeat(v.len());
+            }
+        }
+    }
+    Value::Object(cfg)
+}
+
 fn str_of<'a>(cfg: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
     cfg.get(key)
         .and_then(Value::as_str)
@@ -507,7 +520,7 @@ pub fn run(flags: &GlobalFlags, cmd: &ContextCmd, json_out: bool) -> Res<()> {
                     .filter_map(|n| {
                         let mut m = load(n).ok()?;
                         m.insert("name".into(), json!(n));
-                        Some(Value::Object(m))
+                        Some(masked(m))
                     })
                     .collect();
                 print_json(&Value::Array(all));
@@ -605,7 +618,7 @@ pub fn run(flags: &GlobalFlags, cmd: &ContextCmd, json_out: bool) -> Res<()> {
 fn show(name: &str, json_out: bool) -> Res<()> {
     let cfg = load(name)?;
     if json_out {
-        print_json(&Value::Object(cfg));
+        print_json(&masked(cfg));
         return Ok(());
     }
     let file_state = |key: &str, v: &str| -> String {

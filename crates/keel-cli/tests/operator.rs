@@ -127,13 +127,24 @@ fn contexts_are_shared_with_the_nats_cli() {
             "nothing here",
             "--user",
             "al",
+            "--password",
+            "s3cret",
         ],
     );
+    // The password is in the file (as nats writes it), never in keel's output.
+    let shown = ok_in(&cfg, &["context", "info", "dead", "--json"]);
+    assert!(
+        !shown.contains("s3cret") && shown.contains("\"******\""),
+        "{shown}"
+    );
+    assert!(!ok_in(&cfg, &["context", "info", "dead"]).contains("s3cret"));
+    assert!(!ok_in(&cfg, &["context", "ls", "--json"]).contains("s3cret"));
     let saved: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("dead.json")).unwrap()).unwrap();
     assert_eq!(saved["url"], dead.as_str());
     assert_eq!(saved["description"], "nothing here");
     assert_eq!(saved["user"], "al");
+    assert_eq!(saved["password"], "s3cret");
     assert_eq!(
         std::fs::read_to_string(cfg.join("nats").join("context.txt")).unwrap(),
         "local",
