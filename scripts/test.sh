@@ -74,14 +74,24 @@ reference() { # description, command...
 
 ref_rust() (
   export PATH="$REF_PATH" KEEL_TEST_REFERENCE=1
-  rust_tests -p keel-server -p keel-cli --tests
+  if [ "$NEXTEST" = 1 ]; then
+    # nextest retries just the failed test, once, and reports it as FLAKY.
+    rust_tests --retries 1 -p keel-server -p keel-cli --tests
+  else
+    rust_tests -p keel-server -p keel-cli --tests
+  fi
 )
 ref_interop() (
   export PATH="$REF_PATH" KEEL_TEST_SERVER=nats
   cd tests/interop && "$PY" -m pytest -q
 )
 reference_runs() {
-  reference "Rust integration tests (keel-server, keel-cli) against the reference nats-server" ref_rust
+  if [ "$NEXTEST" = 1 ]; then
+    echo "== Rust integration tests (keel-server, keel-cli) against the reference nats-server"
+    ref_rust
+  else
+    reference "Rust integration tests (keel-server, keel-cli) against the reference nats-server" ref_rust
+  fi
   reference "interop suite against the reference nats-server" ref_interop
 }
 

@@ -159,8 +159,8 @@ pub async fn run(conn: &ConnSettings, args: &BenchArgs, json: bool) -> Res<()> {
             BenchMode::Pub(b) => bench_pub(&ctx, b, !json).await,
             BenchMode::Sub(b) => crate::bench_nats::sub(&ctx, b, !json).await,
             BenchMode::Service(m) => crate::bench_nats::service(&ctx, m, !json).await,
-            BenchMode::PubSub(b) => bench_pubsub(&ctx, b).await,
-            BenchMode::Request(b) => bench_request(&ctx, b).await,
+            BenchMode::PubSub(b) => bench_pubsub(&ctx, b, !json).await,
+            BenchMode::Request(b) => bench_request(&ctx, b, !json).await,
             BenchMode::Idle(b) => bench_idle(&ctx, b, !json).await,
             BenchMode::Js(m) => crate::bench_js::run(&ctx, m, !json).await,
         }
@@ -492,7 +492,7 @@ struct SubResult {
     last: Instant,
 }
 
-async fn bench_pubsub(ctx: &Ctx, b: &PubSubBench) -> Res<Report> {
+async fn bench_pubsub(ctx: &Ctx, b: &PubSubBench, progress: bool) -> Res<Report> {
     let conn = &ctx.conn;
     check_counts("pubs", b.pubs)?;
     check_counts("subs", b.subs)?;
@@ -501,6 +501,7 @@ async fn bench_pubsub(ctx: &Ctx, b: &PubSubBench) -> Res<Report> {
     let sub_clients = ctx.connect_many(b.subs, subscriber_opts).await?;
     let pub_clients = ctx.connect_many(b.pubs, publisher_opts).await?;
     check_size(&pub_clients[0], c.size)?;
+    let bar = crate::util::Progress::new("received", c.msgs * b.subs as u64, progress);
 
     let mut subscribers = JoinSet::new();
     for (i, client) in sub_clients.into_iter().enumerate() {
@@ -511,6 +512,7 @@ async fn bench_pubsub(ctx: &Ctx, b: &PubSubBench) -> Res<Report> {
         // Publishing must not start before the server knows every subscriber.
         Pinger::new(&client).await?.ping(conn.timeout).await?;
         let expected = c.msgs;
+        let done = bar.counter();
         subscribers.spawn(async move {
             let _keep_connection = client;
             let (mut msgs, mut bytes) = (0u64, 0u64);
@@ -531,6 +533,7 @@ async fn bench_pubsub(ctx: &Ctx, b: &PubSubBench) -> Res<Report> {
                 };
                 let msg = next.ok_or("subscription closed by the server")?;
                 msgs += 1;
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 bytes += msg.payload.len() as u64;
             }
             Ok(SubResult {
@@ -555,6 +558,7 @@ async fn bench_pubsub(ctx: &Ctx, b: &PubSubBench) -> Res<Report> {
     let _ = go_tx.send(true);
     let pub_ends = join_all(publishers).await?;
     let subs = join_all(subscribers).await?;
+    bar.finish();
 
     let pub_rate = Rate {
         msgs: c.msgs,
@@ -634,7 +638,7 @@ impl Latency {
     }
 }
 
-async fn bench_request(ctx: &Ctx, b: &RequestBench) -> Res<Report> {
+async fn bench_request(ctx: &Ctx, b: &RequestBench, progress: bool) -> Res<Report> {
     let conn = &ctx.conn;
     check_counts("clients", b.clients)?;
     let c = &b.common;
@@ -683,10 +687,12 @@ async fn bench_request(ctx: &Ctx, b: &RequestBench) -> Res<Report> {
             .map_err(request_error)?;
     }
 
+    let bar = crate::util::Progress::new("requests", c.msgs, progress);
     let (go_tx, go_rx) = watch::channel(false);
     let mut requesters = JoinSet::new();
     for (client, count) in clients.into_iter().zip(split(c.msgs, b.clients)) {
         let (subject, payload, mut go) = (subject.clone(), payload.clone(), go_rx.clone());
+        let done = bar.counter();
         let timeout = conn.timeout;
         requesters.spawn(async move {
             wait_for_start(&mut go).await?;
@@ -703,6 +709,7 @@ async fn bench_request(ctx: &Ctx, b: &RequestBench) -> Res<Report> {
                         _ => format!("request failed: {e}"),
                     })?;
                 nanos.push(t0.elapsed().as_nanos() as u64);
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             Ok((nanos, Instant::now()))
         });
@@ -710,6 +717,7 @@ async fn bench_request(ctx: &Ctx, b: &RequestBench) -> Res<Report> {
     let start = Instant::now();
     let _ = go_tx.send(true);
     let results = join_all(requesters).await?;
+    bar.finish();
     if let Some(task) = replier_task {
         task.abort();
     }
@@ -789,7 +797,9 @@ async fn bench_idle(ctx: &Ctx, b: &IdleBench, progress: bool) -> Res<Report> {
             b.hold
         );
     }
+    let spinner = crate::util::Progress::spinner("holding", progress);
     tokio::time::sleep(b.hold).await;
+    spinner.finish();
     // Read at the end of the hold so the server has settled after the burst.
     let during = b.server_pid.map(rss_kib).transpose()?;
     drop(clients);
