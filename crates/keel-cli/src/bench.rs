@@ -28,6 +28,7 @@ Modes (as nats bench):
   service  `service serve SUBJECT` answers requests; `service request SUBJECT`
            sends them and reports latency percentiles.
   js       JetStream: `js pub sync|async`, `js consume|fetch|ordered`, ...
+  kv       `kv put` then `kv get` on the bucket benchbucket (keys 0, 1, 2, ...)
 
 Keel's own:
   pubsub   --pubs publishers and --subs subscribers on one subject; every
@@ -67,6 +68,9 @@ pub enum BenchMode {
     /// Micro-service mode: request (latency) and serve (replier)
     #[command(subcommand)]
     Service(crate::bench_nats::ServiceMode),
+    /// Key-value: put and get (bucket benchbucket)
+    #[command(subcommand)]
+    Kv(crate::bench_nats::KvMode),
     /// Keel: publishers and subscribers on one subject, in one process
     #[command(name = "pubsub")]
     PubSub(PubSubBench),
@@ -159,6 +163,7 @@ pub async fn run(conn: &ConnSettings, args: &BenchArgs, json: bool) -> Res<()> {
             BenchMode::Pub(b) => bench_pub(&ctx, b, !json).await,
             BenchMode::Sub(b) => crate::bench_nats::sub(&ctx, b, !json).await,
             BenchMode::Service(m) => crate::bench_nats::service(&ctx, m, !json).await,
+            BenchMode::Kv(m) => crate::bench_nats::kv(&ctx, m, !json).await,
             BenchMode::PubSub(b) => bench_pubsub(&ctx, b, !json).await,
             BenchMode::Request(b) => bench_request(&ctx, b, !json).await,
             BenchMode::Idle(b) => bench_idle(&ctx, b, !json).await,

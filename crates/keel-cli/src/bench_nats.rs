@@ -1047,3 +1047,191 @@ mod tests {
         assert!(two.csv().starts_with("#RunID,ClientID,MsgCount,MsgBytes,MsgsPerSec,BytesPerSec,DurationSecs,MinLatencyMicroSecs"));
     }
 }
+
+pub const DEFAULT_BUCKET: &str = "benchbucket";
+
+#[derive(Subcommand, Debug)]
+pub enum KvMode {
+    /// Put values into the bucket (keys 0, 1, 2, ... split between the clients)
+    Put(KvPut),
+    /// Get values from the bucket
+    Get(KvGet),
+}
+
+#[derive(Args, Debug)]
+pub struct KvFlags {
+    #[command(flatten)]
+    pub c: CommonFlags,
+    /// The bucket to use (benchbucket is created when missing)
+    #[arg(long, default_value = DEFAULT_BUCKET)]
+    pub bucket: String,
+    /// Use random keys between 0 and this number (0: sequential keys)
+    #[arg(long, default_value_t = 0)]
+    pub randomize: u64,
+    /// Pause after each operation
+    #[arg(long, value_name = "DURATION", value_parser = crate::util::parse_duration)]
+    pub sleep: Option<Duration>,
+}
+
+#[derive(Args, Debug)]
+pub struct KvPut {
+    #[command(flatten)]
+    pub f: KvFlags,
+    /// Storage of the bucket when created
+    #[arg(long, value_enum, default_value = "file")]
+    pub storage: StorageArg,
+    /// Replicas of the bucket when created
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// Largest size of the bucket when created
+    #[arg(long, default_value = "1GB")]
+    pub maxbytes: String,
+    /// History kept per key when created
+    #[arg(long, default_value_t = 1)]
+    pub history: i64,
+    /// Delete the bucket first (there is no purge of a whole bucket)
+    #[arg(long)]
+    pub purge: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct KvGet {
+    #[command(flatten)]
+    pub f: KvFlags,
+}
+
+/// A tiny xorshift for `--randomize`: benchmark keys need spread, not quality.
+fn next_random(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+pub async fn kv(ctx: &Ctx, m: &KvMode, progress: bool) -> Res<Report> {
+    let (f, put) = match m {
+        KvMode::Put(a) => (&a.f, Some(a)),
+        KvMode::Get(a) => (&a.f, None),
+    };
+    check_counts("clients", f.c.clients)?;
+    crate::js::check_name("bucket", &f.bucket)?;
+    let clients = ctx.connect_many(f.c.clients, publisher_opts).await?;
+    check_size(&clients[0], f.c.size)?;
+    let js = js_ctx(&clients[0], ctx, 1);
+    if let Some(p) = put {
+        if p.purge {
+            let _ = js.delete_key_value(&f.bucket).await;
+        }
+        if f.bucket == DEFAULT_BUCKET && js.get_key_value(&f.bucket).await.is_err() {
+            js.create_key_value(jetstream::kv::Config {
+                bucket: f.bucket.clone(),
+                description: "nats bench bucket".into(),
+                history: p.history,
+                storage: match p.storage {
+                    StorageArg::File => stream::StorageType::File,
+                    StorageArg::Memory => stream::StorageType::Memory,
+                },
+                num_replicas: p.replicas,
+                max_bytes: parse_bytes(&p.maxbytes).map_err(|e| format!("--maxbytes: {e}"))?,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("creating the bucket {}: {e}", f.bucket))?;
+        }
+    }
+    let bar = Progress::new(
+        if put.is_some() { "put" } else { "get" },
+        f.c.msgs,
+        progress && !f.c.no_progress,
+    );
+    let (go_tx, go_rx) = watch::channel(false);
+    let mut set = JoinSet::new();
+    let mut offset = 0u64;
+    for (k, (client, count)) in clients.iter().zip(split(f.c.msgs, f.c.clients)).enumerate() {
+        let store = js_ctx(client, ctx, 1)
+            .get_key_value(&f.bucket)
+            .await
+            .map_err(|e| {
+                format!(
+                    "finding kv bucket '{}': {e} (create it with `keel bench kv put`)",
+                    f.bucket
+                )
+            })?;
+        let (payload, mut go, done, sleep, randomize) = (
+            payload_of(f.c.size),
+            go_rx.clone(),
+            bar.counter(),
+            f.sleep,
+            f.randomize,
+        );
+        let is_put = put.is_some();
+        let first = offset;
+        offset += count;
+        let mut seed = (crate::output::now_ns() as u64)
+            ^ (k as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            | 1;
+        set.spawn(async move {
+            wait_for_start(&mut go).await?;
+            let start = Instant::now();
+            let mut lat = Vec::with_capacity(count as usize);
+            let mut bytes = 0u64;
+            for i in 0..count {
+                let key = if randomize > 0 {
+                    next_random(&mut seed) % randomize
+                } else {
+                    first + i
+                }
+                .to_string();
+                let t0 = Instant::now();
+                if is_put {
+                    store
+                        .put(&key, payload.clone())
+                        .await
+                        .map_err(|e| format!("putting: {e}"))?;
+                    bytes += payload.len() as u64;
+                } else {
+                    let v = store
+                        .get(&key)
+                        .await
+                        .map_err(|e| format!("getting: {e}"))?
+                        .ok_or_else(|| {
+                            format!("key {key} not found (put it first with `keel bench kv put`)")
+                        })?;
+                    bytes += v.len() as u64;
+                }
+                lat.push(t0.elapsed().as_nanos() as u64);
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if let Some(d) = sleep {
+                    tokio::time::sleep(d).await;
+                }
+            }
+            lat.sort_unstable();
+            Ok(Sample {
+                msgs: count,
+                bytes,
+                start,
+                end: Instant::now(),
+                latencies: lat,
+            })
+        });
+    }
+    let _ = go_tx.send(true);
+    let samples = join_all(set).await?;
+    bar.finish();
+    let (label, prefix, mode) = if put.is_some() {
+        ("KV putter", "P", "kv-put")
+    } else {
+        ("KV getter", "S", "kv-get")
+    };
+    let r = Results {
+        label,
+        prefix,
+        samples,
+    };
+    r.finish(
+        mode,
+        ctx,
+        &f.c,
+        banner(label, &f.c, &f.bucket, &format!(", bucket={}", f.bucket)),
+    )
+}

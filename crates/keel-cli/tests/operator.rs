@@ -992,6 +992,18 @@ fn bench_follows_the_nats_bench_grammar() {
         .fails(&["bench", "js", "pub", "sync", "x.y", "--stream", "nope", "--msgs", "1"])
         .contains("--create"));
 
+    // kv put makes benchbucket; kv get reads the same keys back.
+    let out = srv.ok(&["bench", "kv", "put", "--msgs", "300", "--clients", "2"]);
+    contains_all(&out, &["NATS KV putter aggregated stats", "P50"]);
+    let v = srv.json(&["bench", "kv", "get", "--msgs", "300", "--json"]);
+    assert_eq!(v["msgs"], 300);
+    assert!(srv
+        .fails(&["bench", "kv", "get", "--msgs", "301"])
+        .contains("key 300 not found"));
+    assert!(srv
+        .fails(&["bench", "kv", "get", "--bucket", "nope", "--msgs", "1"])
+        .contains("finding kv bucket"));
+
     // bench sub waits for another process's publishes.
     let (sub, err) = spawn_ready(
         &srv,
