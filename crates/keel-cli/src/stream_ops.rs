@@ -731,8 +731,52 @@ struct BackedUpMsg {
     data: Vec<u8>,
 }
 
-/// Reads and checks a backup before anything is created on the server.
-fn read_backup(dir: &Path) -> Res<(Value, Vec<BackedUpMsg>)> {
+/// What a first pass over `messages.jsonl` found.
+struct Scan {
+    count: u64,
+    first: Option<u64>,
+    last: Option<(u64, String)>,
+}
+
+fn parse_line(line: &[u8], k: usize, path: &Path, last: u64) -> Res<BackedUpMsg> {
+    let bad = |what: &str| format!("{} line {}: {what}", path.display(), k + 1);
+    let v: Value = serde_json::from_slice(line).map_err(|e| bad(&format!("invalid JSON: {e}")))?;
+    let seq = u(&v, "seq");
+    if seq <= last {
+        return Err(bad("sequences must increase"));
+    }
+    let hdrs = match v.get("hdrs").and_then(Value::as_str) {
+        Some(h) => Some(base64_decode(h).map_err(|e| bad(&e))?),
+        None => None,
+    };
+    Ok(BackedUpMsg {
+        seq,
+        subject: s(&v, "subject").to_string(),
+        hdrs,
+        data: base64_decode(s(&v, "data")).map_err(|e| bad(&e))?,
+    })
+}
+
+/// Reads the message file line by line (memory stays bounded by one
+/// message), calling `each` for every message; returns the file's SHA-256.
+fn each_message(path: &Path, mut each: impl FnMut(BackedUpMsg) -> Res<()>) -> Res<String> {
+    let file =
+        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut sha = Sha256::new();
+    let mut last = 0u64;
+    for (k, line) in std::io::BufReader::new(file).split(b'\n').enumerate() {
+        let line = line.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        sha.update(&line);
+        sha.update(b"\n");
+        let m = parse_line(&line, k, path, last)?;
+        last = m.seq;
+        each(m)?;
+    }
+    Ok(hex(&sha.finalize()))
+}
+
+/// Checks a backup (format, count, SHA-256) before anything is created on the server.
+fn scan_backup(dir: &Path) -> Res<(Value, Scan)> {
     if dir.join("stream.tar.s2").exists() {
         return Err(format!(
             "{} is a nats-server snapshot (stream.tar.s2, nats-server's internal file store); \
@@ -754,49 +798,32 @@ fn read_backup(dir: &Path) -> Res<(Value, Vec<BackedUpMsg>)> {
         ));
     }
     let msgs_path = dir.join("messages.jsonl");
-    let file = std::fs::File::open(&msgs_path)
-        .map_err(|e| format!("cannot read {}: {e}", msgs_path.display()))?;
-    let mut sha = Sha256::new();
-    let mut msgs = Vec::new();
-    let mut last = 0u64;
-    for (k, line) in std::io::BufReader::new(file).split(b'\n').enumerate() {
-        let line = line.map_err(|e| format!("cannot read {}: {e}", msgs_path.display()))?;
-        sha.update(&line);
-        sha.update(b"\n");
-        let bad = |what: &str| format!("{} line {}: {what}", msgs_path.display(), k + 1);
-        let v: Value =
-            serde_json::from_slice(&line).map_err(|e| bad(&format!("invalid JSON: {e}")))?;
-        let seq = u(&v, "seq");
-        if seq <= last {
-            return Err(bad("sequences must increase"));
-        }
-        last = seq;
-        let hdrs = match v.get("hdrs").and_then(Value::as_str) {
-            Some(h) => Some(base64_decode(h).map_err(|e| bad(&e))?),
-            None => None,
-        };
-        msgs.push(BackedUpMsg {
-            seq,
-            subject: s(&v, "subject").to_string(),
-            hdrs,
-            data: base64_decode(s(&v, "data")).map_err(|e| bad(&e))?,
-        });
-    }
-    if msgs.len() as u64 != u(&meta, "messages") {
+    let mut scan = Scan {
+        count: 0,
+        first: None,
+        last: None,
+    };
+    let sha = each_message(&msgs_path, |m| {
+        scan.count += 1;
+        scan.first.get_or_insert(m.seq);
+        scan.last = Some((m.seq, m.subject));
+        Ok(())
+    })?;
+    if scan.count != u(&meta, "messages") {
         return Err(format!(
             "{} holds {} messages, but backup.json says {}: the backup is incomplete",
             msgs_path.display(),
-            msgs.len(),
+            scan.count,
             u(&meta, "messages")
         ));
     }
-    if hex(&sha.finalize()) != s(&meta, "messages_sha256") {
+    if sha != s(&meta, "messages_sha256") {
         return Err(format!(
             "{} does not match the SHA-256 in backup.json: the backup is damaged",
             msgs_path.display()
         ));
     }
-    Ok((meta, msgs))
+    Ok((meta, scan))
 }
 
 /// Rebuilds a header map from a stored header block, without the
@@ -814,48 +841,86 @@ fn headers_of(block: &[u8]) -> HeaderMap {
     h
 }
 
-async fn publish(
-    js: &Js,
-    subject: String,
-    headers: HeaderMap,
-    data: Bytes,
-) -> Res<jetstream::publish::PublishAck> {
-    js.ctx
-        .publish_with_headers(subject, headers, data)
-        .await
-        .map_err(|e| format!("restore publish failed: {e}"))?
-        .await
-        .map_err(|e| format!("restore publish failed: {e}"))
+/// Publishes in order with up to `WINDOW` acks outstanding, checking that each
+/// message got exactly the sequence it had.
+struct Replayer<'a> {
+    js: &'a Js,
+    stream: &'a str,
+    pending: std::collections::VecDeque<(u64, jetstream::context::PublishAckFuture)>,
+    gaps: Vec<u64>,
 }
 
-/// Re-creates a gap (a deleted message) with a placeholder that is removed at once.
-async fn gap(js: &Js, stream: &str, seq: u64, subject: String) -> Res<()> {
-    let mut h = HeaderMap::new();
-    h.insert("Keel-Restore-Gap", "1");
-    let ack = publish(js, subject, h, Bytes::new()).await?;
-    if ack.sequence != seq {
-        return Err(format!(
-            "restore lost its place: a placeholder got sequence {} instead of {seq}",
-            ack.sequence
-        ));
+const WINDOW: usize = 256;
+
+impl Replayer<'_> {
+    async fn send(
+        &mut self,
+        seq: u64,
+        subject: String,
+        headers: HeaderMap,
+        data: Bytes,
+    ) -> Res<()> {
+        if self.pending.len() >= WINDOW {
+            self.settle_one().await?;
+        }
+        let fut = self
+            .js
+            .ctx
+            .publish_with_headers(subject, headers, data)
+            .await
+            .map_err(|e| format!("restore publish failed: {e}"))?;
+        self.pending.push_back((seq, fut));
+        Ok(())
     }
-    js.api(
-        &format!("STREAM.MSG.DELETE.{stream}"),
-        Some(&json!({ "seq": seq, "no_erase": true })),
-    )
-    .await
-    .map_err(|e| {
-        format!(
-            "cannot remove restore placeholder {seq}: {}",
-            String::from(e)
-        )
-    })?;
-    Ok(())
+
+    /// A gap (a deleted message): a placeholder, removed once everything is in.
+    async fn gap(&mut self, seq: u64, subject: String) -> Res<()> {
+        let mut h = HeaderMap::new();
+        h.insert("Keel-Restore-Gap", "1");
+        self.gaps.push(seq);
+        self.send(seq, subject, h, Bytes::new()).await
+    }
+
+    async fn settle_one(&mut self) -> Res<()> {
+        if let Some((seq, fut)) = self.pending.pop_front() {
+            let ack = fut
+                .await
+                .map_err(|e| format!("restore publish failed: {e}"))?;
+            if ack.duplicate || ack.sequence != seq {
+                return Err(format!(
+                    "message {seq} was stored as {} (duplicate: {}): stream {} is incomplete; remove it and check the backup",
+                    ack.sequence, ack.duplicate, self.stream
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    async fn finish(mut self) -> Res<()> {
+        while !self.pending.is_empty() {
+            self.settle_one().await?;
+        }
+        for seq in std::mem::take(&mut self.gaps) {
+            self.js
+                .api(
+                    &format!("STREAM.MSG.DELETE.{}", self.stream),
+                    Some(&json!({ "seq": seq, "no_erase": true })),
+                )
+                .await
+                .map_err(|e| {
+                    format!(
+                        "cannot remove restore placeholder {seq}: {}",
+                        String::from(e)
+                    )
+                })?;
+        }
+        Ok(())
+    }
 }
 
 pub async fn restore(js: &Js, a: &RestoreArgs, json_out: bool) -> Res<()> {
     let dir = Path::new(&a.file);
-    let (meta, msgs) = read_backup(dir)?;
+    let (meta, scan) = scan_backup(dir)?;
     let mut cfg = match &a.config {
         Some(path) => {
             let mut m = load_config_file(path)?;
@@ -878,11 +943,8 @@ pub async fn restore(js: &Js, a: &RestoreArgs, json_out: bool) -> Res<()> {
         ));
     }
     let state = &meta["state"];
-    let first = msgs
-        .first()
-        .map(|m| m.seq)
-        .unwrap_or_else(|| u(state, "first_seq").max(1));
-    let last_seq = u(state, "last_seq").max(msgs.last().map(|m| m.seq).unwrap_or(0));
+    let first = scan.first.unwrap_or_else(|| u(state, "first_seq").max(1));
+    let last_seq = u(state, "last_seq").max(scan.last.as_ref().map(|l| l.0).unwrap_or(0));
     // Restore into a stream without limits, seals or delete bans, so every
     // message lands at its old sequence; the real configuration comes last.
     let mut open = cfg.clone();
@@ -904,52 +966,84 @@ pub async fn restore(js: &Js, a: &RestoreArgs, json_out: bool) -> Res<()> {
     js.api(&format!("STREAM.CREATE.{name}"), Some(&Value::Object(open)))
         .await
         .map_err(|e| format!("cannot create stream {name}: {}", String::from(e)))?;
-    let bar = Progress::new("restore", msgs.len() as u64, !a.no_progress);
-    let mut next = first;
-    let gap_subject = |m: Option<&BackedUpMsg>| -> Res<String> {
-        match m {
-            Some(m) => Ok(m.subject.clone()),
-            None => cfg
-                .get("subjects")
-                .and_then(Value::as_array)
-                .and_then(|a| a.iter().filter_map(Value::as_str).find(|s| !s.contains('*') && !s.contains('>')))
-                .map(String::from)
-                .ok_or_else(|| "cannot re-create the deleted messages at the end of the stream: it has no literal subject".to_string()),
-        }
+    let bar = Progress::new("restore", scan.count, !a.no_progress);
+    let mut replay = Replayer {
+        js,
+        stream: &name,
+        pending: Default::default(),
+        gaps: Vec::new(),
     };
+    let mut next = first;
     let mut recent_ids: std::collections::HashMap<String, std::time::Instant> = Default::default();
-    for m in &msgs {
+    // Parsing is synchronous, publishing is not: read in slices of messages.
+    let msgs_path = dir.join("messages.jsonl");
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Res<BackedUpMsg>>(WINDOW);
+    let reader_path = msgs_path.clone();
+    let reader = tokio::task::spawn_blocking(move || {
+        each_message(&reader_path, |m| {
+            tx.blocking_send(Ok(m))
+                .map_err(|_| "restore stopped".to_string())
+        })
+    });
+    while let Some(m) = rx.recv().await {
+        let m = m?;
         while next < m.seq {
-            gap(js, &name, next, m.subject.clone()).await?;
+            replay.gap(next, m.subject.clone()).await?;
             next += 1;
         }
         let headers = m.hdrs.as_deref().map(headers_of).unwrap_or_default();
         if let Some(id) = headers.get("Nats-Msg-Id").map(|v| v.to_string()) {
-            if let Some(t) = recent_ids.get(&id) {
-                let wait = (DEDUP_WINDOW + Duration::from_millis(20)).saturating_sub(t.elapsed());
-                tokio::time::sleep(wait).await;
+            if recent_ids.contains_key(&id) {
+                // A repeated id inside the window would be deduplicated: once the
+                // earlier one is stored, wait the window out.
+                while !replay.pending.is_empty() {
+                    replay.settle_one().await?;
+                }
+                tokio::time::sleep(DEDUP_WINDOW + Duration::from_millis(20)).await;
             }
             recent_ids.insert(id, std::time::Instant::now());
             recent_ids.retain(|_, t| t.elapsed() < DEDUP_WINDOW * 2);
         }
-        let ack = publish(js, m.subject.clone(), headers, Bytes::from(m.data.clone())).await?;
-        if ack.duplicate || ack.sequence != m.seq {
-            return Err(format!(
-                "message {} was stored as {} (duplicate: {}): stream {name} is incomplete; remove it and check the backup",
-                m.seq, ack.sequence, ack.duplicate
-            ));
-        }
+        replay
+            .send(m.seq, m.subject, headers, Bytes::from(m.data))
+            .await?;
         next += 1;
         bar.add(1);
     }
+    let sha = reader
+        .await
+        .map_err(|e| format!("reading the backup failed: {e}"))??;
+    if sha != s(&meta, "messages_sha256") {
+        return Err(format!(
+            "{} changed during the restore: stream {name} is incomplete; remove it",
+            msgs_path.display()
+        ));
+    }
     if next <= last_seq {
-        let subject = gap_subject(msgs.last())?;
+        // Deleted messages at the end: re-created so the next sequence continues.
+        let subject = match &scan.last {
+            Some((_, subj)) => subj.clone(),
+            None => cfg
+                .get("subjects")
+                .and_then(Value::as_array)
+                .and_then(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .find(|s| !s.contains('*') && !s.contains('>'))
+                })
+                .map(String::from)
+                .ok_or_else(|| {
+                    "cannot re-create the deleted messages at the end of the stream: it has no literal subject".to_string()
+                })?,
+        };
         while next <= last_seq {
-            gap(js, &name, next, subject.clone()).await?;
+            replay.gap(next, subject.clone()).await?;
             next += 1;
         }
     }
+    replay.finish().await?;
     bar.finish();
+    let count = scan.count;
     // The real limits, then the seal, as the original stream had them.
     let mut real = cfg.clone();
     real.remove("first_seq");
@@ -1000,7 +1094,7 @@ pub async fn restore(js: &Js, a: &RestoreArgs, json_out: bool) -> Res<()> {
         println!(
             "Restored stream {name} from {}: {} messages, {} consumers (backed up {})\n",
             dir.display(),
-            n(msgs.len() as u64),
+            n(count),
             restored_consumers,
             fmt_time(s(&meta, "created"))
         );

@@ -435,6 +435,27 @@ fn stream_backup_and_restore_keep_sequences_and_detect_damage() {
     ]);
     srv.ok(&["pub", "orders.b", "b", "-H", "Nats-Msg-Id:one"]);
     srv.ok(&["pub", "orders.b", "b2", "-H", "Nats-Msg-Id:two"]);
+    // A stream with a short duplicate window holds a repeated message id; the
+    // restore must keep both messages.
+    srv.ok(&[
+        "stream",
+        "add",
+        "IDS",
+        "--subjects",
+        "ids.>",
+        "--dupe-window",
+        "100ms",
+    ]);
+    srv.ok(&["pub", "ids.x", "first", "-H", "Nats-Msg-Id:same", "-J"]);
+    let t0 = Instant::now();
+    loop {
+        let out = srv.ok(&["pub", "ids.x", "second", "-H", "Nats-Msg-Id:same", "-J"]);
+        if !out.contains("Duplicate") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{out}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     srv.ok(&["stream", "rmm", "ORDERS", "2", "-f"]);
     srv.ok(&["stream", "rmm", "ORDERS", "6", "-f"]); // the last one: the next sequence must still be 7
     srv.ok(&["consumer", "add", "ORDERS", "worker", "--ack-wait", "45s"]);
@@ -497,6 +518,17 @@ fn stream_backup_and_restore_keep_sequences_and_detect_damage() {
     assert!(srv
         .ok(&["pub", "orders.a", "new", "-J"])
         .contains("Sequence: 7"));
+
+    // Repeated message ids survive the restore.
+    let ids = temp_dir("backup").join("ids");
+    srv.ok(&["stream", "backup", "IDS", ids.to_str().unwrap()]);
+    srv.ok(&["stream", "rm", "IDS", "-f"]);
+    srv.ok(&["stream", "restore", ids.to_str().unwrap()]);
+    assert_eq!(
+        srv.json(&["stream", "state", "IDS", "--json"])["messages"],
+        2
+    );
+    srv.ok(&["stream", "rm", "IDS", "-f"]);
 
     // Damage is detected before anything is created.
     srv.ok(&["stream", "rm", "ORDERS", "-f"]);
