@@ -114,7 +114,7 @@ SCENARIOS=(
     "request-128B|request --msgs $(n 10000) --size 128"
     "js-pub-sync-128B|js pub --msgs $(n 20000) --size 128"
     "js-pub-async-128B|js pub-async --msgs $(n 200000) --size 128 --inflight 256"
-    "js-consume-128B|js consume --msgs $(n 200000) --size 128 --batch 500"
+    "js-consume-128B|js consume-fill --msgs $(n 200000) --size 128 --batch 500"
     "js-fanout-128B-4|js fanout --msgs $(n 50000) --size 128 --consumers 4"
 )
 # Durable consumers for the memory scenario (QUICK: a tenth).

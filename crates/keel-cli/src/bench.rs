@@ -19,10 +19,18 @@ use crate::util::{group, parse_duration, redact, ConnSettings, Pinger, Res};
 pub const LONG_ABOUT: &str = "\
 Core NATS benchmarks against any NATS server (keel-server, nats-server).
 
-Modes:
-  pub      publish-only throughput: --pubs connections publish --msgs messages
-           (split between them) of --size bytes; the clock stops when every
-           publisher has flushed and seen a server round trip.
+Modes (as nats bench):
+  pub      publish-only throughput: --clients connections publish --msgs
+           messages (split between them) of --size bytes; the clock stops when
+           every publisher has flushed and seen a server round trip.
+  sub      --clients subscribers each wait for --msgs messages that another
+           process publishes (start it first, then `keel bench pub`).
+  service  `service serve SUBJECT` answers requests; `service request SUBJECT`
+           sends them and reports latency percentiles.
+  js       JetStream: `js pub sync|async`, `js consume|fetch|ordered`, ...
+  kv       `kv put` then `kv get` on the bucket benchbucket (keys 0, 1, 2, ...)
+
+Keel's own:
   pubsub   --pubs publishers and --subs subscribers on one subject; every
            subscriber must receive all --msgs messages (an idle gap longer
            than --timeout aborts). Reports the publish rate and the aggregate
@@ -35,10 +43,12 @@ Modes:
            freshly started server: memory from earlier load skews the delta).
 
 Rates use payload bytes only; 1 MB = 1,000,000 bytes. --json prints one JSON
-object with the results instead of text.
+object with the results instead of text; --csv FILE saves nats bench's CSV
+(one row per client). Progress bars are drawn on stderr when it is a terminal.
 
 Examples:
-  keel bench pub --msgs 1000000 --size 128 --pubs 2
+  keel bench sub orders --msgs 100000 &  keel bench pub orders --msgs 100000
+  keel bench pub --msgs 1000000 --size 128 --clients 2 --csv pub.csv
   keel bench pubsub --msgs 200000 --pubs 1 --subs 4
   keel bench request --msgs 20000 --json
   keel bench idle --clients 100 --hold 3s --server-pid 1234";
@@ -51,10 +61,18 @@ pub struct BenchArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchMode {
-    /// Publish-only throughput
+    /// Publish core NATS messages (publish-only throughput)
     Pub(PubBench),
-    /// Publishers and subscribers on one subject
-    #[command(name = "pubsub", visible_alias = "sub")]
+    /// Subscribe and wait for --msgs messages published by another process
+    Sub(crate::bench_nats::SubBench),
+    /// Micro-service mode: request (latency) and serve (replier)
+    #[command(subcommand)]
+    Service(crate::bench_nats::ServiceMode),
+    /// Key-value: put and get (bucket benchbucket)
+    #[command(subcommand)]
+    Kv(crate::bench_nats::KvMode),
+    /// Keel: publishers and subscribers on one subject, in one process
+    #[command(name = "pubsub")]
     PubSub(PubSubBench),
     /// Request/reply latency with a built-in replier
     #[command(visible_alias = "req")]
@@ -84,8 +102,17 @@ pub struct PubBench {
     #[command(flatten)]
     pub common: Common,
     /// Number of concurrent publishers, each on its own connection
-    #[arg(long, default_value_t = 1, visible_alias = "clients")]
-    pub pubs: usize,
+    #[arg(long, default_value_t = 1, visible_alias = "pubs")]
+    pub clients: usize,
+    /// Pause between publishes
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub sleep: Option<Duration>,
+    /// Save the per-client results to this CSV file (the nats bench columns)
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<String>,
+    /// Do not draw a progress bar
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 #[derive(Args, Debug)]
@@ -133,9 +160,12 @@ pub async fn run(conn: &ConnSettings, args: &BenchArgs, json: bool) -> Res<()> {
     };
     let work = async {
         match &args.mode {
-            BenchMode::Pub(b) => bench_pub(&ctx, b).await,
-            BenchMode::PubSub(b) => bench_pubsub(&ctx, b).await,
-            BenchMode::Request(b) => bench_request(&ctx, b).await,
+            BenchMode::Pub(b) => bench_pub(&ctx, b, !json).await,
+            BenchMode::Sub(b) => crate::bench_nats::sub(&ctx, b, !json).await,
+            BenchMode::Service(m) => crate::bench_nats::service(&ctx, m, !json).await,
+            BenchMode::Kv(m) => crate::bench_nats::kv(&ctx, m, !json).await,
+            BenchMode::PubSub(b) => bench_pubsub(&ctx, b, !json).await,
+            BenchMode::Request(b) => bench_request(&ctx, b, !json).await,
             BenchMode::Idle(b) => bench_idle(&ctx, b, !json).await,
             BenchMode::Js(m) => crate::bench_js::run(&ctx, m, !json).await,
         }
@@ -382,48 +412,80 @@ pub(crate) fn payload_of(size: usize) -> Bytes {
     Bytes::from(vec![b'k'; size])
 }
 
-async fn bench_pub(ctx: &Ctx, b: &PubBench) -> Res<Report> {
+async fn bench_pub(ctx: &Ctx, b: &PubBench, progress: bool) -> Res<Report> {
     let conn = &ctx.conn;
-    check_counts("pubs", b.pubs)?;
+    check_counts("clients", b.clients)?;
     let c = &b.common;
-    let clients = ctx.connect_many(b.pubs, publisher_opts).await?;
+    let clients = ctx.connect_many(b.clients, publisher_opts).await?;
     check_size(&clients[0], c.size)?;
-
+    let bar = crate::util::Progress::new("publish", c.msgs, progress && !b.no_progress);
     let (go_tx, go_rx) = watch::channel(false);
-    let publishers = spawn_publishers(
-        clients,
-        &c.subject,
-        payload_of(c.size),
-        c.msgs,
-        conn.timeout,
-        &go_rx,
-    )
-    .await?;
+    let subject = Subject::from(c.subject.clone());
+    let mut set = JoinSet::new();
+    for (client, count) in clients.into_iter().zip(split(c.msgs, b.clients)) {
+        let mut pinger = Pinger::new(&client).await?;
+        pinger.ping(conn.timeout).await?;
+        let (subject, payload, mut go) = (subject.clone(), payload_of(c.size), go_rx.clone());
+        let (sleep, timeout, done) = (b.sleep, conn.timeout, bar.counter());
+        set.spawn(async move {
+            wait_for_start(&mut go).await?;
+            let start = Instant::now();
+            for k in 0..count {
+                if let Some(d) = sleep.filter(|_| k > 0) {
+                    tokio::time::sleep(d).await;
+                }
+                client
+                    .publish(subject.clone(), payload.clone())
+                    .await
+                    .map_err(|e| format!("publish failed: {e}"))?;
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            // The run is only over once the server has processed every message.
+            pinger.ping(timeout).await?;
+            Ok(crate::bench_nats::Sample {
+                msgs: count,
+                bytes: count * payload.len() as u64,
+                start,
+                end: Instant::now(),
+                latencies: Vec::new(),
+            })
+        });
+    }
     let start = Instant::now();
     let _ = go_tx.send(true);
-    let ends = join_all(publishers).await?;
-
+    let samples = join_all(set).await?;
+    bar.finish();
+    let ends: Vec<Instant> = samples.iter().map(|s| s.end).collect();
     let rate = Rate {
         msgs: c.msgs,
         bytes: c.msgs * c.size as u64,
         elapsed: latest(&ends, start),
     };
-    let text = format!(
-        "keel bench pub: {}, {} msgs x {} B on {:?} at {}\n{}",
-        plural(b.pubs, "publisher"),
-        group(c.msgs),
-        c.size,
+    let results = crate::bench_nats::Results {
+        label: "Core NATS publisher",
+        prefix: "P",
+        samples,
+    };
+    let mut text = format!(
+        "Starting Core NATS publisher benchmark [subject={}, msgs={}, msgsize={}, clients={}] at {}\n\n{}",
         c.subject,
+        group(c.msgs),
+        crate::output::ibytes(c.size as u64),
+        b.clients,
         redact(&conn.server),
-        rate.line("publish"),
+        results.report()
     );
+    if let Some(path) = &b.csv {
+        std::fs::write(path, results.csv()).map_err(|e| format!("writing file {path}: {e}"))?;
+        text += &format!("Saved metric data in csv file {path}\n");
+    }
     let json = json!({
         "mode": "pub",
         "server": redact(&conn.server),
         "subject": c.subject,
         "msgs": c.msgs,
         "size": c.size,
-        "pubs": b.pubs,
+        "pubs": b.clients,
         "pub": rate.json(),
     });
     Ok(Report { text, json })
@@ -435,7 +497,7 @@ struct SubResult {
     last: Instant,
 }
 
-async fn bench_pubsub(ctx: &Ctx, b: &PubSubBench) -> Res<Report> {
+async fn bench_pubsub(ctx: &Ctx, b: &PubSubBench, progress: bool) -> Res<Report> {
     let conn = &ctx.conn;
     check_counts("pubs", b.pubs)?;
     check_counts("subs", b.subs)?;
@@ -444,6 +506,7 @@ async fn bench_pubsub(ctx: &Ctx, b: &PubSubBench) -> Res<Report> {
     let sub_clients = ctx.connect_many(b.subs, subscriber_opts).await?;
     let pub_clients = ctx.connect_many(b.pubs, publisher_opts).await?;
     check_size(&pub_clients[0], c.size)?;
+    let bar = crate::util::Progress::new("received", c.msgs * b.subs as u64, progress);
 
     let mut subscribers = JoinSet::new();
     for (i, client) in sub_clients.into_iter().enumerate() {
@@ -454,6 +517,7 @@ async fn bench_pubsub(ctx: &Ctx, b: &PubSubBench) -> Res<Report> {
         // Publishing must not start before the server knows every subscriber.
         Pinger::new(&client).await?.ping(conn.timeout).await?;
         let expected = c.msgs;
+        let done = bar.counter();
         subscribers.spawn(async move {
             let _keep_connection = client;
             let (mut msgs, mut bytes) = (0u64, 0u64);
@@ -474,6 +538,7 @@ async fn bench_pubsub(ctx: &Ctx, b: &PubSubBench) -> Res<Report> {
                 };
                 let msg = next.ok_or("subscription closed by the server")?;
                 msgs += 1;
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 bytes += msg.payload.len() as u64;
             }
             Ok(SubResult {
@@ -498,6 +563,7 @@ async fn bench_pubsub(ctx: &Ctx, b: &PubSubBench) -> Res<Report> {
     let _ = go_tx.send(true);
     let pub_ends = join_all(publishers).await?;
     let subs = join_all(subscribers).await?;
+    bar.finish();
 
     let pub_rate = Rate {
         msgs: c.msgs,
@@ -577,7 +643,7 @@ impl Latency {
     }
 }
 
-async fn bench_request(ctx: &Ctx, b: &RequestBench) -> Res<Report> {
+async fn bench_request(ctx: &Ctx, b: &RequestBench, progress: bool) -> Res<Report> {
     let conn = &ctx.conn;
     check_counts("clients", b.clients)?;
     let c = &b.common;
@@ -626,10 +692,12 @@ async fn bench_request(ctx: &Ctx, b: &RequestBench) -> Res<Report> {
             .map_err(request_error)?;
     }
 
+    let bar = crate::util::Progress::new("requests", c.msgs, progress);
     let (go_tx, go_rx) = watch::channel(false);
     let mut requesters = JoinSet::new();
     for (client, count) in clients.into_iter().zip(split(c.msgs, b.clients)) {
         let (subject, payload, mut go) = (subject.clone(), payload.clone(), go_rx.clone());
+        let done = bar.counter();
         let timeout = conn.timeout;
         requesters.spawn(async move {
             wait_for_start(&mut go).await?;
@@ -646,6 +714,7 @@ async fn bench_request(ctx: &Ctx, b: &RequestBench) -> Res<Report> {
                         _ => format!("request failed: {e}"),
                     })?;
                 nanos.push(t0.elapsed().as_nanos() as u64);
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             Ok((nanos, Instant::now()))
         });
@@ -653,6 +722,7 @@ async fn bench_request(ctx: &Ctx, b: &RequestBench) -> Res<Report> {
     let start = Instant::now();
     let _ = go_tx.send(true);
     let results = join_all(requesters).await?;
+    bar.finish();
     if let Some(task) = replier_task {
         task.abort();
     }
@@ -732,7 +802,9 @@ async fn bench_idle(ctx: &Ctx, b: &IdleBench, progress: bool) -> Res<Report> {
             b.hold
         );
     }
+    let spinner = crate::util::Progress::spinner("holding", progress);
     tokio::time::sleep(b.hold).await;
+    spinner.finish();
     // Read at the end of the hold so the server has settled after the burst.
     let during = b.server_pid.map(rss_kib).transpose()?;
     drop(clients);

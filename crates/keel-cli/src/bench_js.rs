@@ -21,18 +21,26 @@ use crate::bench::{
     check_counts, check_size, join_all, parse_size, payload_of, plural, publisher_opts, round2,
     rss_kib, split, subscriber_opts, wait_for_start, Ctx, Latency, Rate, Report,
 };
-use crate::util::{group, parse_duration, redact, Progress, Res};
+use crate::util::{group, parse_duration, redact, ConnSettings, Progress, Res};
 
 pub const LONG_ABOUT: &str = "\
 JetStream benchmarks against any NATS server started with JetStream (-js).
 
-Modes:
+As nats bench (stream benchstream, kept between runs):
+  pub sync SUBJECT   publish, waiting for each ack (--create makes the stream)
+  pub async SUBJECT  publish with --batch acks outstanding per client
+  consume            --clients share the durable nats-bench and receive
+                     --msgs messages of the stream (--acks explicit|none|all)
+  fetch              the same, with fetch requests of --batch
+  ordered            each client reads with its own ordered consumer
+
+Keel's own (a fresh stream, --stream default KEELBENCH, deleted afterwards):
   pub            synchronous publish: each publisher waits for the stream's
                  ack before sending the next message; reports msgs/s and the
                  publish latency (p50/p90/p99 of publish-to-ack).
   pub-async      asynchronous publish: up to --inflight messages wait for
                  their acks at once; reports msgs/s.
-  consume        fills the stream with --msgs messages (not timed), then one
+  consume-fill   fills the stream with --msgs messages (not timed), then one
                  durable pull consumer (explicit ack, --batch per pull)
                  receives and acks them all; reports msgs/s.
   fanout         fills the stream, then --consumers durables, each on its own
@@ -43,26 +51,38 @@ Modes:
                  holds pending acks), then reports the server's VmRSS growth
                  (needs --server-pid; Linux /proc).
 
-The stream (--stream, default KEELBENCH) is deleted and created afresh with
---storage (file by default) on subject SUBJECT, and deleted again afterwards
-unless --keep. A progress bar is drawn on stderr when it is a terminal.
+For keel's modes the stream (--stream, default KEELBENCH) is deleted and
+created afresh with --storage (file by default) on subject SUBJECT, and deleted
+again afterwards unless --keep. A progress bar is drawn on stderr when it is a
+terminal.
 
 Examples:
+  keel bench js pub sync orders.bench --create --msgs 20000 --csv sync.csv
+  keel bench js pub async orders.bench --msgs 200000 --batch 500 --clients 2
+  keel bench js consume --msgs 200000 --batch 500
   keel bench js pub --msgs 20000
   keel bench js pub-async --msgs 200000 --inflight 512
-  keel bench js consume --msgs 200000 --batch 500
+  keel bench js consume-fill --msgs 200000 --batch 500
   keel bench js fanout --msgs 50000 --consumers 4
   keel bench js consumers-mem --msgs 100000 --consumers 1000 --server-pid 1234";
 
 #[derive(Subcommand, Debug)]
 pub enum JsMode {
-    /// Publish and wait for each ack (latency percentiles)
-    Pub(PubArgs),
+    /// Publish: `pub sync|async SUBJECT` as nats bench (stream benchstream), or
+    /// keel's `pub [SUBJECT]` (sync, on a fresh KEELBENCH stream)
+    Pub(JsPubCmd),
     /// Publish with many acks in flight (throughput)
     #[command(name = "pub-async")]
     PubAsync(PubAsyncArgs),
-    /// Consume and ack from one durable pull consumer
-    Consume(ConsumeArgs),
+    /// nats bench: consume --msgs from the stream with a shared durable pull consumer
+    Consume(crate::bench_nats::JsConsumeFlags),
+    /// nats bench: the same with fetch requests of --batch
+    Fetch(crate::bench_nats::JsConsumeFlags),
+    /// nats bench: read with ordered ephemeral consumers
+    Ordered(crate::bench_nats::JsOrdered),
+    /// Fill a fresh stream, then consume and ack it from one durable pull consumer
+    #[command(name = "consume-fill")]
+    ConsumeFill(ConsumeArgs),
     /// Several durables consume the same stream at once
     Fanout(FanoutArgs),
     /// Server memory with many durables holding pending acks
@@ -96,6 +116,15 @@ pub struct StreamOpts {
     /// Keep the stream afterwards
     #[arg(long)]
     pub keep: bool,
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct JsPubCmd {
+    #[command(subcommand)]
+    pub mode: Option<crate::bench_nats::JsPubMode>,
+    #[command(flatten)]
+    pub legacy: PubArgs,
 }
 
 #[derive(Args, Debug)]
@@ -160,17 +189,30 @@ pub struct MemArgs {
 
 pub async fn run(ctx: &Ctx, mode: &JsMode, progress: bool) -> Res<Report> {
     match mode {
-        JsMode::Pub(a) => bench_pub(ctx, a, progress).await,
+        JsMode::Pub(JsPubCmd { mode: Some(m), .. }) => {
+            crate::bench_nats::js_pub(ctx, m, progress).await
+        }
+        JsMode::Pub(JsPubCmd { legacy, .. }) => bench_pub(ctx, legacy, progress).await,
+        JsMode::Consume(a) => {
+            crate::bench_nats::js_consume(ctx, a, crate::bench_nats::ConsumeKind::Consume, progress)
+                .await
+        }
+        JsMode::Fetch(a) => {
+            crate::bench_nats::js_consume(ctx, a, crate::bench_nats::ConsumeKind::Fetch, progress)
+                .await
+        }
+        JsMode::Ordered(a) => crate::bench_nats::js_ordered(ctx, a, progress).await,
         JsMode::PubAsync(a) => bench_pub_async(ctx, a, progress).await,
-        JsMode::Consume(a) => bench_consume(ctx, a, progress).await,
+        JsMode::ConsumeFill(a) => bench_consume(ctx, a, progress).await,
         JsMode::Fanout(a) => bench_fanout(ctx, a, progress).await,
         JsMode::ConsumersMem(a) => bench_mem(ctx, a, progress).await,
     }
 }
 
-fn context(client: &Client, timeout: Duration, inflight: usize) -> jetstream::Context {
+fn context(client: &Client, conn: &ConnSettings, inflight: usize) -> jetstream::Context {
     jetstream::ContextBuilder::new()
-        .timeout(timeout)
+        .timeout(conn.timeout)
+        .api_prefix(conn.js_api_prefix.clone())
         .max_ack_inflight(inflight.max(1))
         .build(client.clone())
 }
@@ -187,7 +229,7 @@ fn js_error(e: impl std::fmt::Display) -> String {
 /// Deletes and creates the benchmark stream.
 async fn fresh_stream(client: &Client, ctx: &Ctx, s: &StreamOpts) -> Res<stream::Stream> {
     crate::js::check_name("stream", &s.stream)?;
-    let js = context(client, ctx.conn.timeout, 1);
+    let js = context(client, &ctx.conn, 1);
     match js.delete_stream(&s.stream).await {
         Ok(_) => {}
         Err(e) if e.to_string().contains("not found") => {}
@@ -214,14 +256,14 @@ async fn fresh_stream(client: &Client, ctx: &Ctx, s: &StreamOpts) -> Res<stream:
 
 async fn cleanup(client: &Client, ctx: &Ctx, s: &StreamOpts) {
     if !s.keep {
-        let js = context(client, ctx.conn.timeout, 1);
+        let js = context(client, &ctx.conn, 1);
         let _ = js.delete_stream(&s.stream).await;
     }
 }
 
 /// Fills the stream with `s.msgs` messages, many acks in flight (not timed).
 async fn fill(client: &Client, ctx: &Ctx, s: &StreamOpts, progress: bool) -> Res<()> {
-    let js = context(client, ctx.conn.timeout, 1024);
+    let js = context(client, &ctx.conn, 1024);
     let payload = payload_of(s.size);
     let bar = Progress::new("fill", s.msgs, progress);
     let mut acks = VecDeque::with_capacity(1024);
@@ -297,7 +339,7 @@ async fn bench_pub(ctx: &Ctx, a: &PubArgs, progress: bool) -> Res<Report> {
     let (go_tx, go_rx) = watch::channel(false);
     let mut set = JoinSet::new();
     for (client, count) in clients.iter().cloned().zip(split(a.s.msgs, a.pubs)) {
-        let js = context(&client, ctx.conn.timeout, 1);
+        let js = context(&client, &ctx.conn, 1);
         let (subject, payload, mut go) = (a.s.subject.clone(), payload_of(a.s.size), go_rx.clone());
         let done = bar.counter();
         set.spawn(async move {
@@ -360,7 +402,7 @@ async fn bench_pub_async(ctx: &Ctx, a: &PubAsyncArgs, progress: bool) -> Res<Rep
     let mut set = JoinSet::new();
     for (client, count) in clients.iter().cloned().zip(split(a.s.msgs, a.pubs)) {
         let inflight = a.inflight;
-        let js = context(&client, ctx.conn.timeout, inflight);
+        let js = context(&client, &ctx.conn, inflight);
         let (subject, payload, mut go) = (a.s.subject.clone(), payload_of(a.s.size), go_rx.clone());
         let done = bar.counter();
         set.spawn(async move {
@@ -501,7 +543,7 @@ async fn bench_consume(ctx: &Ctx, a: &ConsumeArgs, progress: bool) -> Res<Report
             .conn
             .connect_with(subscriber_opts(ctx.options()))
             .await?;
-        let js = context(&consumer_client, ctx.conn.timeout, 1);
+        let js = context(&consumer_client, &ctx.conn, 1);
         let consumer = durable(
             &js,
             &a.s.stream,
@@ -558,7 +600,7 @@ async fn bench_fanout(ctx: &Ctx, a: &FanoutArgs, progress: bool) -> Res<Report> 
         let clients = ctx.connect_many(a.consumers, subscriber_opts).await?;
         let mut consumers = Vec::new();
         for (k, c) in clients.iter().enumerate() {
-            let js = context(c, ctx.conn.timeout, 1);
+            let js = context(c, &ctx.conn, 1);
             consumers.push(
                 durable(
                     &js,
@@ -631,7 +673,7 @@ async fn bench_mem(ctx: &Ctx, a: &MemArgs, progress: bool) -> Res<Report> {
         // Let the server settle after the fill before the baseline reading.
         tokio::time::sleep(a.settle).await;
         let before = a.server_pid.map(rss_kib).transpose()?;
-        let js = context(&client, ctx.conn.timeout, 1);
+        let js = context(&client, &ctx.conn, 1);
         let bar = Progress::new("consumers", a.consumers as u64, progress);
         let t0 = Instant::now();
         let fetch = a.fetch;

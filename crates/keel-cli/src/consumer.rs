@@ -31,6 +31,49 @@ pub enum ConsumerCmd {
     Rm(RmArgs),
     /// Fetch messages from a pull consumer, print and (by default) ack them
     Next(NextArgs),
+    /// Show only a consumer's state
+    State(StateArgs),
+    /// Statistics of every consumer of a stream
+    Report(ReportArgs),
+    /// Receive messages from a push or pull consumer until interrupted
+    Sub(SubArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct StateArgs {
+    /// Stream name
+    stream: String,
+    /// Consumer name
+    consumer: String,
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Stream name
+    stream: String,
+    /// Show raw numbers
+    #[arg(short, long)]
+    raw: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SubArgs {
+    /// Stream name
+    stream: String,
+    /// Consumer name
+    consumer: String,
+    /// Do not acknowledge the messages
+    #[arg(long)]
+    no_ack: bool,
+    /// Print only the message bodies
+    #[arg(short, long)]
+    raw: bool,
+    /// Push consumers: join this deliver group (default: the consumer's)
+    #[arg(long, value_name = "GROUP")]
+    deliver_group: Option<String>,
+    /// Exit after this many messages (0 = run until interrupted)
+    #[arg(long, default_value_t = 0)]
+    count: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -230,6 +273,13 @@ pub async fn run(conn: &ConnSettings, cmd: &ConsumerCmd, json: bool) -> Res<()> 
         ConsumerCmd::Ls(a) => ls(&js, a, json).await,
         ConsumerCmd::Rm(a) => rm(&js, a).await,
         ConsumerCmd::Next(a) => next(&js, a).await,
+        ConsumerCmd::State(a) => {
+            let info = js.consumer_info(&a.stream, &a.consumer).await?;
+            show(&info, json, true);
+            Ok(())
+        }
+        ConsumerCmd::Report(a) => report(&js, a, json).await,
+        ConsumerCmd::Sub(a) => sub(&js, a).await,
     }
 }
 
@@ -831,6 +881,168 @@ async fn rm(js: &Js, a: &RmArgs) -> Res<()> {
     .map_err(consumer_error(&a.stream, &a.consumer))?;
     println!("Consumer {} > {} was deleted", a.stream, a.consumer);
     Ok(())
+}
+
+async fn report(js: &Js, a: &ReportArgs, json_out: bool) -> Res<()> {
+    let sinfo = js.stream_info(&a.stream).await?;
+    let mut infos = js
+        .paged(
+            &format!("CONSUMER.LIST.{}", a.stream),
+            "consumers",
+            json!({}),
+        )
+        .await
+        .map_err(stream_error(&a.stream))?;
+    infos.sort_by(|x, y| s(x, "name").cmp(s(y, "name")));
+    if json_out {
+        print_json(&Value::Array(infos));
+        return Ok(());
+    }
+    let msgs = u(&sinfo["state"], "messages");
+    let mut t = Table::new(
+        format!(
+            "Consumer report for {} with {} consumers",
+            a.stream,
+            n(infos.len() as u64)
+        ),
+        &[
+            "Consumer",
+            "Mode",
+            "Ack Policy",
+            "Ack Wait",
+            "Ack Pending",
+            "Redelivered",
+            "Unprocessed",
+            "Ack Floor",
+            "API Level",
+            "Cluster",
+        ],
+    );
+    for info in &infos {
+        let cfg = &info["config"];
+        let mode = if s(cfg, "deliver_subject").is_empty() {
+            "Pull"
+        } else {
+            "Push"
+        };
+        let ack = match s(cfg, "ack_policy") {
+            "explicit" => "Explicit",
+            "all" => "All",
+            _ => "None",
+        };
+        let f = |x: u64| if a.raw { x.to_string() } else { n(x) };
+        let pending = u(info, "num_pending");
+        let unprocessed = if a.raw || pending == 0 {
+            pending.to_string()
+        } else {
+            let pct = (pending as f64 / msgs.max(1) as f64 * 100.0)
+                .floor()
+                .min(100.0);
+            format!("{} / {pct:.0}%", n(pending))
+        };
+        let cluster = &info["cluster"];
+        t.add(vec![
+            s(info, "name").to_string(),
+            mode.to_string(),
+            ack.to_string(),
+            if a.raw {
+                i(cfg, "ack_wait").to_string()
+            } else {
+                dur_ns(i(cfg, "ack_wait"))
+            },
+            f(u(info, "num_ack_pending")),
+            f(u(info, "num_redelivered")),
+            unprocessed,
+            f(u(&info["ack_floor"], "stream_seq")),
+            cfg["metadata"]["_nats.req.level"]
+                .as_str()
+                .unwrap_or("0")
+                .to_string(),
+            match s(cluster, "leader") {
+                "" => String::new(),
+                l => format!("{l}*"),
+            },
+        ]);
+    }
+    println!("{}", t.render());
+    Ok(())
+}
+
+/// `consumer sub`: a push consumer's deliveries (on its deliver subject, in
+/// its deliver group), or a pull consumer's, printed as `next` does and
+/// acknowledged unless --no-ack or the consumer does not take acks.
+async fn sub(js: &Js, a: &SubArgs) -> Res<()> {
+    let info = js.consumer_info(&a.stream, &a.consumer).await?;
+    let cfg = &info["config"];
+    let ack = !a.no_ack && s(cfg, "ack_policy") != "none";
+    let deliver = s(cfg, "deliver_subject").to_string();
+    let mut seen = 0u64;
+    let done = |seen: u64| a.count > 0 && seen >= a.count;
+    if deliver.is_empty() {
+        let consumer: jetstream::consumer::Consumer<pull::Config> = js
+            .ctx
+            .get_consumer_from_stream(&a.consumer, &a.stream)
+            .await
+            .map_err(|e| format!("cannot load consumer {} > {}: {e}", a.stream, a.consumer))?;
+        let mut msgs = consumer
+            .messages()
+            .await
+            .map_err(|e| format!("cannot consume from {} > {}: {e}", a.stream, a.consumer))?;
+        eprintln!(
+            "Consuming from pull consumer {} > {} (acknowledgment: {ack})",
+            a.stream, a.consumer
+        );
+        while let Some(msg) = msgs.next().await {
+            let msg = msg.map_err(|e| format!("receiving from the consumer failed: {e}"))?;
+            print_next(&msg, a.raw);
+            if ack {
+                msg.double_ack()
+                    .await
+                    .map_err(|e| format!("cannot acknowledge the message: {e}"))?;
+            }
+            seen += 1;
+            if done(seen) {
+                return Ok(());
+            }
+        }
+        return Err("connection to the server was closed".into());
+    }
+    let group = a
+        .deliver_group
+        .clone()
+        .or_else(|| Some(s(cfg, "deliver_group").to_string()).filter(|g| !g.is_empty()));
+    let mut subscription = match &group {
+        Some(g) => js.client.queue_subscribe(deliver.clone(), g.clone()).await,
+        None => js.client.subscribe(deliver.clone()).await,
+    }
+    .map_err(|e| format!("cannot subscribe to {deliver}: {e}"))?;
+    crate::util::round_trip(&js.client, js.timeout).await?;
+    eprintln!("Subscribing to topic {deliver} auto acknowledgment: {ack}");
+    while let Some(m) = subscription.next().await {
+        // Flow control requests and idle heartbeats are status messages.
+        if m.status.map(u16::from) == Some(100) {
+            if let Some(reply) = &m.reply {
+                let _ = js.client.publish(reply.clone(), bytes::Bytes::new()).await;
+            }
+            continue;
+        }
+        let msg = jetstream::Message {
+            message: m,
+            context: js.ctx.clone(),
+        };
+        print_next(&msg, a.raw);
+        if ack {
+            msg.ack()
+                .await
+                .map_err(|e| format!("cannot acknowledge the message: {e}"))?;
+        }
+        seen += 1;
+        if done(seen) {
+            crate::util::round_trip(&js.client, js.timeout).await?;
+            return Ok(());
+        }
+    }
+    Err("connection to the server was closed".into())
 }
 
 fn clock() -> String {

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use async_nats::{client::RequestErrorKind, jetstream, Client};
+
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -77,6 +78,8 @@ pub struct Js {
     pub ctx: jetstream::Context,
     pub server: String,
     pub timeout: Duration,
+    /// `$JS.API`, or the domain's / `--js-api-prefix`'s prefix.
+    pub prefix: String,
 }
 
 impl Js {
@@ -90,14 +93,13 @@ impl Js {
     }
 
     pub fn from_client(client: Client, conn: &ConnSettings) -> Js {
-        let ctx = jetstream::ContextBuilder::new()
-            .timeout(conn.timeout)
-            .build(client.clone());
+        let ctx = conn.jetstream(client.clone());
         Js {
             client,
             ctx,
             server: redact(&conn.server),
             timeout: conn.timeout,
+            prefix: conn.js_api_prefix.clone(),
         }
     }
 
@@ -115,7 +117,7 @@ impl Js {
             Some(b) => Bytes::from(b.to_string()),
             None => Bytes::new(),
         };
-        let subject = format!("$JS.API.{api}");
+        let subject = format!("{}.{api}", self.prefix);
         let reply =
             match tokio::time::timeout(self.timeout, self.client.request(subject.clone(), payload))
                 .await

@@ -39,6 +39,84 @@ pub enum KvCmd {
     /// Show a bucket's configuration and state
     #[command(visible_aliases = ["status", "view"])]
     Info(BucketArgs),
+    /// Change a bucket's settings (history, ttl, sizes, description)
+    Edit(EditArgs),
+    /// Put a value only if the key is new or its last operation was a delete
+    Create(CreateArgs),
+    /// Put a value only if the key's latest revision is REVISION
+    Update(UpdateArgs),
+    /// Delete a key and all its history, leaving a purge marker
+    Purge(PurgeArgs),
+    /// Put the value of an earlier revision as the newest value
+    Revert(RevertArgs),
+    /// Reclaim the space of deleted keys (their history and old markers)
+    Compact(CompactArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct EditArgs {
+    bucket: String,
+    /// Values kept per key
+    #[arg(long)]
+    history: Option<i64>,
+    /// How long to keep values, e.g. 1h (0 = forever)
+    #[arg(long, value_name = "DURATION")]
+    ttl: Option<String>,
+    /// Largest value, e.g. 1MB (-1 = unlimited)
+    #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
+    max_value_size: Option<String>,
+    /// Largest bucket, e.g. 1GB (-1 = unlimited)
+    #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
+    max_bucket_size: Option<String>,
+    /// Description
+    #[arg(long)]
+    description: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    bucket: String,
+    key: String,
+    /// The value; read from stdin when omitted
+    value: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct UpdateArgs {
+    bucket: String,
+    key: String,
+    /// The new value
+    value: String,
+    /// The revision the key must be at
+    revision: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct PurgeArgs {
+    bucket: String,
+    key: String,
+    /// Purge without asking
+    #[arg(short, long)]
+    force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RevertArgs {
+    bucket: String,
+    key: String,
+    /// The revision to go back to
+    revision: u64,
+    /// Revert without asking
+    #[arg(short, long)]
+    force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CompactArgs {
+    bucket: String,
+    /// Compact without asking
+    #[arg(short, long)]
+    force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -139,7 +217,259 @@ pub async fn run(conn: &ConnSettings, cmd: &KvCmd, json_out: bool) -> Res<()> {
         KvCmd::Watch(a) => watch(&js, a, json_out).await,
         KvCmd::Ls(a) => ls(&js, a, json_out).await,
         KvCmd::Info(a) => info(&js, &a.bucket, json_out).await,
+        KvCmd::Edit(a) => edit(&js, a, json_out).await,
+        KvCmd::Create(a) => {
+            let store = bucket(&js, &a.bucket).await?;
+            let value = value_or_stdin(&a.value)?;
+            let rev = store
+                .create(&a.key, Bytes::from(value.clone()))
+                .await
+                .map_err(|e| match e.kind() {
+                    kv::CreateErrorKind::AlreadyExists => {
+                        format!("key {} already exists in bucket {}", a.key, a.bucket)
+                    }
+                    _ => format!("cannot create {} > {}: {e}", a.bucket, a.key),
+                })?;
+            print_put(&a.bucket, &a.key, rev, &value, json_out);
+            Ok(())
+        }
+        KvCmd::Update(a) => {
+            let store = bucket(&js, &a.bucket).await?;
+            let rev = store
+                .update(&a.key, Bytes::from(a.value.clone()), a.revision)
+                .await
+                .map_err(|e| match e.kind() {
+                    kv::UpdateErrorKind::WrongLastRevision => format!(
+                        "key {} > {} is not at revision {}: not updated (see `keel kv get {} {}`)",
+                        a.bucket, a.key, a.revision, a.bucket, a.key
+                    ),
+                    _ => format!("cannot update {} > {}: {e}", a.bucket, a.key),
+                })?;
+            print_put(&a.bucket, &a.key, rev, a.value.as_bytes(), json_out);
+            Ok(())
+        }
+        KvCmd::Purge(a) => {
+            let store = bucket(&js, &a.bucket).await?;
+            if !confirm(
+                &format!("Purge key {} > {} and all its history", a.bucket, a.key),
+                a.force,
+            )? {
+                return Ok(());
+            }
+            store
+                .purge(&a.key)
+                .await
+                .map_err(|e| format!("cannot purge {} > {}: {e}", a.bucket, a.key))?;
+            println!("Purged key {} > {}", a.bucket, a.key);
+            Ok(())
+        }
+        KvCmd::Revert(a) => revert(&js, a, json_out).await,
+        KvCmd::Compact(a) => compact(&js, a).await,
     }
+}
+
+fn value_or_stdin(v: &Option<String>) -> Res<Vec<u8>> {
+    match v {
+        Some(v) => Ok(v.clone().into_bytes()),
+        None => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| format!("cannot read the value from stdin: {e}"))?;
+            Ok(buf)
+        }
+    }
+}
+
+fn print_put(bucket: &str, key: &str, rev: u64, value: &[u8], json_out: bool) {
+    if json_out {
+        print_json(&json!({ "bucket": bucket, "key": key, "revision": rev }));
+    } else {
+        println!("{}", String::from_utf8_lossy(value));
+    }
+}
+
+async fn edit(js: &Js, a: &EditArgs, json_out: bool) -> Res<()> {
+    check_name("bucket", &a.bucket)?;
+    let stream = format!("KV_{}", a.bucket);
+    let current = js
+        .api(&format!("STREAM.INFO.{stream}"), None)
+        .await
+        .map_err(|e| match e.err_code() {
+            Some(crate::js::ERR_STREAM_NOT_FOUND) => {
+                format!(
+                    "bucket {} not found (list buckets with `keel kv ls`)",
+                    a.bucket
+                )
+            }
+            _ => String::from(e),
+        })?;
+    let mut cfg = current["config"].as_object().cloned().unwrap_or_default();
+    let old = cfg.clone();
+    if let Some(h) = a.history {
+        if !(1..=64).contains(&h) {
+            return Err(format!("--history must be between 1 and 64, not {h}"));
+        }
+        cfg.insert("max_msgs_per_subject".into(), json!(h));
+    }
+    if let Some(t) = &a.ttl {
+        let d = if t.trim() == "0" {
+            Duration::ZERO
+        } else {
+            parse_duration(t).map_err(|e| format!("--ttl: {e}"))?
+        };
+        cfg.insert("max_age".into(), json!(d.as_nanos() as u64));
+        // As nats.go: the duplicate window never exceeds the TTL.
+        let window = if d.is_zero() {
+            Duration::from_secs(120)
+        } else {
+            d.min(Duration::from_secs(120))
+        };
+        cfg.insert("duplicate_window".into(), json!(window.as_nanos() as u64));
+    }
+    if let Some(v) = &a.max_value_size {
+        let size = parse_bytes(v).map_err(|e| format!("--max-value-size: {e}"))?;
+        cfg.insert(
+            "max_msg_size".into(),
+            json!(i32::try_from(size)
+                .map_err(|_| "--max-value-size is too big (at most 2GiB)".to_string())?),
+        );
+    }
+    if let Some(v) = &a.max_bucket_size {
+        cfg.insert(
+            "max_bytes".into(),
+            json!(parse_bytes(v).map_err(|e| format!("--max-bucket-size: {e}"))?),
+        );
+    }
+    if let Some(d) = &a.description {
+        cfg.insert("description".into(), json!(d));
+    }
+    if cfg == old {
+        return Err(format!(
+            "no changes to bucket {}: give the settings to change, e.g. --history 5",
+            a.bucket
+        ));
+    }
+    js.api(
+        &format!("STREAM.UPDATE.{stream}"),
+        Some(&Value::Object(cfg)),
+    )
+    .await
+    .map_err(|e| format!("cannot update bucket {}: {}", a.bucket, String::from(e)))?;
+    if !json_out {
+        println!("Bucket {} was updated\n", a.bucket);
+    }
+    info(js, &a.bucket, json_out).await
+}
+
+async fn revert(js: &Js, a: &RevertArgs, json_out: bool) -> Res<()> {
+    let store = bucket(js, &a.bucket).await?;
+    let entry = store
+        .entry_for_revision(&a.key, a.revision)
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot get {} > {} revision {}: {e}",
+                a.bucket, a.key, a.revision
+            )
+        })?
+        .ok_or_else(|| {
+            format!(
+                "revision {} of {} > {} not found (see `keel kv history {} {}`)",
+                a.revision, a.bucket, a.key, a.bucket, a.key
+            )
+        })?;
+    if !matches!(entry.operation, kv::Operation::Put) {
+        return Err(format!(
+            "revision {} of {} > {} is a {}, not a value",
+            a.revision,
+            a.bucket,
+            a.key,
+            op_name(&entry.operation)
+        ));
+    }
+    if !confirm(
+        &format!(
+            "Really revert {} > {} to revision {}",
+            a.bucket, a.key, a.revision
+        ),
+        a.force,
+    )? {
+        return Ok(());
+    }
+    let rev = store
+        .put(&a.key, entry.value.clone())
+        .await
+        .map_err(|e| format!("cannot put {} > {}: {e}", a.bucket, a.key))?;
+    if json_out {
+        print_json(
+            &json!({ "bucket": a.bucket, "key": a.key, "revision": rev, "reverted_to": a.revision }),
+        );
+    } else {
+        println!(
+            "{} > {} revision: {rev} (the value of revision {})\n",
+            a.bucket, a.key, a.revision
+        );
+        println!("{}", String::from_utf8_lossy(&entry.value));
+    }
+    Ok(())
+}
+
+/// As nats.go's PurgeDeletes: every key whose latest operation is a delete or
+/// purge loses its history; markers younger than 30 minutes are kept so
+/// watchers still see the delete.
+async fn compact(js: &Js, a: &CompactArgs) -> Res<()> {
+    let store = bucket(js, &a.bucket).await?;
+    if !confirm(
+        &format!(
+            "Purge all historic values and audit trails for deleted keys in bucket {}",
+            a.bucket
+        ),
+        a.force,
+    )? {
+        return Ok(());
+    }
+    let stream = format!("KV_{}", a.bucket);
+    let info = js.stream_info(&stream).await?;
+    let mut deleted = Vec::new();
+    if u(&info["state"], "messages") > 0 {
+        let mut w = store
+            .watch_with_history(">")
+            .await
+            .map_err(|e| format!("cannot read bucket {}: {e}", a.bucket))?;
+        while let Some(e) = tokio::time::timeout(js.timeout, w.next())
+            .await
+            .map_err(|_| format!("bucket {} stopped answering", a.bucket))?
+        {
+            let e = e.map_err(|e| format!("reading bucket {} failed: {e}", a.bucket))?;
+            if !matches!(e.operation, kv::Operation::Put) {
+                deleted.push((e.key.clone(), e.created.unix_timestamp_nanos()));
+            }
+            if e.delta == 0 {
+                break;
+            }
+        }
+    }
+    let threshold = crate::output::now_ns() - 30 * 60 * 1_000_000_000i128;
+    let mut purged = 0u64;
+    for (key, when) in &deleted {
+        let keep = if *when < threshold { 0 } else { 1 };
+        let resp = js
+            .api(
+                &format!("STREAM.PURGE.{stream}"),
+                Some(&json!({ "filter": format!("$KV.{}.{key}", a.bucket), "keep": keep })),
+            )
+            .await
+            .map_err(|e| format!("cannot purge {} > {key}: {}", a.bucket, String::from(e)))?;
+        purged += u(&resp, "purged");
+    }
+    println!(
+        "Compacted bucket {}: {} deleted keys, {} messages removed",
+        a.bucket,
+        deleted.len(),
+        n(purged)
+    );
+    Ok(())
 }
 
 async fn bucket(js: &Js, name: &str) -> Res<kv::Store> {

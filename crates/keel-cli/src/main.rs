@@ -9,69 +9,34 @@
 
 mod bench;
 mod bench_js;
+mod bench_nats;
 mod commands;
 mod consumer;
+mod context;
 mod events;
 mod js;
 mod kv;
+mod object;
 mod output;
 mod stream;
+mod stream_ops;
 mod sys;
 mod util;
 
-use std::process::ExitCode;
-use std::time::Duration;
-
 use clap::{Parser, Subcommand};
-
-use util::{parse_duration, ConnSettings};
+use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "keel",
     version,
     about = "Command line client for Keel and other NATS servers",
-    after_help = "Connection flags may be given before or after the subcommand."
+    after_help = "Connection flags may be given before or after the subcommand. Without --server, \
+the selected context (see `keel context`) or nats://127.0.0.1:4222 is used."
 )]
 struct Cli {
-    /// Server URL
-    #[arg(
-        short = 's',
-        long,
-        env = "NATS_URL",
-        default_value = "nats://127.0.0.1:4222",
-        global = true,
-        help_heading = "Connection"
-    )]
-    server: String,
-
-    /// Time limit for connecting, requests and waits, e.g. 5s, 500ms
-    #[arg(long, default_value = "5s", value_parser = parse_duration, global = true, help_heading = "Connection")]
-    timeout: Duration,
-
-    /// User name for authentication
-    #[arg(long, env = "NATS_USER", global = true, help_heading = "Connection")]
-    user: Option<String>,
-
-    /// Password for authentication
-    #[arg(
-        long,
-        env = "NATS_PASSWORD",
-        global = true,
-        hide_env_values = true,
-        help_heading = "Connection"
-    )]
-    password: Option<String>,
-
-    /// NATS credentials file (JWT and NKey seed)
-    #[arg(
-        long,
-        env = "NATS_CREDS",
-        global = true,
-        value_name = "FILE",
-        help_heading = "Connection"
-    )]
-    creds: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    conn: context::GlobalFlags,
 
     /// Print the server's JSON instead of text, for scripts
     #[arg(short = 'j', long, global = true)]
@@ -94,15 +59,18 @@ enum Command {
     Req(commands::ReqArgs),
     /// Answer requests with a fixed (templated) body
     Reply(commands::ReplyArgs),
-    /// JetStream streams: add, edit, info, ls, rm, purge, get, subjects
+    /// JetStream streams: add, edit, info, report, find, view, get, rmm, purge, seal, copy, backup, restore, rm ...
     #[command(subcommand, visible_aliases = ["str", "s"])]
     Stream(stream::StreamCmd),
-    /// JetStream consumers: add, edit, info, ls, rm, next
+    /// JetStream consumers: add, edit, info, state, report, ls, next, sub, rm
     #[command(subcommand, visible_aliases = ["con", "c"])]
     Consumer(consumer::ConsumerCmd),
-    /// Key-value buckets: add, put, get, del, history, watch, ls, rm
+    /// Key-value buckets: add, edit, put, get, create, update, del, purge, revert, history, watch, compact, ls, rm
     #[command(subcommand)]
     Kv(kv::KvCmd),
+    /// Object store buckets: add, put, get, ls, info, rm, seal, watch
+    #[command(subcommand, visible_alias = "obj")]
+    Object(object::ObjectCmd),
     /// The account: JetStream usage and limits
     #[command(subcommand)]
     Account(sys::AccountCmd),
@@ -112,9 +80,73 @@ enum Command {
     /// Show JetStream advisories and metrics as the server publishes them
     #[command(visible_alias = "event")]
     Events(events::EventsArgs),
-    /// Benchmark a server: pub, pubsub, request, idle, js
+    /// Benchmark a server: pub, sub, service, js, kv (and keel's pubsub, request, idle)
     #[command(long_about = bench::LONG_ABOUT)]
     Bench(bench::BenchArgs),
+    /// Round trip time to the server
+    Rtt(sys::RttArgs),
+    /// Configuration contexts, shared with the nats CLI: add, ls, select, info, edit, rm
+    #[command(subcommand, visible_alias = "ctx")]
+    Context(context::ContextCmd),
+}
+
+/// Subcommands that delete or lock data. A mistyped command must never be
+/// answered with one of these as "a similar subcommand".
+const DESTRUCTIVE: &[&str] = &[
+    "rm", "del", "delete", "remove", "purge", "rmm", "seal", "compact", "unselect",
+];
+
+/// Parses the command line like `Cli::parse`, but drops clap's "a similar
+/// subcommand exists" tip when the suggestion would destroy data.
+fn parse_args() -> Cli {
+    match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            use clap::error::{ContextKind, ContextValue, ErrorKind};
+            if err.kind() == ErrorKind::InvalidSubcommand {
+                let suggested: Vec<String> = match err.get(ContextKind::SuggestedSubcommand) {
+                    Some(ContextValue::String(s)) => vec![s.clone()],
+                    Some(ContextValue::Strings(v)) => v.clone(),
+                    _ => Vec::new(),
+                };
+                let (kept, dropped): (Vec<String>, Vec<String>) = suggested
+                    .into_iter()
+                    .partition(|s| !DESTRUCTIVE.contains(&s.as_str()));
+                if !dropped.is_empty() {
+                    let tip = match kept.as_slice() {
+                        [] => None,
+                        [one] => Some(format!("  tip: a similar subcommand exists: '{one}'")),
+                        many => Some(format!(
+                            "  tip: some similar subcommands exist: {}",
+                            many.iter()
+                                .map(|s| format!("'{s}'"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )),
+                    };
+                    let text = err.render().to_string();
+                    let mut out = Vec::new();
+                    for line in text.lines() {
+                        if line.contains("similar subcommand") {
+                            if let Some(t) = &tip {
+                                out.push(t.clone());
+                            } else {
+                                // Drop the tip and the blank line before it.
+                                if out.last().is_some_and(|l: &String| l.is_empty()) {
+                                    out.pop();
+                                }
+                            }
+                        } else {
+                            out.push(line.to_string());
+                        }
+                    }
+                    eprintln!("{}", out.join("\n"));
+                    std::process::exit(2);
+                }
+            }
+            err.exit()
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -125,15 +157,16 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = Cli::parse();
-    let conn = ConnSettings {
-        server: cli.server,
-        timeout: cli.timeout,
-        user: cli.user,
-        password: cli.password,
-        creds: cli.creds,
-    };
+    let cli = parse_args();
     let json = cli.json;
+    // Context commands manage the settings themselves; they must not connect.
+    if let Command::Context(c) = &cli.command {
+        return finish(context::run(&cli.conn, c, json));
+    }
+    let conn = match context::resolve(&cli.conn) {
+        Ok(c) => c,
+        Err(msg) => return finish(Err(msg)),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -153,6 +186,9 @@ fn main() -> ExitCode {
             Command::Stream(c) => stream::run(&conn, c, json).await,
             Command::Consumer(c) => consumer::run(&conn, c, json).await,
             Command::Kv(c) => kv::run(&conn, c, json).await,
+            Command::Object(c) => object::run(&conn, c, json).await,
+            Command::Rtt(a) => sys::rtt(&conn, a, json).await,
+            Command::Context(_) => unreachable!("handled before connecting"),
             Command::Account(c) => sys::account(&conn, c, json).await,
             Command::Server(c) => sys::server(&conn, c, json).await,
             Command::Events(a) => events::run(&conn, a, json).await,
@@ -161,11 +197,73 @@ fn main() -> ExitCode {
     });
     // Don't wait for background client tasks (reconnect loops, etc.) on exit.
     runtime.shutdown_background();
+    finish(result)
+}
+
+fn finish(result: Result<(), String>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
             eprintln!("keel: error: {msg}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every usage line shows optional flags and arguments in brackets: a
+    /// `--flag` outside `[...]` would read as required.
+    #[test]
+    fn usage_lines_show_only_required_items_bare() {
+        fn walk(cmd: &mut clap::Command, path: &str, bad: &mut Vec<String>) {
+            let usage = cmd.render_usage().to_string();
+            let mut depth = 0i32;
+            let mut outside = String::new();
+            for ch in usage.chars() {
+                match ch {
+                    '[' => depth += 1,
+                    ']' => depth -= 1,
+                    c if depth == 0 => outside.push(c),
+                    _ => {}
+                }
+            }
+            let required: Vec<String> = cmd
+                .get_arguments()
+                .filter(|a| a.is_required_set())
+                .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+                .collect();
+            for word in outside.split_whitespace() {
+                if word.starts_with("--") && !required.iter().any(|r| word.starts_with(r.as_str()))
+                {
+                    bad.push(format!("{path}: {usage}"));
+                }
+            }
+            let names: Vec<String> = cmd
+                .get_subcommands()
+                .map(|c| c.get_name().to_string())
+                .collect();
+            for name in names {
+                let sub = cmd.find_subcommand_mut(&name).unwrap();
+                walk(sub, &format!("{path} {name}"), bad);
+            }
+        }
+        let mut cmd = Cli::command();
+        cmd.build();
+        let mut bad = Vec::new();
+        walk(&mut cmd, "keel", &mut bad);
+        assert!(
+            bad.is_empty(),
+            "usage lines with optional flags shown as required:\n{}",
+            bad.join("\n")
+        );
+    }
+
+    #[test]
+    fn clap_definition_is_valid() {
+        Cli::command().debug_assert();
     }
 }

@@ -380,6 +380,28 @@ pub fn base64_decode(input: &str) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+/// Standard base64 encoding with padding (the API's form for data and headers).
+pub fn base64_encode(input: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(input.len().div_ceil(3) * 4);
+    for chunk in input.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let v = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+        for k in 0..4 {
+            if k <= chunk.len() {
+                out.push(T[(v >> (18 - 6 * k) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// Parses a NATS header block (`NATS/1.0 ...\r\nKey: value\r\n\r\n`) into
 /// sorted "Key: value" lines plus the status line's code and description.
 pub fn header_block_lines(block: &[u8]) -> Vec<String> {
@@ -434,6 +456,17 @@ mod tests {
         assert_eq!(base64_decode("eyJpZCI6MX0=").unwrap(), b"{\"id\":1}");
         assert_eq!(base64_decode("").unwrap(), b"");
         assert!(base64_decode("*").is_err());
+        for raw in [
+            &b""[..],
+            b"a",
+            b"ab",
+            b"abc",
+            b"{\"id\":1}",
+            &[0, 255, 128, 7],
+        ] {
+            assert_eq!(base64_decode(&base64_encode(raw)).unwrap(), raw);
+        }
+        assert_eq!(base64_encode(b"{\"id\":1}"), "eyJpZCI6MX0=");
     }
 
     #[test]

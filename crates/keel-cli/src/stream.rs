@@ -37,6 +37,33 @@ pub enum StreamCmd {
     /// List the subjects stored in a stream with message counts
     #[command(visible_alias = "subj")]
     Subjects(SubjectsArgs),
+    /// Show only a stream's state
+    State(StateArgs),
+    /// Statistics of every stream: storage, consumers, messages, bytes, deleted
+    Report(crate::stream_ops::ReportArgs),
+    /// Find streams matching criteria (empty, idle, created before, few consumers, ...)
+    #[command(visible_alias = "query")]
+    Find(crate::stream_ops::FindArgs),
+    /// Page through the messages in a stream
+    View(crate::stream_ops::ViewArgs),
+    /// Securely remove one message (by sequence) from a stream
+    Rmm(crate::stream_ops::RmmArgs),
+    /// Seal a stream: no more messages, deletes or purges, ever
+    Seal(crate::stream_ops::SealArgs),
+    /// Create a new stream with another's configuration (no data is copied)
+    #[command(visible_alias = "cp")]
+    Copy(crate::stream_ops::CopyArgs),
+    /// Back a stream's configuration, messages and consumers up into a directory
+    #[command(visible_alias = "snapshot")]
+    Backup(crate::stream_ops::BackupArgs),
+    /// Restore a stream from a `keel stream backup` directory
+    Restore(crate::stream_ops::RestoreArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct StateArgs {
+    /// Stream name
+    stream: String,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -259,6 +286,23 @@ pub async fn run(conn: &ConnSettings, cmd: &StreamCmd, json: bool) -> Res<()> {
         StreamCmd::Purge(a) => purge(&js, a, json).await,
         StreamCmd::Get(a) => get(&js, a, json).await,
         StreamCmd::Subjects(a) => subjects(&js, a, json).await,
+        StreamCmd::State(a) => {
+            let info = js.stream_info(&a.stream).await?;
+            if json {
+                print_json(&info["state"]);
+            } else {
+                show(&info, false, true);
+            }
+            Ok(())
+        }
+        StreamCmd::Report(a) => crate::stream_ops::report(&js, a, json).await,
+        StreamCmd::Find(a) => crate::stream_ops::find(&js, a, json).await,
+        StreamCmd::View(a) => crate::stream_ops::view(&js, a).await,
+        StreamCmd::Rmm(a) => crate::stream_ops::rmm(&js, a).await,
+        StreamCmd::Seal(a) => crate::stream_ops::seal(&js, a, json).await,
+        StreamCmd::Copy(a) => crate::stream_ops::copy(&js, a, json).await,
+        StreamCmd::Backup(a) => crate::stream_ops::backup(&js, a).await,
+        StreamCmd::Restore(a) => crate::stream_ops::restore(&js, a, json).await,
     }
 }
 
@@ -295,7 +339,7 @@ fn limit_bytes(flag: &str, v: &str) -> Res<i64> {
     }
 }
 
-fn load_config_file(path: &str) -> Res<Map<String, Value>> {
+pub(crate) fn load_config_file(path: &str) -> Res<Map<String, Value>> {
     let text =
         std::fs::read_to_string(path).map_err(|e| format!("cannot read --config {path}: {e}"))?;
     match serde_json::from_str::<Value>(&text) {
@@ -306,7 +350,7 @@ fn load_config_file(path: &str) -> Res<Map<String, Value>> {
 }
 
 /// Applies the flags that were given onto `cfg` (a stream config object).
-fn apply_flags(cfg: &mut Map<String, Value>, f: &StreamFlags, adding: bool) -> Res<()> {
+pub(crate) fn apply_flags(cfg: &mut Map<String, Value>, f: &StreamFlags, adding: bool) -> Res<()> {
     let subjects = split_subjects(&f.subjects);
     if !subjects.is_empty() {
         cfg.insert("subjects".into(), json!(subjects));
@@ -745,6 +789,12 @@ async fn ls(js: &Js, a: &LsArgs, json_out: bool) -> Res<()> {
         Some(sub) => format!("Streams matching {sub}"),
         None => "Streams".to_string(),
     };
+    println!("{}", streams_table(title, &infos));
+    Ok(())
+}
+
+/// The `stream ls` table (also used by `stream find`).
+pub(crate) fn streams_table(title: String, infos: &[Value]) -> String {
     let mut t = Table::new(
         title,
         &[
@@ -756,7 +806,7 @@ async fn ls(js: &Js, a: &LsArgs, json_out: bool) -> Res<()> {
             "Last Message",
         ],
     );
-    for info in &infos {
+    for info in infos {
         let st = &info["state"];
         let last = if u(st, "messages") == 0 {
             "never".to_string()
@@ -772,8 +822,7 @@ async fn ls(js: &Js, a: &LsArgs, json_out: bool) -> Res<()> {
             last,
         ]);
     }
-    println!("{}", t.render());
-    Ok(())
+    t.render()
 }
 
 async fn rm(js: &Js, a: &RmArgs) -> Res<()> {
@@ -810,13 +859,16 @@ async fn purge(js: &Js, a: &PurgeArgs, json_out: bool) -> Res<()> {
     if let Some(keep) = a.keep {
         req.insert("keep".into(), json!(keep));
     }
+    let spinner = crate::util::Progress::spinner(&format!("purging {}", a.stream), !json_out);
     let resp = js
         .api(
             &format!("STREAM.PURGE.{}", a.stream),
             (!req.is_empty()).then_some(&Value::Object(req)),
         )
         .await
-        .map_err(stream_error(&a.stream))?;
+        .map_err(stream_error(&a.stream));
+    spinner.finish();
+    let resp = resp?;
     if !json_out {
         println!("Purged {} messages from {}\n", u(&resp, "purged"), a.stream);
     }

@@ -3,6 +3,7 @@
 
 use std::error::Error as _;
 use std::io;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_nats::{Client, ConnectErrorKind, ConnectOptions, HeaderMap, Subject, Subscriber};
@@ -12,15 +13,26 @@ use futures::StreamExt;
 /// Errors are plain sentences: everything the CLI reports is meant for a person.
 pub type Res<T> = Result<T, String>;
 
-/// Connection settings shared by every subcommand.
-#[derive(Clone, Debug)]
+/// Connection settings shared by every subcommand, after flags, environment
+/// and the selected `nats` context were merged (see `context::resolve`).
+#[derive(Clone, Debug, Default)]
 pub struct ConnSettings {
     pub server: String,
     pub timeout: Duration,
     pub user: Option<String>,
     pub password: Option<String>,
-    /// A NATS credentials file (JWT and NKey seed), as `nats --creds`.
-    pub creds: Option<std::path::PathBuf>,
+    pub token: Option<String>,
+    /// Contents of a NATS credentials file (JWT and NKey seed), as `nats --creds`.
+    pub creds: Option<String>,
+    /// An NKey seed (`SU...`), read from the `--nkey` file.
+    pub nkey_seed: Option<String>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_ca: Option<PathBuf>,
+    pub tls_first: bool,
+    /// `$JS.API` by default; `$JS.<domain>.API` with `--js-domain`, or `--js-api-prefix`.
+    pub js_api_prefix: String,
+    pub inbox_prefix: Option<String>,
 }
 
 impl ConnSettings {
@@ -31,12 +43,30 @@ impl ConnSettings {
             .connection_timeout(self.timeout)
             .request_timeout(Some(self.timeout));
         if let Some(creds) = &self.creds {
-            // Read errors surface when connecting (see `connect_with`).
-            if let Ok(text) = std::fs::read_to_string(creds) {
-                if let Ok(o) = opts.clone().credentials(&text) {
-                    opts = o;
-                }
+            // Checked when the settings were resolved, so this cannot fail here.
+            if let Ok(o) = opts.clone().credentials(creds) {
+                opts = o;
             }
+        }
+        if let Some(seed) = &self.nkey_seed {
+            opts = opts.nkey(seed.clone());
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            opts = opts
+                .add_client_certificate(cert.clone(), key.clone())
+                .require_tls(true);
+        }
+        if let Some(ca) = &self.tls_ca {
+            opts = opts.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        if self.tls_first {
+            opts = opts.tls_first();
+        }
+        if let Some(p) = &self.inbox_prefix {
+            opts = opts.custom_inbox_prefix(p);
+        }
+        if let Some(t) = &self.token {
+            opts = opts.token(t.clone());
         }
         // Flags win over credentials in the URL, as in the `nats` CLI.
         // (async-nats itself ignores URL credentials.)
@@ -50,21 +80,28 @@ impl ConnSettings {
         }
     }
 
+    /// A JetStream context on `client` with the API prefix (domain) of these settings.
+    pub fn jetstream(&self, client: Client) -> async_nats::jetstream::Context {
+        async_nats::jetstream::ContextBuilder::new()
+            .timeout(self.timeout)
+            .api_prefix(self.js_api_prefix.clone())
+            .build(client)
+    }
+
     pub async fn connect(&self) -> Res<Client> {
         self.connect_with(self.options()).await
     }
 
     pub async fn connect_with(&self, opts: ConnectOptions) -> Res<Client> {
-        if let Some(creds) = &self.creds {
-            let text = std::fs::read_to_string(creds)
-                .map_err(|e| format!("cannot read --creds file {}: {e}", creds.display()))?;
-            ConnectOptions::new()
-                .credentials(&text)
-                .map_err(|e| format!("invalid --creds file {}: {e}", creds.display()))?;
-        }
-        opts.connect(self.server.as_str())
-            .await
-            .map_err(|e| connect_error_message(&redact(&self.server), &e))
+        let tls = self.tls_ca.is_some() || self.tls_cert.is_some() || self.tls_first;
+        opts.connect(self.server.as_str()).await.map_err(|e| {
+            let msg = connect_error_message(&redact(&self.server), &e);
+            if tls {
+                format!("{msg}; TLS was asked for (--tlsca/--tlscert/--tlsfirst): does the server have TLS enabled?")
+            } else {
+                msg
+            }
+        })
     }
 }
 
@@ -390,44 +427,89 @@ pub fn confirm(question: &str, force: bool) -> Res<bool> {
     ))
 }
 
-/// A one-line progress display on stderr, redrawn in place a few times a
-/// second while a long benchmark runs. It draws nothing unless stderr is a
-/// terminal, so logs and `--json` pipelines stay clean.
+/// A progress bar on stderr (indicatif), redrawn a few times a second while a
+/// long benchmark or transfer runs. Nothing is drawn unless stderr is a
+/// terminal, so logs and `--json` pipelines stay clean. Tasks bump a shared
+/// counter (cheap on the hot path); a ticker moves the bar from it.
 pub struct Progress {
     done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    bar: Option<indicatif::ProgressBar>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Progress {
+    /// Counts messages (or other items): `label [####----] 1,234/10,000 5,678/s`.
     pub fn new(label: &str, total: u64, enabled: bool) -> Progress {
+        Progress::styled(
+            label,
+            total,
+            enabled,
+            "{prefix} [{bar:30}] {human_pos}/{human_len} {per_sec} eta {eta}",
+        )
+    }
+
+    /// Counts bytes: `label [####----] 1.2 MiB/4.0 MiB 3.1 MiB/s`.
+    pub fn bytes(label: &str, total: u64, enabled: bool) -> Progress {
+        Progress::styled(
+            label,
+            total,
+            enabled,
+            "{prefix} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+    }
+
+    /// For one long request with no count to show (a purge): a spinner and the time.
+    pub fn spinner(label: &str, enabled: bool) -> Progress {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        if !(enabled && stderr_is_terminal()) {
+            return Progress {
+                done,
+                bar: None,
+                task: None,
+            };
+        }
+        let bar = indicatif::ProgressBar::new_spinner();
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {prefix} {elapsed}") {
+            bar.set_style(style);
+        }
+        bar.set_prefix(label.to_string());
+        bar.enable_steady_tick(Duration::from_millis(100));
+        Progress {
+            done,
+            bar: Some(bar),
+            task: None,
+        }
+    }
+
+    fn styled(label: &str, total: u64, enabled: bool, template: &str) -> Progress {
         use std::sync::atomic::Ordering;
         let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let task = (enabled && total > 0 && stderr_is_terminal()).then(|| {
-            let done = done.clone();
-            let label = label.to_string();
-            tokio::spawn(async move {
-                let start = std::time::Instant::now();
+        if !(enabled && total > 0 && stderr_is_terminal()) {
+            return Progress {
+                done,
+                bar: None,
+                task: None,
+            };
+        }
+        let bar = indicatif::ProgressBar::new(total);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+            bar.set_style(style.progress_chars("#>-"));
+        }
+        bar.set_prefix(label.to_string());
+        let task = tokio::runtime::Handle::try_current().ok().map(|rt| {
+            let (done, bar) = (done.clone(), bar.clone());
+            rt.spawn(async move {
                 loop {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    let n = done.load(Ordering::Relaxed).min(total);
-                    let width = 30usize;
-                    let filled = (n as f64 / total as f64 * width as f64) as usize;
-                    let rate = n as f64 / start.elapsed().as_secs_f64().max(1e-9);
-                    eprint!(
-                        "\r{label} [{}{}] {}/{} {:>10} msgs/s ",
-                        "#".repeat(filled),
-                        "-".repeat(width - filled),
-                        group(n),
-                        group(total),
-                        group(rate.round() as u64)
-                    );
-                    if n >= total {
-                        break;
-                    }
+                    bar.set_position(done.load(Ordering::Relaxed).min(total));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             })
         });
-        Progress { done, task }
+        Progress {
+            done,
+            bar: Some(bar),
+            task,
+        }
     }
 
     /// A counter to bump from any task (clones share it).
@@ -441,19 +523,22 @@ impl Progress {
 
     /// Stops drawing and clears the line.
     pub fn finish(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
-            eprint!("\r{}\r", " ".repeat(100));
+        }
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
         }
     }
 }
 
 impl Drop for Progress {
     fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-            eprint!("\r{}\r", " ".repeat(100));
-        }
+        self.stop();
     }
 }
 

@@ -7,10 +7,9 @@
 //! accept connections (never a fixed sleep).
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, ChildStderr, Command, Stdio};
+use std::process::{Child, ChildStderr, Stdio};
 use std::time::{Duration, Instant};
 
-const KEEL: &str = env!("CARGO_BIN_EXE_keel");
 const DEADLINE: Duration = Duration::from_secs(20);
 
 mod common;
@@ -26,9 +25,8 @@ fn start_server() -> Option<common::Server> {
 /// Spawns a long-running keel command and waits for its readiness line on
 /// stderr (printed only after the server confirmed the subscription).
 fn spawn_ready(args: &[&str], ready_prefix: &str) -> (Child, BufReader<ChildStderr>) {
-    let mut child = Command::new(KEEL)
+    let mut child = common::keel_cmd()
         .args(args)
-        .env_remove("NATS_URL")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -95,7 +93,7 @@ fn bench_help_documents_modes() {
 fn pub_sub_round_trip() {
     let Some(server) = start_server() else { return };
     // Server given through NATS_URL here, and as a flag after the subcommand below.
-    let mut sub = Command::new(KEEL)
+    let mut sub = common::keel_cmd()
         .args(["sub", "cli.test.>", "--count", "3"])
         .env("NATS_URL", &server.url)
         .stdout(Stdio::piped())

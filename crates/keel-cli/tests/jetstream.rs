@@ -6,10 +6,10 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{contains_all, keel, keel_with_stdin, start, text, KEEL};
+use common::{contains_all, keel, keel_with_stdin, start, text};
 use serde_json::Value;
 
 #[test]
@@ -474,7 +474,7 @@ fn sub_shows_jetstream_metadata_and_headers() {
     let Some(srv) = start(true) else { return };
     srv.ok(&["stream", "add", "ORDERS", "--subjects", "orders.>"]);
     srv.ok(&["pub", "orders.new", r#"{"id":1}"#, "-H", "Trace:abc", "-J"]);
-    let mut sub = Command::new(KEEL)
+    let mut sub = common::keel_cmd()
         .args([
             "sub",
             "deliver.orders",
@@ -661,7 +661,14 @@ fn bench_js_modes_report_json() {
     assert!(v["pub"]["msgs_per_s"].as_f64().unwrap() > 0.0);
 
     let v = srv.json(&[
-        "bench", "js", "consume", "--msgs", "3000", "--batch", "100", "--json",
+        "bench",
+        "js",
+        "consume-fill",
+        "--msgs",
+        "3000",
+        "--batch",
+        "100",
+        "--json",
     ]);
     assert_eq!(v["consume"]["msgs"], 3000);
 
@@ -712,7 +719,15 @@ fn help_names_the_nats_commands() {
     }
     let out = keel(&["bench", "js", "--help"]);
     let help = text(&out.stdout);
-    for mode in ["pub-async", "consume", "fanout", "consumers-mem", "p99"] {
+    for mode in [
+        "pub-async",
+        "consume-fill",
+        "fanout",
+        "consumers-mem",
+        "p99",
+        "pub sync",
+        "ordered",
+    ] {
         assert!(help.contains(mode), "bench js --help lacks {mode}");
     }
 }

@@ -1,9 +1,13 @@
 //! Helpers for the end-to-end tests: start a server on a free loopback port
 //! (with JetStream on a temporary store directory when asked), run `keel`.
 //!
-//! The server is `$KEEL_TEST_SERVER_BIN` if set (`KEEL_TEST_SERVER_BIN=nats-server`
-//! uses the one on PATH), else a built `keel-server` from this workspace's
-//! target dir. Without either, server-backed tests print a note and pass.
+//! The server is the reference `nats-server` from PATH with `KEEL_TEST_REFERENCE=1`
+//! (as in keel-server's tests), else `$KEEL_TEST_SERVER_BIN` if set, else a built
+//! `keel-server` from this workspace's target dir. Without either, server-backed
+//! tests print a note and pass.
+//!
+//! Every `keel` run gets an empty `XDG_CONFIG_HOME`, so a developer's own
+//! `nats` contexts never change what a test connects to.
 
 #![allow(dead_code)]
 
@@ -136,7 +140,14 @@ impl Drop for Server {
     }
 }
 
+pub fn is_reference() -> bool {
+    std::env::var("KEEL_TEST_REFERENCE").as_deref() == Ok("1")
+}
+
 pub fn server_binary() -> Option<PathBuf> {
+    if is_reference() {
+        return Some(PathBuf::from("nats-server"));
+    }
     if let Some(bin) = std::env::var_os("KEEL_TEST_SERVER_BIN") {
         return Some(PathBuf::from(bin));
     }
@@ -229,10 +240,37 @@ pub fn start(jetstream: bool) -> Option<Server> {
     Some(server)
 }
 
+/// An empty config directory shared by this test process's `keel` runs.
+pub fn isolated_config() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| temp_dir("config")).clone()
+}
+
+/// A `keel` command without the caller's NATS environment or contexts.
+pub fn keel_cmd() -> Command {
+    let mut c = Command::new(KEEL);
+    for var in [
+        "NATS_URL",
+        "NATS_CONTEXT",
+        "NATS_USER",
+        "NATS_PASSWORD",
+        "NATS_TOKEN",
+        "NATS_CREDS",
+        "NATS_NKEY",
+        "NATS_CERT",
+        "NATS_KEY",
+        "NATS_CA",
+        "NATS_TIMEOUT",
+    ] {
+        c.env_remove(var);
+    }
+    c.env("XDG_CONFIG_HOME", isolated_config());
+    c
+}
+
 pub fn keel(args: &[&str]) -> Output {
-    Command::new(KEEL)
+    keel_cmd()
         .args(args)
-        .env_remove("NATS_URL")
         .stdin(Stdio::null())
         .output()
         .expect("run keel")
@@ -240,9 +278,8 @@ pub fn keel(args: &[&str]) -> Output {
 
 /// Runs keel with `input` on stdin (a pipe, so not a terminal).
 pub fn keel_with_stdin(args: &[&str], input: &str) -> Output {
-    let mut child = Command::new(KEEL)
+    let mut child = keel_cmd()
         .args(args)
-        .env_remove("NATS_URL")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
