@@ -140,12 +140,8 @@ impl Drop for Server {
     }
 }
 
-pub fn is_reference() -> bool {
-    std::env::var("KEEL_TEST_REFERENCE").as_deref() == Ok("1")
-}
-
 pub fn server_binary() -> Option<PathBuf> {
-    if is_reference() {
+    if std::env::var("KEEL_TEST_REFERENCE").as_deref() == Ok("1") {
         return Some(PathBuf::from("nats-server"));
     }
     if let Some(bin) = std::env::var_os("KEEL_TEST_SERVER_BIN") {
@@ -176,8 +172,8 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
-/// True when the server under test is the reference nats-server
-/// (`KEEL_TEST_SERVER_BIN=nats-server`).
+/// True when the server under test is the reference nats-server (`KEEL_TEST_REFERENCE=1`
+/// or `KEEL_TEST_SERVER_BIN=nats-server`).
 pub fn is_reference() -> bool {
     server_binary()
         .and_then(|b| {
