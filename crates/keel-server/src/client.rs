@@ -18,6 +18,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
+use crate::inqueue::{InQueue, Receiver};
 use crate::router::{Outgoing, Router};
 use crate::server::Server;
 use crate::sublist::Sub;
@@ -41,9 +42,9 @@ pub struct ClientHandle {
     pub subs: Mutex<HashMap<Bytes, Arc<Sub>>>,
     pub stats: ClientStats,
     pub meta: Mutex<ClientMeta>,
-    /// Set for in-process subscribers (JetStream): messages go to this queue instead of a
-    /// socket, as `Bytes` clones of the publisher's buffer.
-    internal: Option<tokio::sync::mpsc::UnboundedSender<InMsg>>,
+    /// Set for in-process subscribers (JetStream): messages go to this byte-bounded queue
+    /// instead of a socket (see `inqueue` for who waits when it is full).
+    internal: Option<Arc<InQueue>>,
 }
 
 /// A message delivered to an in-process subscriber.
@@ -131,13 +132,19 @@ impl ClientHandle {
         })
     }
 
-    /// An in-process subscriber whose messages arrive on the returned queue.
-    pub fn internal(id: u64) -> (Arc<Self>, tokio::sync::mpsc::UnboundedReceiver<InMsg>) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut h = Arc::into_inner(Self::new(id, usize::MAX)).expect("fresh handle");
-        h.internal = Some(tx);
+    /// An in-process subscriber whose messages arrive on the returned queue, which holds
+    /// at most about `limit` bytes (`name` says whose it is in log lines).
+    pub fn internal(id: u64, name: String, limit: usize) -> (Arc<Self>, Receiver) {
+        let q = InQueue::new(name, limit);
+        let mut h = Arc::into_inner(Self::new(id, limit)).expect("fresh handle");
+        h.internal = Some(q.clone());
         h.headers.store(true, Ordering::Relaxed);
-        (Arc::new(h), rx)
+        (Arc::new(h), Receiver::new(q))
+    }
+
+    /// The queue of an in-process subscriber.
+    pub fn internal_queue(&self) -> Option<&Arc<InQueue>> {
+        self.internal.as_ref()
     }
 
     /// A handle with no socket behind it, for unit tests of routing structures.
@@ -161,8 +168,10 @@ impl ClientHandle {
         self.lock_out().buf.len()
     }
 
-    /// Queues one message. Returns true when the caller must [`signal`](Self::signal) this
-    /// handle after its current batch (it is the first to queue since the last flush).
+    /// Queues one message for a socket (in-process subscribers are fed by the router
+    /// through [`internal_queue`](Self::internal_queue)). Returns true when the caller must
+    /// [`signal`](Self::signal) this handle after its current batch (it is the first to
+    /// queue since the last flush).
     pub fn queue_msg(
         &self,
         subject: &Bytes,
@@ -171,17 +180,6 @@ impl ClientHandle {
         hdr_len: Option<usize>,
         data: &Bytes,
     ) -> bool {
-        if let Some(tx) = &self.internal {
-            self.stats.out_msgs.fetch_add(1, Ordering::Relaxed);
-            let _ = tx.send(InMsg {
-                sid: sid.clone(),
-                subject: subject.clone(),
-                reply: reply.cloned(),
-                hdr_len: hdr_len.unwrap_or(0),
-                data: data.clone(),
-            });
-            return false;
-        }
         let reply = reply.map(|r| &r[..]);
         let mut o = self.lock_out();
         if o.closing {
@@ -245,6 +243,10 @@ impl ClientHandle {
     /// Flushes what is queued, then closes the connection.
     pub fn close(&self, reason: CloseReason) {
         self.lock_out().closing = true;
+        if let Some(q) = &self.internal {
+            // Nothing more is taken, and publishers waiting for room are released.
+            q.close();
+        }
         self.closed.send_if_modified(|c| {
             if *c {
                 false
@@ -332,7 +334,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
 
     let mut conn = Conn {
         parser: Parser::new(server.opts.max_payload),
-        router: Router::new(id),
+        router: Router::for_client(id),
         verbose: true, // the reference treats a client that never sent CONNECT as verbose
         pedantic: false,
         echo: true,
@@ -357,7 +359,8 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
 impl Conn {
     async fn read_loop(&mut self, mut rd: OwnedReadHalf) -> CloseReason {
         // The read size adapts like the reference's: small for idle connections (memory per
-        // connection matters), doubling while reads fill it, up to 64 KiB.
+        // connection matters), doubling while reads fill it, up to 64 KiB. The buffer is
+        // only reserved once the socket is readable, so an idle connection holds none.
         let mut read_size = 512usize;
         let mut buf = BytesMut::new();
         let mut closed = self.handle.closed.subscribe();
@@ -366,21 +369,28 @@ impl Conn {
         // The first PING comes early (as with the reference) so dead peers are found fast.
         let mut next_ping = Instant::now() + ping_interval.min(Duration::from_secs(2));
         loop {
-            let want = self
-                .parser
-                .wanted()
-                .saturating_sub(buf.len())
-                .max(read_size);
-            buf.reserve(want);
-            let room = buf.capacity() - buf.len();
             tokio::select! {
-                r = rd.read_buf(&mut buf) => {
-                    match r {
+                r = rd.readable() => {
+                    if r.is_err() {
+                        return CloseReason::ReadError;
+                    }
+                    let want = self
+                        .parser
+                        .wanted()
+                        .saturating_sub(buf.len())
+                        .max(read_size);
+                    buf.reserve(want);
+                    let room = buf.capacity() - buf.len();
+                    let n = match rd.try_read_buf(&mut buf) {
                         Ok(0) => return CloseReason::ClientClosed,
-                        Ok(n) if n == room && read_size < 64 * 1024 => read_size *= 2,
-                        Ok(n) if n < read_size / 4 && read_size > 512 => read_size /= 2,
-                        Ok(_) => {}
+                        Ok(n) => n,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                         Err(_) => return CloseReason::ReadError,
+                    };
+                    if n == room && read_size < 64 * 1024 {
+                        read_size *= 2;
+                    } else if n < read_size / 4 && read_size > 512 {
+                        read_size /= 2;
                     }
                     self.last_in = Instant::now();
                     self.handle
@@ -388,11 +398,21 @@ impl Conn {
                         .last_activity
                         .store(crate::time::now_nanos(), Ordering::Relaxed);
                     let res = self.process(&mut buf);
-                    if buf.is_empty() && read_size <= 1024 && buf.capacity() > 8 * 1024 {
-                        // A burst is over: give its buffer back.
+                    if buf.is_empty() && n < room && buf.capacity() > 4 * 1024 {
+                        // The socket is drained and nothing is left over: a burst is over (or
+                        // paused), so give its buffer back rather than hold it while idle.
                         buf = BytesMut::new();
                     }
                     self.flush_signals();
+                    if res.is_ok() && self.router.has_blocked() {
+                        // A JetStream queue this read filled: stop reading until it has room
+                        // (backpressure: nothing is dropped, and nothing piles up).
+                        tokio::select! {
+                            _ = self.wait_for_queues() => {}
+                            _ = until_true(&mut closed) => return CloseReason::WriteError,
+                            _ = until_true(&mut shutdown) => return CloseReason::ServerShutdown,
+                        }
+                    }
                     self.stall_if_congested().await;
                     if let Err(reason) = res {
                         if reason == CloseReason::ProtocolError {
@@ -415,6 +435,13 @@ impl Conn {
                 _ = until_true(&mut closed) => return CloseReason::WriteError,
                 _ = until_true(&mut shutdown) => return CloseReason::ServerShutdown,
             }
+        }
+    }
+
+    /// Waits until every in-process queue this connection filled has room again.
+    async fn wait_for_queues(&mut self) {
+        while let Some(q) = self.router.pop_blocked() {
+            q.wait_room().await;
         }
     }
 
@@ -674,6 +701,9 @@ async fn drain(rd: &mut OwnedReadHalf) {
     }
 }
 
+/// Outbound buffer capacity a writer keeps while it has nothing to write.
+const IDLE_BUF: usize = 64 * 1024;
+
 /// Writes whatever is queued, in one write per wake-up, until the connection closes.
 async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Duration) {
     let mut spare = BytesMut::new();
@@ -684,6 +714,13 @@ async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Dura
             if o.buf.is_empty() {
                 if o.closing {
                     break;
+                }
+                // Going idle: a burst's buffers are given back rather than held.
+                if o.buf.capacity() > IDLE_BUF {
+                    o.buf = BytesMut::new();
+                }
+                if spare.capacity() > IDLE_BUF {
+                    spare = BytesMut::new();
                 }
                 None
             } else {

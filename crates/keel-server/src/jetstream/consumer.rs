@@ -662,7 +662,11 @@ impl Consumer {
             }
             None => st.init_position(stream),
         }
-        let (handle, rx) = ClientHandle::internal(server.next_client_id());
+        let (handle, rx) = ClientHandle::internal(
+            server.next_client_id(),
+            format!("consumer {} > {name}", stream.name),
+            crate::inqueue::CONSUMER_QUEUE_BYTES,
+        );
         let c = Arc::new(Consumer {
             name: name.clone(),
             stream: stream.clone(),
@@ -1099,13 +1103,14 @@ fn parse_pull(body: &[u8]) -> Result<PullBody, String> {
     ))
 }
 
-async fn run(
-    c: Arc<Consumer>,
-    server: Arc<Server>,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<InMsg>,
-) {
+/// Most inbound messages (acks, pull requests) handled per turn of the consumer's loop.
+const INBOUND_BATCH_MSGS: usize = 1024;
+const INBOUND_BATCH_BYTES: usize = 256 * 1024;
+
+async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Receiver) {
     let mut router = Router::new(c.created as u64);
     let mut closed = c.handle.closed_rx();
+    let mut batch = vec![];
     loop {
         let deadline = c.lock().next_deadline();
         let sleep = tokio::time::sleep_until(
@@ -1113,18 +1118,13 @@ async fn run(
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(1))
                 .into(),
         );
-        let mut batch = vec![];
         tokio::select! {
-            m = rx.recv() => match m {
-                Some(m) => batch.push(m),
-                None => break,
+            n = rx.recv_many(&mut batch, INBOUND_BATCH_MSGS, INBOUND_BATCH_BYTES) => if n == 0 {
+                break;
             },
             _ = c.wake.notified() => {}
             _ = sleep => {}
             _ = crate::client::until_true(&mut closed) => break,
-        }
-        while let Ok(m) = rx.try_recv() {
-            batch.push(m);
         }
         c.kick.store(false, Ordering::Release);
         if c.lock().deleted {
@@ -1132,8 +1132,12 @@ async fn run(
         }
         let mut sync_replies = vec![];
         let mut done = vec![];
-        for m in batch {
+        for m in batch.drain(..) {
             handle_msg(&c, &server, &mut router, m, &mut sync_replies, &mut done);
+        }
+        if rx.is_empty() {
+            // Idle consumers are many: hold no batch capacity between bursts.
+            batch = vec![];
         }
         timers(&c, &server, &mut router);
         deliver(&c, &server, &mut router);
