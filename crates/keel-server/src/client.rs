@@ -6,8 +6,10 @@
 //! subscriber's writer once per read, not once per message, so a burst becomes one write.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -360,7 +362,8 @@ impl Conn {
     async fn read_loop(&mut self, mut rd: OwnedReadHalf) -> CloseReason {
         // The read size adapts like the reference's: small for idle connections (memory per
         // connection matters), doubling while reads fill it, up to 64 KiB. The buffer is
-        // only reserved once the socket is readable, so an idle connection holds none.
+        // only reserved once the socket is readable (a connection that never sent anything
+        // holds none).
         let mut read_size = 512usize;
         let mut buf = BytesMut::new();
         let mut closed = self.handle.closed.subscribe();
@@ -368,7 +371,18 @@ impl Conn {
         let ping_interval = self.server.opts.ping_interval;
         // The first PING comes early (as with the reference) so dead peers are found fast.
         let mut next_ping = Instant::now() + ping_interval.min(Duration::from_secs(2));
+        // A burst's buffer (over BUF_KEEP) is given back once BUF_IDLE passed without a read,
+        // on the keepalive timer (which then also wakes for that). Not giving it back after
+        // every read that drained the socket keeps a busy connection's buffer, and its cache
+        // lines, for reuse.
+        let mut buf_held = false;
         loop {
+            // (A partial message keeps its buffer: no early wake-up for it.)
+            let wake_at = if buf_held && buf.is_empty() {
+                next_ping.min(self.last_in + BUF_IDLE)
+            } else {
+                next_ping
+            };
             tokio::select! {
                 r = rd.readable() => {
                     if r.is_err() {
@@ -381,11 +395,18 @@ impl Conn {
                         .max(read_size);
                     buf.reserve(want);
                     let room = buf.capacity() - buf.len();
-                    let n = match rd.try_read_buf(&mut buf) {
-                        Ok(0) => return CloseReason::ClientClosed,
-                        Ok(n) => n,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                        Err(_) => return CloseReason::ReadError,
+                    // One poll of read_buf rather than try_read_buf: after a short read it
+                    // knows the socket is drained and skips the extra read that would only
+                    // say EAGAIN.
+                    let polled = {
+                        let mut read = std::pin::pin!(rd.read_buf(&mut buf));
+                        std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await
+                    };
+                    let n = match polled {
+                        Poll::Pending => continue, // stale readiness: wait again
+                        Poll::Ready(Ok(0)) => return CloseReason::ClientClosed,
+                        Poll::Ready(Ok(n)) => n,
+                        Poll::Ready(Err(_)) => return CloseReason::ReadError,
                     };
                     if n == room && read_size < 64 * 1024 {
                         read_size *= 2;
@@ -398,11 +419,7 @@ impl Conn {
                         .last_activity
                         .store(crate::time::now_nanos(), Ordering::Relaxed);
                     let res = self.process(&mut buf);
-                    if buf.is_empty() && n < room && buf.capacity() > 4 * 1024 {
-                        // The socket is drained and nothing is left over: a burst is over (or
-                        // paused), so give its buffer back rather than hold it while idle.
-                        buf = BytesMut::new();
-                    }
+                    buf_held = buf.capacity() > BUF_KEEP;
                     self.flush_signals();
                     if res.is_ok() && self.router.has_blocked() {
                         // A JetStream queue this read filled: stop reading until it has room
@@ -424,7 +441,16 @@ impl Conn {
                         return reason;
                     }
                 }
-                _ = tokio::time::sleep_until(next_ping.into()) => {
+                _ = tokio::time::sleep_until(wake_at.into()) => {
+                    if buf_held && self.last_in.elapsed() >= BUF_IDLE && buf.is_empty() {
+                        // Quiet for a while: the burst is over.
+                        buf = BytesMut::new();
+                        read_size = 512;
+                        buf_held = false;
+                    }
+                    if Instant::now() < next_ping {
+                        continue;
+                    }
                     next_ping = Instant::now() + ping_interval;
                     if let Err(reason) = self.ping_timer() {
                         self.flush_signals();
@@ -700,6 +726,11 @@ async fn drain(rd: &mut OwnedReadHalf) {
         }
     }
 }
+
+/// Read buffer capacity a connection may keep indefinitely, and how long a larger one is
+/// kept without reads.
+const BUF_KEEP: usize = 4 * 1024;
+const BUF_IDLE: Duration = Duration::from_secs(1);
 
 /// Outbound buffer capacity a writer keeps while it has nothing to write.
 const IDLE_BUF: usize = 64 * 1024;
