@@ -1126,6 +1126,10 @@ async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Rece
             _ = sleep => {}
             _ = crate::client::until_true(&mut closed) => break,
         }
+        if batch.is_empty() {
+            // Woken by a kick or a timer: take what is queued as well.
+            rx.try_recv_many(&mut batch, INBOUND_BATCH_MSGS, INBOUND_BATCH_BYTES);
+        }
         c.kick.store(false, Ordering::Release);
         if c.lock().deleted {
             break;
