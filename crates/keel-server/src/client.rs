@@ -6,8 +6,10 @@
 //! subscriber's writer once per read, not once per message, so a burst becomes one write.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -18,6 +20,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
+use crate::inqueue::{InQueue, Receiver};
 use crate::router::{Outgoing, Router};
 use crate::server::Server;
 use crate::sublist::Sub;
@@ -41,9 +44,9 @@ pub struct ClientHandle {
     pub subs: Mutex<HashMap<Bytes, Arc<Sub>>>,
     pub stats: ClientStats,
     pub meta: Mutex<ClientMeta>,
-    /// Set for in-process subscribers (JetStream): messages go to this queue instead of a
-    /// socket, as `Bytes` clones of the publisher's buffer.
-    internal: Option<tokio::sync::mpsc::UnboundedSender<InMsg>>,
+    /// Set for in-process subscribers (JetStream): messages go to this byte-bounded queue
+    /// instead of a socket (see `inqueue` for who waits when it is full).
+    internal: Option<Arc<InQueue>>,
 }
 
 /// A message delivered to an in-process subscriber.
@@ -133,13 +136,19 @@ impl ClientHandle {
         })
     }
 
-    /// An in-process subscriber whose messages arrive on the returned queue.
-    pub fn internal(id: u64) -> (Arc<Self>, tokio::sync::mpsc::UnboundedReceiver<InMsg>) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut h = Arc::into_inner(Self::new(id, usize::MAX)).expect("fresh handle");
-        h.internal = Some(tx);
+    /// An in-process subscriber whose messages arrive on the returned queue, which holds
+    /// at most about `limit` bytes (`name` says whose it is in log lines).
+    pub fn internal(id: u64, name: String, limit: usize) -> (Arc<Self>, Receiver) {
+        let q = InQueue::new(name, limit);
+        let mut h = Arc::into_inner(Self::new(id, limit)).expect("fresh handle");
+        h.internal = Some(q.clone());
         h.headers.store(true, Ordering::Relaxed);
-        (Arc::new(h), rx)
+        (Arc::new(h), Receiver::new(q))
+    }
+
+    /// The queue of an in-process subscriber.
+    pub fn internal_queue(&self) -> Option<&Arc<InQueue>> {
+        self.internal.as_ref()
     }
 
     /// A handle with no socket behind it, for unit tests of routing structures.
@@ -163,8 +172,10 @@ impl ClientHandle {
         self.lock_out().buf.len()
     }
 
-    /// Queues one message. Returns true when the caller must [`signal`](Self::signal) this
-    /// handle after its current batch (it is the first to queue since the last flush).
+    /// Queues one message for a socket (in-process subscribers are fed by the router
+    /// through [`internal_queue`](Self::internal_queue)). Returns true when the caller must
+    /// [`signal`](Self::signal) this handle after its current batch (it is the first to
+    /// queue since the last flush).
     pub fn queue_msg(
         &self,
         subject: &Bytes,
@@ -172,20 +183,7 @@ impl ClientHandle {
         reply: Option<&Bytes>,
         hdr_len: Option<usize>,
         data: &Bytes,
-        origin: u64,
     ) -> bool {
-        if let Some(tx) = &self.internal {
-            self.stats.out_msgs.fetch_add(1, Ordering::Relaxed);
-            let _ = tx.send(InMsg {
-                sid: sid.clone(),
-                subject: subject.clone(),
-                reply: reply.cloned(),
-                hdr_len: hdr_len.unwrap_or(0),
-                data: data.clone(),
-                origin,
-            });
-            return false;
-        }
         let reply = reply.map(|r| &r[..]);
         let mut o = self.lock_out();
         if o.closing {
@@ -249,6 +247,10 @@ impl ClientHandle {
     /// Flushes what is queued, then closes the connection.
     pub fn close(&self, reason: CloseReason) {
         self.lock_out().closing = true;
+        if let Some(q) = &self.internal {
+            // Nothing more is taken, and publishers waiting for room are released.
+            q.close();
+        }
         self.closed.send_if_modified(|c| {
             if *c {
                 false
@@ -336,7 +338,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
 
     let mut conn = Conn {
         parser: Parser::new(server.opts.max_payload),
-        router: Router::new(id).with_origin(id),
+        router: Router::for_client(id).with_origin(id),
         verbose: true, // the reference treats a client that never sent CONNECT as verbose
         pedantic: false,
         echo: true,
@@ -361,7 +363,9 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
 impl Conn {
     async fn read_loop(&mut self, mut rd: OwnedReadHalf) -> CloseReason {
         // The read size adapts like the reference's: small for idle connections (memory per
-        // connection matters), doubling while reads fill it, up to 64 KiB.
+        // connection matters), doubling while reads fill it, up to 64 KiB. The buffer is
+        // only reserved once the socket is readable (a connection that never sent anything
+        // holds none).
         let mut read_size = 512usize;
         let mut buf = BytesMut::new();
         let mut closed = self.handle.closed.subscribe();
@@ -369,22 +373,47 @@ impl Conn {
         let ping_interval = self.server.opts.ping_interval;
         // The first PING comes early (as with the reference) so dead peers are found fast.
         let mut next_ping = Instant::now() + ping_interval.min(Duration::from_secs(2));
+        // A burst's buffer (over BUF_KEEP) is given back once BUF_IDLE passed without a read,
+        // on the keepalive timer (which then also wakes for that). Not giving it back after
+        // every read that drained the socket keeps a busy connection's buffer, and its cache
+        // lines, for reuse.
+        let mut buf_held = false;
         loop {
-            let want = self
-                .parser
-                .wanted()
-                .saturating_sub(buf.len())
-                .max(read_size);
-            buf.reserve(want);
-            let room = buf.capacity() - buf.len();
+            // (A partial message keeps its buffer: no early wake-up for it.)
+            let wake_at = if buf_held && buf.is_empty() {
+                next_ping.min(self.last_in + BUF_IDLE)
+            } else {
+                next_ping
+            };
             tokio::select! {
-                r = rd.read_buf(&mut buf) => {
-                    match r {
-                        Ok(0) => return CloseReason::ClientClosed,
-                        Ok(n) if n == room && read_size < 64 * 1024 => read_size *= 2,
-                        Ok(n) if n < read_size / 4 && read_size > 512 => read_size /= 2,
-                        Ok(_) => {}
-                        Err(_) => return CloseReason::ReadError,
+                r = rd.readable() => {
+                    if r.is_err() {
+                        return CloseReason::ReadError;
+                    }
+                    let want = self
+                        .parser
+                        .wanted()
+                        .saturating_sub(buf.len())
+                        .max(read_size);
+                    buf.reserve(want);
+                    let room = buf.capacity() - buf.len();
+                    // One poll of read_buf rather than try_read_buf: after a short read it
+                    // knows the socket is drained and skips the extra read that would only
+                    // say EAGAIN.
+                    let polled = {
+                        let mut read = std::pin::pin!(rd.read_buf(&mut buf));
+                        std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await
+                    };
+                    let n = match polled {
+                        Poll::Pending => continue, // stale readiness: wait again
+                        Poll::Ready(Ok(0)) => return CloseReason::ClientClosed,
+                        Poll::Ready(Ok(n)) => n,
+                        Poll::Ready(Err(_)) => return CloseReason::ReadError,
+                    };
+                    if n == room && read_size < 64 * 1024 {
+                        read_size *= 2;
+                    } else if n < read_size / 4 && read_size > 512 {
+                        read_size /= 2;
                     }
                     self.last_in = Instant::now();
                     self.handle
@@ -392,11 +421,17 @@ impl Conn {
                         .last_activity
                         .store(crate::time::now_nanos(), Ordering::Relaxed);
                     let res = self.process(&mut buf);
-                    if buf.is_empty() && read_size <= 1024 && buf.capacity() > 8 * 1024 {
-                        // A burst is over: give its buffer back.
-                        buf = BytesMut::new();
-                    }
+                    buf_held = buf.capacity() > BUF_KEEP;
                     self.flush_signals();
+                    if res.is_ok() && self.router.has_blocked() {
+                        // A JetStream queue this read filled: stop reading until it has room
+                        // (backpressure: nothing is dropped, and nothing piles up).
+                        tokio::select! {
+                            _ = self.wait_for_queues() => {}
+                            _ = until_true(&mut closed) => return CloseReason::WriteError,
+                            _ = until_true(&mut shutdown) => return CloseReason::ServerShutdown,
+                        }
+                    }
                     self.stall_if_congested().await;
                     if let Err(reason) = res {
                         if reason == CloseReason::ProtocolError {
@@ -408,7 +443,16 @@ impl Conn {
                         return reason;
                     }
                 }
-                _ = tokio::time::sleep_until(next_ping.into()) => {
+                _ = tokio::time::sleep_until(wake_at.into()) => {
+                    if buf_held && self.last_in.elapsed() >= BUF_IDLE && buf.is_empty() {
+                        // Quiet for a while: the burst is over.
+                        buf = BytesMut::new();
+                        read_size = 512;
+                        buf_held = false;
+                    }
+                    if Instant::now() < next_ping {
+                        continue;
+                    }
                     next_ping = Instant::now() + ping_interval;
                     if let Err(reason) = self.ping_timer() {
                         self.flush_signals();
@@ -419,6 +463,13 @@ impl Conn {
                 _ = until_true(&mut closed) => return CloseReason::WriteError,
                 _ = until_true(&mut shutdown) => return CloseReason::ServerShutdown,
             }
+        }
+    }
+
+    /// Waits until every in-process queue this connection filled has room again.
+    async fn wait_for_queues(&mut self) {
+        while let Some(q) = self.router.pop_blocked() {
+            q.wait_room().await;
         }
     }
 
@@ -678,6 +729,14 @@ async fn drain(rd: &mut OwnedReadHalf) {
     }
 }
 
+/// Read buffer capacity a connection may keep indefinitely, and how long a larger one is
+/// kept without reads.
+const BUF_KEEP: usize = 4 * 1024;
+const BUF_IDLE: Duration = Duration::from_secs(1);
+
+/// Outbound buffer capacity a writer keeps while it has nothing to write.
+const IDLE_BUF: usize = 64 * 1024;
+
 /// Writes whatever is queued, in one write per wake-up, until the connection closes.
 async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Duration) {
     let mut spare = BytesMut::new();
@@ -688,6 +747,13 @@ async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Dura
             if o.buf.is_empty() {
                 if o.closing {
                     break;
+                }
+                // Going idle: a burst's buffers are given back rather than held.
+                if o.buf.capacity() > IDLE_BUF {
+                    o.buf = BytesMut::new();
+                }
+                if spare.capacity() > IDLE_BUF {
+                    spare = BytesMut::new();
                 }
                 None
             } else {

@@ -164,6 +164,7 @@ async fn run(opts: config::Opts) -> ExitCode {
     info!("Server is ready");
 
     tokio::spawn(signals(server.clone()));
+    keel_server::memtrim::spawn(server.clone());
     server.accept_loop(listener).await;
     if let Some(js) = server.jetstream.get() {
         tokio::task::block_in_place(|| js.shutdown());

@@ -2,6 +2,11 @@
 //! or an in-process service such as JetStream) owns a [`Router`]: its own match cache, the
 //! list of subscribers whose writers must be woken when its batch ends, and the random
 //! state used to pick queue-group members.
+//!
+//! A router belongs either to a client connection ([`Router::for_client`]), which waits
+//! for room when it filled an in-process subscriber's queue, or to one of JetStream's own
+//! tasks ([`Router::new`]), which never waits (see `inqueue` for why and what it does
+//! instead).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -10,6 +15,7 @@ use bytes::Bytes;
 use keel_protocol::encode;
 
 use crate::client::ClientHandle;
+use crate::inqueue::{InQueue, Pushed};
 use crate::server::Server;
 use crate::sublist::{MatchCache, Sub};
 
@@ -21,6 +27,10 @@ pub struct Router {
     congested: Option<Arc<ClientHandle>>,
     /// The publishing connection's id, handed to in-process subscribers (0: the server).
     origin: u64,
+    /// Routes for a client connection, which waits for full in-process queues.
+    client: bool,
+    /// In-process queues this batch left full; the client waits for each before reading on.
+    blocked: Vec<Arc<InQueue>>,
 }
 
 /// One message to route. `data` holds the header block (first `hdr_len` bytes) then the
@@ -33,6 +43,8 @@ pub struct Outgoing<'a> {
 }
 
 impl Router {
+    /// A router for an in-process publisher (JetStream's tasks): it never waits for a full
+    /// queue, so its messages past a queue's hard limit are dropped.
     pub fn new(seed: u64) -> Self {
         Router {
             cache: MatchCache::default(),
@@ -40,6 +52,17 @@ impl Router {
             congested: None,
             origin: 0,
             rng: 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xA24B_AED4_963E_E407) | 1,
+            client: false,
+            blocked: Vec::new(),
+        }
+    }
+
+    /// A router for a client connection: full in-process queues are reported by
+    /// [`pop_blocked`](Self::pop_blocked) and the connection waits for them.
+    pub fn for_client(seed: u64) -> Self {
+        Router {
+            client: true,
+            ..Router::new(seed)
         }
     }
 
@@ -126,20 +149,49 @@ impl Router {
                 server.remove_sub(sub);
             }
         }
-        if sub.client.queue_msg(
-            msg.subject,
-            &sub.sid,
-            msg.reply,
-            msg.hdr_len,
-            msg.data,
-            self.origin,
-        ) {
+        if let Some(q) = sub.client.internal_queue() {
+            sub.client.stats.out_msgs.fetch_add(1, Ordering::Relaxed);
+            let reply = msg.reply.map(|r| &r[..]);
+            let hdr_len = msg.hdr_len.unwrap_or(0);
+            let pushed = q.push(
+                msg.subject,
+                &sub.sid,
+                reply,
+                hdr_len,
+                msg.data,
+                crate::inqueue::Publisher {
+                    origin: self.origin,
+                    client: self.client,
+                },
+            );
+            if pushed == Pushed::Full
+                && self.client
+                && !self.blocked.iter().any(|b| Arc::ptr_eq(b, q))
+            {
+                self.blocked.push(q.clone());
+            }
+            return true;
+        }
+        if sub
+            .client
+            .queue_msg(msg.subject, &sub.sid, msg.reply, msg.hdr_len, msg.data)
+        {
             self.to_signal.push(sub.client.clone());
         }
         if sub.client.congested.load(Ordering::Relaxed) && self.congested.is_none() {
             self.congested = Some(sub.client.clone());
         }
         true
+    }
+
+    pub fn has_blocked(&self) -> bool {
+        !self.blocked.is_empty()
+    }
+
+    /// An in-process queue this client's routing left full, if any: the connection must
+    /// not read more until it has room.
+    pub fn pop_blocked(&mut self) -> Option<Arc<InQueue>> {
+        self.blocked.pop()
     }
 
     /// The congested subscriber seen since the last call, if any.

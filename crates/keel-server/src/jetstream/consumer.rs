@@ -922,7 +922,11 @@ impl Consumer {
         if st.config.replay_policy == ReplayPolicy::Original {
             st.replay_until = stream.lock().store.state().last_seq;
         }
-        let (handle, rx) = ClientHandle::internal(server.next_client_id());
+        let (handle, rx) = ClientHandle::internal(
+            server.next_client_id(),
+            format!("consumer {} > {name}", stream.name),
+            crate::inqueue::CONSUMER_QUEUE_BYTES,
+        );
         let c = Arc::new(Consumer {
             name: name.clone(),
             stream: stream.clone(),
@@ -1464,13 +1468,14 @@ fn new_pin_id() -> String {
         .collect()
 }
 
-async fn run(
-    c: Arc<Consumer>,
-    server: Arc<Server>,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<InMsg>,
-) {
+/// Most inbound messages (acks, pull requests) handled per turn of the consumer's loop.
+const INBOUND_BATCH_MSGS: usize = 1024;
+const INBOUND_BATCH_BYTES: usize = 256 * 1024;
+
+async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Receiver) {
     let mut router = Router::new(c.created as u64);
     let mut closed = c.handle.closed_rx();
+    let mut batch = vec![];
     loop {
         let (deadline, unbound) = {
             let st = c.lock();
@@ -1485,19 +1490,18 @@ async fn run(
         // An unbound push consumer starts delivering as soon as its deliver subject has a
         // subscriber (the reference is told of new interest, it does not poll for it).
         let interest = server.sublist.subscribed(unbound);
-        let mut batch = vec![];
         tokio::select! {
             _ = interest => {}
-            m = rx.recv() => match m {
-                Some(m) => batch.push(m),
-                None => break,
+            n = rx.recv_many(&mut batch, INBOUND_BATCH_MSGS, INBOUND_BATCH_BYTES) => if n == 0 {
+                break;
             },
             _ = c.wake.notified() => {}
             _ = sleep => {}
             _ = crate::client::until_true(&mut closed) => break,
         }
-        while let Ok(m) = rx.try_recv() {
-            batch.push(m);
+        if batch.is_empty() {
+            // Woken by a kick or a timer: take what is queued as well.
+            rx.try_recv_many(&mut batch, INBOUND_BATCH_MSGS, INBOUND_BATCH_BYTES);
         }
         c.kick.store(false, Ordering::Release);
         if c.lock().deleted {
@@ -1505,8 +1509,12 @@ async fn run(
         }
         let mut sync_replies = vec![];
         let mut done = vec![];
-        for m in batch {
+        for m in batch.drain(..) {
             handle_msg(&c, &server, &mut router, m, &mut sync_replies, &mut done);
+        }
+        if rx.is_empty() {
+            // Idle consumers are many: hold no batch capacity between bursts.
+            batch = vec![];
         }
         timers(&c, &server, &mut router);
         deliver(&c, &server, &mut router);

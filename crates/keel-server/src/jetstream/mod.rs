@@ -81,7 +81,11 @@ impl JetStream {
         }
         js.recover(server)?;
 
-        let (handle, rx) = ClientHandle::internal(server.next_client_id());
+        let (handle, rx) = ClientHandle::internal(
+            server.next_client_id(),
+            "JetStream API".into(),
+            crate::inqueue::API_QUEUE_BYTES,
+        );
         let domain_api = js.domain.as_ref().map(|d| format!("$JS.{d}.API.>"));
         for subject in std::iter::once("$JS.API.>".to_string()).chain(domain_api) {
             server.sublist.insert(Arc::new(Sub {
@@ -219,18 +223,13 @@ impl JetStream {
     }
 }
 
-async fn api_loop(
-    js: Arc<JetStream>,
-    server: Arc<Server>,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<InMsg>,
-) {
+async fn api_loop(js: Arc<JetStream>, server: Arc<Server>, mut rx: crate::inqueue::Receiver) {
     let mut router = Router::new(0x4a53);
-    while let Some(m) = rx.recv().await {
-        // Handle everything already queued, then wake the writers once.
-        let mut next = Some(m);
-        while let Some(m) = next {
+    let mut batch = Vec::new();
+    // Handle a batch of what is queued, then wake the writers once.
+    while rx.recv_many(&mut batch, 256, 1024 * 1024).await > 0 {
+        for m in batch.drain(..) {
             handle_request(&js, &server, &mut router, m);
-            next = rx.try_recv().ok();
         }
         router.flush();
     }

@@ -552,7 +552,11 @@ impl Stream {
                 Box::new(fs)
             }
         };
-        let (handle, rx) = ClientHandle::internal(server.next_client_id());
+        let (handle, rx) = ClientHandle::internal(
+            server.next_client_id(),
+            format!("stream {}", config.name),
+            crate::inqueue::STREAM_QUEUE_BYTES,
+        );
         let mut inner = StreamInner {
             config,
             store,
@@ -1036,28 +1040,21 @@ pub fn read_meta(dir: &Path) -> Result<StreamMeta, String> {
     serde_json::from_slice(&b).map_err(|e| e.to_string())
 }
 
+/// Most messages and bytes in one group-commit batch.
+const BATCH_MSGS: usize = 4096;
+const BATCH_BYTES: usize = 8 * 1024 * 1024;
+
 /// Takes publishes off the stream's queue in batches: store all, sync once, ack all.
-async fn publish_loop(
-    stream: Arc<Stream>,
-    server: Arc<Server>,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<InMsg>,
-) {
+async fn publish_loop(stream: Arc<Stream>, server: Arc<Server>, mut rx: crate::inqueue::Receiver) {
     let mut router = Router::new(stream.created as u64);
     let mut batch = Vec::with_capacity(256);
     let mut closed = stream.handle_closed();
     loop {
         tokio::select! {
-            m = rx.recv() => match m {
-                Some(m) => batch.push(m),
-                None => break,
+            n = rx.recv_many(&mut batch, BATCH_MSGS, BATCH_BYTES) => if n == 0 {
+                break;
             },
             _ = crate::client::until_true(&mut closed) => break,
-        }
-        while batch.len() < 4096 {
-            match rx.try_recv() {
-                Ok(m) => batch.push(m),
-                Err(_) => break,
-            }
         }
         // The fsync blocks; let tokio move other work off this thread meanwhile.
         let budget = server
@@ -1086,6 +1083,10 @@ async fn publish_loop(
             );
         }
         router.flush();
+        if batch.capacity() > 1024 && rx.is_empty() {
+            // A burst is over: do not keep its batch's capacity.
+            batch = Vec::with_capacity(256);
+        }
     }
 }
 

@@ -17,7 +17,7 @@
 mod endpoints;
 mod jsz;
 mod metrics;
-mod proc;
+pub(crate) mod proc;
 mod query;
 
 use std::collections::BTreeMap;
