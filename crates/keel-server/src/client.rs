@@ -41,6 +41,8 @@ pub struct ClientHandle {
     pub subs: Mutex<HashMap<Bytes, Arc<Sub>>>,
     pub stats: ClientStats,
     pub meta: Mutex<ClientMeta>,
+    /// Why the connection closed: the first reason given wins (monitoring's closed list).
+    close_reason: std::sync::OnceLock<CloseReason>,
     /// Set for in-process subscribers (JetStream): messages go to this queue instead of a
     /// socket, as `Bytes` clones of the publisher's buffer.
     internal: Option<tokio::sync::mpsc::UnboundedSender<InMsg>>,
@@ -127,6 +129,7 @@ impl ClientHandle {
             subs: Mutex::new(HashMap::new()),
             stats: ClientStats::default(),
             meta: Mutex::new(ClientMeta::default()),
+            close_reason: std::sync::OnceLock::new(),
             internal: None,
         })
     }
@@ -151,6 +154,11 @@ impl ClientHandle {
 
     pub fn closed_rx(&self) -> watch::Receiver<bool> {
         self.closed.subscribe()
+    }
+
+    /// The first reason [`close`](Self::close) was called with.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.close_reason.get().copied()
     }
 
     pub fn is_closed(&self) -> bool {
@@ -244,6 +252,7 @@ impl ClientHandle {
 
     /// Flushes what is queued, then closes the connection.
     pub fn close(&self, reason: CloseReason) {
+        let _ = self.close_reason.set(reason);
         self.lock_out().closing = true;
         self.closed.send_if_modified(|c| {
             if *c {
@@ -324,6 +333,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
         encode::err(&mut b, "maximum connections exceeded");
         handle.queue_raw(&b);
         handle.close(CloseReason::MaxConnections);
+        server.closed.record(&handle);
         crate::warn!("{id} - Maximum connections exceeded");
         let _ = writer.await;
         return;
@@ -349,6 +359,8 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
     let reason = conn.read_loop(rd).await;
     crate::debug!("{id} - Client connection closed: {reason:?}");
     handle.close(reason);
+    // Before the subscriptions go: the closed-connections list keeps them.
+    server.closed.record(&handle);
     conn.remove_all_subs();
     server.unregister(id);
     let _ = writer.await;

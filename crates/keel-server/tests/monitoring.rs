@@ -1641,3 +1641,387 @@ async fn example_alert_rules_use_published_metrics() {
         "alert rules use unpublished metrics: {missing:?}"
     );
 }
+
+impl Mon {
+    /// A server with monitoring on a free port, `extra` config lines, and JetStream when
+    /// asked.
+    fn start_with(extra: &str, jetstream: bool) -> Mon {
+        let store = jetstream.then(|| TempDir::new("keel-monitoring-store"));
+        let mut conf = format!("http_port: -1\n{extra}\n");
+        if let Some(dir) = &store {
+            conf.push_str(&format!(
+                "jetstream {{ store_dir: \"{}\" }}\n",
+                dir.path().display()
+            ));
+        }
+        let server = Server::start_with_config(&conf);
+        let port = monitor_port(&server);
+        Mon {
+            server,
+            port,
+            _store: store,
+        }
+    }
+
+    /// The `/connz?state=closed&subs=1` entry of the client called `name`, once it is there.
+    async fn wait_closed(&self, name: &str) -> Value {
+        let deadline = Instant::now() + STEP;
+        loop {
+            let list = self.connz_by_name("/connz?state=closed&subs=1").await;
+            if let Some(c) = list.iter().find(|c| c["name"] == name) {
+                return c.clone();
+            }
+            assert!(Instant::now() < deadline, "{name} not closed: {list:?}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// `/connz` entries (of `path`) by client name.
+    async fn connz_by_name(&self, path: &str) -> Vec<Value> {
+        self.json(path).await["connections"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// A raw client that identifies itself with `name` and subscribes to `a.b` and `c.d` (queue
+/// `q`), then waits for the PONG so the server has processed all of it.
+async fn raw_named(server: &Server, name: &str) -> common::RawClient {
+    let mut raw = server.raw().await;
+    raw.send(
+        format!(
+            "CONNECT {{\"verbose\":false,\"name\":\"{name}\",\"lang\":\"raw\",\"version\":\"1\"}}\r\n\
+             SUB a.b 1\r\nSUB c.d q 2\r\nPING\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert_eq!(raw.read_op().await, "PONG");
+    raw
+}
+
+/// `/connz?state=closed` lists connections that have gone, with the reference's reason
+/// texts, stop times and the subscriptions they had; `state=all` adds them to the open ones;
+/// `sort=stop` puts the most recent first, `sort=reason` orders by reason. A slow consumer
+/// shows as "Slow Consumer (Pending Bytes)".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_connections_are_listed_with_reasons() {
+    let mon = Mon::start_with("max_pending: 1MB\nwrite_deadline: \"120s\"", false);
+    let named =
+        |v: &[Value], n: &str| -> Option<Value> { v.iter().find(|c| c["name"] == n).cloned() };
+    let wait_closed = |name: &'static str| mon.wait_closed(name);
+
+    let open = mon.client("stays").await;
+    common::sync(&open).await;
+    // (The harness's readiness probe may already be there: it connected and left.)
+
+    let gone = raw_named(&mon.server, "gone").await;
+    drop(gone);
+    let c = wait_closed("gone").await;
+    assert_eq!(c["reason"], "Client Closed", "{c:#}");
+    assert!(c["stop"].is_string() && c["start"].is_string(), "{c:#}");
+    assert_eq!(c["subscriptions"], 2);
+    let mut subs: Vec<&str> = c["subscriptions_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    subs.sort();
+    assert_eq!(subs, ["a.b", "c.d"]);
+    assert_eq!(
+        (c["lang"].as_str(), c["kind"].as_str()),
+        (Some("raw"), Some("Client"))
+    );
+    // Key order as the reference's: stop and reason right after last_activity.
+    let keys: Vec<&String> = c.as_object().unwrap().keys().collect();
+    let at = |k: &str| keys.iter().position(|x| *x == k).unwrap();
+    assert_eq!(
+        (at("stop"), at("reason")),
+        (at("last_activity") + 1, at("last_activity") + 2)
+    );
+
+    let mut bad = raw_named(&mon.server, "bad").await;
+    bad.send(b"FOO\r\n").await;
+    let c = wait_closed("bad").await;
+    assert_eq!(c["reason"], "Protocol Violation", "{c:#}");
+
+    // A subscriber that does not read, past max_pending.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    let stream = within("slow connect", socket.connect(mon.server.addr()))
+        .await
+        .unwrap();
+    let mut slow = common::RawClient::from_stream(stream).await;
+    slow.send(
+        b"CONNECT {\"verbose\":false,\"protocol\":1,\"name\":\"slow\"}\r\nSUB big 1\r\nPING\r\n",
+    )
+    .await;
+    assert_eq!(slow.read_op().await, "PONG");
+    let payload = Bytes::from(vec![b'p'; 64 * 1024]);
+    for _ in 0..256 {
+        open.publish("big", payload.clone()).await.unwrap();
+    }
+    open.flush().await.unwrap();
+    let c = wait_closed("slow").await;
+    assert_eq!(c["reason"], "Slow Consumer (Pending Bytes)", "{c:#}");
+
+    // Open connections are not in the closed list, closed ones not in the open list.
+    let closed = mon.connz_by_name("/connz?state=closed").await;
+    assert!(named(&closed, "stays").is_none());
+    let opened = mon.connz_by_name("/connz").await;
+    assert!(named(&opened, "gone").is_none() && named(&opened, "stays").is_some());
+    assert!(opened.iter().all(|c| c.get("reason").is_none()));
+    let all = mon.json("/connz?state=all").await;
+    let all_list = all["connections"].as_array().unwrap();
+    for n in ["stays", "gone", "bad", "slow"] {
+        assert!(named(all_list, n).is_some(), "{n} missing from state=all");
+    }
+    assert_eq!(all["total"].as_u64(), Some(all_list.len() as u64));
+
+    let names = |v: &[Value]| -> Vec<String> {
+        v.iter()
+            .filter_map(|c| c["name"].as_str().map(str::to_string))
+            .collect()
+    };
+    assert_eq!(
+        names(&mon.connz_by_name("/connz?state=closed&sort=stop").await),
+        ["slow", "bad", "gone"]
+    );
+    assert_eq!(
+        names(&mon.connz_by_name("/connz?state=closed&sort=reason").await),
+        ["gone", "bad", "slow"]
+    );
+}
+
+/// `max_closed_clients` bounds the list: only the newest are kept.
+#[tokio::test]
+async fn closed_connections_ring_is_bounded() {
+    let mon = Mon::start_with("max_closed_clients: 2", false);
+    for name in ["c1", "c2", "c3"] {
+        let raw = raw_named(&mon.server, name).await;
+        drop(raw);
+        eventually(&format!("{name} closed"), || async {
+            let list = mon.connz_by_name("/connz?state=closed").await;
+            if list.iter().any(|c| c["name"] == name) {
+                Ok(())
+            } else {
+                Err(format!("{list:?}"))
+            }
+        })
+        .await;
+    }
+    let list = mon.json("/connz?state=closed").await;
+    let names: Vec<&str> = list["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["c2", "c3"]);
+    assert_eq!(list["total"], 2);
+}
+
+/// `/healthz` with `account`, `stream`, `consumer`, `js-enabled-only`, `js-server-only` and
+/// `details`: the reference's codes and bodies.
+#[tokio::test]
+async fn healthz_checks_the_named_assets() {
+    let mon = Mon::start(true);
+    let client = mon.client("health").await;
+    api(
+        &client,
+        "STREAM.CREATE.FILE",
+        json!({"name": "FILE", "subjects": ["f.>"], "storage": "file"}),
+    )
+    .await;
+    create_durable(&client, "FILE", "fc").await;
+    create_stream(&client, "MEM", &["m.>"]).await;
+    let ok = r#"{"status":"ok"}"#;
+    let cases: &[(&str, u16, &str)] = &[
+        ("", 200, ok),
+        ("js-enabled-only=true", 200, ok),
+        ("js-server-only=true", 200, ok),
+        ("account=$G", 200, ok),
+        ("account=$G&stream=FILE", 200, ok),
+        ("account=$G&stream=FILE&consumer=fc", 200, ok),
+        (
+            "account=NOPE",
+            404,
+            r#"{"status":"unavailable","error":"JetStream account \"NOPE\" not found"}"#,
+        ),
+        (
+            "account=$SYS",
+            404,
+            r#"{"status":"unavailable","error":"JetStream account \"$SYS\" not found"}"#,
+        ),
+        (
+            "account=$G&stream=NOPE",
+            404,
+            r#"{"status":"unavailable","error":"JetStream stream \"NOPE\" not found on account \"$G\""}"#,
+        ),
+        (
+            "account=$G&stream=FILE&consumer=nope",
+            404,
+            r#"{"status":"unavailable","error":"JetStream consumer \"nope\" not found for stream \"FILE\" on account \"$G\""}"#,
+        ),
+        (
+            "stream=FILE",
+            400,
+            r#"{"status":"error","error":"\"account\" must not be empty when checking stream health"}"#,
+        ),
+        (
+            "account=$G&consumer=fc",
+            400,
+            r#"{"status":"error","error":"\"stream\" must not be empty when checking consumer health"}"#,
+        ),
+        // Only JetStream itself (or only the server) is checked: the names are not.
+        ("account=$G&stream=NOPE&js-enabled-only=true", 200, ok),
+        ("account=$G&stream=NOPE&js-server-only=true", 200, ok),
+        ("account=$G&stream=NOPE&js-enabled=true", 200, ok),
+        ("details=true", 200, ok),
+        (
+            "details=true&account=$G&stream=NOPE",
+            404,
+            r#"{"status":"error","errors":[{"type":"STREAM","account":"$G","stream":"NOPE","error":"JetStream stream \"NOPE\" not found on account \"$G\""}]}"#,
+        ),
+        (
+            "details=true&account=$G&stream=FILE&consumer=nope",
+            404,
+            r#"{"status":"error","errors":[{"type":"CONSUMER","account":"$G","stream":"FILE","consumer":"nope","error":"JetStream consumer \"nope\" not found for stream \"FILE\" on account \"$G\""}]}"#,
+        ),
+        (
+            "details=1&account=NOPE",
+            404,
+            r#"{"status":"error","errors":[{"type":"ACCOUNT","account":"NOPE","error":"JetStream account \"NOPE\" not found"}]}"#,
+        ),
+        (
+            "details=true&stream=X",
+            400,
+            r#"{"status":"error","errors":[{"type":"BAD_REQUEST","error":"\"account\" must not be empty when checking stream health"}]}"#,
+        ),
+    ];
+    for (q, status, body) in cases {
+        let r = mon.get(&format!("/healthz?{q}")).await;
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (*status, *body),
+            "/healthz?{q}"
+        );
+        assert_eq!(r.header("content-type"), Some("application/json"), "{q}");
+    }
+    // A memory stream: the reference looks for stream directories on disk and so reports
+    // its memory streams missing; Keel reports the stream it has (a documented difference).
+    let r = mon.get("/healthz?account=$G&stream=MEM").await;
+    if is_reference() {
+        assert_eq!(r.status, 404, "{}", r.body);
+    } else {
+        assert_eq!((r.status, r.body.as_str()), (200, ok));
+    }
+}
+
+/// Sysinfo total RAM: what the reference (Go's sysmem) bases the default limit on.
+fn total_ram() -> u64 {
+    // SAFETY: sysinfo fills the struct it is given.
+    unsafe {
+        let mut info: libc::sysinfo = std::mem::zeroed();
+        assert_eq!(libc::sysinfo(&mut info), 0);
+        info.totalram as u64 * info.mem_unit as u64
+    }
+}
+
+/// With no `max_memory_store` / `max_file_store`, the JetStream limits are the reference's
+/// defaults from the machine (3/4 of RAM, 3/4 of the store's free disk), not -1, in `/jsz`
+/// and `/varz`; `$JS.API.INFO` shows the account's own limits, unlimited (-1).
+#[tokio::test]
+async fn jetstream_limits_are_real_when_unset() {
+    let mon = Mon::start(true);
+    let jsz = mon.json("/jsz").await;
+    let varz = mon.json("/varz").await;
+    let want_mem = total_ram() / 4 * 3;
+    for cfg in [&jsz["config"], &varz["jetstream"]["config"]] {
+        assert_eq!(cfg["max_memory"].as_u64(), Some(want_mem), "{cfg}");
+        let store = cfg["max_storage"].as_u64().expect("max_storage");
+        let dir = std::ffi::CString::new(cfg["store_dir"].as_str().unwrap()).unwrap();
+        // SAFETY: statfs fills the struct; `dir` is NUL-terminated.
+        let avail = unsafe {
+            let mut fs: libc::statfs = std::mem::zeroed();
+            assert_eq!(libc::statfs(dir.as_ptr(), &mut fs), 0);
+            fs.f_bavail as u64 * fs.f_bsize as u64 / 4 * 3
+        };
+        // Other processes write to the same disk meanwhile: close, not equal.
+        let diff = store.abs_diff(avail);
+        assert!(
+            diff < avail / 20,
+            "max_storage {store} vs 3/4 of free {avail}"
+        );
+    }
+    let client = mon.client("limits").await;
+    let info = api(&client, "INFO", Value::Null).await;
+    assert_eq!(
+        (
+            info["limits"]["max_memory"].as_i64(),
+            info["limits"]["max_storage"].as_i64()
+        ),
+        (Some(-1), Some(-1)),
+        "{info}"
+    );
+    if !is_reference() {
+        let m = mon.metrics().await;
+        assert_eq!(
+            metric(&m, "jetstream_server_max_memory", &[]),
+            Some(want_mem as f64)
+        );
+        assert_eq!(
+            metric(&m, "gnatsd_varz_jetstream_config_max_memory", &[]),
+            Some(want_mem as f64)
+        );
+    }
+    drop(mon);
+    // A configured limit is reported as configured.
+    let mon = Mon::start_with("jetstream { max_memory_store: 64MB }", false);
+    let jsz = mon.json("/jsz").await;
+    assert_eq!(jsz["config"]["max_memory"], 64 * 1024 * 1024, "{jsz:#}");
+}
+
+/// The nats-server release each JetStream API level arrived in.
+fn level_of_release(version: &str) -> Option<u64> {
+    let minor: u64 = version.split('.').nth(1)?.parse().ok()?;
+    Some(match minor {
+        0..=10 => 0,
+        11 => 1,
+        12 => 2,
+        14 => 4,
+        15 => 5,
+        _ => return None,
+    })
+}
+
+/// INFO `version`, `/varz` `version`, `_nats.ver`, and the API level in `/jsz`, `/varz`,
+/// `$JS.API.INFO` and `_nats.level` all tell the same story: the level is the one the
+/// advertised nats-server release introduced.
+#[tokio::test]
+async fn api_level_and_version_agree() {
+    let mon = Mon::start(true);
+    let info = mon.server.raw().await.info_json();
+    let version = info["version"].as_str().expect("INFO version").to_string();
+    let varz = mon.json("/varz").await;
+    assert_eq!(varz["version"], version.as_str());
+    let client = mon.client("levels").await;
+    let js_info = api(&client, "INFO", Value::Null).await;
+    create_stream(&client, "LV", &["lv.>"]).await;
+    let st = api(&client, "STREAM.INFO.LV", Value::Null).await;
+    let meta = &st["config"]["metadata"];
+    assert_eq!(meta["_nats.ver"], version.as_str(), "{st}");
+    let level = js_info["api"]["level"].as_u64().expect("api level");
+    assert_eq!(meta["_nats.level"], level.to_string().as_str());
+    assert_eq!(mon.json("/jsz").await["api"]["level"].as_u64(), Some(level));
+    assert_eq!(
+        varz["jetstream"]["stats"]["api"]["level"].as_u64(),
+        Some(level)
+    );
+    // 2.12.x moved from level 2 to 3 within the series; every other release has one level.
+    if level_of_release(&version) != Some(2) || level != 3 {
+        assert_eq!(level_of_release(&version), Some(level), "version {version}");
+    }
+}

@@ -14,10 +14,11 @@
 //! whole response. A query parameter that does not parse is answered with `400` and the
 //! reference's error text, unknown paths with the reference's `404 page not found`.
 
+mod closed;
 mod endpoints;
 mod jsz;
 mod metrics;
-mod proc;
+pub(crate) mod proc;
 mod query;
 
 use std::collections::BTreeMap;
@@ -39,6 +40,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::server::Server;
 use query::Query;
 
+pub use closed::ClosedConns;
 pub use metrics::encode_metrics;
 
 /// Binds the monitoring listener on `http_host` (else `host`) and `http_port` (0 or -1: any
