@@ -1402,10 +1402,8 @@ async fn consumer_numbers_follow_publish_deliver_ack() {
         assert!(metric(&m, "gnatsd_varz_in_msgs", &[]) >= Some(5.0));
         assert!(metric(&m, "gnatsd_varz_subscriptions", &[]) > Some(0.0));
         assert!(metric(&m, "gnatsd_varz_jetstream_stats_memory", &[]) > Some(0.0));
-        assert_eq!(
-            metric(&m, "gnatsd_varz_jetstream_config_max_memory", &[]),
-            Some(-1.0)
-        );
+        // A real limit (3/4 of RAM when unset), so "% used" panels work.
+        assert!(metric(&m, "gnatsd_varz_jetstream_config_max_memory", &[]) > Some(0.0));
         assert!(metric(&m, "jetstream_account_memory_used", &[("account", "$G")]) > Some(0.0));
         // Every series carries server_id; JetStream ones server_name too.
         assert!(m.iter().all(|s| s.label("server_id").is_some()));
@@ -2024,4 +2022,271 @@ async fn api_level_and_version_agree() {
     if level_of_release(&version) != Some(2) || level != 3 {
         assert_eq!(level_of_release(&version), Some(level), "version {version}");
     }
+}
+
+/// The names prometheus-nats-exporter publishes for a nats-server with `-varz -jsz=all`
+/// (its varz names are the reference's `/varz` numbers flattened; its jsz names are fixed),
+/// plus its `-connz -healthz -accstatz -subz -routez` families. Left out, because they do not
+/// apply to Keel: `gnatsd_varz_jetstream_config_sync_interval` (Keel syncs before every ack
+/// unless `sync_interval` is set; then it is there), `gnatsd_varz_jetstream_limits_*` (no
+/// default consumer limit), and the source/mirror families (no sources or mirrors yet).
+const EXPORTER_NAMES: &[&str] = &[
+    "gnatsd_varz_server_id",
+    "gnatsd_varz_server_name",
+    "gnatsd_varz_version",
+    "gnatsd_varz_proto",
+    "gnatsd_varz_port",
+    "gnatsd_varz_max_connections",
+    "gnatsd_varz_ping_interval",
+    "gnatsd_varz_ping_max",
+    "gnatsd_varz_http_port",
+    "gnatsd_varz_https_port",
+    "gnatsd_varz_auth_timeout",
+    "gnatsd_varz_max_control_line",
+    "gnatsd_varz_max_payload",
+    "gnatsd_varz_max_pending",
+    "gnatsd_varz_jetstream_config_max_memory",
+    "gnatsd_varz_jetstream_config_max_storage",
+    "gnatsd_varz_jetstream_stats_memory",
+    "gnatsd_varz_jetstream_stats_storage",
+    "gnatsd_varz_jetstream_stats_reserved_memory",
+    "gnatsd_varz_jetstream_stats_reserved_storage",
+    "gnatsd_varz_jetstream_stats_accounts",
+    "gnatsd_varz_jetstream_stats_ha_assets",
+    "gnatsd_varz_jetstream_stats_api_level",
+    "gnatsd_varz_jetstream_stats_api_total",
+    "gnatsd_varz_jetstream_stats_api_errors",
+    "gnatsd_varz_tls_timeout",
+    "gnatsd_varz_write_deadline",
+    "gnatsd_varz_start",
+    "gnatsd_varz_mem",
+    "gnatsd_varz_cores",
+    "gnatsd_varz_gomaxprocs",
+    "gnatsd_varz_cpu",
+    "gnatsd_varz_connections",
+    "gnatsd_varz_total_connections",
+    "gnatsd_varz_routes",
+    "gnatsd_varz_remotes",
+    "gnatsd_varz_leafnodes",
+    "gnatsd_varz_in_msgs",
+    "gnatsd_varz_in_bytes",
+    "gnatsd_varz_in_client_msgs",
+    "gnatsd_varz_in_client_bytes",
+    "gnatsd_varz_out_msgs",
+    "gnatsd_varz_out_bytes",
+    "gnatsd_varz_out_client_msgs",
+    "gnatsd_varz_out_client_bytes",
+    "gnatsd_varz_slow_consumers",
+    "gnatsd_varz_stale_connections",
+    "gnatsd_varz_stalled_clients",
+    "gnatsd_varz_subscriptions",
+    "gnatsd_varz_http_req_stats_varz",
+    "gnatsd_varz_config_load_time",
+    "gnatsd_varz_slow_consumer_stats_clients",
+    "gnatsd_varz_slow_consumer_stats_routes",
+    "gnatsd_varz_slow_consumer_stats_gateways",
+    "gnatsd_varz_slow_consumer_stats_leafs",
+    "gnatsd_varz_stale_connection_stats_clients",
+    "gnatsd_varz_stale_connection_stats_routes",
+    "gnatsd_varz_stale_connection_stats_gateways",
+    "gnatsd_varz_stale_connection_stats_leafs",
+    "gnatsd_varz_disk_io_wait_stats_waiters",
+    "gnatsd_varz_disk_io_wait_stats_waits",
+    "gnatsd_varz_disk_io_wait_stats_wait_time",
+    "gnatsd_varz_disk_io_wait_stats_max_wait_time",
+    "jetstream_server_jetstream_disabled",
+    "jetstream_server_total_streams",
+    "jetstream_server_total_consumers",
+    "jetstream_server_total_messages",
+    "jetstream_server_total_message_bytes",
+    "jetstream_server_max_memory",
+    "jetstream_server_max_storage",
+    "jetstream_account_max_memory",
+    "jetstream_account_max_storage",
+    "jetstream_account_storage_used",
+    "jetstream_account_memory_used",
+    "jetstream_stream_total_messages",
+    "jetstream_stream_limit_messages",
+    "jetstream_stream_total_bytes",
+    "jetstream_stream_limit_bytes",
+    "jetstream_stream_first_seq",
+    "jetstream_stream_last_seq",
+    "jetstream_stream_consumer_count",
+    "jetstream_stream_subject_count",
+    "jetstream_consumer_delivered_consumer_seq",
+    "jetstream_consumer_delivered_stream_seq",
+    "jetstream_consumer_last_delivery_seconds",
+    "jetstream_consumer_last_ack_seconds",
+    "jetstream_consumer_num_ack_pending",
+    "jetstream_consumer_num_redelivered",
+    "jetstream_consumer_num_waiting",
+    "jetstream_consumer_num_pending",
+    "jetstream_consumer_ack_floor_stream_seq",
+    "jetstream_consumer_ack_floor_consumer_seq",
+    "gnatsd_connz_num_connections",
+    "gnatsd_connz_total",
+    "gnatsd_connz_offset",
+    "gnatsd_connz_limit",
+    "gnatsd_connz_pending_bytes",
+    "gnatsd_connz_subscriptions",
+    "gnatsd_connz_in_bytes",
+    "gnatsd_connz_out_bytes",
+    "gnatsd_connz_in_msgs",
+    "gnatsd_connz_out_msgs",
+    "gnatsd_healthz_status",
+    "gnatsd_healthz_status_value",
+    "gnatsd_healthz_js_enabled_only_status",
+    "gnatsd_healthz_js_server_only_status",
+    "gnatsd_accstatz_current_connections",
+    "gnatsd_accstatz_total_connections",
+    "gnatsd_accstatz_subscriptions",
+    "gnatsd_accstatz_leaf_nodes",
+    "gnatsd_accstatz_sent_messages",
+    "gnatsd_accstatz_sent_bytes",
+    "gnatsd_accstatz_received_messages",
+    "gnatsd_accstatz_received_bytes",
+    "gnatsd_accstatz_slow_consumers",
+    "gnatsd_subsz_num_subscriptions",
+    "gnatsd_subsz_num_cache",
+    "gnatsd_subsz_num_inserts",
+    "gnatsd_subsz_num_removes",
+    "gnatsd_subsz_num_matches",
+    "gnatsd_subsz_cache_hit_rate",
+    "gnatsd_subsz_max_fanout",
+    "gnatsd_subsz_avg_fanout",
+    "gnatsd_routez_num_routes",
+];
+
+/// A stream and a consumer that has delivered and had an ack, so every family has a series.
+async fn scenario_with_traffic(mon: &Mon) -> Client {
+    let client = mon.client("traffic").await;
+    create_stream(&client, "S", &["s.>"]).await;
+    create_durable(&client, "S", "c").await;
+    for _ in 0..3 {
+        js_publish(&client, "s.x", "hello").await;
+    }
+    let msgs = fetch(&client, "S", "c", 1).await;
+    client
+        .publish(msgs[0].reply.clone().unwrap(), Bytes::new())
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    eventually("ack seen", || async {
+        let cd = mon.jsz_consumer("S", "c").await;
+        match cd["ack_floor"]["stream_seq"].as_u64() {
+            Some(1) => Ok(()),
+            _ => Err(cd.to_string()),
+        }
+    })
+    .await;
+    let _ = mon.get("/varz").await;
+    client
+}
+
+/// `/metrics` publishes every exporter name that applies, with the exporter's labels on the
+/// JetStream series, and values that agree with the JSON endpoints (keel only: the reference
+/// has no `/metrics`).
+#[tokio::test]
+async fn metrics_cover_the_exporters_names() {
+    if is_reference() {
+        return;
+    }
+    let mon = Mon::start(true);
+    let _client = scenario_with_traffic(&mon).await;
+    let m = mon.metrics().await;
+    let published: BTreeSet<&str> = m.iter().map(|s| s.name.as_str()).collect();
+    let missing: Vec<_> = EXPORTER_NAMES
+        .iter()
+        .filter(|n| !published.contains(**n))
+        .collect();
+    assert!(missing.is_empty(), "not published: {missing:?}");
+
+    let label_names = |name: &str| -> Vec<String> {
+        let s = m.iter().find(|s| s.name == name).unwrap();
+        s.labels.iter().map(|(k, _)| k.clone()).collect()
+    };
+    let server = [
+        "server_id",
+        "server_name",
+        "cluster",
+        "domain",
+        "meta_leader",
+        "is_meta_leader",
+    ];
+    assert_eq!(label_names("jetstream_server_total_streams"), server);
+    let mut account: Vec<&str> = server.to_vec();
+    account.extend(["account", "account_name", "account_id"]);
+    assert_eq!(label_names("jetstream_account_memory_used"), account);
+    let mut stream = account.clone();
+    stream.extend([
+        "stream_name",
+        "stream_leader",
+        "is_stream_leader",
+        "stream_raft_group",
+    ]);
+    let mut stream_keel = stream.clone();
+    stream_keel.push("stream");
+    assert_eq!(label_names("jetstream_stream_total_messages"), stream_keel);
+    let mut consumer = stream.clone();
+    consumer.extend([
+        "consumer_name",
+        "consumer_leader",
+        "is_consumer_leader",
+        "consumer_desc",
+        "stream",
+        "consumer",
+    ]);
+    assert_eq!(label_names("jetstream_consumer_num_pending"), consumer);
+    let c = m
+        .iter()
+        .find(|s| s.name == "jetstream_consumer_num_pending")
+        .unwrap();
+    assert_eq!(c.label("is_meta_leader"), Some("true"));
+    assert_eq!(c.label("is_stream_leader"), Some("true"));
+    assert_eq!(c.label("is_consumer_leader"), Some("true"));
+    assert_eq!(c.label("stream_leader"), c.label("server_name"));
+    assert_eq!(c.value, 2.0);
+    assert!(
+        metric(
+            &m,
+            "jetstream_consumer_last_ack_seconds",
+            &[("consumer", "c")]
+        ) >= Some(0.0)
+    );
+
+    // Values agree with the endpoints.
+    assert_eq!(metric(&m, "gnatsd_healthz_status", &[]), Some(0.0));
+    assert_eq!(
+        metric(&m, "gnatsd_healthz_status_value", &[("value", "ok")]),
+        Some(1.0)
+    );
+    assert_eq!(metric(&m, "gnatsd_connz_num_connections", &[]), Some(1.0));
+    assert_eq!(
+        metric(
+            &m,
+            "gnatsd_accstatz_current_connections",
+            &[("account", "$G")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(metric(&m, "gnatsd_varz_connections", &[]), Some(1.0));
+    let start = metric(&m, "gnatsd_varz_start", &[]).unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as f64;
+    assert!(
+        start <= now_ms && start > now_ms - 600_000.0,
+        "start {start}"
+    );
+    let version = m.iter().find(|s| s.name == "gnatsd_varz_version").unwrap();
+    assert_eq!(
+        version.label("value"),
+        mon.json("/varz").await["version"].as_str()
+    );
+    // The account's own limit is unlimited, as the reference shows it (uint64 max).
+    assert_eq!(
+        metric(&m, "jetstream_account_max_memory", &[("account", "$G")]),
+        Some(u64::MAX as f64)
+    );
 }

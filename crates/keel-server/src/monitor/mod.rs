@@ -41,7 +41,7 @@ use crate::server::Server;
 use query::Query;
 
 pub use closed::ClosedConns;
-pub use metrics::encode_metrics;
+use metrics::encode_metrics;
 
 /// Binds the monitoring listener on `http_host` (else `host`) and `http_port` (0 or -1: any
 /// free port).
@@ -275,7 +275,7 @@ pub(crate) fn route(ctx: &Ctx, path: &str, raw_query: &str) -> Reply {
         "/metrics" => {
             ctx.count("/metrics");
             let mut out = String::new();
-            return match encode_metrics(&ctx.server, &mut out) {
+            return match encode_metrics(ctx, &mut out) {
                 Ok(()) => Reply {
                     status: 200,
                     content_type: prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
