@@ -38,8 +38,8 @@ fn since(t: SystemTime) -> Duration {
     SystemTime::now().duration_since(t).unwrap_or_default()
 }
 
-pub fn root_html() -> String {
-    let links = [
+pub fn root_html(dashboard: bool) -> String {
+    let mut links = vec![
         ("varz", "General"),
         ("jsz", "JetStream"),
         ("connz", "Connections"),
@@ -52,6 +52,9 @@ pub fn root_html() -> String {
         ("healthz", "Health Probe"),
         ("metrics", "Prometheus Metrics"),
     ];
+    if dashboard {
+        links.insert(0, ("dashboard", "Dashboard"));
+    }
     let mut s = format!(
         "<html lang=\"en\">\n<head><title>keel-server monitoring</title></head>\n<body>\n\
          <h3>keel-server v{KEEL_VERSION} (nats-server API level {COMPAT_VERSION})</h3>\n"

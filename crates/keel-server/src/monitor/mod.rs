@@ -15,6 +15,7 @@
 //! reference's error text, unknown paths with the reference's `404 page not found`.
 
 mod closed;
+mod dashboard;
 mod endpoints;
 mod jsz;
 mod metrics;
@@ -60,6 +61,9 @@ pub async fn bind(server: &Server) -> std::io::Result<TcpListener> {
 pub async fn serve(server: Arc<Server>, listener: TcpListener) {
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
     let ctx = Arc::new(Ctx::new(server.clone(), port));
+    if server.opts.http_dashboard {
+        tokio::spawn(dashboard::sampler(server.clone(), ctx.history.clone()));
+    }
     let mut shutdown = server.shutdown_rx();
     loop {
         tokio::select! {
@@ -85,6 +89,8 @@ pub(crate) struct Ctx {
     /// Requests being worked on at once; more wait their turn instead of taking more of the
     /// blocking pool (and more CPU from message traffic).
     busy: tokio::sync::Semaphore,
+    /// The dashboard's sparkline samples.
+    pub history: Arc<Mutex<dashboard::History>>,
 }
 
 /// How many monitoring requests are worked on at the same time.
@@ -98,6 +104,7 @@ impl Ctx {
             req_stats: Mutex::new(BTreeMap::new()),
             cpu: Mutex::new(proc::CpuSampler::default()),
             busy: tokio::sync::Semaphore::new(CONCURRENT_REQUESTS),
+            history: Arc::new(Mutex::new(dashboard::History::default())),
         }
     }
 
@@ -145,6 +152,8 @@ pub(crate) struct Reply {
     body: Vec<u8>,
     /// JSON responses allow any origin, as the reference's do.
     cors: bool,
+    /// Extra headers (the dashboard's caching and content policy).
+    headers: Vec<(&'static str, String)>,
 }
 
 const TEXT: &str = "text/plain; charset=utf-8";
@@ -156,6 +165,7 @@ impl Reply {
             content_type: TEXT,
             body: body.into().into_bytes(),
             cors: false,
+            headers: Vec::new(),
         }
     }
 
@@ -184,6 +194,7 @@ impl Reply {
                     content_type: "application/javascript",
                     body: format!("{cb}({body})").into_bytes(),
                     cors: false,
+                    headers: Vec::new(),
                 }
             }
             _ => Reply {
@@ -191,6 +202,7 @@ impl Reply {
                 content_type: "application/json",
                 body: body.into_bytes(),
                 cors: true,
+                headers: Vec::new(),
             },
         }
     }
@@ -224,7 +236,19 @@ fn go_escape(s: &str) -> String {
 }
 
 async fn respond(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    let reply = if matches!(*req.method(), Method::GET | Method::HEAD | Method::POST) {
+    let if_none_match = req
+        .headers()
+        .get(hyper::header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let asset = (ctx.server.opts.http_dashboard
+        && matches!(*req.method(), Method::GET | Method::HEAD))
+    .then(|| dashboard_asset(&ctx, req.uri().path(), if_none_match.as_deref()))
+    .flatten();
+    let reply = if let Some(r) = asset {
+        // Static and in memory: no need for the blocking pool.
+        r
+    } else if matches!(*req.method(), Method::GET | Method::HEAD | Method::POST) {
         let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or("").to_string();
         let ctx2 = ctx.clone();
@@ -250,7 +274,64 @@ async fn respond(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>>
             HeaderValue::from_static("nosniff"),
         );
     }
+    for (k, v) in reply.headers {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(k, v);
+        }
+    }
     resp
+}
+
+/// The dashboard's page, script and style sheet, with an ETag so a browser that has them
+/// gets `304 Not Modified` (a refresh then costs the server only the data request).
+fn dashboard_asset(ctx: &Ctx, path: &str, if_none_match: Option<&str>) -> Option<Reply> {
+    let (text, content_type) = match path {
+        "/dashboard" | "/dashboard/" => (dashboard::INDEX_HTML, "text/html; charset=utf-8"),
+        "/dashboard/app.js" => (dashboard::APP_JS, "text/javascript; charset=utf-8"),
+        "/dashboard/app.css" => (dashboard::APP_CSS, "text/css; charset=utf-8"),
+        _ => return None,
+    };
+    ctx.count("/dashboard");
+    let etag = format!(
+        "\"{:016x}-{}\"",
+        fnv1a(text.as_bytes()),
+        crate::config::KEEL_VERSION
+    );
+    let headers = vec![
+        ("etag", etag.clone()),
+        ("cache-control", "no-cache".to_string()),
+        ("x-content-type-options", "nosniff".to_string()),
+        // Only our own script, style and data: a stream name can never run as script.
+        (
+            "content-security-policy",
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+             img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+                .to_string(),
+        ),
+    ];
+    if if_none_match.is_some_and(|v| v.split(',').any(|t| t.trim() == etag)) {
+        return Some(Reply {
+            status: 304,
+            content_type,
+            body: Vec::new(),
+            cors: false,
+            headers,
+        });
+    }
+    Some(Reply {
+        status: 200,
+        content_type,
+        body: text.as_bytes().to_vec(),
+        cors: false,
+        headers,
+    })
+}
+
+/// FNV-1a: a stable content hash for the ETag (not security-relevant).
+fn fnv1a(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 type Handler = fn(&Ctx, &Query) -> Result<Value, String>;
@@ -264,8 +345,9 @@ pub(crate) fn route(ctx: &Ctx, path: &str, raw_query: &str) -> Reply {
             return Reply {
                 status: 200,
                 content_type: "text/html; charset=utf-8",
-                body: endpoints::root_html().into_bytes(),
+                body: endpoints::root_html(ctx.server.opts.http_dashboard).into_bytes(),
                 cors: false,
+                headers: Vec::new(),
             };
         }
         "/healthz" => {
@@ -281,6 +363,7 @@ pub(crate) fn route(ctx: &Ctx, path: &str, raw_query: &str) -> Reply {
                     content_type: prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
                     body: out.into_bytes(),
                     cors: false,
+                    headers: Vec::new(),
                 },
                 Err(_) => Reply::text(500, "error encoding metrics\n"),
             };
@@ -294,6 +377,20 @@ pub(crate) fn route(ctx: &Ctx, path: &str, raw_query: &str) -> Reply {
         "/accountz" => ("/accountz", endpoints::accountz),
         "/accstatz" => ("/accstatz", endpoints::accstatz),
         "/jsz" => ("/jsz", jsz::jsz),
+        "/dashboard/data" if ctx.server.opts.http_dashboard => {
+            ctx.count("/dashboard/data");
+            return match dashboard::data(ctx, &q) {
+                // Compact: the page parses it, nobody reads it.
+                Ok(v) => Reply {
+                    status: 200,
+                    content_type: "application/json",
+                    body: serde_json::to_vec(&v).unwrap_or_default(),
+                    cors: false,
+                    headers: vec![("cache-control", "no-store".to_string())],
+                },
+                Err(text) => Reply::text(400, text),
+            };
+        }
         _ => return Reply::not_found(),
     };
     ctx.count(name);
