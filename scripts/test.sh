@@ -11,6 +11,12 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo build"
 cargo build --workspace --all-targets
+echo "== monitoring test tools (chromium, playwright-core, promtool)"
+# Installs what it can; a missing tool is announced loudly and its test skips. When all are
+# in place their tests must run, so they are made mandatory.
+if scripts/monitoring-test-tools.sh; then
+  export KEEL_MONITORING_TOOLS=required
+fi
 echo "== cargo test (keel-server)"
 cargo test --workspace
 echo "== python interop deps"

@@ -2290,3 +2290,254 @@ async fn metrics_cover_the_exporters_names() {
         Some(u64::MAX as f64)
     );
 }
+
+/// Whether an external tool a test needs is there. Without it the test skips with a loud
+/// note, unless `KEEL_MONITORING_TOOLS=required` (scripts/test.sh sets it once
+/// scripts/monitoring-test-tools.sh installed everything): then it fails.
+fn have_tool(what: &str, found: bool) -> bool {
+    if found {
+        return true;
+    }
+    let msg = format!(
+        "{what} is not installed: run scripts/monitoring-test-tools.sh (this test is SKIPPED)"
+    );
+    if std::env::var("KEEL_MONITORING_TOOLS").as_deref() == Ok("required") {
+        panic!("{msg}");
+    }
+    eprintln!("!!!! {msg}");
+    false
+}
+
+fn repo_path(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
+}
+
+/// `GET path` with extra request headers.
+async fn http_get_with(port: u16, path: &str, headers: &str) -> Http {
+    within(&format!("GET {path}"), async {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let req =
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Connection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.unwrap();
+        let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|s| s.parse().ok())
+            .unwrap();
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        Http {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&raw[split + 4..]).into_owned(),
+        }
+    })
+    .await
+}
+
+/// The dashboard's page and assets are served from the binary with a strict content policy
+/// and an ETag (a refresh revalidates to 304); `/dashboard/data` has the streams, consumers
+/// and history the page shows, and `since` trims the history to what the page lacks;
+/// `http_dashboard: false` turns it all off. Keel only: the reference has no dashboard.
+#[tokio::test]
+async fn dashboard_is_served_and_can_be_turned_off() {
+    if is_reference() {
+        return;
+    }
+    let mon = Mon::start(true);
+    let client = mon.client("dash").await;
+    create_stream(&client, "ORDERS", &["orders.>"]).await;
+    create_durable(&client, "ORDERS", "order-worker").await;
+    js_publish(&client, "orders.new", "1").await;
+    for (path, ctype) in [
+        ("/dashboard", "text/html; charset=utf-8"),
+        ("/dashboard/app.js", "text/javascript; charset=utf-8"),
+        ("/dashboard/app.css", "text/css; charset=utf-8"),
+    ] {
+        let r = mon.get(path).await;
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(r.header("content-type"), Some(ctype), "{path}");
+        let csp = r.header("content-security-policy").unwrap_or_default();
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+            "{csp}"
+        );
+        let etag = r.header("etag").expect("etag").to_string();
+        let again = http_get_with(mon.port, path, &format!("If-None-Match: {etag}\r\n")).await;
+        assert_eq!(again.status, 304, "{path}");
+        assert!(again.body.is_empty());
+    }
+    assert!(mon.get("/").await.body.contains("./dashboard"));
+    let d = mon.json_compact("/dashboard/data").await;
+    assert_eq!(d["streams"][0]["name"], "ORDERS");
+    assert_eq!(d["streams"][0]["messages"], 1);
+    assert_eq!(d["consumers"][0]["name"], "order-worker");
+    assert_eq!(d["consumers"][0]["num_pending"], 1);
+    assert_eq!(d["consumers"][0]["max_ack_pending"], 1000);
+    assert!(d["server"]["jetstream"]["max_memory"].as_i64() > Some(0));
+    // The sampler has taken its first sample at start.
+    let seq = d["history"]["seq"].as_u64().unwrap();
+    assert!(seq >= 1, "{d}");
+    let later = mon
+        .json_compact(&format!("/dashboard/data?since={seq}"))
+        .await;
+    assert!(
+        later["history"]["t"].as_array().unwrap().len() <= 1,
+        "{later}"
+    );
+    assert_eq!(
+        mon.get("/dashboard/data?since=x").await.status,
+        400,
+        "bad since"
+    );
+    drop(mon);
+
+    let off = Mon::start_with("http_dashboard: false", false);
+    for path in ["/dashboard", "/dashboard/app.js", "/dashboard/data"] {
+        assert_eq!(off.get(path).await.status, 404, "{path}");
+    }
+    assert!(!off.get("/").await.body.contains("dashboard"));
+}
+
+impl Mon {
+    /// A compact JSON endpoint (the dashboard's data).
+    async fn json_compact(&self, path: &str) -> Value {
+        let r = self.get(path).await;
+        assert_eq!(r.status, 200, "GET {path}: {}", r.body);
+        assert!(
+            r.body.starts_with('{') && !r.body.starts_with("{\n"),
+            "{path}"
+        );
+        serde_json::from_str(&r.body).unwrap()
+    }
+}
+
+/// The dashboard in headless Chromium (Debian's, driven by playwright-core): against a real
+/// server with a stream and a consumer that keep moving, the page shows the numbers, they
+/// update by themselves, the sparklines draw, nothing is fetched from anywhere but the
+/// server, and no script error occurs. Saves a screenshot (`KEEL_DASHBOARD_SCREENSHOT=path`
+/// to keep it; docs/dashboard.png is made with that and `KEEL_DASHBOARD_MIN_POINTS=12`).
+/// Keel only; skipped loudly when the browser tools are missing (see `have_tool`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_in_headless_chromium() {
+    if is_reference() {
+        return;
+    }
+    let chromium =
+        std::env::var("KEEL_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".to_string());
+    let script_dir = repo_path("tests/dashboard");
+    if !have_tool("chromium", std::path::Path::new(&chromium).exists())
+        || !have_tool(
+            "playwright-core (tests/dashboard/node_modules)",
+            script_dir.join("node_modules/playwright-core").exists(),
+        )
+    {
+        return;
+    }
+    let mon = Mon::start_with("server_name: keel-1", true);
+    let client = mon.client("order-service").await;
+    api(
+        &client,
+        "STREAM.CREATE.ORDERS",
+        json!({"name": "ORDERS", "subjects": ["orders.>"], "storage": "file",
+               "max_msgs": 100_000}),
+    )
+    .await;
+    create_stream(&client, "EVENTS", &["events.>"]).await;
+    create_durable(&client, "ORDERS", "order-worker").await;
+    create_durable(&client, "EVENTS", "analytics").await;
+    for i in 0..50 {
+        js_publish(&client, "orders.new", "{\"id\":1}").await;
+        if i % 2 == 0 {
+            js_publish(&client, "events.click", "x").await;
+        }
+    }
+    // Traffic while the page is open: publishes, and a worker taking and acking some.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let (client, stop) = (client.clone(), stop.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                && started.elapsed() < Duration::from_secs(240)
+            {
+                js_publish(&client, "orders.new", "{\"id\":2}").await;
+                js_publish(&client, "events.click", "y").await;
+                if n % 3 == 0 {
+                    let msgs = fetch(&client, "ORDERS", "order-worker", 2).await;
+                    client
+                        .publish(msgs[0].reply.clone().unwrap(), Bytes::new())
+                        .await
+                        .unwrap();
+                }
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let shot = std::env::var("KEEL_DASHBOARD_SCREENSHOT").map_or_else(
+        |_| std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png"),
+        std::path::PathBuf::from,
+    );
+    let url = format!("http://127.0.0.1:{}/dashboard", mon.port);
+    let run = tokio::process::Command::new("node")
+        .arg(script_dir.join("check.mjs"))
+        .arg(&url)
+        .arg(&shot)
+        .env("KEEL_CHROMIUM", &chromium)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(240), run)
+        .await
+        .expect("browser check timed out")
+        .expect("run node");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = traffic.await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "browser check failed:\n{stdout}\n{stderr}"
+    );
+    let v: Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or("{}"))
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let num = |s: &Value| -> u64 {
+        s.as_str()
+            .unwrap_or("")
+            .replace(',', "")
+            .parse()
+            .unwrap_or(0)
+    };
+    assert!(num(&v["first"]["messages"]) >= 50, "{v:#}");
+    assert!(
+        num(&v["later"]["messages"]) > num(&v["first"]["messages"]),
+        "{v:#}"
+    );
+    assert!(v["sparkline_points"].as_u64() >= Some(2), "{v:#}");
+    assert!(v["consumer_sparkline_points"].as_u64() >= Some(2), "{v:#}");
+    assert_eq!(v["foreign_requests"], json!([]), "{v:#}");
+    assert_eq!(v["errors"], json!([]), "{v:#}");
+    for card in ["Connections", "Msgs in/s", "Slow consumers", "Memory (RSS)"] {
+        assert!(
+            v["cards"].as_array().unwrap().iter().any(|c| c == card),
+            "{card}: {v:#}"
+        );
+    }
+    let png = std::fs::read(&shot).expect("screenshot written");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{}",
+        png.len()
+    );
+    eprintln!("dashboard screenshot: {}", shot.display());
+}

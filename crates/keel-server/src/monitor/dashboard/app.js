@@ -44,7 +44,7 @@ function fmtBytes(n) {
   const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
   let i = 0;
   while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
-  return (i === 0 ? n : n.toFixed(1)) + ' ' + units[i];
+  return (i === 0 ? Math.round(n) : n.toFixed(1)) + ' ' + units[i];
 }
 
 function fmtRate(r) {
