@@ -1600,44 +1600,134 @@ async fn scrape_with_1000_consumers_is_cheap() {
     );
 }
 
-/// Every metric the example alert rules (examples/prometheus/keel-alerts.yml) use is one
-/// `/metrics` publishes (keel only; the reference has no `/metrics`).
+/// Metric names (`gnatsd_*`, `jetstream_*`) in `text`.
+fn metric_names_in(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("jetstream_") || w.starts_with("gnatsd_"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The metrics prometheus-nats-exporter's own Grafana dashboards query
+/// (walkthrough/grafana-nats-dash.json and grafana-jetstream-dash.json in its repository).
+const EXPORTER_DASHBOARD_NAMES: &[&str] = &[
+    "gnatsd_varz_connections",
+    "gnatsd_varz_cpu",
+    "gnatsd_varz_in_bytes",
+    "gnatsd_varz_in_msgs",
+    "gnatsd_varz_mem",
+    "gnatsd_varz_out_bytes",
+    "gnatsd_varz_out_msgs",
+    "gnatsd_varz_slow_consumers",
+    "gnatsd_varz_subscriptions",
+    "gnatsd_varz_jetstream_config_max_memory",
+    "gnatsd_varz_jetstream_config_max_storage",
+    "gnatsd_varz_jetstream_stats_memory",
+    "gnatsd_varz_jetstream_stats_storage",
+    "jetstream_consumer_delivered_consumer_seq",
+    "jetstream_consumer_num_ack_pending",
+    "jetstream_consumer_num_pending",
+    "jetstream_server_total_consumers",
+    "jetstream_stream_last_seq",
+    "jetstream_stream_total_bytes",
+    "jetstream_stream_total_messages",
+];
+
+/// The shipped Grafana dashboard (examples/grafana/keel-dashboard.json), the example alert
+/// rules (examples/prometheus/keel-alerts.yml) and the exporter's own dashboards query only
+/// metrics `/metrics` publishes; the rules pass `promtool check rules` (when promtool is
+/// installed, see `have_tool`). Keel only: the reference has no `/metrics`.
 #[tokio::test]
-async fn example_alert_rules_use_published_metrics() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/prometheus/keel-alerts.yml"
+async fn dashboards_and_alert_rules_use_published_metrics() {
+    let rules_path = repo_path("examples/prometheus/keel-alerts.yml");
+    let rules = std::fs::read_to_string(&rules_path).expect("read the example alert rules");
+    let rule_names = metric_names_in(
+        &rules
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n"),
     );
-    let rules = std::fs::read_to_string(path).expect("read the example alert rules");
-    let mut names = BTreeSet::new();
-    for line in rules.lines().filter(|l| !l.trim_start().starts_with('#')) {
-        for word in line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-            if word.starts_with("jetstream_") || word.starts_with("gnatsd_") {
-                names.insert(word.to_string());
-            }
+    assert!(
+        rule_names.contains("jetstream_consumer_num_ack_pending"),
+        "{rule_names:?}"
+    );
+    let dash_text = std::fs::read_to_string(repo_path("examples/grafana/keel-dashboard.json"))
+        .expect("read the Grafana dashboard");
+    let dash: Value = serde_json::from_str(&dash_text).expect("dashboard is JSON");
+    let mut queries = Vec::new();
+    for p in dash["panels"].as_array().expect("panels") {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            queries.push(t["expr"].as_str().expect("expr").to_string());
         }
     }
-    assert!(
-        names.contains("jetstream_consumer_ack_pending"),
-        "{names:?}"
-    );
-    assert!(
-        names.contains("jetstream_consumer_num_pending"),
-        "{names:?}"
-    );
+    for v in dash["templating"]["list"].as_array().expect("templating") {
+        if let Some(q) = v["definition"].as_str() {
+            queries.push(q.to_string());
+        }
+    }
+    assert!(queries.len() > 20, "{queries:?}");
+    let dash_names = metric_names_in(&queries.join("\n"));
+    // Exporter-compatible names only: none of Keel's aliases.
+    for alias in [
+        "jetstream_consumer_ack_pending",
+        "jetstream_stream_messages",
+        "jetstream_stream_bytes",
+    ] {
+        assert!(
+            !dash_names.contains(alias) && !rule_names.contains(alias),
+            "{alias}"
+        );
+    }
+    for q in &queries {
+        assert!(
+            !q.contains("stream=") && !q.contains("consumer="),
+            "alias label in {q}"
+        );
+    }
+
+    if have_tool(
+        "promtool",
+        std::process::Command::new("promtool")
+            .arg("--version")
+            .output()
+            .is_ok(),
+    ) {
+        let out = std::process::Command::new("promtool")
+            .args(["check", "rules"])
+            .arg(&rules_path)
+            .output()
+            .expect("run promtool");
+        assert!(
+            out.status.success(),
+            "promtool check rules:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     if is_reference() {
         return;
     }
     let mon = Mon::start(true);
-    let client = mon.client("alerts").await;
-    create_stream(&client, "A", &["a.>"]).await;
-    create_durable(&client, "A", "c").await;
+    let _client = scenario_with_traffic(&mon).await;
     let published: BTreeSet<String> = mon.metrics().await.into_iter().map(|s| s.name).collect();
-    let missing: Vec<_> = names.difference(&published).collect();
-    assert!(
-        missing.is_empty(),
-        "alert rules use unpublished metrics: {missing:?}"
-    );
+    for (what, names) in [
+        ("alert rules", rule_names),
+        ("Grafana dashboard", dash_names),
+        (
+            "exporter dashboards",
+            EXPORTER_DASHBOARD_NAMES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        ),
+    ] {
+        let missing: Vec<_> = names.difference(&published).collect();
+        assert!(
+            missing.is_empty(),
+            "{what} use unpublished metrics: {missing:?}"
+        );
+    }
 }
 
 impl Mon {
