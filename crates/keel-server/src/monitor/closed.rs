@@ -12,6 +12,8 @@ use crate::time::now_nanos;
 /// At most this many of a closed connection's subscriptions are kept for `subs=1` (the count
 /// stays exact), so one connection with a huge interest set cannot pin its memory.
 const SUBS_KEPT: usize = 64;
+/// Slow-consumer closes kept apart for the dashboard.
+pub const SLOW_KEPT: usize = 20;
 
 /// One closed connection.
 pub(crate) struct Closed {
@@ -25,6 +27,8 @@ pub(crate) struct Closed {
 pub struct ClosedConns {
     max: usize,
     ring: Mutex<VecDeque<Arc<Closed>>>,
+    /// The newest slow-consumer closes (the dashboard lists them without scanning the ring).
+    slow: Mutex<VecDeque<Arc<Closed>>>,
     /// Connections closed since start.
     total: std::sync::atomic::AtomicU64,
 }
@@ -49,6 +53,7 @@ impl ClosedConns {
         ClosedConns {
             max,
             ring: Mutex::new(VecDeque::new()),
+            slow: Mutex::new(VecDeque::new()),
             total: Default::default(),
         }
     }
@@ -68,6 +73,13 @@ impl ClosedConns {
             stop: now_nanos(),
             reason: reason_text(h.close_reason()),
         });
+        if entry.reason.starts_with("Slow Consumer") {
+            let mut slow = self.slow.lock().unwrap_or_else(|e| e.into_inner());
+            if slow.len() >= SLOW_KEPT {
+                slow.pop_front();
+            }
+            slow.push_back(entry.clone());
+        }
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         if ring.len() >= self.max {
             ring.pop_front();
@@ -85,15 +97,13 @@ impl ClosedConns {
             .collect()
     }
 
-    /// The newest `n` entries whose reason starts with `prefix`, newest first.
-    pub(crate) fn newest(&self, n: usize, prefix: &str) -> Vec<Arc<Closed>> {
-        self.ring
+    /// The newest slow-consumer closes (at most [`SLOW_KEPT`]), newest first.
+    pub(crate) fn newest_slow(&self) -> Vec<Arc<Closed>> {
+        self.slow
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .rev()
-            .filter(|c| c.reason.starts_with(prefix))
-            .take(n)
             .cloned()
             .collect()
     }
@@ -125,7 +135,8 @@ mod tests {
             .iter()
             .all(|c| c.reason == "Slow Consumer (Pending Bytes)"));
         assert_eq!(ring.total(), 5);
-        assert_eq!(ring.newest(1, "Slow")[0].row.cid, 5);
+        assert_eq!(ring.newest_slow()[0].row.cid, 5);
+        assert_eq!(ring.newest_slow().len(), 5);
         let none = ClosedConns::new(0);
         none.record(&ClientHandle::detached(9));
         assert!(none.list().is_empty());

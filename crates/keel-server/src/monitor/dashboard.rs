@@ -42,7 +42,6 @@ pub const MAX_CONSUMERS: usize = 1024;
 /// Rows of the live tables: more would make the page heavy to build and to read.
 const MAX_LISTED_CONSUMERS: usize = 1000;
 const MAX_LISTED_CONNECTIONS: usize = 20;
-const MAX_LISTED_SLOW: usize = 20;
 
 pub const INDEX_HTML: &str = include_str!("dashboard/index.html");
 pub const APP_JS: &str = include_str!("dashboard/app.js");
@@ -274,11 +273,11 @@ pub fn data(ctx: &Ctx, q: &Query) -> Result<Value, String> {
                 .unwrap_or_default(),
         )
         .unwrap_or_else(std::time::Instant::now);
-    let cpu = ctx
-        .cpu
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .percent(started);
+    // CPU and memory as sampled at most once a second (no /proc reads per poll).
+    let (cpu, mem) = {
+        let mut sampler = ctx.cpu.lock().unwrap_or_else(|e| e.into_inner());
+        (sampler.percent(started), sampler.rss())
+    };
     let mut server = json!({
         "name": s.server_name,
         "id": s.server_id,
@@ -288,7 +287,7 @@ pub fn data(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         "connections": s.num_clients(),
         "total_connections": s.total_connections(),
         "subscriptions": s.sublist.count(),
-        "mem": proc::rss_bytes(),
+        "mem": mem,
         "cpu": cpu,
         "cores": proc::cores(),
         "in_msgs": t.in_msgs,
@@ -388,7 +387,7 @@ pub fn data(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         .collect();
     let slow: Vec<Value> = s
         .closed
-        .newest(MAX_LISTED_SLOW, "Slow Consumer")
+        .newest_slow()
         .iter()
         .map(|c| {
             json!({

@@ -76,10 +76,19 @@ pub fn cores() -> usize {
 pub struct CpuSampler {
     last: Option<(Instant, u64)>,
     pct: f64,
+    rss: u64,
 }
 
 impl CpuSampler {
     pub fn percent(&mut self, process_start: Instant) -> f64 {
+        // Within a second of the last sample: the same figure, without reading /proc.
+        if self
+            .last
+            .is_some_and(|(t, _)| t.elapsed().as_secs_f64() < 1.0)
+        {
+            return self.pct;
+        }
+        self.rss = rss_bytes();
         let Some(ticks) = cpu_ticks() else {
             return 0.0;
         };
@@ -88,15 +97,17 @@ impl CpuSampler {
         let now = Instant::now();
         let (since, base) = self.last.unwrap_or((process_start, 0));
         let wall = now.duration_since(since).as_secs_f64();
-        if self.last.is_some() && wall < 1.0 {
-            return self.pct;
-        }
         if wall > 0.0 {
             let pct = (ticks.saturating_sub(base)) as f64 / hz / wall * 100.0;
             self.pct = (pct * 10.0).round() / 10.0;
         }
         self.last = Some((now, ticks));
         self.pct
+    }
+
+    /// Resident memory as of the last [`percent`](Self::percent) sample.
+    pub fn rss(&self) -> u64 {
+        self.rss
     }
 }
 
