@@ -2631,3 +2631,52 @@ async fn dashboard_in_headless_chromium() {
     );
     eprintln!("dashboard screenshot: {}", shot.display());
 }
+
+/// `/subsz` cache figures move with traffic: repeated publishes to one subject are matched
+/// from the cache (`cache_hit_rate` > 0, `num_matches` grows), the result is cached
+/// (`num_cache`) and its fan-out (two subscriptions and a queue group: 3) shows in
+/// `max_fanout`; `/accountz?acc=$G` carries the same figures.
+#[tokio::test]
+async fn subsz_cache_counters_follow_traffic() {
+    let mon = Mon::start(false);
+    let subs = mon.client("subs").await;
+    let mut a = subs.subscribe("fan.x").await.unwrap();
+    let _b = subs.subscribe("fan.*").await.unwrap();
+    let _q = subs
+        .queue_subscribe("fan.x", "workers".into())
+        .await
+        .unwrap();
+    common::sync(&subs).await;
+    let before = mon.json("/subsz").await;
+    let publisher = mon.client("pub").await;
+    for _ in 0..20 {
+        publisher
+            .publish("fan.x", Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+    }
+    // Delivered, so matched; no new subscription (that would invalidate the caches).
+    for _ in 0..20 {
+        common::next_msg(&mut a).await;
+    }
+    let after = mon.json("/subsz").await;
+    let n = |v: &Value, k: &str| v[k].as_f64().unwrap_or(-1.0);
+    assert!(
+        n(&after, "num_matches") > n(&before, "num_matches"),
+        "{after:#}"
+    );
+    assert!(n(&after, "cache_hit_rate") > 0.0, "{after:#}");
+    assert!(n(&after, "num_cache") >= 1.0, "{after:#}");
+    assert!(n(&after, "max_fanout") >= 3.0, "{after:#}");
+    assert!(n(&after, "avg_fanout") > 0.0, "{after:#}");
+    let acc = mon.json("/accountz?acc=$G").await;
+    let st = &acc["account_detail"]["sublist_stats"];
+    assert!(
+        n(st, "num_matches") > 0.0 && n(st, "num_cache") >= 1.0,
+        "{acc:#}"
+    );
+    if !is_reference() {
+        let m = mon.metrics().await;
+        assert!(metric(&m, "gnatsd_subsz_cache_hit_rate", &[]) > Some(0.0));
+    }
+}

@@ -555,24 +555,16 @@ pub fn subsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     if limit <= 0 {
         limit = DEFAULT_LIST_SIZE;
     }
-    let count = s.sublist.count();
-    let stats = s.sublist.stats();
     let mut v = json!({
         "server_id": s.server_id,
         "now": now(),
-        "num_subscriptions": count,
-        // Match caches are per connection; only trie lookups (cache misses) are counted.
-        "num_cache": 0,
-        "num_inserts": stats.inserts,
-        "num_removes": stats.removes,
-        "num_matches": stats.matches,
-        "cache_hit_rate": 0.0,
-        "max_fanout": 0,
-        "avg_fanout": 0.0,
-        "total": 0,
-        "offset": offset,
-        "limit": limit,
     });
+    if let (Value::Object(m), Value::Object(st)) = (&mut v, sublist_stats(s)) {
+        m.extend(st);
+    }
+    v["total"] = 0.into();
+    v["offset"] = offset.into();
+    v["limit"] = limit.into();
     if subs {
         let mut rows: Vec<SubRow> = Vec::new();
         for h in s.clients() {
@@ -592,6 +584,31 @@ pub fn subsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         v["subscriptions_list"] = list.into();
     }
     Ok(v)
+}
+
+/// The reference's sublist statistics. Keel's match caches are per connection (no shared
+/// cache to lock on publish): `num_cache` is what they hold now, `num_matches` every match
+/// (from a cache or from the trie), `cache_hit_rate` the share answered from a cache, and
+/// the fan-outs are over the cached results.
+fn sublist_stats(s: &Server) -> Value {
+    let stats = s.sublist.stats();
+    let cache = s.sublist.cache_stats();
+    let matches = stats.matches + cache.hits;
+    let rate = if matches > 0 {
+        cache.hits as f64 / matches as f64
+    } else {
+        0.0
+    };
+    json!({
+        "num_subscriptions": s.sublist.count(),
+        "num_cache": cache.entries,
+        "num_inserts": stats.inserts,
+        "num_removes": stats.removes,
+        "num_matches": matches,
+        "cache_hit_rate": rate,
+        "max_fanout": cache.max_fanout,
+        "avg_fanout": cache.avg_fanout,
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -671,18 +688,13 @@ pub fn accountz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     );
     d.insert("subscriptions".into(), subs.into());
     d.insert("name_tag".into(), acc.into());
+    let zero = json!({
+        "num_subscriptions": 0, "num_cache": 0, "num_inserts": 0, "num_removes": 0,
+        "num_matches": 0, "cache_hit_rate": 0.0, "max_fanout": 0, "avg_fanout": 0.0,
+    });
     d.insert(
         "sublist_stats".into(),
-        json!({
-            "num_subscriptions": subs,
-            "num_cache": 0,
-            "num_inserts": 0,
-            "num_removes": 0,
-            "num_matches": 0,
-            "cache_hit_rate": 0.0,
-            "max_fanout": 0,
-            "avg_fanout": 0.0,
-        }),
+        if global { sublist_stats(s) } else { zero },
     );
     v["account_detail"] = Value::Object(d);
     Ok(v)
