@@ -2563,7 +2563,7 @@ async fn dashboard_in_headless_chromium() {
             {
                 js_publish(&client, "orders.new", "{\"id\":2}").await;
                 js_publish(&client, "events.click", "y").await;
-                if n % 3 == 0 {
+                if n.is_multiple_of(3) {
                     let msgs = fetch(&client, "ORDERS", "order-worker", 2).await;
                     client
                         .publish(msgs[0].reply.clone().unwrap(), Bytes::new())

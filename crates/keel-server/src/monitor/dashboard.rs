@@ -362,7 +362,7 @@ pub fn data(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         });
     }
     // The biggest backlogs first: those are the ones to look at.
-    consumers.sort_by(|a, b| b.0.cmp(&a.0));
+    consumers.sort_by_key(|c| std::cmp::Reverse(c.0));
     let consumers: Vec<Value> = consumers
         .into_iter()
         .take(MAX_LISTED_CONSUMERS)

@@ -820,33 +820,33 @@ impl HealthError {
     }
 }
 
-pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), HealthError> {
+pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), Box<HealthError>> {
     if p.account.is_empty() && !p.stream.is_empty() {
-        return Err(HealthError::new(
+        return Err(Box::new(HealthError::new(
             400,
             "error",
             "BAD_REQUEST",
             "\"account\" must not be empty when checking stream health".into(),
-        ));
+        )));
     }
     if p.stream.is_empty() && !p.consumer.is_empty() {
-        return Err(HealthError::new(
+        return Err(Box::new(HealthError::new(
             400,
             "error",
             "BAD_REQUEST",
             "\"stream\" must not be empty when checking consumer health".into(),
-        ));
+        )));
     }
     if p.js_server_only || !server.opts.jetstream {
         return Ok(());
     }
     let Some(js) = server.jetstream.get() else {
-        return Err(HealthError::new(
+        return Err(Box::new(HealthError::new(
             503,
             "unavailable",
             "JETSTREAM",
             "JetStream not enabled".into(),
-        ));
+        )));
     };
     if p.js_enabled_only || p.account.is_empty() {
         return Ok(());
@@ -861,7 +861,7 @@ pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), HealthError> {
             format!("JetStream account {:?} not found", p.account),
         );
         e.account = p.account.into();
-        return Err(e);
+        return Err(Box::new(e));
     }
     if p.stream.is_empty() {
         return Ok(());
@@ -878,7 +878,7 @@ pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), HealthError> {
         );
         e.account = p.account.into();
         e.stream = p.stream.into();
-        return Err(e);
+        return Err(Box::new(e));
     };
     if !p.consumer.is_empty() && !stream.consumers_lock().contains_key(p.consumer) {
         let mut e = HealthError::new(
@@ -893,7 +893,7 @@ pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), HealthError> {
         e.account = p.account.into();
         e.stream = p.stream.into();
         e.consumer = p.consumer.into();
-        return Err(e);
+        return Err(Box::new(e));
     }
     Ok(())
 }
