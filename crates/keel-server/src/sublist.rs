@@ -75,6 +75,66 @@ pub struct Sublist {
     /// insert while someone waits, so SUB stays as cheap as before otherwise.
     inserted: tokio::sync::Notify,
     insert_waiters: AtomicUsize,
+    /// The connections' match caches (for `/subsz`), and what the dropped ones counted.
+    caches: std::sync::Mutex<CacheRegistry>,
+}
+
+#[derive(Default)]
+struct CacheRegistry {
+    live: Vec<Arc<CacheCounters>>,
+    prune_at: usize,
+    retired_hits: u64,
+}
+
+impl CacheRegistry {
+    /// Folds the caches that were dropped (only the registry holds them) into the totals.
+    fn prune(&mut self) {
+        let mut hits = 0;
+        self.live.retain(|c| {
+            let gone = Arc::strong_count(c) == 1;
+            if gone {
+                hits += c.hits.load(Ordering::Relaxed);
+            }
+            !gone
+        });
+        self.retired_hits += hits;
+        self.prune_at = (self.live.len() * 2).max(64);
+    }
+}
+
+/// One match cache's figures. Only its owner writes them (plain load-then-store, no locked
+/// instruction on the publish path); `/subsz` sums them.
+#[derive(Default)]
+pub struct CacheCounters {
+    hits: AtomicU64,
+    entries: AtomicU64,
+    fanout_sum: AtomicU64,
+    max_fanout: AtomicU64,
+}
+
+impl CacheCounters {
+    fn bump(a: &AtomicU64, by: u64) {
+        a.store(a.load(Ordering::Relaxed) + by, Ordering::Relaxed);
+    }
+
+    fn clear(&self) {
+        for a in [&self.entries, &self.fanout_sum, &self.max_fanout] {
+            a.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The match caches' figures, as `/subsz` reports the reference's cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CacheStats {
+    /// Lookups answered from a cache.
+    pub hits: u64,
+    /// Results held in caches now.
+    pub entries: u64,
+    /// Largest fan-out (plain subscriptions plus queue groups) among them.
+    pub max_fanout: u64,
+    /// Mean fan-out among them.
+    pub avg_fanout: f64,
 }
 
 /// Counters for `/subsz`.
@@ -158,6 +218,35 @@ impl Sublist {
             return;
         }
         notified.await;
+    }
+
+    fn register(&self, c: &Arc<CacheCounters>) {
+        let mut reg = self.caches.lock().unwrap_or_else(|e| e.into_inner());
+        if reg.live.len() >= reg.prune_at {
+            reg.prune();
+        }
+        reg.live.push(c.clone());
+    }
+
+    /// The match caches' figures now.
+    pub fn cache_stats(&self) -> CacheStats {
+        let mut reg = self.caches.lock().unwrap_or_else(|e| e.into_inner());
+        reg.prune();
+        let mut st = CacheStats {
+            hits: reg.retired_hits,
+            ..Default::default()
+        };
+        let mut fanout_sum = 0;
+        for c in &reg.live {
+            st.hits += c.hits.load(Ordering::Relaxed);
+            st.entries += c.entries.load(Ordering::Relaxed);
+            fanout_sum += c.fanout_sum.load(Ordering::Relaxed);
+            st.max_fanout = st.max_fanout.max(c.max_fanout.load(Ordering::Relaxed));
+        }
+        if st.entries > 0 {
+            st.avg_fanout = fanout_sum as f64 / st.entries as f64;
+        }
+        st
     }
 
     pub fn stats(&self) -> SublistStats {
@@ -293,6 +382,8 @@ fn match_level(level: &Level, tokens: &[&[u8]], r: &mut MatchResult) {
 pub struct MatchCache {
     generation: u64,
     entries: HashMap<Box<[u8]>, Arc<MatchResult>>,
+    /// Registered with the sublist on first use.
+    counters: Option<Arc<CacheCounters>>,
 }
 
 const MATCH_CACHE_MAX: usize = 1024;
@@ -302,24 +393,48 @@ impl Default for MatchCache {
         MatchCache {
             generation: u64::MAX,
             entries: HashMap::new(),
+            counters: None,
+        }
+    }
+}
+
+impl Drop for MatchCache {
+    fn drop(&mut self) {
+        // Its results are gone; its hits stay counted (the registry keeps them).
+        if let Some(c) = &self.counters {
+            c.clear();
         }
     }
 }
 
 impl MatchCache {
     pub fn lookup(&mut self, sublist: &Sublist, subject: &[u8]) -> Arc<MatchResult> {
+        let counters = self.counters.get_or_insert_with(|| {
+            let c = Arc::new(CacheCounters::default());
+            sublist.register(&c);
+            c
+        });
         let generation = sublist.generation();
         if generation != self.generation {
             self.entries.clear();
+            counters.clear();
             self.generation = generation;
         } else if let Some(r) = self.entries.get(subject) {
+            CacheCounters::bump(&counters.hits, 1);
             return r.clone();
         }
         let r = Arc::new(sublist.matches(subject));
         if self.entries.len() >= MATCH_CACHE_MAX {
             self.entries.clear();
+            counters.clear();
         }
         self.entries.insert(subject.into(), r.clone());
+        let fanout = (r.psubs.len() + r.qsubs.len()) as u64;
+        CacheCounters::bump(&counters.entries, 1);
+        CacheCounters::bump(&counters.fanout_sum, fanout);
+        if fanout > counters.max_fanout.load(Ordering::Relaxed) {
+            counters.max_fanout.store(fanout, Ordering::Relaxed);
+        }
         r
     }
 }
@@ -328,6 +443,34 @@ impl MatchCache {
 mod tests {
     use super::*;
     use crate::client::ClientHandle;
+
+    #[test]
+    fn cache_counters_follow_the_caches() {
+        let sl = Sublist::new();
+        sl.insert(sub("a.b", None));
+        sl.insert(sub("a.*", None));
+        sl.insert(sub("a.b", Some("q")));
+        let mut c1 = MatchCache::default();
+        c1.lookup(&sl, b"a.b");
+        c1.lookup(&sl, b"a.b");
+        c1.lookup(&sl, b"a.c");
+        let st = sl.cache_stats();
+        assert_eq!((st.hits, st.entries, st.max_fanout), (1, 2, 3));
+        assert_eq!(st.avg_fanout, 2.0);
+        let mut c2 = MatchCache::default();
+        c2.lookup(&sl, b"a.c");
+        c2.lookup(&sl, b"a.c");
+        assert_eq!(sl.cache_stats().hits, 2);
+        drop(c1);
+        // A dropped cache holds no results; its hits still count.
+        let st = sl.cache_stats();
+        assert_eq!((st.hits, st.entries, st.max_fanout), (2, 1, 1));
+        // A change to the index invalidates what the caches hold.
+        sl.insert(sub("x", None));
+        c2.lookup(&sl, b"a.c");
+        assert_eq!(sl.cache_stats().entries, 1);
+        assert_eq!(sl.caches.lock().unwrap().live.len(), 1);
+    }
 
     fn sub(subject: &str, queue: Option<&str>) -> Arc<Sub> {
         Arc::new(Sub {

@@ -1402,10 +1402,8 @@ async fn consumer_numbers_follow_publish_deliver_ack() {
         assert!(metric(&m, "gnatsd_varz_in_msgs", &[]) >= Some(5.0));
         assert!(metric(&m, "gnatsd_varz_subscriptions", &[]) > Some(0.0));
         assert!(metric(&m, "gnatsd_varz_jetstream_stats_memory", &[]) > Some(0.0));
-        assert_eq!(
-            metric(&m, "gnatsd_varz_jetstream_config_max_memory", &[]),
-            Some(-1.0)
-        );
+        // A real limit (3/4 of RAM when unset), so "% used" panels work.
+        assert!(metric(&m, "gnatsd_varz_jetstream_config_max_memory", &[]) > Some(0.0));
         assert!(metric(&m, "jetstream_account_memory_used", &[("account", "$G")]) > Some(0.0));
         // Every series carries server_id; JetStream ones server_name too.
         assert!(m.iter().all(|s| s.label("server_id").is_some()));
@@ -1602,42 +1600,1083 @@ async fn scrape_with_1000_consumers_is_cheap() {
     );
 }
 
-/// Every metric the example alert rules (examples/prometheus/keel-alerts.yml) use is one
-/// `/metrics` publishes (keel only; the reference has no `/metrics`).
+/// Metric names (`gnatsd_*`, `jetstream_*`) in `text`.
+fn metric_names_in(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("jetstream_") || w.starts_with("gnatsd_"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The metrics prometheus-nats-exporter's own Grafana dashboards query
+/// (walkthrough/grafana-nats-dash.json and grafana-jetstream-dash.json in its repository).
+const EXPORTER_DASHBOARD_NAMES: &[&str] = &[
+    "gnatsd_varz_connections",
+    "gnatsd_varz_cpu",
+    "gnatsd_varz_in_bytes",
+    "gnatsd_varz_in_msgs",
+    "gnatsd_varz_mem",
+    "gnatsd_varz_out_bytes",
+    "gnatsd_varz_out_msgs",
+    "gnatsd_varz_slow_consumers",
+    "gnatsd_varz_subscriptions",
+    "gnatsd_varz_jetstream_config_max_memory",
+    "gnatsd_varz_jetstream_config_max_storage",
+    "gnatsd_varz_jetstream_stats_memory",
+    "gnatsd_varz_jetstream_stats_storage",
+    "jetstream_consumer_delivered_consumer_seq",
+    "jetstream_consumer_num_ack_pending",
+    "jetstream_consumer_num_pending",
+    "jetstream_server_total_consumers",
+    "jetstream_stream_last_seq",
+    "jetstream_stream_total_bytes",
+    "jetstream_stream_total_messages",
+];
+
+/// The shipped Grafana dashboard (examples/grafana/keel-dashboard.json), the example alert
+/// rules (examples/prometheus/keel-alerts.yml) and the exporter's own dashboards query only
+/// metrics `/metrics` publishes; the rules pass `promtool check rules` (when promtool is
+/// installed, see `have_tool`). Keel only: the reference has no `/metrics`.
 #[tokio::test]
-async fn example_alert_rules_use_published_metrics() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/prometheus/keel-alerts.yml"
+async fn dashboards_and_alert_rules_use_published_metrics() {
+    let rules_path = repo_path("examples/prometheus/keel-alerts.yml");
+    let rules = std::fs::read_to_string(&rules_path).expect("read the example alert rules");
+    let rule_names = metric_names_in(
+        &rules
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n"),
     );
-    let rules = std::fs::read_to_string(path).expect("read the example alert rules");
-    let mut names = BTreeSet::new();
-    for line in rules.lines().filter(|l| !l.trim_start().starts_with('#')) {
-        for word in line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-            if word.starts_with("jetstream_") || word.starts_with("gnatsd_") {
-                names.insert(word.to_string());
-            }
+    assert!(
+        rule_names.contains("jetstream_consumer_num_ack_pending"),
+        "{rule_names:?}"
+    );
+    let dash_text = std::fs::read_to_string(repo_path("examples/grafana/keel-dashboard.json"))
+        .expect("read the Grafana dashboard");
+    let dash: Value = serde_json::from_str(&dash_text).expect("dashboard is JSON");
+    let mut queries = Vec::new();
+    for p in dash["panels"].as_array().expect("panels") {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            queries.push(t["expr"].as_str().expect("expr").to_string());
         }
     }
-    assert!(
-        names.contains("jetstream_consumer_ack_pending"),
-        "{names:?}"
-    );
-    assert!(
-        names.contains("jetstream_consumer_num_pending"),
-        "{names:?}"
-    );
+    for v in dash["templating"]["list"].as_array().expect("templating") {
+        if let Some(q) = v["definition"].as_str() {
+            queries.push(q.to_string());
+        }
+    }
+    assert!(queries.len() > 20, "{queries:?}");
+    let dash_names = metric_names_in(&queries.join("\n"));
+    // Exporter-compatible names only: none of Keel's aliases.
+    for alias in [
+        "jetstream_consumer_ack_pending",
+        "jetstream_stream_messages",
+        "jetstream_stream_bytes",
+    ] {
+        assert!(
+            !dash_names.contains(alias) && !rule_names.contains(alias),
+            "{alias}"
+        );
+    }
+    for q in &queries {
+        assert!(
+            !q.contains("stream=") && !q.contains("consumer="),
+            "alias label in {q}"
+        );
+    }
+
+    if have_tool(
+        "promtool",
+        std::process::Command::new("promtool")
+            .arg("--version")
+            .output()
+            .is_ok(),
+    ) {
+        let out = std::process::Command::new("promtool")
+            .args(["check", "rules"])
+            .arg(&rules_path)
+            .output()
+            .expect("run promtool");
+        assert!(
+            out.status.success(),
+            "promtool check rules:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     if is_reference() {
         return;
     }
     let mon = Mon::start(true);
-    let client = mon.client("alerts").await;
-    create_stream(&client, "A", &["a.>"]).await;
-    create_durable(&client, "A", "c").await;
+    let _client = scenario_with_traffic(&mon).await;
     let published: BTreeSet<String> = mon.metrics().await.into_iter().map(|s| s.name).collect();
-    let missing: Vec<_> = names.difference(&published).collect();
-    assert!(
-        missing.is_empty(),
-        "alert rules use unpublished metrics: {missing:?}"
+    for (what, names) in [
+        ("alert rules", rule_names),
+        ("Grafana dashboard", dash_names),
+        (
+            "exporter dashboards",
+            EXPORTER_DASHBOARD_NAMES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        ),
+    ] {
+        let missing: Vec<_> = names.difference(&published).collect();
+        assert!(
+            missing.is_empty(),
+            "{what} use unpublished metrics: {missing:?}"
+        );
+    }
+}
+
+impl Mon {
+    /// A server with monitoring on a free port, `extra` config lines, and JetStream when
+    /// asked.
+    fn start_with(extra: &str, jetstream: bool) -> Mon {
+        let store = jetstream.then(|| TempDir::new("keel-monitoring-store"));
+        let mut conf = format!("http_port: -1\n{extra}\n");
+        if let Some(dir) = &store {
+            conf.push_str(&format!(
+                "jetstream {{ store_dir: \"{}\" }}\n",
+                dir.path().display()
+            ));
+        }
+        let server = Server::start_with_config(&conf);
+        let port = monitor_port(&server);
+        Mon {
+            server,
+            port,
+            _store: store,
+        }
+    }
+
+    /// The `/connz?state=closed&subs=1` entry of the client called `name`, once it is there.
+    async fn wait_closed(&self, name: &str) -> Value {
+        let deadline = Instant::now() + STEP;
+        loop {
+            let list = self.connz_by_name("/connz?state=closed&subs=1").await;
+            if let Some(c) = list.iter().find(|c| c["name"] == name) {
+                return c.clone();
+            }
+            assert!(Instant::now() < deadline, "{name} not closed: {list:?}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// `/connz` entries (of `path`) by client name.
+    async fn connz_by_name(&self, path: &str) -> Vec<Value> {
+        self.json(path).await["connections"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// A raw client that identifies itself with `name` and subscribes to `a.b` and `c.d` (queue
+/// `q`), then waits for the PONG so the server has processed all of it.
+async fn raw_named(server: &Server, name: &str) -> common::RawClient {
+    let mut raw = server.raw().await;
+    raw.send(
+        format!(
+            "CONNECT {{\"verbose\":false,\"name\":\"{name}\",\"lang\":\"raw\",\"version\":\"1\"}}\r\n\
+             SUB a.b 1\r\nSUB c.d q 2\r\nPING\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert_eq!(raw.read_op().await, "PONG");
+    raw
+}
+
+/// `/connz?state=closed` lists connections that have gone, with the reference's reason
+/// texts, stop times and the subscriptions they had; `state=all` adds them to the open ones;
+/// `sort=stop` puts the most recent first, `sort=reason` orders by reason. A slow consumer
+/// shows as "Slow Consumer (Pending Bytes)".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_connections_are_listed_with_reasons() {
+    let mon = Mon::start_with("max_pending: 1MB\nwrite_deadline: \"120s\"", false);
+    let named =
+        |v: &[Value], n: &str| -> Option<Value> { v.iter().find(|c| c["name"] == n).cloned() };
+    let wait_closed = |name: &'static str| mon.wait_closed(name);
+
+    let open = mon.client("stays").await;
+    common::sync(&open).await;
+    // (The harness's readiness probe may already be there: it connected and left.)
+
+    let gone = raw_named(&mon.server, "gone").await;
+    drop(gone);
+    let c = wait_closed("gone").await;
+    assert_eq!(c["reason"], "Client Closed", "{c:#}");
+    assert!(c["stop"].is_string() && c["start"].is_string(), "{c:#}");
+    assert_eq!(c["subscriptions"], 2);
+    let mut subs: Vec<&str> = c["subscriptions_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    subs.sort();
+    assert_eq!(subs, ["a.b", "c.d"]);
+    assert_eq!(
+        (c["lang"].as_str(), c["kind"].as_str()),
+        (Some("raw"), Some("Client"))
     );
+    // Key order as the reference's: stop and reason right after last_activity.
+    let keys: Vec<&String> = c.as_object().unwrap().keys().collect();
+    let at = |k: &str| keys.iter().position(|x| *x == k).unwrap();
+    assert_eq!(
+        (at("stop"), at("reason")),
+        (at("last_activity") + 1, at("last_activity") + 2)
+    );
+
+    let mut bad = raw_named(&mon.server, "bad").await;
+    bad.send(b"FOO\r\n").await;
+    let c = wait_closed("bad").await;
+    assert_eq!(c["reason"], "Protocol Violation", "{c:#}");
+
+    // A subscriber that does not read, past max_pending.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    let stream = within("slow connect", socket.connect(mon.server.addr()))
+        .await
+        .unwrap();
+    let mut slow = common::RawClient::from_stream(stream).await;
+    slow.send(
+        b"CONNECT {\"verbose\":false,\"protocol\":1,\"name\":\"slow\"}\r\nSUB big 1\r\nPING\r\n",
+    )
+    .await;
+    assert_eq!(slow.read_op().await, "PONG");
+    let payload = Bytes::from(vec![b'p'; 64 * 1024]);
+    for _ in 0..256 {
+        open.publish("big", payload.clone()).await.unwrap();
+    }
+    open.flush().await.unwrap();
+    let c = wait_closed("slow").await;
+    assert_eq!(c["reason"], "Slow Consumer (Pending Bytes)", "{c:#}");
+
+    // Open connections are not in the closed list, closed ones not in the open list.
+    let closed = mon.connz_by_name("/connz?state=closed").await;
+    assert!(named(&closed, "stays").is_none());
+    let opened = mon.connz_by_name("/connz").await;
+    assert!(named(&opened, "gone").is_none() && named(&opened, "stays").is_some());
+    assert!(opened.iter().all(|c| c.get("reason").is_none()));
+    let all = mon.json("/connz?state=all").await;
+    let all_list = all["connections"].as_array().unwrap();
+    for n in ["stays", "gone", "bad", "slow"] {
+        assert!(named(all_list, n).is_some(), "{n} missing from state=all");
+    }
+    assert_eq!(all["total"].as_u64(), Some(all_list.len() as u64));
+
+    let names = |v: &[Value]| -> Vec<String> {
+        v.iter()
+            .filter_map(|c| c["name"].as_str().map(str::to_string))
+            .collect()
+    };
+    assert_eq!(
+        names(&mon.connz_by_name("/connz?state=closed&sort=stop").await),
+        ["slow", "bad", "gone"]
+    );
+    assert_eq!(
+        names(&mon.connz_by_name("/connz?state=closed&sort=reason").await),
+        ["gone", "bad", "slow"]
+    );
+}
+
+/// `max_closed_clients` bounds the list: only the newest are kept.
+#[tokio::test]
+async fn closed_connections_ring_is_bounded() {
+    let mon = Mon::start_with("max_closed_clients: 2", false);
+    for name in ["c1", "c2", "c3"] {
+        let raw = raw_named(&mon.server, name).await;
+        drop(raw);
+        eventually(&format!("{name} closed"), || async {
+            let list = mon.connz_by_name("/connz?state=closed").await;
+            if list.iter().any(|c| c["name"] == name) {
+                Ok(())
+            } else {
+                Err(format!("{list:?}"))
+            }
+        })
+        .await;
+    }
+    let list = mon.json("/connz?state=closed").await;
+    let names: Vec<&str> = list["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["c2", "c3"]);
+    assert_eq!(list["total"], 2);
+}
+
+/// `/healthz` with `account`, `stream`, `consumer`, `js-enabled-only`, `js-server-only` and
+/// `details`: the reference's codes and bodies.
+#[tokio::test]
+async fn healthz_checks_the_named_assets() {
+    let mon = Mon::start(true);
+    let client = mon.client("health").await;
+    api(
+        &client,
+        "STREAM.CREATE.FILE",
+        json!({"name": "FILE", "subjects": ["f.>"], "storage": "file"}),
+    )
+    .await;
+    create_durable(&client, "FILE", "fc").await;
+    create_stream(&client, "MEM", &["m.>"]).await;
+    let ok = r#"{"status":"ok"}"#;
+    let cases: &[(&str, u16, &str)] = &[
+        ("", 200, ok),
+        ("js-enabled-only=true", 200, ok),
+        ("js-server-only=true", 200, ok),
+        ("account=$G", 200, ok),
+        ("account=$G&stream=FILE", 200, ok),
+        ("account=$G&stream=FILE&consumer=fc", 200, ok),
+        (
+            "account=NOPE",
+            404,
+            r#"{"status":"unavailable","error":"JetStream account \"NOPE\" not found"}"#,
+        ),
+        (
+            "account=$SYS",
+            404,
+            r#"{"status":"unavailable","error":"JetStream account \"$SYS\" not found"}"#,
+        ),
+        (
+            "account=$G&stream=NOPE",
+            404,
+            r#"{"status":"unavailable","error":"JetStream stream \"NOPE\" not found on account \"$G\""}"#,
+        ),
+        (
+            "account=$G&stream=FILE&consumer=nope",
+            404,
+            r#"{"status":"unavailable","error":"JetStream consumer \"nope\" not found for stream \"FILE\" on account \"$G\""}"#,
+        ),
+        (
+            "stream=FILE",
+            400,
+            r#"{"status":"error","error":"\"account\" must not be empty when checking stream health"}"#,
+        ),
+        (
+            "account=$G&consumer=fc",
+            400,
+            r#"{"status":"error","error":"\"stream\" must not be empty when checking consumer health"}"#,
+        ),
+        // Only JetStream itself (or only the server) is checked: the names are not.
+        ("account=$G&stream=NOPE&js-enabled-only=true", 200, ok),
+        ("account=$G&stream=NOPE&js-server-only=true", 200, ok),
+        ("account=$G&stream=NOPE&js-enabled=true", 200, ok),
+        ("details=true", 200, ok),
+        (
+            "details=true&account=$G&stream=NOPE",
+            404,
+            r#"{"status":"error","errors":[{"type":"STREAM","account":"$G","stream":"NOPE","error":"JetStream stream \"NOPE\" not found on account \"$G\""}]}"#,
+        ),
+        (
+            "details=true&account=$G&stream=FILE&consumer=nope",
+            404,
+            r#"{"status":"error","errors":[{"type":"CONSUMER","account":"$G","stream":"FILE","consumer":"nope","error":"JetStream consumer \"nope\" not found for stream \"FILE\" on account \"$G\""}]}"#,
+        ),
+        (
+            "details=1&account=NOPE",
+            404,
+            r#"{"status":"error","errors":[{"type":"ACCOUNT","account":"NOPE","error":"JetStream account \"NOPE\" not found"}]}"#,
+        ),
+        (
+            "details=true&stream=X",
+            400,
+            r#"{"status":"error","errors":[{"type":"BAD_REQUEST","error":"\"account\" must not be empty when checking stream health"}]}"#,
+        ),
+    ];
+    for (q, status, body) in cases {
+        let r = mon.get(&format!("/healthz?{q}")).await;
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (*status, *body),
+            "/healthz?{q}"
+        );
+        assert_eq!(r.header("content-type"), Some("application/json"), "{q}");
+    }
+    // A memory stream: the reference looks for stream directories on disk and so reports
+    // its memory streams missing; Keel reports the stream it has (a documented difference).
+    let r = mon.get("/healthz?account=$G&stream=MEM").await;
+    if is_reference() {
+        assert_eq!(r.status, 404, "{}", r.body);
+    } else {
+        assert_eq!((r.status, r.body.as_str()), (200, ok));
+    }
+}
+
+/// Sysinfo total RAM: what the reference (Go's sysmem) bases the default limit on.
+fn total_ram() -> u64 {
+    // SAFETY: sysinfo fills the struct it is given.
+    unsafe {
+        let mut info: libc::sysinfo = std::mem::zeroed();
+        assert_eq!(libc::sysinfo(&mut info), 0);
+        info.totalram as u64 * info.mem_unit as u64
+    }
+}
+
+/// With no `max_memory_store` / `max_file_store`, the JetStream limits are the reference's
+/// defaults from the machine (3/4 of RAM, 3/4 of the store's free disk), not -1, in `/jsz`
+/// and `/varz`; `$JS.API.INFO` shows the account's own limits, unlimited (-1).
+#[tokio::test]
+async fn jetstream_limits_are_real_when_unset() {
+    let mon = Mon::start(true);
+    let jsz = mon.json("/jsz").await;
+    let varz = mon.json("/varz").await;
+    let want_mem = total_ram() / 4 * 3;
+    for cfg in [&jsz["config"], &varz["jetstream"]["config"]] {
+        assert_eq!(cfg["max_memory"].as_u64(), Some(want_mem), "{cfg}");
+        let store = cfg["max_storage"].as_u64().expect("max_storage");
+        let dir = std::ffi::CString::new(cfg["store_dir"].as_str().unwrap()).unwrap();
+        // SAFETY: statfs fills the struct; `dir` is NUL-terminated.
+        let avail = unsafe {
+            let mut fs: libc::statfs = std::mem::zeroed();
+            assert_eq!(libc::statfs(dir.as_ptr(), &mut fs), 0);
+            fs.f_bavail as u64 * fs.f_bsize as u64 / 4 * 3
+        };
+        // Other processes write to the same disk meanwhile: close, not equal.
+        let diff = store.abs_diff(avail);
+        assert!(
+            diff < avail / 20,
+            "max_storage {store} vs 3/4 of free {avail}"
+        );
+    }
+    let client = mon.client("limits").await;
+    let info = api(&client, "INFO", Value::Null).await;
+    assert_eq!(
+        (
+            info["limits"]["max_memory"].as_i64(),
+            info["limits"]["max_storage"].as_i64()
+        ),
+        (Some(-1), Some(-1)),
+        "{info}"
+    );
+    if !is_reference() {
+        let m = mon.metrics().await;
+        assert_eq!(
+            metric(&m, "jetstream_server_max_memory", &[]),
+            Some(want_mem as f64)
+        );
+        assert_eq!(
+            metric(&m, "gnatsd_varz_jetstream_config_max_memory", &[]),
+            Some(want_mem as f64)
+        );
+    }
+    drop(mon);
+    // A configured limit is reported as configured.
+    let mon = Mon::start_with("jetstream { max_memory_store: 64MB }", false);
+    let jsz = mon.json("/jsz").await;
+    assert_eq!(jsz["config"]["max_memory"], 64 * 1024 * 1024, "{jsz:#}");
+}
+
+/// The nats-server release each JetStream API level arrived in.
+fn level_of_release(version: &str) -> Option<u64> {
+    let minor: u64 = version.split('.').nth(1)?.parse().ok()?;
+    Some(match minor {
+        0..=10 => 0,
+        11 => 1,
+        12 => 2,
+        14 => 4,
+        15 => 5,
+        _ => return None,
+    })
+}
+
+/// INFO `version`, `/varz` `version`, `_nats.ver`, and the API level in `/jsz`, `/varz`,
+/// `$JS.API.INFO` and `_nats.level` all tell the same story: the level is the one the
+/// advertised nats-server release introduced.
+#[tokio::test]
+async fn api_level_and_version_agree() {
+    let mon = Mon::start(true);
+    let info = mon.server.raw().await.info_json();
+    let version = info["version"].as_str().expect("INFO version").to_string();
+    let varz = mon.json("/varz").await;
+    assert_eq!(varz["version"], version.as_str());
+    let client = mon.client("levels").await;
+    let js_info = api(&client, "INFO", Value::Null).await;
+    create_stream(&client, "LV", &["lv.>"]).await;
+    let st = api(&client, "STREAM.INFO.LV", Value::Null).await;
+    let meta = &st["config"]["metadata"];
+    assert_eq!(meta["_nats.ver"], version.as_str(), "{st}");
+    let level = js_info["api"]["level"].as_u64().expect("api level");
+    assert_eq!(meta["_nats.level"], level.to_string().as_str());
+    assert_eq!(mon.json("/jsz").await["api"]["level"].as_u64(), Some(level));
+    assert_eq!(
+        varz["jetstream"]["stats"]["api"]["level"].as_u64(),
+        Some(level)
+    );
+    // 2.12.x moved from level 2 to 3 within the series; every other release has one level.
+    if level_of_release(&version) != Some(2) || level != 3 {
+        assert_eq!(level_of_release(&version), Some(level), "version {version}");
+    }
+}
+
+/// The names prometheus-nats-exporter publishes for a nats-server with `-varz -jsz=all`
+/// (its varz names are the reference's `/varz` numbers flattened; its jsz names are fixed),
+/// plus its `-connz -healthz -accstatz -subz -routez` families. Left out, because they do not
+/// apply to Keel: `gnatsd_varz_jetstream_config_sync_interval` (Keel syncs before every ack
+/// unless `sync_interval` is set; then it is there), `gnatsd_varz_jetstream_limits_*` (no
+/// default consumer limit), and the source/mirror families (no sources or mirrors yet).
+const EXPORTER_NAMES: &[&str] = &[
+    "gnatsd_varz_server_id",
+    "gnatsd_varz_server_name",
+    "gnatsd_varz_version",
+    "gnatsd_varz_proto",
+    "gnatsd_varz_port",
+    "gnatsd_varz_max_connections",
+    "gnatsd_varz_ping_interval",
+    "gnatsd_varz_ping_max",
+    "gnatsd_varz_http_port",
+    "gnatsd_varz_https_port",
+    "gnatsd_varz_auth_timeout",
+    "gnatsd_varz_max_control_line",
+    "gnatsd_varz_max_payload",
+    "gnatsd_varz_max_pending",
+    "gnatsd_varz_jetstream_config_max_memory",
+    "gnatsd_varz_jetstream_config_max_storage",
+    "gnatsd_varz_jetstream_stats_memory",
+    "gnatsd_varz_jetstream_stats_storage",
+    "gnatsd_varz_jetstream_stats_reserved_memory",
+    "gnatsd_varz_jetstream_stats_reserved_storage",
+    "gnatsd_varz_jetstream_stats_accounts",
+    "gnatsd_varz_jetstream_stats_ha_assets",
+    "gnatsd_varz_jetstream_stats_api_level",
+    "gnatsd_varz_jetstream_stats_api_total",
+    "gnatsd_varz_jetstream_stats_api_errors",
+    "gnatsd_varz_tls_timeout",
+    "gnatsd_varz_write_deadline",
+    "gnatsd_varz_start",
+    "gnatsd_varz_mem",
+    "gnatsd_varz_cores",
+    "gnatsd_varz_gomaxprocs",
+    "gnatsd_varz_cpu",
+    "gnatsd_varz_connections",
+    "gnatsd_varz_total_connections",
+    "gnatsd_varz_routes",
+    "gnatsd_varz_remotes",
+    "gnatsd_varz_leafnodes",
+    "gnatsd_varz_in_msgs",
+    "gnatsd_varz_in_bytes",
+    "gnatsd_varz_in_client_msgs",
+    "gnatsd_varz_in_client_bytes",
+    "gnatsd_varz_out_msgs",
+    "gnatsd_varz_out_bytes",
+    "gnatsd_varz_out_client_msgs",
+    "gnatsd_varz_out_client_bytes",
+    "gnatsd_varz_slow_consumers",
+    "gnatsd_varz_stale_connections",
+    "gnatsd_varz_stalled_clients",
+    "gnatsd_varz_subscriptions",
+    "gnatsd_varz_http_req_stats_varz",
+    "gnatsd_varz_config_load_time",
+    "gnatsd_varz_slow_consumer_stats_clients",
+    "gnatsd_varz_slow_consumer_stats_routes",
+    "gnatsd_varz_slow_consumer_stats_gateways",
+    "gnatsd_varz_slow_consumer_stats_leafs",
+    "gnatsd_varz_stale_connection_stats_clients",
+    "gnatsd_varz_stale_connection_stats_routes",
+    "gnatsd_varz_stale_connection_stats_gateways",
+    "gnatsd_varz_stale_connection_stats_leafs",
+    "gnatsd_varz_disk_io_wait_stats_waiters",
+    "gnatsd_varz_disk_io_wait_stats_waits",
+    "gnatsd_varz_disk_io_wait_stats_wait_time",
+    "gnatsd_varz_disk_io_wait_stats_max_wait_time",
+    "jetstream_server_jetstream_disabled",
+    "jetstream_server_total_streams",
+    "jetstream_server_total_consumers",
+    "jetstream_server_total_messages",
+    "jetstream_server_total_message_bytes",
+    "jetstream_server_max_memory",
+    "jetstream_server_max_storage",
+    "jetstream_account_max_memory",
+    "jetstream_account_max_storage",
+    "jetstream_account_storage_used",
+    "jetstream_account_memory_used",
+    "jetstream_stream_total_messages",
+    "jetstream_stream_limit_messages",
+    "jetstream_stream_total_bytes",
+    "jetstream_stream_limit_bytes",
+    "jetstream_stream_first_seq",
+    "jetstream_stream_last_seq",
+    "jetstream_stream_consumer_count",
+    "jetstream_stream_subject_count",
+    "jetstream_consumer_delivered_consumer_seq",
+    "jetstream_consumer_delivered_stream_seq",
+    "jetstream_consumer_last_delivery_seconds",
+    "jetstream_consumer_last_ack_seconds",
+    "jetstream_consumer_num_ack_pending",
+    "jetstream_consumer_num_redelivered",
+    "jetstream_consumer_num_waiting",
+    "jetstream_consumer_num_pending",
+    "jetstream_consumer_ack_floor_stream_seq",
+    "jetstream_consumer_ack_floor_consumer_seq",
+    "gnatsd_connz_num_connections",
+    "gnatsd_connz_total",
+    "gnatsd_connz_offset",
+    "gnatsd_connz_limit",
+    "gnatsd_connz_pending_bytes",
+    "gnatsd_connz_subscriptions",
+    "gnatsd_connz_in_bytes",
+    "gnatsd_connz_out_bytes",
+    "gnatsd_connz_in_msgs",
+    "gnatsd_connz_out_msgs",
+    "gnatsd_healthz_status",
+    "gnatsd_healthz_status_value",
+    "gnatsd_healthz_js_enabled_only_status",
+    "gnatsd_healthz_js_server_only_status",
+    "gnatsd_accstatz_current_connections",
+    "gnatsd_accstatz_total_connections",
+    "gnatsd_accstatz_subscriptions",
+    "gnatsd_accstatz_leaf_nodes",
+    "gnatsd_accstatz_sent_messages",
+    "gnatsd_accstatz_sent_bytes",
+    "gnatsd_accstatz_received_messages",
+    "gnatsd_accstatz_received_bytes",
+    "gnatsd_accstatz_slow_consumers",
+    "gnatsd_subsz_num_subscriptions",
+    "gnatsd_subsz_num_cache",
+    "gnatsd_subsz_num_inserts",
+    "gnatsd_subsz_num_removes",
+    "gnatsd_subsz_num_matches",
+    "gnatsd_subsz_cache_hit_rate",
+    "gnatsd_subsz_max_fanout",
+    "gnatsd_subsz_avg_fanout",
+    "gnatsd_routez_num_routes",
+];
+
+/// A stream and a consumer that has delivered and had an ack, so every family has a series.
+async fn scenario_with_traffic(mon: &Mon) -> Client {
+    let client = mon.client("traffic").await;
+    create_stream(&client, "S", &["s.>"]).await;
+    create_durable(&client, "S", "c").await;
+    for _ in 0..3 {
+        js_publish(&client, "s.x", "hello").await;
+    }
+    let msgs = fetch(&client, "S", "c", 1).await;
+    client
+        .publish(msgs[0].reply.clone().unwrap(), Bytes::new())
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    eventually("ack seen", || async {
+        let cd = mon.jsz_consumer("S", "c").await;
+        match cd["ack_floor"]["stream_seq"].as_u64() {
+            Some(1) => Ok(()),
+            _ => Err(cd.to_string()),
+        }
+    })
+    .await;
+    let _ = mon.get("/varz").await;
+    client
+}
+
+/// `/metrics` publishes every exporter name that applies, with the exporter's labels on the
+/// JetStream series, and values that agree with the JSON endpoints (keel only: the reference
+/// has no `/metrics`).
+#[tokio::test]
+async fn metrics_cover_the_exporters_names() {
+    if is_reference() {
+        return;
+    }
+    let mon = Mon::start(true);
+    let _client = scenario_with_traffic(&mon).await;
+    let m = mon.metrics().await;
+    let published: BTreeSet<&str> = m.iter().map(|s| s.name.as_str()).collect();
+    let missing: Vec<_> = EXPORTER_NAMES
+        .iter()
+        .filter(|n| !published.contains(**n))
+        .collect();
+    assert!(missing.is_empty(), "not published: {missing:?}");
+
+    let label_names = |name: &str| -> Vec<String> {
+        let s = m.iter().find(|s| s.name == name).unwrap();
+        s.labels.iter().map(|(k, _)| k.clone()).collect()
+    };
+    let server = [
+        "server_id",
+        "server_name",
+        "cluster",
+        "domain",
+        "meta_leader",
+        "is_meta_leader",
+    ];
+    assert_eq!(label_names("jetstream_server_total_streams"), server);
+    let mut account: Vec<&str> = server.to_vec();
+    account.extend(["account", "account_name", "account_id"]);
+    assert_eq!(label_names("jetstream_account_memory_used"), account);
+    let mut stream = account.clone();
+    stream.extend([
+        "stream_name",
+        "stream_leader",
+        "is_stream_leader",
+        "stream_raft_group",
+    ]);
+    let mut stream_keel = stream.clone();
+    stream_keel.push("stream");
+    assert_eq!(label_names("jetstream_stream_total_messages"), stream_keel);
+    let mut consumer = stream.clone();
+    consumer.extend([
+        "consumer_name",
+        "consumer_leader",
+        "is_consumer_leader",
+        "consumer_desc",
+        "stream",
+        "consumer",
+    ]);
+    assert_eq!(label_names("jetstream_consumer_num_pending"), consumer);
+    let c = m
+        .iter()
+        .find(|s| s.name == "jetstream_consumer_num_pending")
+        .unwrap();
+    assert_eq!(c.label("is_meta_leader"), Some("true"));
+    assert_eq!(c.label("is_stream_leader"), Some("true"));
+    assert_eq!(c.label("is_consumer_leader"), Some("true"));
+    assert_eq!(c.label("stream_leader"), c.label("server_name"));
+    assert_eq!(c.value, 2.0);
+    assert!(
+        metric(
+            &m,
+            "jetstream_consumer_last_ack_seconds",
+            &[("consumer", "c")]
+        ) >= Some(0.0)
+    );
+
+    // Values agree with the endpoints.
+    assert_eq!(metric(&m, "gnatsd_healthz_status", &[]), Some(0.0));
+    assert_eq!(
+        metric(&m, "gnatsd_healthz_status_value", &[("value", "ok")]),
+        Some(1.0)
+    );
+    assert_eq!(metric(&m, "gnatsd_connz_num_connections", &[]), Some(1.0));
+    assert_eq!(
+        metric(
+            &m,
+            "gnatsd_accstatz_current_connections",
+            &[("account", "$G")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(metric(&m, "gnatsd_varz_connections", &[]), Some(1.0));
+    let start = metric(&m, "gnatsd_varz_start", &[]).unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as f64;
+    assert!(
+        start <= now_ms && start > now_ms - 600_000.0,
+        "start {start}"
+    );
+    let version = m.iter().find(|s| s.name == "gnatsd_varz_version").unwrap();
+    assert_eq!(
+        version.label("value"),
+        mon.json("/varz").await["version"].as_str()
+    );
+    // The account's own limit is unlimited, as the reference shows it (uint64 max).
+    assert_eq!(
+        metric(&m, "jetstream_account_max_memory", &[("account", "$G")]),
+        Some(u64::MAX as f64)
+    );
+}
+
+/// Whether an external tool a test needs is there. Without it the test skips with a loud
+/// note, unless `KEEL_MONITORING_TOOLS=required` (scripts/test.sh sets it once
+/// scripts/monitoring-test-tools.sh installed everything): then it fails.
+fn have_tool(what: &str, found: bool) -> bool {
+    if found {
+        return true;
+    }
+    let msg = format!(
+        "{what} is not installed: run scripts/monitoring-test-tools.sh (this test is SKIPPED)"
+    );
+    if std::env::var("KEEL_MONITORING_TOOLS").as_deref() == Ok("required") {
+        panic!("{msg}");
+    }
+    eprintln!("!!!! {msg}");
+    false
+}
+
+fn repo_path(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
+}
+
+/// `GET path` with extra request headers.
+async fn http_get_with(port: u16, path: &str, headers: &str) -> Http {
+    within(&format!("GET {path}"), async {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let req =
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Connection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.unwrap();
+        let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|s| s.parse().ok())
+            .unwrap();
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        Http {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&raw[split + 4..]).into_owned(),
+        }
+    })
+    .await
+}
+
+/// The dashboard's page and assets are served from the binary with a strict content policy
+/// and an ETag (a refresh revalidates to 304); `/dashboard/data` has the streams, consumers
+/// and history the page shows, and `since` trims the history to what the page lacks;
+/// `http_dashboard: false` turns it all off. Keel only: the reference has no dashboard.
+#[tokio::test]
+async fn dashboard_is_served_and_can_be_turned_off() {
+    if is_reference() {
+        return;
+    }
+    let mon = Mon::start(true);
+    let client = mon.client("dash").await;
+    create_stream(&client, "ORDERS", &["orders.>"]).await;
+    create_durable(&client, "ORDERS", "order-worker").await;
+    js_publish(&client, "orders.new", "1").await;
+    for (path, ctype) in [
+        ("/dashboard", "text/html; charset=utf-8"),
+        ("/dashboard/app.js", "text/javascript; charset=utf-8"),
+        ("/dashboard/app.css", "text/css; charset=utf-8"),
+    ] {
+        let r = mon.get(path).await;
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(r.header("content-type"), Some(ctype), "{path}");
+        let csp = r.header("content-security-policy").unwrap_or_default();
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+            "{csp}"
+        );
+        let etag = r.header("etag").expect("etag").to_string();
+        let again = http_get_with(mon.port, path, &format!("If-None-Match: {etag}\r\n")).await;
+        assert_eq!(again.status, 304, "{path}");
+        assert!(again.body.is_empty());
+    }
+    assert!(mon.get("/").await.body.contains("./dashboard"));
+    let d = mon.json_compact("/dashboard/data").await;
+    assert_eq!(d["streams"][0]["name"], "ORDERS");
+    assert_eq!(d["streams"][0]["messages"], 1);
+    assert_eq!(d["consumers"][0]["name"], "order-worker");
+    assert_eq!(d["consumers"][0]["num_pending"], 1);
+    assert_eq!(d["consumers"][0]["max_ack_pending"], 1000);
+    assert!(d["server"]["jetstream"]["max_memory"].as_i64() > Some(0));
+    // The sampler has taken its first sample at start.
+    let seq = d["history"]["seq"].as_u64().unwrap();
+    assert!(seq >= 1, "{d}");
+    let later = mon
+        .json_compact(&format!("/dashboard/data?since={seq}"))
+        .await;
+    assert!(
+        later["history"]["t"].as_array().unwrap().len() <= 1,
+        "{later}"
+    );
+    assert_eq!(
+        mon.get("/dashboard/data?since=x").await.status,
+        400,
+        "bad since"
+    );
+    drop(mon);
+
+    let off = Mon::start_with("http_dashboard: false", false);
+    for path in ["/dashboard", "/dashboard/app.js", "/dashboard/data"] {
+        assert_eq!(off.get(path).await.status, 404, "{path}");
+    }
+    assert!(!off.get("/").await.body.contains("dashboard"));
+}
+
+impl Mon {
+    /// A compact JSON endpoint (the dashboard's data).
+    async fn json_compact(&self, path: &str) -> Value {
+        let r = self.get(path).await;
+        assert_eq!(r.status, 200, "GET {path}: {}", r.body);
+        assert!(
+            r.body.starts_with('{') && !r.body.starts_with("{\n"),
+            "{path}"
+        );
+        serde_json::from_str(&r.body).unwrap()
+    }
+}
+
+/// The dashboard in headless Chromium (Debian's, driven by playwright-core): against a real
+/// server with a stream and a consumer that keep moving, the page shows the numbers, they
+/// update by themselves, the sparklines draw, nothing is fetched from anywhere but the
+/// server, and no script error occurs. Saves a screenshot (`KEEL_DASHBOARD_SCREENSHOT=path`
+/// to keep it; docs/dashboard.png is made with that and `KEEL_DASHBOARD_MIN_POINTS=12`).
+/// Keel only; skipped loudly when the browser tools are missing (see `have_tool`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_in_headless_chromium() {
+    if is_reference() {
+        return;
+    }
+    let chromium =
+        std::env::var("KEEL_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".to_string());
+    let script_dir = repo_path("tests/dashboard");
+    if !have_tool("chromium", std::path::Path::new(&chromium).exists())
+        || !have_tool(
+            "playwright-core (tests/dashboard/node_modules)",
+            script_dir.join("node_modules/playwright-core").exists(),
+        )
+    {
+        return;
+    }
+    let mon = Mon::start_with("server_name: keel-1", true);
+    let client = mon.client("order-service").await;
+    api(
+        &client,
+        "STREAM.CREATE.ORDERS",
+        json!({"name": "ORDERS", "subjects": ["orders.>"], "storage": "file",
+               "max_msgs": 100_000}),
+    )
+    .await;
+    create_stream(&client, "EVENTS", &["events.>"]).await;
+    create_durable(&client, "ORDERS", "order-worker").await;
+    create_durable(&client, "EVENTS", "analytics").await;
+    for i in 0..50 {
+        js_publish(&client, "orders.new", "{\"id\":1}").await;
+        if i % 2 == 0 {
+            js_publish(&client, "events.click", "x").await;
+        }
+    }
+    // Traffic while the page is open: publishes, and a worker taking and acking some.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let (client, stop) = (client.clone(), stop.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                && started.elapsed() < Duration::from_secs(240)
+            {
+                js_publish(&client, "orders.new", "{\"id\":2}").await;
+                js_publish(&client, "events.click", "y").await;
+                if n.is_multiple_of(3) {
+                    let msgs = fetch(&client, "ORDERS", "order-worker", 2).await;
+                    client
+                        .publish(msgs[0].reply.clone().unwrap(), Bytes::new())
+                        .await
+                        .unwrap();
+                }
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let shot = std::env::var("KEEL_DASHBOARD_SCREENSHOT").map_or_else(
+        |_| std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png"),
+        std::path::PathBuf::from,
+    );
+    let url = format!("http://127.0.0.1:{}/dashboard", mon.port);
+    let run = tokio::process::Command::new("node")
+        .arg(script_dir.join("check.mjs"))
+        .arg(&url)
+        .arg(&shot)
+        .env("KEEL_CHROMIUM", &chromium)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(240), run)
+        .await
+        .expect("browser check timed out")
+        .expect("run node");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = traffic.await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "browser check failed:\n{stdout}\n{stderr}"
+    );
+    let v: Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or("{}"))
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let num = |s: &Value| -> u64 {
+        s.as_str()
+            .unwrap_or("")
+            .replace(',', "")
+            .parse()
+            .unwrap_or(0)
+    };
+    assert!(num(&v["first"]["messages"]) >= 50, "{v:#}");
+    assert!(
+        num(&v["later"]["messages"]) > num(&v["first"]["messages"]),
+        "{v:#}"
+    );
+    assert!(v["sparkline_points"].as_u64() >= Some(2), "{v:#}");
+    assert!(v["consumer_sparkline_points"].as_u64() >= Some(2), "{v:#}");
+    assert_eq!(v["foreign_requests"], json!([]), "{v:#}");
+    assert_eq!(v["errors"], json!([]), "{v:#}");
+    for card in ["Connections", "Msgs in/s", "Slow consumers", "Memory (RSS)"] {
+        assert!(
+            v["cards"].as_array().unwrap().iter().any(|c| c == card),
+            "{card}: {v:#}"
+        );
+    }
+    let png = std::fs::read(&shot).expect("screenshot written");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{}",
+        png.len()
+    );
+    eprintln!("dashboard screenshot: {}", shot.display());
+}
+
+/// `/subsz` cache figures move with traffic: repeated publishes to one subject are matched
+/// from the cache (`cache_hit_rate` > 0, `num_matches` grows), the result is cached
+/// (`num_cache`) and its fan-out (two subscriptions and a queue group: 3) shows in
+/// `max_fanout`; `/accountz?acc=$G` carries the same figures.
+#[tokio::test]
+async fn subsz_cache_counters_follow_traffic() {
+    let mon = Mon::start(false);
+    let subs = mon.client("subs").await;
+    let mut a = subs.subscribe("fan.x").await.unwrap();
+    let _b = subs.subscribe("fan.*").await.unwrap();
+    let _q = subs
+        .queue_subscribe("fan.x", "workers".into())
+        .await
+        .unwrap();
+    common::sync(&subs).await;
+    let before = mon.json("/subsz").await;
+    let publisher = mon.client("pub").await;
+    for _ in 0..20 {
+        publisher
+            .publish("fan.x", Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+    }
+    // Delivered, so matched; no new subscription (that would invalidate the caches).
+    for _ in 0..20 {
+        common::next_msg(&mut a).await;
+    }
+    let after = mon.json("/subsz").await;
+    let n = |v: &Value, k: &str| v[k].as_f64().unwrap_or(-1.0);
+    assert!(
+        n(&after, "num_matches") > n(&before, "num_matches"),
+        "{after:#}"
+    );
+    assert!(n(&after, "cache_hit_rate") > 0.0, "{after:#}");
+    assert!(n(&after, "num_cache") >= 1.0, "{after:#}");
+    assert!(n(&after, "max_fanout") >= 3.0, "{after:#}");
+    assert!(n(&after, "avg_fanout") > 0.0, "{after:#}");
+    let acc = mon.json("/accountz?acc=$G").await;
+    let st = &acc["account_detail"]["sublist_stats"];
+    assert!(
+        n(st, "num_matches") > 0.0 && n(st, "num_cache") >= 1.0,
+        "{acc:#}"
+    );
+    if !is_reference() {
+        let m = mon.metrics().await;
+        assert!(metric(&m, "gnatsd_subsz_cache_hit_rate", &[]) > Some(0.0));
+    }
 }

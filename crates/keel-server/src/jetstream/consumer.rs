@@ -799,6 +799,23 @@ pub struct State {
     events: Vec<ConsumerEvent>,
 }
 
+/// A consumer's figures at one moment (see [`Consumer::numbers`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConsumerNumbers {
+    pub num_pending: u64,
+    pub num_ack_pending: u64,
+    pub num_redelivered: u64,
+    pub num_waiting: u64,
+    pub delivered_stream_seq: u64,
+    pub ack_floor_stream_seq: u64,
+    pub max_ack_pending: i64,
+    pub max_waiting: i64,
+    pub pull: bool,
+    /// Unix nanoseconds, 0 when never.
+    pub last_delivery: i64,
+    pub last_ack: i64,
+}
+
 pub struct Consumer {
     pub name: String,
     pub stream: Arc<Stream>,
@@ -1116,6 +1133,24 @@ impl Consumer {
             f.insert("priority_groups".into(), vec![Value::Object(pg)].into());
         }
         f
+    }
+
+    /// The figures monitoring samples (the dashboard), without building the info JSON.
+    pub fn numbers(&self) -> ConsumerNumbers {
+        let st = self.lock();
+        ConsumerNumbers {
+            num_pending: st.num_pending(&self.stream),
+            num_ack_pending: st.pending.len() as u64,
+            num_redelivered: st.redelivered.len() as u64,
+            num_waiting: st.waiting.len() as u64,
+            delivered_stream_seq: st.delivered.stream_seq,
+            ack_floor_stream_seq: st.ack_floor.stream_seq,
+            max_ack_pending: st.config.max_ack_pending,
+            max_waiting: st.config.max_waiting,
+            pull: st.config.deliver_subject.is_none(),
+            last_delivery: st.last_delivery,
+            last_ack: st.last_ack,
+        }
     }
 
     /// Writes and syncs the state now (clean shutdown).

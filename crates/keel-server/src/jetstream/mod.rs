@@ -64,14 +64,24 @@ impl JetStream {
         let streams_dir = store_dir.join("jetstream").join("$G").join("streams");
         std::fs::create_dir_all(&streams_dir)
             .map_err(|e| format!("cannot create {}: {e}", streams_dir.display()))?;
+        // Unset (or negative): the reference's defaults from the machine, so `/jsz` and
+        // `/varz` report a real limit, and it is enforced.
+        let max_memory = opts
+            .max_memory_store
+            .filter(|m| *m >= 0)
+            .unwrap_or_else(crate::monitor::proc::default_max_memory);
+        let max_store = opts
+            .max_file_store
+            .filter(|m| *m >= 0)
+            .unwrap_or_else(|| crate::monitor::proc::default_max_store(&store_dir));
         let js = Arc::new(JetStream {
             streams_dir,
             store_dir,
             streams: RwLock::new(BTreeMap::new()),
             api_total: AtomicU64::new(0),
             api_errors: AtomicU64::new(0),
-            max_memory: opts.max_memory_store.unwrap_or(-1),
-            max_store: opts.max_file_store.unwrap_or(-1),
+            max_memory,
+            max_store,
             sync_interval: opts.sync_interval,
             strict: opts.jetstream_strict,
             domain: opts.jetstream_domain.clone(),
@@ -506,7 +516,7 @@ fn account_info(js: &JetStream) -> Fields {
     f.insert(
         "limits".into(),
         serde_json::json!({
-            "max_memory": js.max_memory, "max_storage": js.max_store, "max_streams": -1,
+            "max_memory": -1, "max_storage": -1, "max_streams": -1,
             "max_consumers": -1, "max_ack_pending": -1, "memory_max_stream_bytes": -1,
             "storage_max_stream_bytes": -1, "max_bytes_required": false
         }),

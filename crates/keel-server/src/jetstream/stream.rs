@@ -174,7 +174,9 @@ impl Default for StreamConfig {
 /// Metadata keys the server adds to responses; never stored.
 const DYNAMIC_META: [&str; 2] = ["_nats.level", "_nats.ver"];
 pub const REQ_LEVEL_KEY: &str = "_nats.req.level";
-/// The JetStream API level Keel reports in `_nats.level`.
+/// The JetStream API level Keel reports in `_nats.level`, `$JS.API.INFO`, `/jsz` and `/varz`:
+/// level 1 (per-message TTL) with `config::COMPAT_VERSION` = 2.11.0 to match. Level 2's
+/// counters, atomic batches and schedules are not implemented, so Keel does not claim it.
 pub const API_LEVEL: u32 = 1;
 
 const MAX_NAME_LEN: usize = 255;

@@ -38,8 +38,8 @@ fn since(t: SystemTime) -> Duration {
     SystemTime::now().duration_since(t).unwrap_or_default()
 }
 
-pub fn root_html() -> String {
-    let links = [
+pub fn root_html(dashboard: bool) -> String {
+    let mut links = vec![
         ("varz", "General"),
         ("jsz", "JetStream"),
         ("connz", "Connections"),
@@ -52,6 +52,9 @@ pub fn root_html() -> String {
         ("healthz", "Health Probe"),
         ("metrics", "Prometheus Metrics"),
     ];
+    if dashboard {
+        links.insert(0, ("dashboard", "Dashboard"));
+    }
     let mut s = format!(
         "<html lang=\"en\">\n<head><title>keel-server monitoring</title></head>\n<body>\n\
          <h3>keel-server v{KEEL_VERSION} (nats-server API level {COMPAT_VERSION})</h3>\n"
@@ -237,9 +240,9 @@ enum ConnState {
 }
 
 /// One subscription as `/connz` and `/subsz` list it.
-struct SubRow {
+pub(crate) struct SubRow {
     sid: String,
-    subject: String,
+    pub subject: String,
     queue: Option<String>,
     msgs: u64,
     max: u64,
@@ -299,27 +302,27 @@ fn subs_of(h: &ClientHandle) -> Vec<SubRow> {
 }
 
 /// A snapshot of one connection, taken under its own locks only.
-struct ConnRow {
-    cid: u64,
-    ip: String,
+pub(crate) struct ConnRow {
+    pub cid: u64,
+    pub ip: String,
     port: u16,
     start: i64,
     last_activity: i64,
     rtt_nanos: u64,
-    pending: usize,
-    in_msgs: u64,
-    out_msgs: u64,
-    in_bytes: u64,
-    out_bytes: u64,
-    nsubs: usize,
-    name: String,
-    lang: String,
+    pub pending: usize,
+    pub in_msgs: u64,
+    pub out_msgs: u64,
+    pub in_bytes: u64,
+    pub out_bytes: u64,
+    pub nsubs: usize,
+    pub name: String,
+    pub lang: String,
     version: String,
-    subs: Vec<SubRow>,
+    pub subs: Vec<SubRow>,
 }
 
 impl ConnRow {
-    fn of(h: &Arc<ClientHandle>, with_subs: bool) -> ConnRow {
+    pub fn of(h: &Arc<ClientHandle>, with_subs: bool) -> ConnRow {
         let meta = h.meta.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let subs = if with_subs { subs_of(h) } else { Vec::new() };
         let nsubs = if with_subs {
@@ -347,8 +350,30 @@ impl ConnRow {
         }
     }
 
-    fn last_activity(&self) -> i64 {
+    pub fn last_activity(&self) -> i64 {
         self.last_activity.max(self.start)
+    }
+}
+
+/// A row of `/connz`: an open connection, or a closed one from the ring.
+enum Listed {
+    Open(ConnRow),
+    Closed(Arc<super::closed::Closed>),
+}
+
+impl Listed {
+    fn row(&self) -> &ConnRow {
+        match self {
+            Listed::Open(r) => r,
+            Listed::Closed(c) => &c.row,
+        }
+    }
+
+    fn stop(&self) -> Option<(i64, &'static str)> {
+        match self {
+            Listed::Open(_) => None,
+            Listed::Closed(c) => Some((c.stop, c.reason)),
+        }
     }
 }
 
@@ -392,46 +417,63 @@ pub fn connz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     let now_ns = now_nanos();
     let now_text = rfc3339(now_ns);
 
-    // keel keeps no closed connections: `state=closed` lists none.
-    let handles = if state == ConnState::Closed {
+    let open = if state == ConnState::Closed {
         Vec::new()
     } else {
         s.clients()
     };
-    let total = handles.len();
+    let closed = if state == ConnState::Open {
+        Vec::new()
+    } else {
+        s.closed.list()
+    };
+    let total = open.len() + closed.len();
     let acc = q.str("acc");
     // No users are recorded per connection yet, so a user filter matches none.
     let filtered_out = (!acc.is_empty() && acc != GLOBAL_ACCOUNT) || !q.str("user").is_empty();
-    let mut rows: Vec<ConnRow> = if filtered_out {
+    let mut rows: Vec<Listed> = if filtered_out {
         Vec::new()
     } else {
-        handles
-            .iter()
+        open.iter()
             .filter(|h| cid == 0 || h.id == cid)
-            .map(|h| ConnRow::of(h, subs))
+            .map(|h| Listed::Open(ConnRow::of(h, subs)))
+            .chain(
+                closed
+                    .into_iter()
+                    .filter(|c| cid == 0 || c.row.cid == cid)
+                    .map(Listed::Closed),
+            )
             .collect()
     };
     // Ties keep cid order so paging is stable.
-    rows.sort_by_key(|r| r.cid);
+    rows.sort_by_key(|r| r.row().cid);
+    // A closed connection's age and idle time end when it closed.
+    let end = |r: &Listed| r.stop().map_or(now_ns, |(t, _)| t);
     match sort {
-        SortBy::Cid | SortBy::Start | SortBy::Stop | SortBy::Reason | SortBy::Rtt => {}
-        SortBy::Subs => rows.sort_by_key(|r| Reverse(r.nsubs)),
-        SortBy::Pending => rows.sort_by_key(|r| Reverse(r.pending)),
-        SortBy::MsgsTo => rows.sort_by_key(|r| Reverse(r.out_msgs)),
-        SortBy::MsgsFrom => rows.sort_by_key(|r| Reverse(r.in_msgs)),
-        SortBy::BytesTo => rows.sort_by_key(|r| Reverse(r.out_bytes)),
-        SortBy::BytesFrom => rows.sort_by_key(|r| Reverse(r.in_bytes)),
-        SortBy::Last => rows.sort_by_key(|r| Reverse(r.last_activity())),
-        SortBy::Idle => rows.sort_by_key(|r| Reverse(now_ns - r.last_activity())),
+        SortBy::Cid | SortBy::Start | SortBy::Rtt => {}
+        // Most recently closed first; reasons alphabetically (the reference's orders).
+        SortBy::Stop => rows.sort_by_key(|r| Reverse(end(r))),
+        SortBy::Reason => rows.sort_by(|a, b| a.stop().map(|s| s.1).cmp(&b.stop().map(|s| s.1))),
+        SortBy::Subs => rows.sort_by_key(|r| Reverse(r.row().nsubs)),
+        SortBy::Pending => rows.sort_by_key(|r| Reverse(r.row().pending)),
+        SortBy::MsgsTo => rows.sort_by_key(|r| Reverse(r.row().out_msgs)),
+        SortBy::MsgsFrom => rows.sort_by_key(|r| Reverse(r.row().in_msgs)),
+        SortBy::BytesTo => rows.sort_by_key(|r| Reverse(r.row().out_bytes)),
+        SortBy::BytesFrom => rows.sort_by_key(|r| Reverse(r.row().in_bytes)),
+        SortBy::Last => rows.sort_by_key(|r| Reverse(r.row().last_activity())),
+        SortBy::Idle => rows.sort_by_key(|r| Reverse(end(r) - r.row().last_activity())),
         // The reference lists the youngest connection first.
-        SortBy::Uptime => rows.sort_by_key(|r| now_ns - r.start),
+        SortBy::Uptime => rows.sort_by_key(|r| end(r) - r.row().start),
     }
     let offset = offset as usize;
     let page: Vec<Value> = rows
         .iter()
         .skip(offset)
         .take(limit as usize)
-        .map(|r| {
+        .map(|listed| {
+            let r = listed.row();
+            let stop = listed.stop();
+            let end_ns = stop.map_or(now_ns, |(t, _)| t);
             let mut c = Map::new();
             c.insert("cid".into(), r.cid.into());
             c.insert("kind".into(), "Client".into());
@@ -440,12 +482,16 @@ pub fn connz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
             c.insert("port".into(), r.port.into());
             c.insert("start".into(), rfc3339(r.start).into());
             c.insert("last_activity".into(), rfc3339(r.last_activity()).into());
+            if let Some((t, reason)) = stop {
+                c.insert("stop".into(), rfc3339(t).into());
+                c.insert("reason".into(), reason.into());
+            }
             c.insert(
                 "rtt".into(),
                 crate::time::go_duration(r.rtt_nanos as i64).into(),
             );
-            let age = Duration::from_nanos((now_ns - r.start).max(0) as u64);
-            let idle = Duration::from_nanos((now_ns - r.last_activity()).max(0) as u64);
+            let age = Duration::from_nanos((end_ns - r.start).max(0) as u64);
+            let idle = Duration::from_nanos((end_ns - r.last_activity()).max(0) as u64);
             c.insert("uptime".into(), proc::uptime(age).into());
             c.insert("idle".into(), proc::uptime(idle).into());
             c.insert("pending_bytes".into(), r.pending.into());
@@ -509,24 +555,16 @@ pub fn subsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     if limit <= 0 {
         limit = DEFAULT_LIST_SIZE;
     }
-    let count = s.sublist.count();
-    let stats = s.sublist.stats();
     let mut v = json!({
         "server_id": s.server_id,
         "now": now(),
-        "num_subscriptions": count,
-        // Match caches are per connection; only trie lookups (cache misses) are counted.
-        "num_cache": 0,
-        "num_inserts": stats.inserts,
-        "num_removes": stats.removes,
-        "num_matches": stats.matches,
-        "cache_hit_rate": 0.0,
-        "max_fanout": 0,
-        "avg_fanout": 0.0,
-        "total": 0,
-        "offset": offset,
-        "limit": limit,
     });
+    if let (Value::Object(m), Value::Object(st)) = (&mut v, sublist_stats(s)) {
+        m.extend(st);
+    }
+    v["total"] = 0.into();
+    v["offset"] = offset.into();
+    v["limit"] = limit.into();
     if subs {
         let mut rows: Vec<SubRow> = Vec::new();
         for h in s.clients() {
@@ -546,6 +584,31 @@ pub fn subsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         v["subscriptions_list"] = list.into();
     }
     Ok(v)
+}
+
+/// The reference's sublist statistics. Keel's match caches are per connection (no shared
+/// cache to lock on publish): `num_cache` is what they hold now, `num_matches` every match
+/// (from a cache or from the trie), `cache_hit_rate` the share answered from a cache, and
+/// the fan-outs are over the cached results.
+fn sublist_stats(s: &Server) -> Value {
+    let stats = s.sublist.stats();
+    let cache = s.sublist.cache_stats();
+    let matches = stats.matches + cache.hits;
+    let rate = if matches > 0 {
+        cache.hits as f64 / matches as f64
+    } else {
+        0.0
+    };
+    json!({
+        "num_subscriptions": s.sublist.count(),
+        "num_cache": cache.entries,
+        "num_inserts": stats.inserts,
+        "num_removes": stats.removes,
+        "num_matches": matches,
+        "cache_hit_rate": rate,
+        "max_fanout": cache.max_fanout,
+        "avg_fanout": cache.avg_fanout,
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -625,18 +688,13 @@ pub fn accountz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     );
     d.insert("subscriptions".into(), subs.into());
     d.insert("name_tag".into(), acc.into());
+    let zero = json!({
+        "num_subscriptions": 0, "num_cache": 0, "num_inserts": 0, "num_removes": 0,
+        "num_matches": 0, "cache_hit_rate": 0.0, "max_fanout": 0, "avg_fanout": 0.0,
+    });
     d.insert(
         "sublist_stats".into(),
-        json!({
-            "num_subscriptions": subs,
-            "num_cache": 0,
-            "num_inserts": 0,
-            "num_removes": 0,
-            "num_matches": 0,
-            "cache_hit_rate": 0.0,
-            "max_fanout": 0,
-            "avg_fanout": 0.0,
-        }),
+        if global { sublist_stats(s) } else { zero },
     );
     v["account_detail"] = Value::Object(d);
     Ok(v)
@@ -671,28 +729,173 @@ pub fn accstatz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
 // /healthz
 // ---------------------------------------------------------------------------
 
-/// `{"status":"ok"}`, compact as the reference writes it. When JetStream was asked for but is
-/// not running: 503 with the reference's `unavailable` status and JetStream-not-enabled error.
-/// `js-enabled-only` and `js-server-only` change nothing on a single server whose JetStream
-/// is up: there is no meta group or replicated asset to check beyond it.
+/// The reference's health probe. Compact JSON; the HTTP status says the outcome:
+/// 200 ok; 400 for `stream` without `account` (or `consumer` without `stream`); 503 when
+/// JetStream was asked for but is not running; 404 when the named account, stream or
+/// consumer does not exist. `js-server-only` checks the server alone, `js-enabled-only` (and
+/// the deprecated `js-enabled`) only that JetStream runs; otherwise the named assets are
+/// checked (on a single server there is no meta group, so `js-meta-only` adds nothing).
+/// `details=true` lists errors under `errors` with their kind instead of one `error`.
 pub fn healthz(ctx: &Ctx, q: &Query) -> Reply {
-    for key in ["js-enabled-only", "js-server-only", "js-enabled", "details"] {
-        if let Err(e) = q.bool(key) {
-            return Reply::text(400, e);
+    let mut flags = [false; 5];
+    for (i, key) in [
+        "js-enabled",
+        "js-enabled-only",
+        "js-server-only",
+        "js-meta-only",
+        "details",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        match q.bool(key) {
+            Ok(b) => flags[i] = b,
+            Err(e) => return Reply::text(400, e),
         }
     }
-    let (status, body) = health(&ctx.server);
+    let [js_enabled, js_enabled_only, js_server_only, _meta_only, details] = flags;
+    let probe = Probe {
+        js_enabled_only: js_enabled || js_enabled_only,
+        js_server_only,
+        account: q.str("account"),
+        stream: q.str("stream"),
+        consumer: q.str("consumer"),
+    };
+    let (status, body) = match health(&ctx.server, &probe) {
+        Ok(()) => (200, json!({"status": "ok"})),
+        Err(e) if details => (e.status, json!({"status": "error", "errors": [e.detail()]})),
+        Err(e) => (e.status, json!({"status": e.status_text, "error": e.text})),
+    };
     Reply::json_compact(status, &body, q)
 }
 
-fn health(server: &Server) -> (u16, Value) {
-    if server.opts.jetstream && server.jetstream.get().is_none() {
-        return (
-            503,
-            json!({"status": "unavailable", "error": "JetStream not enabled"}),
-        );
+/// What `/healthz` was asked to check.
+pub(crate) struct Probe<'a> {
+    pub js_enabled_only: bool,
+    pub js_server_only: bool,
+    pub account: &'a str,
+    pub stream: &'a str,
+    pub consumer: &'a str,
+}
+
+/// A failed check: HTTP status, the reference's status word and text, and what it is about.
+pub(crate) struct HealthError {
+    pub status: u16,
+    status_text: &'static str,
+    pub text: String,
+    kind: &'static str,
+    account: String,
+    stream: String,
+    consumer: String,
+}
+
+impl HealthError {
+    fn new(status: u16, status_text: &'static str, kind: &'static str, text: String) -> Self {
+        HealthError {
+            status,
+            status_text,
+            text,
+            kind,
+            account: String::new(),
+            stream: String::new(),
+            consumer: String::new(),
+        }
     }
-    (200, json!({"status": "ok"}))
+
+    /// One entry of `errors` (`details=true`); empty fields are left out, as the reference's.
+    fn detail(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("type".into(), self.kind.into());
+        for (k, v) in [
+            ("account", &self.account),
+            ("stream", &self.stream),
+            ("consumer", &self.consumer),
+        ] {
+            if !v.is_empty() {
+                m.insert(k.into(), v.clone().into());
+            }
+        }
+        m.insert("error".into(), self.text.clone().into());
+        Value::Object(m)
+    }
+}
+
+pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), Box<HealthError>> {
+    if p.account.is_empty() && !p.stream.is_empty() {
+        return Err(Box::new(HealthError::new(
+            400,
+            "error",
+            "BAD_REQUEST",
+            "\"account\" must not be empty when checking stream health".into(),
+        )));
+    }
+    if p.stream.is_empty() && !p.consumer.is_empty() {
+        return Err(Box::new(HealthError::new(
+            400,
+            "error",
+            "BAD_REQUEST",
+            "\"stream\" must not be empty when checking consumer health".into(),
+        )));
+    }
+    if p.js_server_only || !server.opts.jetstream {
+        return Ok(());
+    }
+    let Some(js) = server.jetstream.get() else {
+        return Err(Box::new(HealthError::new(
+            503,
+            "unavailable",
+            "JETSTREAM",
+            "JetStream not enabled".into(),
+        )));
+    };
+    if p.js_enabled_only || p.account.is_empty() {
+        return Ok(());
+    }
+    // The one JetStream account; the reference answers the same for any other (including
+    // $SYS, which has no JetStream).
+    if p.account != GLOBAL_ACCOUNT {
+        let mut e = HealthError::new(
+            404,
+            "unavailable",
+            "ACCOUNT",
+            format!("JetStream account {:?} not found", p.account),
+        );
+        e.account = p.account.into();
+        return Err(Box::new(e));
+    }
+    if p.stream.is_empty() {
+        return Ok(());
+    }
+    let Some(stream) = js.stream(p.stream) else {
+        let mut e = HealthError::new(
+            404,
+            "unavailable",
+            "STREAM",
+            format!(
+                "JetStream stream {:?} not found on account {:?}",
+                p.stream, p.account
+            ),
+        );
+        e.account = p.account.into();
+        e.stream = p.stream.into();
+        return Err(Box::new(e));
+    };
+    if !p.consumer.is_empty() && !stream.consumers_lock().contains_key(p.consumer) {
+        let mut e = HealthError::new(
+            404,
+            "unavailable",
+            "CONSUMER",
+            format!(
+                "JetStream consumer {:?} not found for stream {:?} on account {:?}",
+                p.consumer, p.stream, p.account
+            ),
+        );
+        e.account = p.account.into();
+        e.stream = p.stream.into();
+        e.consumer = p.consumer.into();
+        return Err(Box::new(e));
+    }
+    Ok(())
 }
 
 impl Reply {

@@ -1,577 +1,664 @@
-//! `/metrics`: server, JetStream, stream and consumer figures in the Prometheus text format
-//! (0.0.4), encoded by prometheus-client from a snapshot taken per scrape.
+//! `/metrics`: what prometheus-nats-exporter publishes for a nats-server, in the Prometheus
+//! text format (0.0.4), encoded by prometheus-client. Keel builds the same JSON the
+//! exporter would fetch from its own endpoints and turns it into series the way the
+//! exporter does, so its dashboards and alert rules work with no sidecar.
 //!
-//! # Names
+//! # Families (the exporter's flag in brackets)
 //!
-//! The names are the ones prometheus-nats-exporter publishes when it scrapes nats-server
-//! (`-varz` and `-jsz=all`), so dashboards and alert rules written against the exporter keep
-//! working with no sidecar. Its varz collector flattens `/varz` keys under `gnatsd_varz_`;
-//! its jsz collector (collector/jsz.go) uses `jetstream_{server,account,stream,consumer}_*`.
-//! Everything is a gauge, as the exporter publishes it (so `rate()` over the message counters
-//! works as it does there). Two series are also published under the short names operators
-//! are told to alert on, with the same labels and values:
-//!
-//! | keel metric | exporter metric (same name unless noted) | source |
+//! | prefix | from | how |
 //! |---|---|---|
-//! | `gnatsd_varz_connections` | = | `/varz` connections |
-//! | `gnatsd_varz_total_connections` | = | `/varz` total_connections |
-//! | `gnatsd_varz_subscriptions` | = | `/varz` subscriptions |
-//! | `gnatsd_varz_in_msgs`, `_out_msgs`, `_in_bytes`, `_out_bytes` | = | `/varz` |
-//! | `gnatsd_varz_slow_consumers` | = | `/varz` slow_consumers |
-//! | `gnatsd_varz_mem` | = | `/varz` mem (resident bytes) |
-//! | `gnatsd_varz_jetstream_stats_memory`, `_storage` | = | `/varz` jetstream.stats |
-//! | `gnatsd_varz_jetstream_config_max_memory`, `_max_storage` | = | `/varz` jetstream.config (-1: unlimited) |
-//! | `jetstream_server_jetstream_disabled` | = | `/jsz` disabled |
-//! | `jetstream_server_total_streams`, `_total_consumers`, `_total_messages`, `_total_message_bytes` | = | `/jsz` |
-//! | `jetstream_server_max_memory`, `_max_storage` | = | `/jsz` config (-1: unlimited) |
-//! | `jetstream_account_memory_used`, `_storage_used` | = | `/jsz` account_details |
-//! | `jetstream_account_max_memory`, `_max_storage` | = | account limits (-1: unlimited) |
-//! | `jetstream_stream_total_messages` | = | stream state messages |
-//! | `jetstream_stream_messages` | alias of `jetstream_stream_total_messages` | |
-//! | `jetstream_stream_total_bytes` | = | stream state bytes |
-//! | `jetstream_stream_bytes` | alias of `jetstream_stream_total_bytes` | |
-//! | `jetstream_stream_first_seq`, `_last_seq`, `_consumer_count`, `_subject_count` | = | stream state |
-//! | `jetstream_stream_limit_messages`, `_limit_bytes` | = | stream config max_msgs / max_bytes |
-//! | `jetstream_consumer_num_ack_pending` | = | consumer num_ack_pending |
-//! | `jetstream_consumer_ack_pending` | alias of `jetstream_consumer_num_ack_pending` | |
-//! | `jetstream_consumer_num_pending`, `_num_redelivered`, `_num_waiting` | = | consumer info |
-//! | `jetstream_consumer_delivered_stream_seq`, `_delivered_consumer_seq` | = | consumer delivered |
-//! | `jetstream_consumer_ack_floor_stream_seq`, `_ack_floor_consumer_seq` | = | consumer ack_floor |
-//! | `jetstream_consumer_last_delivery_seconds` | = | seconds since the last delivery (once there was one) |
+//! | `gnatsd_varz_*` [`-varz`] | `/varz` | every number, nested keys joined with `_` (`gnatsd_varz_jetstream_stats_memory`, `gnatsd_varz_cpu`, `gnatsd_varz_http_req_stats_varz`); `start` and `config_load_time` as epoch milliseconds; `server_id`, `server_name`, `version` as a `value` label on a sample of 1. Label `server_id`. |
+//! | `gnatsd_subsz_*` [`-subz`], `gnatsd_routez_*` [`-routez`] | `/subsz`, `/routez` | every number, as for varz |
+//! | `gnatsd_connz_*` [`-connz`] | `/connz` | `num_connections`, `total`, `offset`, `limit`, and the sums of `pending_bytes`, `subscriptions`, `in_msgs`, `out_msgs`, `in_bytes`, `out_bytes` over the listed connections |
+//! | `gnatsd_healthz_status`, `gnatsd_healthz_js_enabled_only_status`, `gnatsd_healthz_js_server_only_status` [`-healthz*`] | `/healthz` (and its two variants) | 0 when ok, 1 otherwise; `..._status_value{value="ok"}` 1 when ok |
+//! | `gnatsd_accstatz_*` [`-accstatz`] | `/accstatz` | `current_connections`, `total_connections`, `subscriptions`, `leaf_nodes`, `sent_messages`, `sent_bytes`, `received_messages`, `received_bytes`, `slow_consumers`; labels `server_id`, `account`, `account_id`, `account_name` |
+//! | `jetstream_server_*`, `jetstream_account_*`, `jetstream_stream_*`, `jetstream_consumer_*` [`-jsz=all`] | `/jsz?consumers=true&config=true` | the exporter's jsz collector, with its labels (below), including `jetstream_consumer_last_delivery_seconds` and `jetstream_consumer_last_ack_seconds` once there was a delivery / an ack |
 //!
-//! # Labels
+//! Everything is a gauge (the exporter's counters would get a `_total` suffix from
+//! prometheus-client; as gauges the names stay the exporter's, and `rate()` works the same).
+//! Three aliases are also published with the same labels and values:
+//! `jetstream_stream_messages` (= `jetstream_stream_total_messages`),
+//! `jetstream_stream_bytes` (= `jetstream_stream_total_bytes`) and
+//! `jetstream_consumer_ack_pending` (= `jetstream_consumer_num_ack_pending`).
 //!
-//! `server_id` on every series (the exporter's key); JetStream series add `server_name`;
-//! account, stream and consumer series add `account` (`$G`); stream series add `stream_name`
-//! (the exporter's) and `stream` (the same value, shorter); consumer series add
-//! `consumer_name` and `consumer` likewise. The exporter's cluster/leader labels are left
-//! out: a single server is always the leader.
+//! # Labels of the JetStream families
+//!
+//! As the exporter's: `server_id server_name cluster domain meta_leader is_meta_leader`;
+//! accounts add `account account_name account_id`; streams add those and `stream_name
+//! stream_leader is_stream_leader stream_raft_group`; consumers add `consumer_name
+//! consumer_leader is_consumer_leader consumer_desc`. On a single server the cluster and
+//! raft labels are empty and every `is_*_leader` is `"true"`. Keel adds `stream` and
+//! `consumer` (copies of `stream_name` and `consumer_name`, shorter to write).
 //!
 //! # Cost
 //!
-//! A scrape takes the stream registry's read lock once to clone the list, then each stream's
-//! and each consumer's own lock briefly, one at a time, to copy its numbers; nothing is held
-//! across the scrape, so publishing and delivery continue while it runs. Encoding happens
-//! after the snapshot, with no lock held.
-
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+//! A scrape builds those JSON values the way the endpoints do: the stream registry's read
+//! lock once to clone the list, then each stream's and consumer's own lock briefly, one at
+//! a time; nothing is held across the scrape, so publishing and delivery continue while it
+//! runs. Encoding happens afterwards, with no lock held.
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet, MetricEncoder,
-};
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 
-use super::endpoints::GLOBAL_ACCOUNT;
-use crate::jetstream::stream::StorageType;
-use crate::server::Server;
-use crate::time::{now_nanos, parse_rfc3339};
+use super::query::Query;
+use super::{endpoints, jsz, Ctx};
+use crate::time::parse_rfc3339;
 
-/// Writes the current metrics of `server` to `out`.
-pub fn encode_metrics(server: &Server, out: &mut String) -> std::fmt::Result {
+/// Writes the current metrics to `out`.
+pub(crate) fn encode_metrics(ctx: &Ctx, out: &mut String) -> std::fmt::Result {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(Snapshot::take(server)));
+    registry.register_collector(Box::new(Families::take(ctx)));
     prometheus_client::encoding::prometheus_text::encode(out, &registry)
 }
 
-#[derive(Debug)]
-struct Snapshot {
-    server_id: String,
-    server_name: String,
-    connections: u64,
-    total_connections: u64,
-    subscriptions: u64,
-    in_msgs: u64,
-    out_msgs: u64,
-    in_bytes: u64,
-    out_bytes: u64,
-    slow_consumers: u64,
-    mem: u64,
-    js: Option<JsSnapshot>,
+type Labels = Vec<(String, String)>;
+
+/// A sample value: integers print exactly, the rest as floats.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Num {
+    Int(i64),
+    Float(f64),
+}
+
+impl Num {
+    fn of(v: &Value) -> Option<Num> {
+        if let Some(i) = v.as_i64() {
+            Some(Num::Int(i))
+        } else {
+            v.as_f64().map(Num::Float)
+        }
+    }
 }
 
 #[derive(Debug)]
-struct JsSnapshot {
-    max_memory: i64,
-    max_storage: i64,
-    memory: u64,
-    storage: u64,
-    messages: u64,
-    bytes: u64,
-    streams: Vec<StreamSnap>,
-    consumers: Vec<ConsumerSnap>,
-}
-
-#[derive(Debug)]
-struct StreamSnap {
-    name: Arc<str>,
-    messages: u64,
-    bytes: u64,
-    first_seq: u64,
-    last_seq: u64,
-    consumer_count: u64,
-    subject_count: u64,
-    limit_messages: i64,
-    limit_bytes: i64,
-}
-
-#[derive(Debug, Default)]
-struct ConsumerSnap {
-    stream: Arc<str>,
+struct Family {
     name: String,
-    ack_pending: u64,
-    num_pending: u64,
-    redelivered: u64,
-    waiting: u64,
-    delivered_stream: u64,
-    delivered_consumer: u64,
-    ack_floor_stream: u64,
-    ack_floor_consumer: u64,
-    last_delivery_secs: Option<f64>,
+    help: String,
+    samples: Vec<(Labels, Num)>,
 }
 
-fn num(v: &Value) -> u64 {
-    v.as_u64().unwrap_or(0)
+/// Every family of one scrape, in the order they were first added.
+#[derive(Debug, Default)]
+struct Families {
+    list: Vec<Family>,
+    index: std::collections::HashMap<String, usize>,
 }
 
-impl Snapshot {
-    fn take(server: &Server) -> Snapshot {
-        let t = server.totals();
-        Snapshot {
-            server_id: server.server_id.clone(),
-            server_name: server.server_name.clone(),
-            connections: server.num_clients() as u64,
-            total_connections: server.total_connections(),
-            subscriptions: server.sublist.count() as u64,
-            in_msgs: t.in_msgs,
-            out_msgs: t.out_msgs,
-            in_bytes: t.in_bytes,
-            out_bytes: t.out_bytes,
-            slow_consumers: crate::client::SLOW_CONSUMERS.load(Ordering::Relaxed),
-            mem: super::proc::rss_bytes(),
-            js: server.jetstream.get().map(|js| {
-                let streams = js.streams();
-                let mut snap = JsSnapshot {
-                    max_memory: js.max_memory,
-                    max_storage: js.max_store,
-                    memory: 0,
-                    storage: 0,
-                    messages: 0,
-                    bytes: 0,
-                    streams: Vec::with_capacity(streams.len()),
-                    consumers: Vec::new(),
-                };
-                let now = now_nanos();
-                for st in &streams {
-                    let name: Arc<str> = Arc::from(st.name.as_str());
-                    let state = st.state();
-                    let cfg = st.config();
-                    let consumers = st.consumer_list();
-                    snap.messages += state.msgs;
-                    snap.bytes += state.bytes;
-                    match cfg.storage {
-                        StorageType::Memory => snap.memory += state.bytes,
-                        StorageType::File => snap.storage += state.bytes,
-                    }
-                    snap.streams.push(StreamSnap {
-                        name: name.clone(),
-                        messages: state.msgs,
-                        bytes: state.bytes,
-                        first_seq: state.first_seq,
-                        last_seq: state.last_seq,
-                        consumer_count: consumers.len() as u64,
-                        subject_count: state.num_subjects,
-                        limit_messages: cfg.max_msgs,
-                        limit_bytes: cfg.max_bytes,
-                    });
-                    for c in consumers {
-                        // One consumer's lock (and its stream's, for num_pending) at a time.
-                        let info = c.info(server, false);
-                        let get = |k: &str| info.get(k).unwrap_or(&Value::Null);
-                        let delivered = get("delivered");
-                        let floor = get("ack_floor");
-                        snap.consumers.push(ConsumerSnap {
-                            stream: name.clone(),
-                            name: c.name.clone(),
-                            ack_pending: num(get("num_ack_pending")),
-                            num_pending: num(get("num_pending")),
-                            redelivered: num(get("num_redelivered")),
-                            waiting: num(get("num_waiting")),
-                            delivered_stream: num(&delivered["stream_seq"]),
-                            delivered_consumer: num(&delivered["consumer_seq"]),
-                            ack_floor_stream: num(&floor["stream_seq"]),
-                            ack_floor_consumer: num(&floor["consumer_seq"]),
-                            last_delivery_secs: delivered["last_active"]
-                                .as_str()
-                                .and_then(parse_rfc3339)
-                                .map(|t| (now - t).max(0) as f64 / 1e9),
-                        });
-                    }
-                }
-                snap
-            }),
-        }
-    }
-}
-
-/// Writes one gauge family: its descriptor, then `each` writes the samples (none when there
-/// are no items, and then no descriptor either).
-fn family<T>(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    items: &[T],
-    mut each: impl FnMut(&mut MetricEncoder, &T) -> std::fmt::Result,
-) -> std::fmt::Result {
-    if items.is_empty() {
-        return Ok(());
-    }
-    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    for it in items {
-        each(&mut m, it)?;
-    }
-    Ok(())
-}
-
-fn sample(
-    m: &mut MetricEncoder,
-    labels: &impl EncodeLabelSet,
-    v: impl EncodeGaugeValue,
-) -> std::fmt::Result {
-    m.encode_family(labels)?.encode_gauge(&v)
-}
-
-type Labels<'a, const N: usize> = [(&'static str, &'a str); N];
-
-fn js_labels<'a>(id: &'a str, name: &'a str) -> Labels<'a, 2> {
-    [("server_id", id), ("server_name", name)]
-}
-
-fn account_labels<'a>(id: &'a str, name: &'a str) -> Labels<'a, 3> {
-    [
-        ("server_id", id),
-        ("server_name", name),
-        ("account", GLOBAL_ACCOUNT),
-    ]
-}
-
-fn stream_labels<'a>(id: &'a str, name: &'a str, s: &'a StreamSnap) -> Labels<'a, 5> {
-    [
-        ("server_id", id),
-        ("server_name", name),
-        ("account", GLOBAL_ACCOUNT),
-        ("stream_name", &s.name),
-        ("stream", &s.name),
-    ]
-}
-
-fn consumer_labels<'a>(id: &'a str, name: &'a str, c: &'a ConsumerSnap) -> Labels<'a, 7> {
-    [
-        ("server_id", id),
-        ("server_name", name),
-        ("account", GLOBAL_ACCOUNT),
-        ("stream_name", &c.stream),
-        ("stream", &c.stream),
-        ("consumer_name", &c.name),
-        ("consumer", &c.name),
-    ]
-}
-
-type Field<T, V> = (&'static str, &'static str, fn(&T) -> V);
-
-const VARZ: [Field<Snapshot, u64>; 9] = [
-    (
-        "gnatsd_varz_connections",
-        "Current client connections",
-        |s| s.connections,
-    ),
-    (
-        "gnatsd_varz_total_connections",
-        "Client connections accepted since start",
-        |s| s.total_connections,
-    ),
-    (
-        "gnatsd_varz_subscriptions",
-        "Subscriptions in the subject index",
-        |s| s.subscriptions,
-    ),
-    (
-        "gnatsd_varz_in_msgs",
-        "Messages received from clients",
-        |s| s.in_msgs,
-    ),
-    ("gnatsd_varz_out_msgs", "Messages sent to clients", |s| {
-        s.out_msgs
-    }),
-    (
-        "gnatsd_varz_in_bytes",
-        "Payload bytes received from clients",
-        |s| s.in_bytes,
-    ),
-    (
-        "gnatsd_varz_out_bytes",
-        "Payload bytes sent to clients",
-        |s| s.out_bytes,
-    ),
-    (
-        "gnatsd_varz_slow_consumers",
-        "Connections closed as slow consumers",
-        |s| s.slow_consumers,
-    ),
-    (
-        "gnatsd_varz_mem",
-        "Resident memory of the process in bytes",
-        |s| s.mem,
-    ),
-];
-
-const VARZ_JS: [Field<JsSnapshot, i64>; 4] = [
-    (
-        "gnatsd_varz_jetstream_stats_memory",
-        "JetStream memory store bytes used",
-        |j| j.memory as i64,
-    ),
-    (
-        "gnatsd_varz_jetstream_stats_storage",
-        "JetStream file store bytes used",
-        |j| j.storage as i64,
-    ),
-    (
-        "gnatsd_varz_jetstream_config_max_memory",
-        "JetStream memory store limit in bytes (-1: unlimited)",
-        |j| j.max_memory,
-    ),
-    (
-        "gnatsd_varz_jetstream_config_max_storage",
-        "JetStream file store limit in bytes (-1: unlimited)",
-        |j| j.max_storage,
-    ),
-];
-
-const JS_SERVER: [Field<JsSnapshot, i64>; 7] = [
-    (
-        "jetstream_server_jetstream_disabled",
-        "1 when JetStream is disabled",
-        |_| 0,
-    ),
-    ("jetstream_server_total_streams", "Streams", |j| {
-        j.streams.len() as i64
-    }),
-    ("jetstream_server_total_consumers", "Consumers", |j| {
-        j.consumers.len() as i64
-    }),
-    ("jetstream_server_total_messages", "Messages stored", |j| {
-        j.messages as i64
-    }),
-    (
-        "jetstream_server_total_message_bytes",
-        "Bytes stored",
-        |j| j.bytes as i64,
-    ),
-    (
-        "jetstream_server_max_memory",
-        "JetStream memory store limit in bytes (-1: unlimited)",
-        |j| j.max_memory,
-    ),
-    (
-        "jetstream_server_max_storage",
-        "JetStream file store limit in bytes (-1: unlimited)",
-        |j| j.max_storage,
-    ),
-];
-
-const JS_ACCOUNT: [Field<JsSnapshot, i64>; 4] = [
-    (
-        "jetstream_account_memory_used",
-        "Account memory store bytes used",
-        |j| j.memory as i64,
-    ),
-    (
-        "jetstream_account_storage_used",
-        "Account file store bytes used",
-        |j| j.storage as i64,
-    ),
-    (
-        "jetstream_account_max_memory",
-        "Account memory store limit (-1: unlimited)",
-        |_| -1,
-    ),
-    (
-        "jetstream_account_max_storage",
-        "Account file store limit (-1: unlimited)",
-        |_| -1,
-    ),
-];
-
-const STREAM: [Field<StreamSnap, i64>; 10] = [
-    (
-        "jetstream_stream_total_messages",
-        "Messages in the stream",
-        |s| s.messages as i64,
-    ),
-    (
-        "jetstream_stream_messages",
-        "Messages in the stream (same as jetstream_stream_total_messages)",
-        |s| s.messages as i64,
-    ),
-    ("jetstream_stream_total_bytes", "Bytes in the stream", |s| {
-        s.bytes as i64
-    }),
-    (
-        "jetstream_stream_bytes",
-        "Bytes in the stream (same as jetstream_stream_total_bytes)",
-        |s| s.bytes as i64,
-    ),
-    (
-        "jetstream_stream_first_seq",
-        "First sequence in the stream",
-        |s| s.first_seq as i64,
-    ),
-    (
-        "jetstream_stream_last_seq",
-        "Last sequence in the stream",
-        |s| s.last_seq as i64,
-    ),
-    (
-        "jetstream_stream_consumer_count",
-        "Consumers of the stream",
-        |s| s.consumer_count as i64,
-    ),
-    (
-        "jetstream_stream_subject_count",
-        "Distinct subjects in the stream",
-        |s| s.subject_count as i64,
-    ),
-    (
-        "jetstream_stream_limit_messages",
-        "Stream max_msgs (-1: unlimited)",
-        |s| s.limit_messages,
-    ),
-    (
-        "jetstream_stream_limit_bytes",
-        "Stream max_bytes (-1: unlimited)",
-        |s| s.limit_bytes,
-    ),
-];
-
-const CONSUMER: [Field<ConsumerSnap, u64>; 9] = [
-    (
-        "jetstream_consumer_num_ack_pending",
-        "Messages delivered and not yet acknowledged",
-        |c| c.ack_pending,
-    ),
-    (
-        "jetstream_consumer_ack_pending",
-        "Messages delivered and not yet acknowledged (same as jetstream_consumer_num_ack_pending)",
-        |c| c.ack_pending,
-    ),
-    (
-        "jetstream_consumer_num_pending",
-        "Messages in the stream the consumer has yet to deliver",
-        |c| c.num_pending,
-    ),
-    (
-        "jetstream_consumer_num_redelivered",
-        "Messages delivered more than once and not yet acknowledged",
-        |c| c.redelivered,
-    ),
-    (
-        "jetstream_consumer_num_waiting",
-        "Pull requests waiting for messages",
-        |c| c.waiting,
-    ),
-    (
-        "jetstream_consumer_delivered_stream_seq",
-        "Stream sequence of the last delivered message",
-        |c| c.delivered_stream,
-    ),
-    (
-        "jetstream_consumer_delivered_consumer_seq",
-        "Consumer sequence of the last delivery",
-        |c| c.delivered_consumer,
-    ),
-    (
-        "jetstream_consumer_ack_floor_stream_seq",
-        "Stream sequence up to which every message is acknowledged",
-        |c| c.ack_floor_stream,
-    ),
-    (
-        "jetstream_consumer_ack_floor_consumer_seq",
-        "Consumer sequence up to which every delivery is acknowledged",
-        |c| c.ack_floor_consumer,
-    ),
-];
-
-impl Collector for Snapshot {
-    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-        let (id, name) = (self.server_id.as_str(), self.server_name.as_str());
-        let one = [self];
-        for (metric, help, f) in VARZ {
-            family(&mut enc, metric, help, &one, |m, s| {
-                sample(m, &[("server_id", id)], f(s))
-            })?;
-        }
-        let Some(js) = &self.js else {
-            return family(
-                &mut enc,
-                "jetstream_server_jetstream_disabled",
-                "1 when JetStream is disabled",
-                &one,
-                |m, _| sample(m, &js_labels(id, name), 1u64),
-            );
+impl Families {
+    fn add(&mut self, name: &str, help: &str, labels: Labels, v: Num) {
+        let i = match self.index.get(name) {
+            Some(&i) => i,
+            None => {
+                self.list.push(Family {
+                    name: name.to_string(),
+                    help: help.to_string(),
+                    samples: Vec::new(),
+                });
+                self.index.insert(name.to_string(), self.list.len() - 1);
+                self.list.len() - 1
+            }
         };
-        let jsone = [js];
-        for (metric, help, f) in VARZ_JS {
-            family(&mut enc, metric, help, &jsone, |m, j| {
-                sample(m, &[("server_id", id)], f(j))
-            })?;
+        self.list[i].samples.push((labels, v));
+    }
+
+    /// The exporter's generic collector: every number of `v` under `prefix`, nested keys
+    /// joined with `_` (slashes too, runs of `_` collapsed); RFC 3339 times among `start` and
+    /// `config_load_time` as epoch milliseconds; the identity strings as a `value` label.
+    fn flatten(&mut self, prefix: &str, path: &mut Vec<String>, v: &Value, id: &str) {
+        const LABEL_KEYS: [&str; 8] = [
+            "server_id",
+            "server_name",
+            "version",
+            "domain",
+            "leader",
+            "name",
+            "start",
+            "config_load_time",
+        ];
+        const SKIP: [&str; 2] = ["leaf", "trusted_operators_claim"];
+        let Value::Object(m) = v else { return };
+        for (k, x) in m {
+            path.push(k.clone());
+            let fq = fq_name(path);
+            if !SKIP.contains(&fq.as_str()) {
+                let name = format!("{prefix}_{fq}");
+                let server = vec![("server_id".to_string(), id.to_string())];
+                match x {
+                    Value::Number(_) => {
+                        if let Some(n) = Num::of(x) {
+                            self.add(&name, &help_for(&name), server, n);
+                        }
+                    }
+                    Value::String(text) if LABEL_KEYS.contains(&k.as_str()) => {
+                        match parse_rfc3339(text) {
+                            Some(ns) => {
+                                self.add(&name, &help_for(&name), server, Num::Int(ns / 1_000_000))
+                            }
+                            None => {
+                                let mut l = server;
+                                l.push(("value".into(), text.clone()));
+                                self.add(&name, &help_for(&name), l, Num::Int(1));
+                            }
+                        }
+                    }
+                    Value::Object(_) => self.flatten(prefix, path, x, id),
+                    _ => {}
+                }
+            }
+            path.pop();
         }
-        for (metric, help, f) in JS_SERVER {
-            family(&mut enc, metric, help, &jsone, |m, j| {
-                sample(m, &js_labels(id, name), f(j))
-            })?;
+    }
+
+    fn take(ctx: &Ctx) -> Families {
+        let s = &ctx.server;
+        let id = s.server_id.as_str();
+        let mut f = Families::default();
+        let none = Query::default();
+        if let Ok(v) = endpoints::varz(ctx, &none) {
+            f.flatten("gnatsd_varz", &mut Vec::new(), &v, id);
         }
-        for (metric, help, f) in JS_ACCOUNT {
-            family(&mut enc, metric, help, &jsone, |m, j| {
-                sample(m, &account_labels(id, name), f(j))
-            })?;
+        if let Ok(v) = endpoints::subsz(ctx, &none) {
+            f.flatten("gnatsd_subsz", &mut Vec::new(), &v, id);
         }
-        for (metric, help, f) in STREAM {
-            family(&mut enc, metric, help, &js.streams, |m, s| {
-                sample(m, &stream_labels(id, name, s), f(s))
-            })?;
+        if let Ok(v) = endpoints::routez(ctx, &none) {
+            f.flatten("gnatsd_routez", &mut Vec::new(), &v, id);
         }
-        for (metric, help, f) in CONSUMER {
-            family(&mut enc, metric, help, &js.consumers, |m, c| {
-                sample(m, &consumer_labels(id, name, c), f(c))
-            })?;
+        f.connz(ctx, id);
+        f.healthz(ctx, id);
+        f.accstatz(ctx, id);
+        f.jsz(ctx, id);
+        f
+    }
+
+    fn connz(&mut self, ctx: &Ctx, id: &str) {
+        let Ok(v) = endpoints::connz(ctx, &Query::default()) else {
+            return;
+        };
+        let server = || vec![("server_id".to_string(), id.to_string())];
+        for k in ["num_connections", "total", "offset", "limit"] {
+            if let Some(n) = Num::of(&v[k]) {
+                self.add(&format!("gnatsd_connz_{k}"), k, server(), n);
+            }
         }
-        family(
-            &mut enc,
-            "jetstream_consumer_last_delivery_seconds",
-            "Seconds since the consumer last delivered a message",
-            &js.consumers,
-            |m, c| match c.last_delivery_secs {
-                Some(secs) => sample(m, &consumer_labels(id, name, c), secs),
-                None => Ok(()),
-            },
-        )
+        let conns = v["connections"].as_array().cloned().unwrap_or_default();
+        for k in [
+            "pending_bytes",
+            "subscriptions",
+            "in_bytes",
+            "out_bytes",
+            "in_msgs",
+            "out_msgs",
+        ] {
+            let sum: i64 = conns.iter().filter_map(|c| c[k].as_i64()).sum();
+            self.add(&format!("gnatsd_connz_{k}"), k, server(), Num::Int(sum));
+        }
+    }
+
+    fn healthz(&mut self, ctx: &Ctx, id: &str) {
+        for (name, enabled_only, server_only) in [
+            ("gnatsd_healthz", false, false),
+            ("gnatsd_healthz_js_enabled_only", true, false),
+            ("gnatsd_healthz_js_server_only", false, true),
+        ] {
+            let probe = endpoints::Probe {
+                js_enabled_only: enabled_only,
+                js_server_only: server_only,
+                account: "",
+                stream: "",
+                consumer: "",
+            };
+            let status = match endpoints::health(&ctx.server, &probe) {
+                Ok(()) => "ok",
+                Err(e) if e.status == 400 => "error",
+                Err(_) => "unavailable",
+            };
+            let ok = status == "ok";
+            let server = vec![("server_id".to_string(), id.to_string())];
+            self.add(
+                &format!("{name}_status"),
+                "0 when /healthz answers ok, 1 otherwise",
+                server.clone(),
+                Num::Int(i64::from(!ok)),
+            );
+            let mut l = server;
+            l.push(("value".into(), status.into()));
+            self.add(
+                &format!("{name}_status_value"),
+                "1 when /healthz answers ok; the status text in label value",
+                l,
+                Num::Int(i64::from(ok)),
+            );
+        }
+    }
+
+    fn accstatz(&mut self, ctx: &Ctx, id: &str) {
+        let Ok(v) = endpoints::accstatz(ctx, &Query::parse("unused=1")) else {
+            return;
+        };
+        for acc in v["account_statz"].as_array().cloned().unwrap_or_default() {
+            let a = acc["acc"].as_str().unwrap_or_default().to_string();
+            let labels = vec![
+                ("server_id".to_string(), id.to_string()),
+                ("account".into(), a.clone()),
+                ("account_id".into(), a),
+                (
+                    "account_name".into(),
+                    acc["name"].as_str().unwrap_or_default().into(),
+                ),
+            ];
+            for (name, v, help) in [
+                (
+                    "current_connections",
+                    &acc["conns"],
+                    "Client connections of the account",
+                ),
+                (
+                    "total_connections",
+                    &acc["total_conns"],
+                    "Client and leaf connections of the account",
+                ),
+                (
+                    "subscriptions",
+                    &acc["num_subscriptions"],
+                    "Subscriptions of the account",
+                ),
+                (
+                    "leaf_nodes",
+                    &acc["leafnodes"],
+                    "Leaf node connections of the account",
+                ),
+                (
+                    "sent_messages",
+                    &acc["sent"]["msgs"],
+                    "Messages sent to the account's clients",
+                ),
+                (
+                    "sent_bytes",
+                    &acc["sent"]["bytes"],
+                    "Bytes sent to the account's clients",
+                ),
+                (
+                    "received_messages",
+                    &acc["received"]["msgs"],
+                    "Messages received from the account's clients",
+                ),
+                (
+                    "received_bytes",
+                    &acc["received"]["bytes"],
+                    "Bytes received from the account's clients",
+                ),
+                (
+                    "slow_consumers",
+                    &acc["slow_consumers"],
+                    "Slow consumers of the account",
+                ),
+            ] {
+                self.add(
+                    &format!("gnatsd_accstatz_{name}"),
+                    help,
+                    labels.clone(),
+                    Num::of(v).unwrap_or(Num::Int(0)),
+                );
+            }
+        }
+    }
+
+    /// The exporter's jsz collector over `/jsz?consumers=true&config=true`.
+    fn jsz(&mut self, ctx: &Ctx, id: &str) {
+        let Ok(v) = jsz::jsz(ctx, &Query::parse("consumers=true&config=true")) else {
+            return;
+        };
+        let name = ctx.server.server_name.clone();
+        let server: Labels = vec![
+            ("server_id".into(), id.into()),
+            ("server_name".into(), name.clone()),
+            ("cluster".into(), String::new()),
+            ("domain".into(), String::new()),
+            ("meta_leader".into(), String::new()),
+            ("is_meta_leader".into(), "true".into()),
+        ];
+        let disabled = v["disabled"].as_bool().unwrap_or(false);
+        self.add(
+            "jetstream_server_jetstream_disabled",
+            "JetStream disabled or not",
+            server.clone(),
+            Num::Int(i64::from(disabled)),
+        );
+        if disabled {
+            return;
+        }
+        let n = |x: &Value| Num::of(x).unwrap_or(Num::Int(0));
+        for (metric, x, help) in [
+            (
+                "jetstream_server_max_memory",
+                &v["config"]["max_memory"],
+                "JetStream max memory",
+            ),
+            (
+                "jetstream_server_max_storage",
+                &v["config"]["max_storage"],
+                "JetStream max storage",
+            ),
+            (
+                "jetstream_server_total_streams",
+                &v["streams"],
+                "Total number of streams in JetStream",
+            ),
+            (
+                "jetstream_server_total_consumers",
+                &v["consumers"],
+                "Total number of consumers in JetStream",
+            ),
+            (
+                "jetstream_server_total_messages",
+                &v["messages"],
+                "Total number of stored messages in JetStream",
+            ),
+            (
+                "jetstream_server_total_message_bytes",
+                &v["bytes"],
+                "Total number of bytes stored in JetStream",
+            ),
+        ] {
+            self.add(metric, help, server.clone(), n(x));
+        }
+        for acc in v["account_details"].as_array().into_iter().flatten() {
+            let a = acc["name"].as_str().unwrap_or_default().to_string();
+            let mut account = server.clone();
+            account.push(("account".into(), a.clone()));
+            account.push(("account_name".into(), a.clone()));
+            account.push((
+                "account_id".into(),
+                acc["id"].as_str().unwrap_or_default().into(),
+            ));
+            for (metric, x, help) in [
+                (
+                    "jetstream_account_max_storage",
+                    &acc["reserved_storage"],
+                    "JetStream max storage in bytes",
+                ),
+                (
+                    "jetstream_account_max_memory",
+                    &acc["reserved_memory"],
+                    "JetStream max memory in bytes",
+                ),
+                (
+                    "jetstream_account_storage_used",
+                    &acc["storage"],
+                    "Total storage used in bytes",
+                ),
+                (
+                    "jetstream_account_memory_used",
+                    &acc["memory"],
+                    "Total memory used in bytes",
+                ),
+            ] {
+                self.add(metric, help, account.clone(), n(x));
+            }
+            for st in acc["stream_detail"].as_array().into_iter().flatten() {
+                self.stream(st, &account, &name);
+            }
+        }
+    }
+
+    fn stream(&mut self, st: &Value, account: &Labels, server_name: &str) {
+        let n = |x: &Value| Num::of(x).unwrap_or(Num::Int(0));
+        let stream_name = st["name"].as_str().unwrap_or_default().to_string();
+        let leader = st["cluster"]["leader"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let is_leader = leader.is_empty() || leader == server_name;
+        let mut labels = account.clone();
+        labels.push(("stream_name".into(), stream_name.clone()));
+        labels.push(("stream_leader".into(), leader));
+        labels.push(("is_stream_leader".into(), is_leader.to_string()));
+        labels.push(("stream_raft_group".into(), String::new()));
+        let mut with_alias = labels.clone();
+        with_alias.push(("stream".into(), stream_name));
+        let state = &st["state"];
+        for (metric, x, help) in [
+            (
+                "jetstream_stream_total_messages",
+                &state["messages"],
+                "Total number of messages from a stream",
+            ),
+            (
+                "jetstream_stream_messages",
+                &state["messages"],
+                "Same as jetstream_stream_total_messages",
+            ),
+            (
+                "jetstream_stream_total_bytes",
+                &state["bytes"],
+                "Total stored bytes from a stream",
+            ),
+            (
+                "jetstream_stream_bytes",
+                &state["bytes"],
+                "Same as jetstream_stream_total_bytes",
+            ),
+            (
+                "jetstream_stream_first_seq",
+                &state["first_seq"],
+                "First sequence from a stream",
+            ),
+            (
+                "jetstream_stream_last_seq",
+                &state["last_seq"],
+                "Last sequence from a stream",
+            ),
+            (
+                "jetstream_stream_consumer_count",
+                &state["consumer_count"],
+                "Total number of consumers from a stream",
+            ),
+            (
+                "jetstream_stream_subject_count",
+                &state["num_subjects"],
+                "Total number of subjects in a stream",
+            ),
+            (
+                "jetstream_stream_limit_bytes",
+                &st["config"]["max_bytes"],
+                "The maximum configured storage limit (in bytes) of a stream (-1: unlimited)",
+            ),
+            (
+                "jetstream_stream_limit_messages",
+                &st["config"]["max_msgs"],
+                "The maximum number of messages allowed in a stream (-1: unlimited)",
+            ),
+        ] {
+            if !x.is_null() {
+                self.add(metric, help, with_alias.clone(), n(x));
+            }
+        }
+        for c in st["consumer_detail"].as_array().into_iter().flatten() {
+            let cname = c["name"].as_str().unwrap_or_default().to_string();
+            let mut cl = labels.clone();
+            cl.push(("consumer_name".into(), cname.clone()));
+            cl.push(("consumer_leader".into(), String::new()));
+            cl.push(("is_consumer_leader".into(), "true".into()));
+            cl.push((
+                "consumer_desc".into(),
+                c["config"]["description"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .into(),
+            ));
+            cl.push(("stream".into(), labels[labels.len() - 4].1.clone()));
+            cl.push(("consumer".into(), cname));
+            let ts = c["ts"].as_str().and_then(parse_rfc3339);
+            let since = |x: &Value| -> Option<Num> {
+                let t = parse_rfc3339(x.as_str()?)?;
+                Some(Num::Float((ts? - t) as f64 / 1e9))
+            };
+            if let Some(secs) = since(&c["delivered"]["last_active"]) {
+                self.add(
+                    "jetstream_consumer_last_delivery_seconds",
+                    "Seconds since the last message was delivered",
+                    cl.clone(),
+                    secs,
+                );
+            }
+            if let Some(secs) = since(&c["ack_floor"]["last_active"]) {
+                self.add(
+                    "jetstream_consumer_last_ack_seconds",
+                    "Seconds since the last acknowledgement",
+                    cl.clone(),
+                    secs,
+                );
+            }
+            for (metric, x, help) in [
+                (
+                    "jetstream_consumer_delivered_consumer_seq",
+                    &c["delivered"]["consumer_seq"],
+                    "Latest sequence number of a stream consumer",
+                ),
+                (
+                    "jetstream_consumer_delivered_stream_seq",
+                    &c["delivered"]["stream_seq"],
+                    "Latest sequence number of a stream",
+                ),
+                (
+                    "jetstream_consumer_num_ack_pending",
+                    &c["num_ack_pending"],
+                    "Number of pending acks from a consumer",
+                ),
+                (
+                    "jetstream_consumer_ack_pending",
+                    &c["num_ack_pending"],
+                    "Same as jetstream_consumer_num_ack_pending",
+                ),
+                (
+                    "jetstream_consumer_num_redelivered",
+                    &c["num_redelivered"],
+                    "Number of redelivered messages from a consumer",
+                ),
+                (
+                    "jetstream_consumer_num_waiting",
+                    &c["num_waiting"],
+                    "Number of inflight fetch requests from a pull consumer",
+                ),
+                (
+                    "jetstream_consumer_num_pending",
+                    &c["num_pending"],
+                    "Number of pending messages from a consumer",
+                ),
+                (
+                    "jetstream_consumer_ack_floor_stream_seq",
+                    &c["ack_floor"]["stream_seq"],
+                    "Number of ack floor stream seq from a consumer",
+                ),
+                (
+                    "jetstream_consumer_ack_floor_consumer_seq",
+                    &c["ack_floor"]["consumer_seq"],
+                    "Number of ack floor consumer seq from a consumer",
+                ),
+            ] {
+                self.add(metric, help, cl.clone(), n(x));
+            }
+        }
+    }
+}
+
+/// The exporter's metric-name rule for nested keys.
+fn fq_name(path: &[String]) -> String {
+    let mut s = path.join("_").replace('/', "_");
+    while s.contains("__") {
+        s = s.replace("__", "_");
+    }
+    s.trim_matches('_').to_string()
+}
+
+/// Help text for the varz-style families (the exporter uses the name itself).
+fn help_for(name: &str) -> String {
+    let known = [
+        ("gnatsd_varz_connections", "Current client connections"),
+        (
+            "gnatsd_varz_total_connections",
+            "Client connections accepted since start",
+        ),
+        (
+            "gnatsd_varz_subscriptions",
+            "Subscriptions in the subject index",
+        ),
+        ("gnatsd_varz_in_msgs", "Messages received from clients"),
+        ("gnatsd_varz_out_msgs", "Messages sent to clients"),
+        (
+            "gnatsd_varz_in_bytes",
+            "Payload bytes received from clients",
+        ),
+        ("gnatsd_varz_out_bytes", "Payload bytes sent to clients"),
+        (
+            "gnatsd_varz_slow_consumers",
+            "Connections closed as slow consumers",
+        ),
+        ("gnatsd_varz_mem", "Resident memory of the process in bytes"),
+        (
+            "gnatsd_varz_cpu",
+            "CPU use of the process in percent of one core",
+        ),
+        ("gnatsd_varz_start", "Server start, epoch milliseconds"),
+        (
+            "gnatsd_varz_jetstream_stats_memory",
+            "JetStream memory store bytes used",
+        ),
+        (
+            "gnatsd_varz_jetstream_stats_storage",
+            "JetStream file store bytes used",
+        ),
+        (
+            "gnatsd_varz_jetstream_config_max_memory",
+            "JetStream memory store limit in bytes",
+        ),
+        (
+            "gnatsd_varz_jetstream_config_max_storage",
+            "JetStream file store limit in bytes",
+        ),
+    ];
+    known.iter().find(|(n, _)| *n == name).map_or_else(
+        || name.trim_start_matches("gnatsd_").to_string(),
+        |(_, h)| h.to_string(),
+    )
+}
+
+impl Collector for Families {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        for fam in &self.list {
+            let mut m = enc.encode_descriptor(&fam.name, &fam.help, None, MetricType::Gauge)?;
+            for (labels, v) in &fam.samples {
+                let mut e = m.encode_family(labels)?;
+                match *v {
+                    Num::Int(i) => e.encode_gauge(&i)?,
+                    Num::Float(f) => e.encode_gauge(&f)?,
+                }
+            }
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::Server;
+
+    fn scrape(server: std::sync::Arc<Server>) -> String {
+        let ctx = Ctx::new(server, 8222);
+        let mut out = String::new();
+        encode_metrics(&ctx, &mut out).unwrap();
+        out
+    }
 
     #[test]
     fn server_metrics_without_jetstream() {
         let server = Server::new(crate::config::Opts::default());
-        let mut out = String::new();
-        encode_metrics(&server, &mut out).unwrap();
-        let id = &server.server_id;
+        let id = server.server_id.clone();
+        let out = scrape(server);
         assert!(
             out.contains("# TYPE gnatsd_varz_connections gauge\n"),
             "{out}"
@@ -582,65 +669,64 @@ mod tests {
             )),
             "{out}"
         );
+        for name in [
+            "gnatsd_varz_cpu{",
+            "gnatsd_varz_start{",
+            "gnatsd_varz_max_payload{",
+            "gnatsd_varz_slow_consumer_stats_clients{",
+            "gnatsd_subsz_num_subscriptions{",
+            "gnatsd_routez_num_routes{",
+            "gnatsd_connz_total{",
+            "gnatsd_accstatz_current_connections{",
+            "jetstream_server_jetstream_disabled{",
+        ] {
+            assert!(out.contains(name), "{name} missing: {out}");
+        }
         assert!(
-            out.contains("jetstream_server_jetstream_disabled{"),
+            out.contains(&format!(
+                "gnatsd_varz_version{{server_id=\"{id}\",value=\"{}\"}} 1\n",
+                crate::config::COMPAT_VERSION
+            )),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("gnatsd_healthz_status{{server_id=\"{id}\"}} 0\n")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!(
+                "gnatsd_healthz_status_value{{server_id=\"{id}\",value=\"ok\"}} 1\n"
+            )),
             "{out}"
         );
         assert!(!out.contains("jetstream_consumer"), "{out}");
     }
 
     #[test]
-    fn consumer_family_labels() {
-        let snap = ConsumerSnap {
-            stream: Arc::from("S\"1"),
-            name: "c".into(),
-            ack_pending: 3,
-            ..Default::default()
-        };
-        let mut out = String::new();
-        let s = Snapshot {
-            server_id: "ID".into(),
-            server_name: "N".into(),
-            connections: 0,
-            total_connections: 0,
-            subscriptions: 0,
-            in_msgs: 0,
-            out_msgs: 0,
-            in_bytes: 0,
-            out_bytes: 0,
-            slow_consumers: 0,
-            mem: 0,
-            js: Some(JsSnapshot {
-                max_memory: -1,
-                max_storage: -1,
-                memory: 0,
-                storage: 0,
-                messages: 0,
-                bytes: 0,
-                streams: vec![],
-                consumers: vec![snap],
-            }),
-        };
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(s));
-        prometheus_client::encoding::prometheus_text::encode(&mut out, &registry).unwrap();
-        let labels = r#"{server_id="ID",server_name="N",account="$G",stream_name="S\"1",stream="S\"1",consumer_name="c",consumer="c"}"#;
-        assert!(
-            out.contains(&format!("jetstream_consumer_ack_pending{labels} 3\n")),
-            "{out}"
+    fn names_follow_the_exporter() {
+        let p = |v: &[&str]| fq_name(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(p(&["http_req_stats", "/varz"]), "http_req_stats_varz");
+        assert_eq!(
+            p(&["jetstream", "stats", "api", "level"]),
+            "jetstream_stats_api_level"
         );
-        assert!(
-            out.contains(&format!("jetstream_consumer_num_ack_pending{labels} 3\n")),
-            "{out}"
+        let mut f = Families::default();
+        f.flatten(
+            "gnatsd_varz",
+            &mut Vec::new(),
+            &serde_json::json!({"a": {"b": 2, "ok": true}, "start": "1970-01-01T00:00:01Z",
+                                "name": "n", "other": "x", "leaf": {"x": 1}}),
+            "ID",
         );
-        assert!(
-            out.contains("jetstream_server_max_memory{server_id=\"ID\",server_name=\"N\"} -1\n"),
-            "{out}"
+        let names: Vec<&str> = f.list.iter().map(|x| x.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["gnatsd_varz_a_b", "gnatsd_varz_start", "gnatsd_varz_name"]
         );
-        // No delivery yet: no last-delivery sample.
-        assert!(
-            !out.contains("jetstream_consumer_last_delivery_seconds{"),
-            "{out}"
+        assert_eq!(f.list[1].samples[0].1, Num::Int(1000));
+        assert_eq!(
+            f.list[2].samples[0].0[1],
+            ("value".to_string(), "n".to_string())
         );
     }
 }

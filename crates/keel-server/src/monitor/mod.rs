@@ -14,6 +14,8 @@
 //! whole response. A query parameter that does not parse is answered with `400` and the
 //! reference's error text, unknown paths with the reference's `404 page not found`.
 
+mod closed;
+mod dashboard;
 mod endpoints;
 mod jsz;
 mod metrics;
@@ -39,7 +41,8 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::server::Server;
 use query::Query;
 
-pub use metrics::encode_metrics;
+pub use closed::ClosedConns;
+use metrics::encode_metrics;
 
 /// Binds the monitoring listener on `http_host` (else `host`) and `http_port` (0 or -1: any
 /// free port).
@@ -58,6 +61,9 @@ pub async fn bind(server: &Server) -> std::io::Result<TcpListener> {
 pub async fn serve(server: Arc<Server>, listener: TcpListener) {
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
     let ctx = Arc::new(Ctx::new(server.clone(), port));
+    if server.opts.http_dashboard {
+        tokio::spawn(dashboard::sampler(server.clone(), ctx.history.clone()));
+    }
     let mut shutdown = server.shutdown_rx();
     loop {
         tokio::select! {
@@ -83,6 +89,8 @@ pub(crate) struct Ctx {
     /// Requests being worked on at once; more wait their turn instead of taking more of the
     /// blocking pool (and more CPU from message traffic).
     busy: tokio::sync::Semaphore,
+    /// The dashboard's sparkline samples.
+    pub history: Arc<Mutex<dashboard::History>>,
 }
 
 /// How many monitoring requests are worked on at the same time.
@@ -96,6 +104,7 @@ impl Ctx {
             req_stats: Mutex::new(BTreeMap::new()),
             cpu: Mutex::new(proc::CpuSampler::default()),
             busy: tokio::sync::Semaphore::new(CONCURRENT_REQUESTS),
+            history: Arc::new(Mutex::new(dashboard::History::default())),
         }
     }
 
@@ -143,6 +152,8 @@ pub(crate) struct Reply {
     body: Vec<u8>,
     /// JSON responses allow any origin, as the reference's do.
     cors: bool,
+    /// Extra headers (the dashboard's caching and content policy).
+    headers: Vec<(&'static str, String)>,
 }
 
 const TEXT: &str = "text/plain; charset=utf-8";
@@ -154,6 +165,7 @@ impl Reply {
             content_type: TEXT,
             body: body.into().into_bytes(),
             cors: false,
+            headers: Vec::new(),
         }
     }
 
@@ -182,6 +194,7 @@ impl Reply {
                     content_type: "application/javascript",
                     body: format!("{cb}({body})").into_bytes(),
                     cors: false,
+                    headers: Vec::new(),
                 }
             }
             _ => Reply {
@@ -189,6 +202,7 @@ impl Reply {
                 content_type: "application/json",
                 body: body.into_bytes(),
                 cors: true,
+                headers: Vec::new(),
             },
         }
     }
@@ -222,7 +236,19 @@ fn go_escape(s: &str) -> String {
 }
 
 async fn respond(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    let reply = if matches!(*req.method(), Method::GET | Method::HEAD | Method::POST) {
+    let if_none_match = req
+        .headers()
+        .get(hyper::header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let asset = (ctx.server.opts.http_dashboard
+        && matches!(*req.method(), Method::GET | Method::HEAD))
+    .then(|| dashboard_asset(&ctx, req.uri().path(), if_none_match.as_deref()))
+    .flatten();
+    let reply = if let Some(r) = asset {
+        // Static and in memory: no need for the blocking pool.
+        r
+    } else if matches!(*req.method(), Method::GET | Method::HEAD | Method::POST) {
         let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or("").to_string();
         let ctx2 = ctx.clone();
@@ -248,7 +274,78 @@ async fn respond(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Full<Bytes>>
             HeaderValue::from_static("nosniff"),
         );
     }
+    for (k, v) in reply.headers {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(k, v);
+        }
+    }
     resp
+}
+
+/// The dashboard's page, script and style sheet. The page names its assets with their
+/// content hash (`app.js?v=<hash>`), so those are cached for good and a reload does not ask
+/// for them again; the page itself carries an ETag, so a reload gets `304 Not Modified`. A
+/// refresh therefore costs the server one 304 and the data request.
+fn dashboard_asset(ctx: &Ctx, path: &str, if_none_match: Option<&str>) -> Option<Reply> {
+    static PAGE: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    let (page, version) = PAGE.get_or_init(|| {
+        let version = format!(
+            "{:016x}",
+            fnv1a(format!("{}{}", dashboard::APP_JS, dashboard::APP_CSS).as_bytes())
+        );
+        (
+            dashboard::INDEX_HTML.replace("__VERSION__", &version),
+            version,
+        )
+    });
+    let (text, content_type, immutable) = match path {
+        "/dashboard" | "/dashboard/" => (page.as_str(), "text/html; charset=utf-8", false),
+        "/dashboard/app.js" => (dashboard::APP_JS, "text/javascript; charset=utf-8", true),
+        "/dashboard/app.css" => (dashboard::APP_CSS, "text/css; charset=utf-8", true),
+        _ => return None,
+    };
+    ctx.count("/dashboard");
+    let etag = format!("\"{:016x}-{version}\"", fnv1a(text.as_bytes()));
+    let cache = if immutable {
+        "public, max-age=31536000, immutable"
+    } else {
+        "no-cache"
+    };
+    let headers = vec![
+        ("etag", etag.clone()),
+        ("cache-control", cache.to_string()),
+        ("x-content-type-options", "nosniff".to_string()),
+        // Only our own script, style and data: a stream name can never run as script.
+        (
+            "content-security-policy",
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+             img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+                .to_string(),
+        ),
+    ];
+    if if_none_match.is_some_and(|v| v.split(',').any(|t| t.trim() == etag)) {
+        return Some(Reply {
+            status: 304,
+            content_type,
+            body: Vec::new(),
+            cors: false,
+            headers,
+        });
+    }
+    Some(Reply {
+        status: 200,
+        content_type,
+        body: text.as_bytes().to_vec(),
+        cors: false,
+        headers,
+    })
+}
+
+/// FNV-1a: a stable content hash for the ETag (not security-relevant).
+fn fnv1a(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 type Handler = fn(&Ctx, &Query) -> Result<Value, String>;
@@ -262,8 +359,9 @@ pub(crate) fn route(ctx: &Ctx, path: &str, raw_query: &str) -> Reply {
             return Reply {
                 status: 200,
                 content_type: "text/html; charset=utf-8",
-                body: endpoints::root_html().into_bytes(),
+                body: endpoints::root_html(ctx.server.opts.http_dashboard).into_bytes(),
                 cors: false,
+                headers: Vec::new(),
             };
         }
         "/healthz" => {
@@ -273,12 +371,13 @@ pub(crate) fn route(ctx: &Ctx, path: &str, raw_query: &str) -> Reply {
         "/metrics" => {
             ctx.count("/metrics");
             let mut out = String::new();
-            return match encode_metrics(&ctx.server, &mut out) {
+            return match encode_metrics(ctx, &mut out) {
                 Ok(()) => Reply {
                     status: 200,
                     content_type: prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
                     body: out.into_bytes(),
                     cors: false,
+                    headers: Vec::new(),
                 },
                 Err(_) => Reply::text(500, "error encoding metrics\n"),
             };
@@ -292,6 +391,20 @@ pub(crate) fn route(ctx: &Ctx, path: &str, raw_query: &str) -> Reply {
         "/accountz" => ("/accountz", endpoints::accountz),
         "/accstatz" => ("/accstatz", endpoints::accstatz),
         "/jsz" => ("/jsz", jsz::jsz),
+        "/dashboard/data" if ctx.server.opts.http_dashboard => {
+            ctx.count("/dashboard/data");
+            return match dashboard::data(ctx, &q) {
+                // Compact: the page parses it, nobody reads it.
+                Ok(v) => Reply {
+                    status: 200,
+                    content_type: "application/json",
+                    body: serde_json::to_vec(&v).unwrap_or_default(),
+                    cors: false,
+                    headers: vec![("cache-control", "no-store".to_string())],
+                },
+                Err(text) => Reply::text(400, text),
+            };
+        }
         _ => return Reply::not_found(),
     };
     ctx.count(name);

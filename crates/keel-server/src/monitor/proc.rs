@@ -30,6 +30,42 @@ fn cpu_ticks() -> Option<u64> {
     Some(utime + stime)
 }
 
+/// The JetStream memory limit when none is configured, as the reference computes it: three
+/// quarters of the machine's physical memory (1 GiB if that cannot be read).
+pub fn default_max_memory() -> i64 {
+    // SAFETY: sysinfo fills the struct we pass and has no other preconditions.
+    let total = unsafe {
+        let mut info: libc::sysinfo = std::mem::zeroed();
+        if libc::sysinfo(&mut info) == 0 {
+            (info.totalram as u64).saturating_mul(info.mem_unit as u64)
+        } else {
+            0
+        }
+    };
+    if total == 0 {
+        return 1 << 30;
+    }
+    (total as i64) / 4 * 3
+}
+
+/// The JetStream file store limit when none is configured, as the reference computes it:
+/// three quarters of the space available to unprivileged users on the store's file system
+/// at startup (1 TiB if that cannot be read).
+pub fn default_max_store(store_dir: &std::path::Path) -> i64 {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(store_dir.as_os_str().as_bytes()) else {
+        return 1 << 40;
+    };
+    // SAFETY: `path` is NUL-terminated and `fs` is a plain struct statfs fills in.
+    unsafe {
+        let mut fs: libc::statfs = std::mem::zeroed();
+        if libc::statfs(path.as_ptr(), &mut fs) != 0 {
+            return 1 << 40;
+        }
+        ((fs.f_bavail as u64).saturating_mul(fs.f_bsize as u64) / 4 * 3) as i64
+    }
+}
+
 pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -40,10 +76,19 @@ pub fn cores() -> usize {
 pub struct CpuSampler {
     last: Option<(Instant, u64)>,
     pct: f64,
+    rss: u64,
 }
 
 impl CpuSampler {
     pub fn percent(&mut self, process_start: Instant) -> f64 {
+        // Within a second of the last sample: the same figure, without reading /proc.
+        if self
+            .last
+            .is_some_and(|(t, _)| t.elapsed().as_secs_f64() < 1.0)
+        {
+            return self.pct;
+        }
+        self.rss = rss_bytes();
         let Some(ticks) = cpu_ticks() else {
             return 0.0;
         };
@@ -52,15 +97,17 @@ impl CpuSampler {
         let now = Instant::now();
         let (since, base) = self.last.unwrap_or((process_start, 0));
         let wall = now.duration_since(since).as_secs_f64();
-        if self.last.is_some() && wall < 1.0 {
-            return self.pct;
-        }
         if wall > 0.0 {
             let pct = (ticks.saturating_sub(base)) as f64 / hz / wall * 100.0;
             self.pct = (pct * 10.0).round() / 10.0;
         }
         self.last = Some((now, ticks));
         self.pct
+    }
+
+    /// Resident memory as of the last [`percent`](Self::percent) sample.
+    pub fn rss(&self) -> u64 {
+        self.rss
     }
 }
 
@@ -100,6 +147,17 @@ mod tests {
         assert_eq!(
             uptime(Duration::from_secs(366 * 86400 + 7200)),
             "1y1d2h0m0s"
+        );
+    }
+
+    #[test]
+    fn default_limits_are_real() {
+        assert!(default_max_memory() > 0);
+        let dir = std::env::temp_dir();
+        assert!(default_max_store(&dir) > 0);
+        assert_eq!(
+            default_max_store(std::path::Path::new("/no/such/dir")),
+            1 << 40
         );
     }
 
