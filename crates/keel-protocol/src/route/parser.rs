@@ -661,7 +661,9 @@ impl RouteParser {
     }
 
     /// A client `PUB`/`HPUB` on a route. The reference handles it as a message of the
-    /// connection's pinned account; with none, it finds no account and drops it.
+    /// connection's pinned account; with none, it finds no account and drops it. (Its
+    /// splitter keeps a CR inside a token; this one splits there as on every route line, so
+    /// no field of a route op ever holds a CR.)
     fn publish(
         &mut self,
         line: &Bytes,
@@ -670,7 +672,7 @@ impl RouteParser {
     ) -> Result<Option<RouteOp>, RouteParseError> {
         let bad = RouteParseError::BadArgs;
         let start = self.arg_start(line, pos)?;
-        let mut t = Tokens::<false>::new(line, start);
+        let mut t = Tokens::<true>::new(line, start);
         let mut a = [(0, 0); 4];
         let mut n = 0;
         while let Some(r) = t.next_range() {
@@ -1037,6 +1039,22 @@ mod tests {
         assert_eq!(
             (&m.account[..], m.reply.clone(), m.hdr_len),
             (&b"$SYS"[..], Some(b("r")), Some(12))
+        );
+    }
+
+    #[test]
+    fn no_field_holds_a_carriage_return() {
+        // Found by the fuzzer: a PUB token with a CR inside could not be written back on a
+        // route line, where CR separates.
+        assert_eq!(
+            pinned(b"PUB a x\ry 1\r\nz\r\n").1,
+            Some(RouteParseError::BadArgs("processPub Parse Error"))
+        );
+        let (ops, err) = parse(b"RMSG $G a\rb 1\r\nz\r\n");
+        assert_eq!(err, None);
+        assert_eq!(
+            (&msg(&ops[0]).subject[..], msg(&ops[0]).reply.clone()),
+            (&b"a"[..], Some(b("b")))
         );
     }
 
