@@ -128,12 +128,12 @@ fn json_of(line: &str) -> Bytes {
 #[test]
 fn info_lines_round_trip_byte_for_byte() {
     for line in [INFO_A, INFO_B, INFO_AUTH_JS, INFO_PERMS] {
-        let info = RouteInfo::from_json(&json_of(line)).unwrap();
+        let info = serde_json::from_slice::<RouteInfo>(&json_of(line)).unwrap();
         let mut out = BytesMut::new();
         encode::info(&mut out, &info);
         assert_eq!(std::str::from_utf8(&out).unwrap(), line);
     }
-    let a = RouteInfo::from_json(&json_of(INFO_A)).unwrap();
+    let a = serde_json::from_slice::<RouteInfo>(&json_of(INFO_A)).unwrap();
     assert_eq!(
         (a.server_name.as_str(), a.proto, a.port, a.route_pool_size),
         ("A", 3, 39109, 3)
@@ -142,7 +142,7 @@ fn info_lines_round_trip_byte_for_byte() {
         (a.compression.as_str(), a.lnoc, a.lnocu, a.ln),
         ("accept", true, true, true)
     );
-    let p = RouteInfo::from_json(&json_of(INFO_PERMS)).unwrap();
+    let p = serde_json::from_slice::<RouteInfo>(&json_of(INFO_PERMS)).unwrap();
     assert_eq!(p.server_name, "A<&>");
     assert_eq!(
         p.import,
@@ -157,12 +157,12 @@ fn info_lines_round_trip_byte_for_byte() {
 #[test]
 fn connect_lines_round_trip_byte_for_byte() {
     for line in [CONNECT_B, CONNECT_CREDS] {
-        let c = RouteConnect::from_json(&json_of(line)).unwrap();
+        let c = serde_json::from_slice::<RouteConnect>(&json_of(line)).unwrap();
         let mut out = BytesMut::new();
         encode::connect(&mut out, &c);
         assert_eq!(std::str::from_utf8(&out).unwrap(), line);
     }
-    let c = RouteConnect::from_json(&json_of(CONNECT_CREDS)).unwrap();
+    let c = serde_json::from_slice::<RouteConnect>(&json_of(CONNECT_CREDS)).unwrap();
     assert_eq!(
         (c.user.as_str(), c.pass.as_str(), c.cluster.as_str()),
         ("u", "p", "ref")
@@ -184,10 +184,14 @@ fn connect_lines_round_trip_byte_for_byte() {
 
 #[test]
 fn unknown_fields_are_ignored() {
-    let i = RouteInfo::from_json(br#"{"server_id":"N1","unknown_future_field":{"x":1},"port":1}"#)
-        .unwrap();
+    let i = serde_json::from_slice::<RouteInfo>(
+        br#"{"server_id":"N1","unknown_future_field":{"x":1},"port":1}"#,
+    )
+    .unwrap();
     assert_eq!((i.server_id.as_str(), i.port), ("N1", 1));
-    assert!(RouteConnect::from_json(br#"{"name":"N1","lang":"go","x":[1]}"#).is_ok());
+    assert!(
+        serde_json::from_slice::<RouteConnect>(br#"{"name":"N1","lang":"go","x":[1]}"#).is_ok()
+    );
 }
 
 // §4 (pool slot 2 after B's INFO and PING) and §6.2: what B sent A.
@@ -313,7 +317,7 @@ fn pinned_sys_connection() {
     let Ok(Some(RouteOp::Info(json))) = p.next(&mut buf) else {
         panic!("no INFO")
     };
-    let info = RouteInfo::from_json(&json).unwrap();
+    let info = serde_json::from_slice::<RouteInfo>(&json).unwrap();
     assert_eq!(info.route_account, "$SYS");
     p.set_pinned_account(Some(Bytes::from(info.route_account.clone())));
     let mut ops = vec![];
@@ -365,7 +369,7 @@ fn real_server_to_no_pool_peer() {
     let infos: Vec<RouteInfo> = ops
         .iter()
         .filter_map(|op| match op {
-            RouteOp::Info(j) => Some(RouteInfo::from_json(j).unwrap()),
+            RouteOp::Info(j) => Some(serde_json::from_slice::<RouteInfo>(j).unwrap()),
             _ => None,
         })
         .collect();
@@ -409,7 +413,7 @@ fn real_server_to_no_pool_peer() {
     for op in &ops {
         match op {
             RouteOp::Info(j) => {
-                let info = RouteInfo::from_json(j).unwrap();
+                let info = serde_json::from_slice::<RouteInfo>(j).unwrap();
                 if seen_info {
                     encode::gossip_info(&mut out, &info);
                 } else {
@@ -428,9 +432,109 @@ fn peer_side_of_the_capture_as_an_acceptor_reads_it() {
     let mut p = RouteParser::new();
     p.expect_connect();
     let ops = parse(p, PEER_TO_REF);
-    assert!(matches!(&ops[0], RouteOp::Connect(j) if RouteConnect::from_json(j).unwrap().lnoc));
+    assert!(
+        matches!(&ops[0], RouteOp::Connect(j) if serde_json::from_slice::<RouteConnect>(j).unwrap().lnoc)
+    );
     assert!(matches!(&ops[1], RouteOp::Info(_)));
     assert_eq!(ops[2], sub("$G", "bar", None));
     assert_eq!(ops.last(), Some(&RouteOp::Pong));
     assert_eq!(reencode(&ops, false), PEER_TO_REF);
+}
+
+#[test]
+fn every_field_written_and_read_back() {
+    let perm = |a: &str, d: &str| SubjectPermission {
+        allow: vec![a.into()],
+        deny: vec![d.into()],
+    };
+    let info = RouteInfo {
+        server_id: "N1".into(),
+        server_name: "n<1>".into(),
+        version: "2.15.1".into(),
+        proto: 3,
+        go: "go1.27.2".into(),
+        host: "h".into(),
+        port: 4248,
+        headers: true,
+        auth_required: true,
+        tls_required: true,
+        tls_verify: true,
+        max_payload: 1048576,
+        jetstream: true,
+        ip: "nats-route://h:4248/".into(),
+        nonce: "x".into(),
+        cluster: "c".into(),
+        cluster_dynamic: true,
+        domain: "d".into(),
+        connect_urls: vec!["h:4222".into()],
+        ws_connect_urls: vec!["h:8080".into()],
+        ldm: true,
+        compression: "off".into(),
+        import: Some(perm("a.>", "b")),
+        export: Some(SubjectPermission::default()),
+        lnoc: true,
+        lnocu: true,
+        ln: true,
+        route_pool_size: 3,
+        route_pool_idx: 2,
+        route_account: "$SYS".into(),
+        route_acc_add_reqid: "r".into(),
+        gossip_mode: 2,
+        gateway: "g".into(),
+        gateway_urls: vec!["g:7222".into()],
+        gateway_url: "g:7222".into(),
+        gateway_cmd: 1,
+        gateway_cmd_payload: "AQI=".into(),
+        leafnode_urls: vec!["h:7422".into()],
+    };
+    let mut out = BytesMut::new();
+    encode::info(&mut out, &info);
+    let json = json_of(std::str::from_utf8(&out).unwrap());
+    assert_eq!(serde_json::from_slice::<RouteInfo>(&json).unwrap(), info);
+    // Same text as serde_json's, apart from Go's extra escapes; an empty pointer struct is `{}`.
+    let serde_text = serde_json::to_string(&info).unwrap();
+    let go_text = std::str::from_utf8(&json).unwrap();
+    assert_eq!(
+        go_text,
+        serde_text.replace('<', "\\u003c").replace('>', "\\u003e")
+    );
+    assert!(go_text.contains("\"export\":{}"));
+    // Unset, every omitempty field is left out.
+    let mut out = BytesMut::new();
+    encode::info(&mut out, &RouteInfo::default());
+    assert_eq!(
+        &out[..],
+        &b"INFO {\"server_id\":\"\",\"server_name\":\"\",\"version\":\"\",\"proto\":0,\"go\":\"\",\"host\":\"\",\"port\":0,\"headers\":false,\"max_payload\":0} \r\n"[..]
+    );
+
+    let connect = RouteConnect {
+        echo: true,
+        verbose: true,
+        pedantic: true,
+        user: "u".into(),
+        pass: "p&".into(),
+        tls_required: true,
+        headers: true,
+        name: "N1".into(),
+        cluster: "c".into(),
+        cluster_dynamic: true,
+        lnoc: true,
+        lnocu: true,
+        ln: true,
+        gateway: "g".into(),
+        lang: "rust".into(),
+    };
+    let mut out = BytesMut::new();
+    encode::connect(&mut out, &connect);
+    let json = json_of(std::str::from_utf8(&out).unwrap());
+    assert_eq!(
+        serde_json::from_slice::<RouteConnect>(&json).unwrap(),
+        connect
+    );
+    assert_eq!(
+        std::str::from_utf8(&json).unwrap(),
+        serde_json::to_string(&connect)
+            .unwrap()
+            .replace('&', "\\u0026")
+    );
 }

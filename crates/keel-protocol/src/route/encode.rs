@@ -10,10 +10,15 @@ use bytes::{BufMut, BytesMut};
 
 pub use crate::encode::{err, OK, PING, PONG};
 
+fn write_json<T: serde::Serialize>(buf: &mut BytesMut, v: &T) {
+    // These types hold only strings, booleans, integers and lists of them.
+    write_go_json(buf, v).expect("route INFO/CONNECT are always writable");
+}
+
 /// `INFO {json} \r\n`: the reference ends the INFO it sends on a connection in space + CRLF.
 pub fn info(buf: &mut BytesMut, info: &RouteInfo) {
     buf.put_slice(b"INFO ");
-    write_go_json(buf, info);
+    write_json(buf, info);
     buf.put_slice(b" \r\n");
 }
 
@@ -21,14 +26,14 @@ pub fn info(buf: &mut BytesMut, info: &RouteInfo) {
 /// the space.
 pub fn gossip_info(buf: &mut BytesMut, info: &RouteInfo) {
     buf.put_slice(b"INFO ");
-    write_go_json(buf, info);
+    write_json(buf, info);
     buf.put_slice(b"\r\n");
 }
 
 /// `CONNECT {json}\r\n`.
 pub fn connect(buf: &mut BytesMut, connect: &RouteConnect) {
     buf.put_slice(b"CONNECT ");
-    write_go_json(buf, connect);
+    write_json(buf, connect);
     buf.put_slice(b"\r\n");
 }
 

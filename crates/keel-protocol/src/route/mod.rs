@@ -21,7 +21,7 @@ pub mod encode;
 mod json;
 mod parser;
 
-pub use json::{write_go_json, RouteConnect, RouteInfo, SubjectPermission};
+pub use json::{write_go_json, Error as JsonError, RouteConnect, RouteInfo, SubjectPermission};
 pub use parser::{
     Queues, RouteMsg, RouteOp, RouteParseError, RouteParser, RouteSub, RouteUnsub,
     ROUTE_MAX_CONTROL_LINE, ROUTE_MAX_SIZE,
