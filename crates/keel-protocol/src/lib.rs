@@ -5,10 +5,14 @@
 //! sids and payloads come out as [`bytes::Bytes`] slices of the read buffer, so routing a
 //! message copies nothing until it is written into a subscriber's outbound buffer. The
 //! `encode` module writes server ops (MSG, HMSG, INFO, -ERR, ...) into a `BytesMut`, and
-//! `subject` validates subjects the way the reference server does.
+//! `subject` validates subjects the way the reference server does. The `route` module is the
+//! same for the cluster protocol between servers: [`route::RouteParser`] for what a route peer
+//! sends, `route::encode` for what a server sends it, and the route INFO/CONNECT JSON.
 
 pub mod encode;
+mod lex;
 mod parser;
+pub mod route;
 pub mod subject;
 
 pub use parser::{ClientOp, ParseError, Parser, MAX_CONTROL_LINE};

@@ -1,5 +1,6 @@
 //! Incremental parser for the ops a client sends.
 
+use crate::lex::{self, Line, Payload, Tokens};
 use bytes::{Bytes, BytesMut};
 
 /// The longest control line (op name and arguments, without CRLF) the reference accepts.
@@ -73,6 +74,8 @@ struct PendingPub {
 pub struct Parser {
     max_payload: usize,
     pending: Option<PendingPub>,
+    /// How much of a split control line was already searched for its LF.
+    scanned: usize,
 }
 
 impl Parser {
@@ -80,6 +83,7 @@ impl Parser {
         Parser {
             max_payload,
             pending: None,
+            scanned: 0,
         }
     }
 
@@ -90,20 +94,17 @@ impl Parser {
     }
 
     /// Takes the next complete op off the front of `buf`. `Ok(None)` means more bytes are
-    /// needed; nothing is consumed from an incomplete op's payload.
+    /// needed; nothing is consumed from an incomplete op's payload. Between calls `buf` must be
+    /// the same buffer, with new bytes only appended.
     pub fn next(&mut self, buf: &mut BytesMut) -> Result<Option<ClientOp>, ParseError> {
         loop {
             if let Some(p) = &self.pending {
-                let need = p.total + 2;
-                if buf.len() < need {
-                    return Ok(None);
-                }
-                if &buf[p.total..need] != b"\r\n" {
-                    return Err(ParseError::UnknownOp);
-                }
+                let data = match lex::take_payload(buf, p.total) {
+                    Payload::Ready(data) => data,
+                    Payload::NeedMore => return Ok(None),
+                    Payload::BadEnd => return Err(ParseError::UnknownOp),
+                };
                 let p = self.pending.take().expect("checked above");
-                let data = buf.split_to(p.total).freeze();
-                let _ = buf.split_to(2);
                 return Ok(Some(ClientOp::Pub {
                     subject: p.subject,
                     reply: p.reply,
@@ -111,22 +112,15 @@ impl Parser {
                     data,
                 }));
             }
-            let scan = buf.len().min(MAX_CONTROL_LINE + 2);
-            let Some(nl) = memchr::memchr(b'\n', &buf[..scan]) else {
-                if buf.len() > MAX_CONTROL_LINE + 1 {
-                    return Err(ParseError::MaxControlLine);
-                }
-                return Ok(None);
+            let (end, next) = match lex::find_line(buf, MAX_CONTROL_LINE, &mut self.scanned) {
+                Line::Ready { end, next } => (end, next),
+                Line::NeedMore => return Ok(None),
+                Line::TooLong => return Err(ParseError::MaxControlLine),
             };
-            let mut end = nl;
-            if end > 0 && buf[end - 1] == b'\r' {
-                end -= 1;
-            }
-            if end > MAX_CONTROL_LINE {
-                return Err(ParseError::MaxControlLine);
-            }
-            let line = buf.split_to(nl + 1).freeze().slice(..end);
-            if let Some(op) = self.control_line(line)? {
+            // Truncating before freezing saves the refcount round trip of slicing after.
+            let mut line = buf.split_to(next);
+            line.truncate(end);
+            if let Some(op) = self.control_line(line.freeze())? {
                 return Ok(Some(op));
             }
             // A PUB header was read; loop to take its payload if it is already here.
@@ -213,34 +207,24 @@ impl Parser {
     }
 }
 
-/// Whitespace-separated arguments of a control line, as slices of it. Repeated spaces and
-/// tabs are one separator (nats-py sends `SUB subj  sid` with two spaces).
+/// The arguments of a control line as slices of it (see [`lex::Tokens`]).
 struct Args<'a> {
     line: &'a Bytes,
-    pos: usize,
+    tokens: Tokens<'a, false>,
 }
 
 impl<'a> Args<'a> {
     fn new(line: &'a Bytes, pos: usize) -> Self {
-        Args { line, pos }
-    }
-
-    fn skip_ws(&mut self) {
-        while self.pos < self.line.len() && matches!(self.line[self.pos], b' ' | b'\t') {
-            self.pos += 1;
+        Args {
+            line,
+            tokens: Tokens::new(line, pos),
         }
     }
 
+    #[inline]
     fn next(&mut self) -> Option<Bytes> {
-        self.skip_ws();
-        if self.pos >= self.line.len() {
-            return None;
-        }
-        let start = self.pos;
-        while self.pos < self.line.len() && !matches!(self.line[self.pos], b' ' | b'\t') {
-            self.pos += 1;
-        }
-        Some(self.line.slice(start..self.pos))
+        let (start, end) = self.tokens.next_range()?;
+        Some(self.line.slice(start..end))
     }
 
     /// Up to four arguments and how many there were; more than four is malformed.
@@ -258,28 +242,15 @@ impl<'a> Args<'a> {
     }
 
     fn rest(&mut self) -> Bytes {
-        self.skip_ws();
-        let mut end = self.line.len();
-        while end > self.pos && matches!(self.line[end - 1], b' ' | b'\t') {
-            end -= 1;
-        }
-        self.line.slice(self.pos..end)
+        let (start, end) = self.tokens.rest_range();
+        self.line.slice(start..end)
     }
 }
 
 /// Parses a non-negative decimal size; `None` for anything else or overflow.
+#[inline]
 fn parse_size(b: &[u8]) -> Option<usize> {
-    if b.is_empty() || b.len() > 18 {
-        return None;
-    }
-    let mut n = 0usize;
-    for &c in b {
-        if !c.is_ascii_digit() {
-            return None;
-        }
-        n = n * 10 + (c - b'0') as usize;
-    }
-    Some(n)
+    lex::parse_size::<18>(b)
 }
 
 #[cfg(test)]
