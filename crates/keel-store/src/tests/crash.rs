@@ -101,7 +101,7 @@ impl Case {
         }
         if !self.flipped {
             // Torn in-place erases leave damaged records, but never a lost message.
-            assert!(rep.corrupt_seqs.is_empty(), "seed {}: {rep:?}", self.seed);
+            assert!(rep.lost.is_empty(), "seed {}: {rep:?}", self.seed);
         }
         self.store = Some(s);
         self.failed = false;
@@ -402,6 +402,7 @@ fn run_case(seed: u64, stats: &mut Stats) {
     let cfg = FileStoreConfig {
         segment_size: 300 + rng.below(3000),
         write_buffer: rng.below(700) as usize,
+        ..Default::default()
     };
     let mut limits = Limits::default();
     if rng.chance(3) {

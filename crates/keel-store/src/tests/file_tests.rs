@@ -34,8 +34,12 @@ pub(crate) fn small() -> FileStoreConfig {
     FileStoreConfig {
         segment_size: 4096,
         write_buffer: 512,
+        ..Default::default()
     }
 }
+
+/// Bytes of the head record every segment starts with.
+const HEAD: usize = crate::record::HEAD_LEN;
 
 fn open(dir: &Path, l: Limits) -> (FileStore, RecoveryReport) {
     FileStore::open_with(dir, l, small()).unwrap()
@@ -281,25 +285,34 @@ fn torn_tail_and_damage_in_the_middle() {
     s.crash();
     let seg = d.0.join("0000000001.seg");
     let mut bytes = std::fs::read(&seg).unwrap();
-    let rec = bytes.len() / 20;
+    let rec = (bytes.len() - HEAD) / 20;
     // Flip a payload bit of message 5 and chop the last record in half.
-    bytes[4 * rec + 45] ^= 0x10;
+    bytes[HEAD + 4 * rec + 45] ^= 0x10;
     bytes.truncate(bytes.len() - rec / 2);
     std::fs::write(&seg, &bytes).unwrap();
     let (mut s, rep) = open(&d.0, Limits::default());
+    // Damage with good records after it was fully written: lost, and copied aside.
     assert_eq!(rep.corrupt_records, 1);
-    assert_eq!(rep.corrupt_seqs, vec![5]);
+    assert_eq!(rep.lost, vec![(5, 5)]);
+    let q = rep.damaged[0].quarantine.clone().unwrap();
+    assert_eq!(std::fs::read(d.0.join(q)).unwrap().len(), rec);
+    // The cut end was written after the last sync known complete: torn, cut, and its
+    // sequence (handed out, as the head says) not reused.
     assert_eq!(rep.torn_bytes as usize, rec - rec / 2);
+    assert_eq!(rep.unacked, vec![(20, 20)]);
     let st = s.state();
-    assert_eq!((st.msgs, st.last_seq), (18, 19));
+    assert_eq!((st.msgs, st.last_seq), (18, 20));
     assert_eq!(st.lost.as_ref().unwrap().msgs, vec![5]);
     assert_eq!(s.load(5), Err(StoreError::NotFound));
     assert_eq!(s.load_next(5, ">").unwrap().seq, 6);
-    assert_eq!(put(&mut s, "a", b"new"), 20);
+    assert_eq!(put(&mut s, "a", b"new"), 21);
     s.sync().unwrap();
     s.crash();
-    let (s, _) = open(&d.0, Limits::default());
-    assert_eq!(s.load(20).unwrap().data, &b"new"[..]);
+    let (s, rep) = open(&d.0, Limits::default());
+    assert_eq!(s.load(21).unwrap().data, &b"new"[..]);
+    // Still reported, not quarantined twice.
+    assert_eq!(s.state().lost.unwrap().msgs, vec![5]);
+    assert!(rep.lost.is_empty(), "{rep:?}");
 }
 
 #[test]
@@ -313,15 +326,42 @@ fn damage_under_a_saved_index_is_caught_on_read() {
     drop(s);
     let seg = d.0.join("0000000001.seg");
     let mut bytes = std::fs::read(&seg).unwrap();
-    let rec = bytes.len() / 20;
-    bytes[2 * rec + 50] ^= 1;
+    let rec = (bytes.len() - HEAD) / 20;
+    bytes[HEAD + 2 * rec + 50] ^= 1;
     std::fs::write(&seg, &bytes).unwrap();
-    let (s, rep) = open(&d.0, Limits::default());
+    let (mut s, rep) = open(&d.0, Limits::default());
     assert!(rep.used_index);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    s.set_observer(Box::new(move |e| {
+        if let StoreEvent::ReadDamage(d) = e {
+            log.lock().unwrap().push((*d).clone());
+        }
+    }));
+    assert_eq!(s.state().msgs, 20);
     assert_eq!(s.load(3), Err(StoreError::NotFound));
     assert_eq!(s.load_next(2, "a").unwrap().seq, 2);
     assert_eq!(s.load_next(3, "a").unwrap().seq, 4);
-    assert_eq!(s.state().lost.unwrap().msgs, vec![3]);
+    // Out of the counts as soon as it is found, reported once, and copied aside.
+    let st = s.state();
+    assert_eq!((st.msgs, st.lost.unwrap().msgs), (19, vec![3]));
+    assert_eq!(s.num_pending(1, ">", false), 19);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].seq, 3);
+    let q = seen[0].quarantine.clone().unwrap();
+    assert_eq!(std::fs::read(d.0.join(q)).unwrap().len(), rec);
+    // The loss is durable however the next start happens.
+    s.sync().unwrap();
+    s.crash();
+    let (s, _) = open(&d.0, Limits::default());
+    let st = s.state();
+    assert_eq!((st.msgs, st.lost.unwrap().msgs), (19, vec![3]));
+    s.crash();
+    std::fs::remove_file(d.0.join("index.bin")).unwrap();
+    let (s, rep) = open(&d.0, Limits::default());
+    let st = s.state();
+    assert_eq!((st.msgs, st.lost.unwrap().msgs), (19, vec![3]), "{rep:?}");
 }
 
 #[test]
