@@ -40,7 +40,9 @@ use crate::handles::Handles;
 use crate::index::{Core, Payload};
 use crate::io::{Fs, FsFile, StdFs};
 use crate::ranges::{to_ranges, Ranges};
-use crate::record::{self, Head, HeadParse, Kind, Ledger, Parse, HDR, HEAD_LEN, MAX_RECORD};
+use crate::record::{
+    self, Head, HeadParse, Kind, Ledger, Parse, HDR, HEADS_LEN, HEAD_LEN, MAX_RECORD,
+};
 use crate::{file_msg_size, Limits, Lost, Purge, Result, State, Store, StoreError, StoredMsg};
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
@@ -73,13 +75,14 @@ impl Default for FileStoreConfig {
     }
 }
 
-/// An incomplete write cut from (or left at) the end of what the last completed sync
-/// covered: never acknowledged.
+/// An incomplete write past what the last completed sync covered: never acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TornWrite {
     pub segment: u32,
     pub offset: u64,
     pub bytes: u64,
+    /// Cut from the end of its segment.
+    pub cut: bool,
 }
 
 /// Damaged bytes in data that had been synced.
@@ -209,6 +212,8 @@ struct Seg {
     done_len: Option<u64>,
     /// Length known to be durable, which the head records for the next recovery.
     proven_len: u64,
+    /// Head slot (0 or 1) the next head rewrite goes to.
+    next_slot: u8,
 }
 
 impl Seg {
@@ -236,8 +241,10 @@ pub struct FileStore {
     segs: Vec<Seg>,
     files: RefCell<Handles>,
     wbuf: Vec<u8>,
-    /// Highest marker written: everything below is gone on disk.
+    /// Highest marker written: everything below is gone on disk; and the highest one a
+    /// completed sync made durable.
     marker: u64,
+    marker_done: u64,
     dir_dirty: bool,
     /// Ids of segments written since the last sync (the fdatasync list), and of segments
     /// whose last live message went (deletion candidates), so `sync` never walks every
@@ -332,7 +339,7 @@ impl FileStore {
         limits: Limits,
         mut cfg: FileStoreConfig,
     ) -> Result<(FileStore, RecoveryReport)> {
-        cfg.segment_size = cfg.segment_size.clamp(2 * HEAD_LEN as u64, 1 << 30);
+        cfg.segment_size = cfg.segment_size.clamp(2 * HEADS_LEN as u64, 1 << 30);
         let (mut store, rep) = recover(fs, dir, cfg)?;
         // Limits may have shrunk while closed; whatever they discard is made durable
         // before the caller sees the store, like everything else recovery settled.
@@ -436,8 +443,17 @@ impl FileStore {
             created: s.created,
             synced: self.syncs_done,
             synced_seq: self.proven_seq,
-            synced_len: s.proven_len.max(HEAD_LEN as u64),
+            synced_len: s.proven_len.max(HEADS_LEN as u64),
         }
+    }
+
+    /// Rewrites the head of segment `i` in its next slot.
+    fn write_head(&mut self, i: usize, h: &Head) -> io::Result<()> {
+        let (id, slot) = (self.segs[i].id, self.segs[i].next_slot);
+        let b = record::encode_head(h);
+        self.with_file(id, |f| f.write_at(&b, (slot as usize * HEAD_LEN) as u64))?;
+        self.segs[i].next_slot = 1 - slot;
+        Ok(())
     }
 
     /// Starts a new active segment. The previous one is left for `sync` to fdatasync.
@@ -461,9 +477,9 @@ impl FileStore {
             file.truncate(0)?;
         }
         let base = self.core.get_mut().last_seq;
-        let mut seg = Seg {
+        let seg = Seg {
             id,
-            flushed: HEAD_LEN as u64,
+            flushed: HEADS_LEN as u64,
             first: base + 1,
             last: base,
             live: 0,
@@ -473,10 +489,11 @@ impl FileStore {
             head: true,
             created: self.syncs_done,
             done_len: None,
-            proven_len: HEAD_LEN as u64,
+            proven_len: HEADS_LEN as u64,
+            next_slot: 0,
         };
-        file.write_at(&record::encode_head(&self.head_for(&seg)), 0)?;
-        seg.dirty = false;
+        let h = record::encode_head(&self.head_for(&seg));
+        file.write_at(&[&h[..], &h[..]].concat(), 0)?;
         let h = self.files.get_mut();
         h.insert(id, file);
         h.pin(id);
@@ -501,7 +518,7 @@ impl FileStore {
         let len = record::record_len(subj.len(), hdr.len(), data.len());
         let cur = self.active_len();
         if self.segs.is_empty()
-            || (cur > HEAD_LEN as u64 && cur + len as u64 > self.cfg.segment_size)
+            || (cur > HEADS_LEN as u64 && cur + len as u64 > self.cfg.segment_size)
         {
             self.roll()?;
         }
@@ -551,6 +568,11 @@ impl FileStore {
         if core.reset {
             core.reset = false;
             let last = core.last_seq;
+            if !self.lost.get_mut().is_empty() || self.lost_bytes.get() > 0 {
+                *self.lost.get_mut() = Ranges::default();
+                self.lost_bytes.set(0);
+                self.ledger_dirty.set(true);
+            }
             for s in &mut self.segs {
                 s.live = 0;
                 s.ext_tombs.clear();
@@ -558,8 +580,7 @@ impl FileStore {
             }
             // Everything is gone: start a fresh segment so every old one can be deleted
             // at the next sync, once the marker recording the new first sequence is down.
-            if self.active_len() > HEAD_LEN as u64 || self.segs.last().is_some_and(|s| !s.head)
-            {
+            if self.active_len() > HEADS_LEN as u64 || self.segs.last().is_some_and(|s| !s.head) {
                 self.roll()?;
             } else if let Some(s) = self.segs.last_mut() {
                 s.first = last + 1;
@@ -599,9 +620,10 @@ impl FileStore {
 
     /// Writes the whole ledger (it is small: a few ranges).
     fn write_ledger(&mut self) -> io::Result<()> {
-        let m = self.marker;
-        self.gone.prune_below(m);
-        self.lost.get_mut().prune_below(m);
+        // Gone sequences below a durable marker need no record (the marker being written
+        // in the same sync may not reach the disk with it). Lost ones stay reported (the
+        // front moving past a loss does not undo it) until the stream is purged.
+        self.gone.prune_below(self.marker_done);
         let l = Ledger {
             gone: self.gone.iter().collect(),
             lost: self.lost.get_mut().iter().collect(),
@@ -670,8 +692,8 @@ impl FileStore {
         for id in self.dirty.clone() {
             if let Some(i) = self.seg_by_id(id) {
                 if self.segs[i].head {
-                    let h = record::encode_head(&self.head_for(&self.segs[i]));
-                    self.with_file(id, |f| f.write_at(&h, 0))?;
+                    let h = self.head_for(&self.segs[i]);
+                    self.write_head(i, &h)?;
                 }
             }
         }
@@ -695,6 +717,7 @@ impl FileStore {
         }
         // Everything written so far is durable.
         self.syncs_done += 1;
+        self.marker_done = self.marker;
         let c = self.core.get_mut();
         self.done_seq = c.last_seq;
         self.done_ts = c.last_ts;
@@ -750,15 +773,18 @@ impl FileStore {
                         created: s.created,
                         synced: self.syncs_done,
                         synced_seq: self.proven_seq,
-                        synced_len: s.proven_len.max(HEAD_LEN as u64),
+                        synced_len: s.proven_len.max(HEADS_LEN as u64),
                     })
                 });
+                // Over the slot the failed sync wrote: neither then claims more than the
+                // last completed sync.
+                let slot = (1 - s.next_slot as u64) * HEAD_LEN as u64;
                 self.with_file(s.id, |f| {
                     if f.len()? > len {
                         f.truncate(len)?;
                     }
                     if let Some(h) = &head {
-                        f.write_at(h, 0)?;
+                        f.write_at(h, slot)?;
                     }
                     f.sync()
                 })?;
@@ -774,7 +800,6 @@ impl FileStore {
         })();
         if let Err(e) = r {
             let msg = format!("{why}; rollback failed: {e}");
-            self.failed = Some(msg.clone());
             return Err(StoreError::Io(msg));
         }
         self.files.get_mut().clear();
@@ -783,7 +808,6 @@ impl FileStore {
             Ok(x) => x,
             Err(e) => {
                 let msg = format!("{why}; rebuilding after rollback failed: {e}");
-                self.failed = Some(msg.clone());
                 return Err(StoreError::Io(msg));
             }
         };
@@ -791,7 +815,6 @@ impl FileStore {
         if let Err(e) = fresh.settle().and_then(|_| fresh.do_sync()) {
             fresh.closed = true;
             let msg = format!("{why}; sync after rollback failed: {e}");
-            self.failed = Some(msg.clone());
             return Err(StoreError::Io(msg));
         }
         fresh.observer = self.observer.take();
@@ -819,6 +842,11 @@ impl FileStore {
     #[cfg(test)]
     pub(crate) fn segment_count(&self) -> usize {
         self.segs.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn segment_of(&self, seq: u64) -> Option<u32> {
+        self.seg_idx(seq).map(|i| self.segs[i].id)
     }
 
     #[cfg(test)]
@@ -1061,6 +1089,10 @@ impl Store for FileStore {
                 )))
             }
         }
+    }
+
+    fn needs_sync(&self) -> bool {
+        self.ledger_dirty.get() && self.failed.is_none() && !self.closed
     }
 
     fn load(&self, seq: u64) -> Result<StoredMsg> {
@@ -1359,6 +1391,9 @@ struct Replay {
     gone: Ranges,
     lost: Ranges,
     lost_bytes: u64,
+    /// The last ledger record, with where it was (segment, offset): each holds the whole
+    /// ledger, so the newest wins.
+    ledger: Option<(u32, u64, Ledger)>,
     records: u64,
 }
 
@@ -1368,6 +1403,10 @@ struct Replay {
 struct ScanOut {
     spans: Vec<Span>,
     tail: Option<u64>,
+    /// Damage after the segment's last message record.
+    trailing_damage: bool,
+    /// Highest sequence tombstoned in this segment: its message was here or earlier.
+    max_tomb: u64,
 }
 
 /// Damaged bytes with valid records after them. Such damage is not an incomplete append
@@ -1439,13 +1478,7 @@ impl Replay {
             }
             Kind::Ledger => {
                 if let Some(l) = record::decode_ledger(r.data) {
-                    for (a, b) in l.gone {
-                        self.gone.insert(a, b);
-                    }
-                    for (a, b) in l.lost {
-                        self.lost.insert(a, b);
-                    }
-                    self.lost_bytes = self.lost_bytes.max(l.lost_bytes);
+                    self.ledger = Some((seg.id, off as u64, l));
                 }
             }
             Kind::Head => {}
@@ -1465,6 +1498,9 @@ impl Replay {
         while o < data.len() {
             if let Parse::Ok(r) = record::parse(&data[o..]) {
                 self.apply(seg, &r, base as usize + o);
+                if r.kind == Kind::Tomb {
+                    out.max_tomb = out.max_tomb.max(r.seq);
+                }
                 if matches!(r.kind, Kind::Msg | Kind::Erased) {
                     for i in open.drain(..) {
                         let sp: &mut Span = &mut out.spans[i];
@@ -1488,10 +1524,12 @@ impl Replay {
                 }
                 None => {
                     out.tail = Some(base + o as u64);
+                    out.trailing_damage = true;
                     return;
                 }
             }
         }
+        out.trailing_damage = !open.is_empty();
     }
 }
 
@@ -1502,8 +1540,9 @@ struct SegMeta {
     head: Option<Head>,
     /// Starts with a head slot (valid or torn).
     has_head: bool,
-    /// Empty, or a head cut short: a segment whose creation never completed.
+    /// Empty, or heads cut short: a segment whose creation never completed.
     stub: bool,
+    next_slot: u8,
 }
 
 fn recover(
@@ -1527,16 +1566,41 @@ fn recover(
     for &id in &ids {
         let f = fs.open(&seg_path(id), false)?;
         let len = f.len()?;
-        let mut hb = vec![0; (len as usize).min(HEAD_LEN)];
+        let mut hb = vec![0; (len as usize).min(HEADS_LEN)];
         f.read_at(&mut hb, 0)?;
-        let (head, has_head) = match record::parse_head(&hb) {
-            _ if hb.len() < HEAD_LEN => (None, false),
-            HeadParse::Ok(h) => (Some(h), true),
-            HeadParse::Torn => (None, true),
-            HeadParse::None => (None, false),
-        };
-        let stub = !has_head
-            && (len == 0 || (record::is_head_prefix(&hb) && matches!(record::parse(&hb), Parse::Bad)));
+        let (mut head, mut has_head, mut next_slot) = (None, false, 0u8);
+        if hb.len() == HEADS_LEN {
+            let slots = [
+                record::parse_head(&hb[..HEAD_LEN]),
+                record::parse_head(&hb[HEAD_LEN..]),
+            ];
+            has_head = slots.iter().all(|p| !matches!(p, HeadParse::None));
+            if has_head {
+                // What both slots claim holds (each was true when written): take the most.
+                let valid: Vec<(usize, Head)> = slots
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(k, p)| match p {
+                        HeadParse::Ok(h) => Some((k, *h)),
+                        _ => None,
+                    })
+                    .collect();
+                if let Some(&(k, newest)) = valid.iter().max_by_key(|(_, h)| (h.synced, h.pending))
+                {
+                    next_slot = 1 - k as u8;
+                    let mut h = newest;
+                    for (_, o) in &valid {
+                        h.synced_seq = h.synced_seq.max(o.synced_seq);
+                        h.synced_len = h.synced_len.max(o.synced_len);
+                        if o.pending > h.pending {
+                            (h.pending, h.ts) = (o.pending, o.ts);
+                        }
+                    }
+                    head = Some(h);
+                }
+            }
+        }
+        let stub = !has_head && (len == 0 || record::is_heads_prefix(&hb));
         files.insert(id, f);
         metas.push(SegMeta {
             id,
@@ -1544,6 +1608,7 @@ fn recover(
             head,
             has_head,
             stub,
+            next_slot,
         });
     }
     rep.segments = metas.len() as u64;
@@ -1561,10 +1626,12 @@ fn recover(
             let Some(ix) = decode_index(&b) else {
                 return Ok(Err(("index checksum or format mismatch".into(), None)));
             };
-            Ok(match validate_index(&ix, &metas, &mut files, &*fs, &seg_path) {
-                Ok(()) => Ok(ix),
-                Err(why) => Err((why, Some(ix))),
-            })
+            Ok(
+                match validate_index(&ix, &metas, &mut files, &*fs, &seg_path) {
+                    Ok(()) => Ok(ix),
+                    Err(why) => Err((why, Some(ix))),
+                },
+            )
         })();
         match loaded {
             Ok(Ok(ix)) => idx = Some(ix),
@@ -1589,11 +1656,13 @@ fn recover(
         gone: Ranges::default(),
         lost: Ranges::default(),
         lost_bytes: 0,
+        ledger: None,
         records: 0,
     };
     let mut covered: HashMap<u32, IdxSeg> = HashMap::new();
     let mut idx_covered: HashMap<u32, u64> = HashMap::new();
     let mut idx_last = None;
+    let mut idx_ledger = None;
     if let Some(ix) = idx {
         rep.used_index = true;
         let c = &mut rp.core;
@@ -1607,13 +1676,7 @@ fn recover(
         rp.marker = ix.marker;
         rp.max_msg = (ix.last_seq, ix.last_ts);
         rp.marker_last = (ix.last_seq, ix.last_ts);
-        for (a, b) in ix.ledger.gone {
-            rp.gone.insert(a, b);
-        }
-        for (a, b) in ix.ledger.lost {
-            rp.lost.insert(a, b);
-        }
-        rp.lost_bytes = ix.ledger.lost_bytes;
+        idx_ledger = Some(ix.ledger);
         idx_covered = ix.segs.iter().map(|s| (s.id, s.covered)).collect();
         covered = ix.segs.into_iter().map(|s| (s.id, s)).collect();
         idx_last = Some(ix.last_seq);
@@ -1638,8 +1701,9 @@ fn recover(
             created: m.head.map_or(0, |h| h.created),
             done_len: Some(m.len),
             proven_len: 0,
+            next_slot: m.next_slot,
         };
-        let mut start = if m.has_head { HEAD_LEN as u64 } else { 0 };
+        let mut start = if m.has_head { HEADS_LEN as u64 } else { 0 };
         if m.stub {
             start = m.len;
         }
@@ -1653,11 +1717,41 @@ fn recover(
         let mut out = ScanOut::default();
         if start < m.len {
             let mut data = vec![0; (m.len - start) as usize];
-            files.with(&*fs, m.id, || seg_path(m.id), |f| f.read_at(&mut data, start))?;
+            files.with(
+                &*fs,
+                m.id,
+                || seg_path(m.id),
+                |f| f.read_at(&mut data, start),
+            )?;
             rp.scan(&mut seg, &data, start, &mut out);
         }
         segs.push(seg);
         scans.push(out);
+    }
+
+    // The newest ledger: one appended after the saved index (used or not) beats the
+    // index's copy, which beats older records.
+    let max_covered = idx_covered.keys().max().copied();
+    let after_index = |seg: u32, off: u64| match idx_covered.get(&seg) {
+        Some(&c) => off >= c,
+        None => max_covered.is_none_or(|m| seg > m),
+    };
+    let ledger = match (
+        rp.ledger.take(),
+        idx_ledger.or_else(|| hint.as_ref().map(|h| h.ledger.clone())),
+    ) {
+        (Some((seg, off, l)), _) if after_index(seg, off) => Some(l),
+        (_, Some(l)) => Some(l),
+        (found, None) => found.map(|(_, _, l)| l),
+    };
+    if let Some(l) = ledger {
+        for (a, b) in l.gone {
+            rp.gone.insert(a, b);
+        }
+        for (a, b) in l.lost {
+            rp.lost.insert(a, b);
+        }
+        rp.lost_bytes = l.lost_bytes;
     }
 
     // What the heads and the index prove: the highest sequence handed out, the last one a
@@ -1669,7 +1763,10 @@ fn recover(
         .iter()
         .max_by_key(|h| h.pending)
         .map_or((0, 0), |h| (h.pending, h.ts));
-    for l in [idx_last, hint.as_ref().map(|h| h.last_seq)].into_iter().flatten() {
+    for l in [idx_last, hint.as_ref().map(|h| h.last_seq)]
+        .into_iter()
+        .flatten()
+    {
         synced_seq = synced_seq.max(l);
     }
     if let Some(h) = &hint {
@@ -1702,6 +1799,8 @@ fn recover(
     let mut new_damage: Vec<(usize, u64)> = Vec::new();
     // Sequences whose records were fully written (damage with valid records after it).
     let mut written = Ranges::default();
+    // (sequence, stretch length) that damaged records claim.
+    let mut claims: Vec<(u64, u64)> = Vec::new();
     let nsegs = segs.len();
     let mut cuts: Vec<(usize, u64)> = Vec::new();
     for (k, out) in scans.iter().enumerate() {
@@ -1719,23 +1818,29 @@ fn recover(
             spans.push((t, len - t, true));
         }
         for (off, n, is_tail) in spans {
+            let mut h = [0u8; 24];
+            if n >= 24 {
+                files.with(&*fs, id, || seg_path(id), |f| f.read_at(&mut h, off))?;
+                if let Some(q) = record::claimed_seq(&h) {
+                    claims.push((q, n));
+                }
+            }
             if is_tail && off >= proven {
                 rep.torn.push(TornWrite {
                     segment: id,
                     offset: off,
                     bytes: n,
+                    cut: true,
                 });
                 rep.torn_bytes += n;
-                if is_tail {
-                    cuts.push((k, off));
-                }
+                cuts.push((k, off));
                 continue;
             }
             let mut bytes = vec![0; n as usize];
             files.with(&*fs, id, || seg_path(id), |f| f.read_at(&mut bytes, off))?;
-            if record::msg_header_seq(&bytes, n as usize)
-                .is_some_and(|q| rp.tombs.binary_search(&q).is_ok())
-            {
+            if record::only_torn_erases(&bytes, |q| {
+                q < rp.marker || rp.tombs.binary_search(&q).is_ok() || rp.gone.contains(q)
+            }) {
                 // An erase interrupted mid-overwrite: the message was removed (its
                 // tombstone is durable) and its bytes are meant to go, not to be kept.
                 if is_tail && k == nsegs - 1 {
@@ -1774,10 +1879,15 @@ fn recover(
     }
     for (k, at) in cuts {
         let id = segs[k].id;
-        files.with(&*fs, id, || seg_path(id), |f| {
-            f.truncate(at)?;
-            f.sync()
-        })?;
+        files.with(
+            &*fs,
+            id,
+            || seg_path(id),
+            |f| {
+                f.truncate(at)?;
+                f.sync()
+            },
+        )?;
         segs[k].flushed = at;
         segs[k].done_len = Some(at);
         segs[k].proven_len = segs[k].proven_len.min(at);
@@ -1791,27 +1901,43 @@ fn recover(
         rp.marker_last
     };
     let (mut ls, mut lts) = (found, found_ts);
+    // A damaged record past the last good one still had its sequence handed out (and
+    // maybe acknowledged): it is not handed out again. Only claims a stretch of that
+    // length could hold count (a flipped bit can make any number).
+    let claimed = claims
+        .iter()
+        .filter(|&&(q, n)| q > found && q <= found + n / HDR as u64)
+        .map(|&(q, _)| q)
+        .max();
+    let hw = match claimed {
+        Some(q) if q > hw => {
+            hw_ts = found_ts;
+            q
+        }
+        _ => hw,
+    };
     if hw > ls {
         rep.records_last_seq = Some(found);
         (ls, lts) = (hw, hw_ts);
     }
     let mut gone_new = Ranges::default();
     let mut ix_live: Option<(u64, Vec<u64>)> = None;
+    // What the on-disk records say is below the marker; a rejected index can know more,
+    // which the first sync then writes down (a marker record, the ledger).
+    let mut removed_below = rp.marker;
     if let Some(h) = hint.take() {
-        if h.marker > rp.marker {
-            rp.marker = h.marker;
-            let below: Vec<u64> = rp.core.slots.iter(0, h.marker - 1).map(|(s, _)| s).collect();
+        if h.marker > removed_below {
+            removed_below = h.marker;
+            let below: Vec<u64> = rp
+                .core
+                .slots
+                .iter(0, h.marker - 1)
+                .map(|(s, _)| s)
+                .collect();
             for s in below {
                 rp.core.remove(s);
             }
         }
-        for (a, b) in h.ledger.gone {
-            rp.gone.insert(a, b);
-        }
-        for (a, b) in h.ledger.lost {
-            rp.lost.insert(a, b);
-        }
-        rp.lost_bytes = rp.lost_bytes.max(h.ledger.lost_bytes);
         let live: Vec<u64> = h.msgs.iter().map(|m| m.0).collect();
         // Removed before the index was written: never live again, whatever tombstone was
         // lost since.
@@ -1861,7 +1987,7 @@ fn recover(
     // Every sequence from the marker to last_seq must be accounted for: live, tombstoned,
     // gone with a deleted segment, or already known lost. What is not was lost if a
     // completed sync had made it durable, else it was never acknowledged.
-    let from = idx_last.map_or(0, |l| l + 1).max(rp.marker).max(1);
+    let from = idx_last.map_or(0, |l| l + 1).max(removed_below).max(1);
     let mut lost_new = Ranges::default();
     let mut unacked = Ranges::default();
     if from <= ls {
@@ -1939,11 +2065,22 @@ fn recover(
     // Segment ranges are contiguous up to last_seq and `last` is monotonic: a sequence
     // whose record is damaged or gone still belongs to a segment, so a tombstone for it is
     // kept, and the ledger covers it once that segment is deleted.
+    // A sequence between two segments' messages belongs to the earlier one if that one
+    // ends in damage or tombstones it (its message came before the tombstone), else to
+    // the later one.
+    let firsts: Vec<Option<u64>> = segs
+        .iter()
+        .map(|s| s.has_msgs().then_some(s.first))
+        .collect();
     let mut prev = 0;
     let n = segs.len();
     for (k, s) in segs.iter_mut().enumerate() {
         s.first = prev + 1;
-        s.last = s.last.max(prev);
+        s.last = s.last.max(prev).max(scans[k].max_tomb.min(ls));
+        let next = firsts[k + 1..].iter().flatten().next().copied();
+        if scans[k].trailing_damage {
+            s.last = s.last.max(next.map_or(ls, |f| f - 1));
+        }
         if k == n - 1 {
             s.last = s.last.max(ls);
         }
@@ -1958,7 +2095,11 @@ fn recover(
             c.first_ts = c.slots.get(f).unwrap().ts();
         }
         None => {
-            c.first_seq = if ls > 0 || rp.marker > 0 { ls + 1 } else { 0 };
+            c.first_seq = if ls > 0 || removed_below > 0 {
+                ls + 1
+            } else {
+                0
+            };
             c.first_ts = 0;
         }
     }
@@ -1989,6 +2130,7 @@ fn recover(
         files: RefCell::new(files),
         wbuf: Vec::new(),
         marker: rp.marker,
+        marker_done: rp.marker,
         dir_dirty: false,
         dirty: Vec::new(),
         emptied,
@@ -2010,21 +2152,23 @@ fn recover(
     let r = (|| -> io::Result<()> {
         match store.segs.last() {
             None => store.roll()?,
-            Some(s) if last_stub && s.flushed < HEAD_LEN as u64 => {
+            Some(s) if last_stub && s.flushed < HEADS_LEN as u64 => {
                 let i = store.segs.len() - 1;
                 let id = s.id;
                 let mut seg_head = store.head_for(s);
-                seg_head.synced_len = HEAD_LEN as u64;
+                seg_head.created = store.syncs_done;
                 let h = record::encode_head(&seg_head);
+                let both = [&h[..], &h[..]].concat();
                 store.with_file(id, |f| {
                     f.truncate(0)?;
-                    f.write_at(&h, 0)
+                    f.write_at(&both, 0)
                 })?;
                 let s = &mut store.segs[i];
-                s.flushed = HEAD_LEN as u64;
+                s.flushed = HEADS_LEN as u64;
                 s.head = true;
-                s.created = store.syncs_done;
-                s.done_len = Some(HEAD_LEN as u64);
+                s.created = seg_head.created;
+                s.done_len = Some(HEADS_LEN as u64);
+                s.next_slot = 0;
                 store.mark_dirty(i);
             }
             Some(s) if !s.head => store.roll()?,
@@ -2063,7 +2207,7 @@ fn validate_index(
             return Err(format!("segment {} is shorter than the index covers", s.id));
         }
         match s.last_rec {
-            None if s.covered <= HEAD_LEN as u64 => {}
+            None if s.covered <= HEADS_LEN as u64 => {}
             None => return Err(format!("segment {}: no last record", s.id)),
             Some((off, crc)) => {
                 if off >= s.covered || s.covered - off > MAX_RECORD as u64 {
@@ -2073,8 +2217,9 @@ fn validate_index(
                 files
                     .with(fs, s.id, || seg_path(s.id), |f| f.read_at(&mut b, off))
                     .map_err(|e| e.to_string())?;
+                // Damage kept after a segment's last record is covered too.
                 match record::parse(&b) {
-                    Parse::Ok(r) if r.crc == crc && r.len == b.len() => {}
+                    Parse::Ok(r) if r.crc == crc => {}
                     _ => return Err(format!("segment {} changed since the index", s.id)),
                 }
             }

@@ -148,6 +148,12 @@ pub trait Store: Send {
     /// more (they were rolled back), so none may be acknowledged.
     fn sync(&mut self) -> Result<()>;
 
+    /// True when something the store found by itself (damage a read discovered) waits to
+    /// be recorded durably by a [`sync`](Store::sync).
+    fn needs_sync(&self) -> bool {
+        false
+    }
+
     fn load(&self, seq: u64) -> Result<StoredMsg>;
     /// The first message with sequence >= `start` whose subject matches `filter`.
     fn load_next(&self, start: u64, filter: &str) -> Result<StoredMsg>;

@@ -3,18 +3,21 @@
 //! tests cover them.
 //!
 //! Each file is `KEELMETA1 <length> <crc32 hex>\n` followed by the body (JSON, so an
-//! operator can still read it). A write goes to `<name>.tmp`, optionally fsynced, then the
-//! current copy (if it verifies) becomes `<name>.prev` and the new one takes its place; a
-//! durable write fsyncs the directory too. A read takes the newest copy that verifies:
-//! the current one, else a `.tmp` left by an interrupted write (always newer), else
-//! `.prev`. Falling back to an older copy is what keeps a consumer at-least-once when its
-//! state file is damaged: the older state has a lower ack floor, so it redelivers
-//! (duplicates) rather than skips.
+//! operator can still read it). A write goes to `<name>.tmp`, optionally fsynced, and is
+//! renamed over `<name>`. `<name>.prev` holds an older good copy: before a durable write,
+//! and before a write that skips the fsync replaces a current copy that is (or may be)
+//! durable, the current copy is copied there (durably in the second case, so such writes
+//! can never leave the last durable version unreadable after a power failure). A read takes the newest copy
+//! that verifies: the current one, else a `.tmp` left by an interrupted write (always
+//! newer), else `.prev`. Falling back to an older copy is what keeps a consumer
+//! at-least-once when its state file is damaged: the older state has a lower ack floor,
+//! so it redelivers (duplicates) rather than skips.
 
 use crate::io::{Fs, StdFs};
+use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 const MAGIC: &str = "KEELMETA1";
 
@@ -39,6 +42,8 @@ pub enum MetaRead {
 #[derive(Clone)]
 pub struct MetaFiles {
     fs: Arc<dyn Fs>,
+    /// Whether the current copy of each file this process wrote is durable.
+    durable: Arc<Mutex<HashMap<PathBuf, bool>>>,
 }
 
 impl Default for MetaFiles {
@@ -83,6 +88,13 @@ fn verify(b: &[u8]) -> Result<Vec<u8>, String> {
     Ok(body.to_vec())
 }
 
+/// The file content for `body`: header, then the body.
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut buf = format!("{MAGIC} {} {:08x}\n", body.len(), crc32fast::hash(body)).into_bytes();
+    buf.extend_from_slice(body);
+    buf
+}
+
 enum Copy {
     Missing,
     Ok(Vec<u8>),
@@ -93,12 +105,19 @@ enum Copy {
 impl MetaFiles {
     /// On the real filesystem.
     pub fn new() -> MetaFiles {
-        MetaFiles { fs: Arc::new(StdFs) }
+        Self::on(Arc::new(StdFs))
+    }
+
+    fn on(fs: Arc<dyn Fs>) -> MetaFiles {
+        MetaFiles {
+            fs,
+            durable: Arc::default(),
+        }
     }
 
     #[cfg(test)]
     pub(crate) fn with_fs(fs: Arc<dyn Fs>) -> MetaFiles {
-        MetaFiles { fs }
+        Self::on(fs)
     }
 
     fn load(&self, path: &Path) -> Copy {
@@ -129,24 +148,51 @@ impl MetaFiles {
         let dir = path.parent().unwrap_or(Path::new("."));
         self.fs.create_dir_all(dir)?;
         let tmp = sibling(path, ".tmp");
-        let mut buf = format!("{MAGIC} {} {:08x}\n", body.len(), crc32fast::hash(body)).into_bytes();
-        buf.extend_from_slice(body);
+        let mut known = self.durable.lock().unwrap_or_else(|e| e.into_inner());
+        if !known.contains_key(path) && !matches!(self.load(path), Copy::Ok(_)) {
+            // A good `.tmp` with no good current copy is an interrupted write (the newest
+            // state): finish it rather than overwrite it.
+            if let Copy::Ok(_) = self.load(&tmp) {
+                self.fs.rename(&tmp, path)?;
+            }
+        }
         let mut f = self.fs.open(&tmp, true)?;
         f.truncate(0)?;
-        f.write_at(&buf, 0)?;
+        f.write_at(&frame(body), 0)?;
         if durable {
             f.sync()?;
         }
         drop(f);
-        // Keep the current copy as the fallback only if it is good: a damaged one must not
-        // push out the last good copy.
-        if let Copy::Ok(_) = self.load(path) {
-            self.fs.rename(path, &sibling(path, ".prev"))?;
+        // The current copy (if it verifies: a damaged one must not push out the last good
+        // copy) becomes the fallback. Before a write that skips the fsync replaces a copy
+        // that is (or may be) durable, it is copied there durably: the current name must
+        // keep naming a durable copy until the replacing rename, and the fallback must be
+        // durable once it is not. Before a durable write a plain copy does: the new
+        // current copy is the durable one.
+        let state = known.get(path).copied();
+        if durable || state != Some(false) {
+            if let Copy::Ok(old) = self.load(path) {
+                let ptmp = sibling(path, ".prev.tmp");
+                let mut f = self.fs.open(&ptmp, true)?;
+                f.truncate(0)?;
+                f.write_at(&frame(&old), 0)?;
+                if !durable {
+                    f.sync()?;
+                }
+                drop(f);
+                self.fs.rename(&ptmp, &sibling(path, ".prev"))?;
+                if !durable {
+                    self.fs.sync_dir(dir)?;
+                }
+            }
         }
         self.fs.rename(&tmp, path)?;
         if durable {
+            // Until the directory is synced the new copy's name may not be durable.
+            known.remove(path);
             self.fs.sync_dir(dir)?;
         }
+        known.insert(path.to_path_buf(), durable);
         Ok(())
     }
 

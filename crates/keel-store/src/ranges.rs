@@ -37,7 +37,6 @@ impl Ranges {
         true
     }
 
-    #[cfg(test)]
     pub fn contains(&self, s: u64) -> bool {
         self.0.range(..=s).next_back().is_some_and(|(_, &b)| b >= s)
     }
@@ -149,6 +148,9 @@ mod tests {
         assert_eq!(r.count(), 7);
         r.insert(1, 30);
         assert_eq!(r.iter().collect::<Vec<_>>(), vec![(1, 30)]);
-        assert_eq!(to_ranges([1, 2, 3, 7, 9, 10]), vec![(1, 3), (7, 7), (9, 10)]);
+        assert_eq!(
+            to_ranges([1, 2, 3, 7, 9, 10]),
+            vec![(1, 3), (7, 7), (9, 10)]
+        );
     }
 }

@@ -156,11 +156,29 @@ pub(crate) fn parse(b: &[u8]) -> Parse<'_> {
     })
 }
 
-/// The sequence of a damaged `len`-byte stretch whose header still reads as a message
-/// record of exactly that length: what an interrupted in-place erase leaves.
-pub(crate) fn msg_header_seq(b: &[u8], len: usize) -> Option<u64> {
-    (b.len() >= 24 && b[0..4] == MAGIC && u32_at(b, 4) as usize == len && matches!(b[12], 1 | 4))
-        .then(|| u64_at(b, 16))
+/// The sequence a damaged stretch's first record claims, if its header still looks like
+/// a message record's.
+pub(crate) fn claimed_seq(b: &[u8]) -> Option<u64> {
+    (b.len() >= 24 && b[0..4] == MAGIC && matches!(b[12], 1 | 4)).then(|| u64_at(b, 16))
+}
+
+/// Does the damaged stretch `b` consist exactly of message records whose headers are
+/// intact and whose sequences were removed? That is what interrupted in-place erases
+/// leave (the header survives, the payload and checksum do not).
+pub(crate) fn only_torn_erases(b: &[u8], removed: impl Fn(u64) -> bool) -> bool {
+    let mut o = 0;
+    while o < b.len() {
+        let r = &b[o..];
+        if r.len() < HDR || r[0..4] != MAGIC || !matches!(r[12], 1 | 4) {
+            return false;
+        }
+        let len = u32_at(r, 4) as usize;
+        if len < HDR || len > r.len() || !removed(u64_at(r, 16)) {
+            return false;
+        }
+        o += len;
+    }
+    !b.is_empty()
 }
 
 /// Rewrites a valid message record in place as an erased one (payload zeroed, new CRC).
@@ -187,8 +205,11 @@ pub(crate) fn resync(b: &[u8], from: usize) -> Option<usize> {
     None
 }
 
-/// Length of the head record at offset 0 of every segment.
+/// Length of one head record.
 pub(crate) const HEAD_LEN: usize = HDR + 32;
+/// Every segment starts with two head slots, rewritten alternately, so a torn rewrite
+/// always leaves the previous head intact in the other.
+pub(crate) const HEADS_LEN: usize = 2 * HEAD_LEN;
 
 /// What a segment's head says, as of the sync that last wrote it. Sequence numbers must
 /// outlive the records that carry them (a disk can lose the tail of a file it synced), so
@@ -253,10 +274,15 @@ pub(crate) fn parse_head(b: &[u8]) -> HeadParse {
     HeadParse::None
 }
 
-/// A prefix of a head record (a segment whose creation was cut short).
-pub(crate) fn is_head_prefix(b: &[u8]) -> bool {
+/// The start of a segment whose creation was cut short: empty, or part of its heads.
+pub(crate) fn is_heads_prefix(b: &[u8]) -> bool {
     let n = b.len().min(4);
-    b.len() < HEAD_LEN && b[..n] == MAGIC[..n]
+    b.len() < HEADS_LEN
+        && b[..n] == MAGIC[..n]
+        && match parse(b) {
+            Parse::Ok(r) => r.kind == Kind::Head,
+            Parse::Bad => true,
+        }
 }
 
 /// Sequences the ledger accounts for: `gone` ranges belonged to deleted segments (or were

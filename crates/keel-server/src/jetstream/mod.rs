@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod consumer;
+pub mod files;
 pub mod stream;
 
 use std::collections::BTreeMap;
@@ -39,6 +40,8 @@ pub struct JetStream {
     pub max_store: i64,
     /// None: sync before every ack (the default). Some(d): sync every d, ack at once.
     pub sync_interval: Option<Duration>,
+    /// Held for the life of the process: one server per store directory.
+    _lock: keel_store::DirLock,
 }
 
 const NAMES_LIMIT: usize = 1024;
@@ -54,6 +57,9 @@ impl JetStream {
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join("keel"));
         let streams_dir = store_dir.join("jetstream").join("$G").join("streams");
+        // Two servers on one store would both hand out the same sequences; the second
+        // refuses to start (the kernel drops the lock when the holder exits, even on kill).
+        let lock = keel_store::lock_dir(&store_dir)?;
         std::fs::create_dir_all(&streams_dir)
             .map_err(|e| format!("cannot create {}: {e}", streams_dir.display()))?;
         let js = Arc::new(JetStream {
@@ -65,6 +71,7 @@ impl JetStream {
             max_memory: opts.max_memory_store.unwrap_or(-1),
             max_store: opts.max_file_store.unwrap_or(-1),
             sync_interval: opts.sync_interval,
+            _lock: lock,
         });
         js.recover(server)?;
 
@@ -242,6 +249,11 @@ async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
             if inner.has_ttls() && inner.expire_ttls(now) > 0 {
                 s.refresh_bytes(&inner);
             }
+            if inner.store.needs_sync() {
+                // Damage a read found is recorded durably (the loss is reported however the
+                // server stops next).
+                let _ = tokio::task::block_in_place(|| inner.store.sync());
+            }
         }
         if let Some(iv) = js.sync_interval {
             if last_sync.elapsed() >= iv {
@@ -321,7 +333,7 @@ fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router
         ["STREAM", "INFO", name] => ("stream_info", stream_info(js, name, body)),
         ["STREAM", "NAMES"] => ("stream_names", stream_names(js, body)),
         ["STREAM", "LIST"] => ("stream_list", stream_list(js, body)),
-        ["STREAM", "DELETE", name] => ("stream_delete", stream_delete(js, server, name)),
+        ["STREAM", "DELETE", name] => ("stream_delete", stream_delete(js, server, name, body)),
         ["STREAM", "PURGE", name] => ("stream_purge", stream_purge(js, name, body)),
         ["STREAM", "MSG", "GET", name] => ("stream_msg_get", msg_get(js, name, body)),
         ["STREAM", "MSG", "DELETE", name] => ("stream_msg_delete", msg_delete(js, name, body)),
@@ -557,8 +569,15 @@ fn stream_create(
         config: cfg,
         created: now_nanos(),
     };
-    stream::write_meta(&dir, &meta)
-        .map_err(|e| ApiError::new(500, 10049, format!("could not create stream: {e}")))?;
+    if let Err(e) = stream::write_meta(&dir, &meta) {
+        // Nothing half-made stays behind (a full disk, say) to be found at every start.
+        let _ = files::meta().remove_dir_all(&dir);
+        return Err(ApiError::new(
+            500,
+            10049,
+            format!("could not create stream: {e}"),
+        ));
+    }
     let s = Stream::open(server, &dir, meta, js.sync_interval.is_none())
         .map_err(|e| ApiError::new(500, 10049, e))?;
     js.streams_write().insert(name.to_string(), s.clone());
@@ -699,11 +718,26 @@ fn stream_list(js: &JetStream, body: &[u8]) -> Result<Fields, ApiError> {
     }))
 }
 
+/// The reference's test for requests that take no body: empty, or a JSON object with no
+/// fields (`{}`); anything else (`null` and `[]` included) is refused.
+fn is_empty_request(body: &[u8]) -> bool {
+    body.is_empty()
+        || matches!(serde_json::from_slice::<Value>(body), Ok(Value::Object(m)) if m.is_empty())
+}
+
 fn stream_delete(
     js: &Arc<JetStream>,
     server: &Arc<Server>,
     name: &str,
+    body: &[u8],
 ) -> Result<Fields, ApiError> {
+    if !is_empty_request(body) {
+        return Err(ApiError::new(
+            400,
+            10038,
+            "expected an empty request payload",
+        ));
+    }
     let s = js
         .streams_write()
         .remove(name)
@@ -720,10 +754,8 @@ fn stream_delete(
             crate::error!("Stream {name}: could not remove its data: {e}");
         }
     }
-    if let Err(e) = std::fs::remove_dir_all(&s.dir) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            crate::error!("Stream {name}: could not remove {}: {e}", s.dir.display());
-        }
+    if let Err(e) = files::meta().remove_dir_all(&s.dir) {
+        crate::error!("Stream {name}: could not remove {}: {e}", s.dir.display());
     }
     let mut f = Fields::new();
     f.insert("success".into(), true.into());
@@ -1221,14 +1253,22 @@ fn create_consumer(
         config: stored_cfg,
         created: now_nanos(),
     };
+    let cdir = dir.clone();
     let c = consumer::Consumer::start(server, &s, name.clone(), meta, dir);
-    c.persist_meta().map_err(|e| {
-        ApiError::new(
+    if let Err(e) = c.persist_meta() {
+        // A create that fails (a full disk) leaves nothing behind.
+        c.stop(server, router);
+        if let Some(d) = cdir {
+            if let Err(e) = files::meta().remove_dir_all(&d) {
+                crate::error!("Could not remove consumer data {}: {e}", d.display());
+            }
+        }
+        return Err(ApiError::new(
             500,
             10104,
             format!("error creating store for consumer: {e}"),
-        )
-    })?;
+        ));
+    }
     s.consumers_lock().insert(name, c.clone());
     let _ = router;
     Ok(c.info(server, true))

@@ -38,8 +38,8 @@ pub(crate) fn small() -> FileStoreConfig {
     }
 }
 
-/// Bytes of the head record every segment starts with.
-const HEAD: usize = crate::record::HEAD_LEN;
+/// Bytes of the head slots every segment starts with.
+const HEAD: usize = crate::record::HEADS_LEN;
 
 fn open(dir: &Path, l: Limits) -> (FileStore, RecoveryReport) {
     FileStore::open_with(dir, l, small()).unwrap()
