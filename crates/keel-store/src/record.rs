@@ -8,7 +8,9 @@
 //! ```
 //!
 //! The CRC covers the length too, so a flipped length bit cannot make a shorter or longer
-//! slice of bytes look valid. All integers are little-endian.
+//! slice of bytes look valid. All integers are little-endian. Kinds: messages, tombstones,
+//! markers and erased messages (appended), the ledger (appended whole when it changes), and
+//! the head (two fixed slots at the start of a segment, rewritten in place at each sync).
 
 pub(crate) const MAGIC: [u8; 4] = *b"KEEL";
 pub(crate) const HDR: usize = 40;

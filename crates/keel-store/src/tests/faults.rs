@@ -300,8 +300,34 @@ fn open_segment_files_are_bounded() {
     .unwrap();
     assert_eq!(s.state().msgs, 2000);
     assert!(sim.handles().1 <= before.max(20));
-    // The default bound is sensible.
+    // The default bound is sensible, and holds too.
     assert_eq!(FileStoreConfig::default().max_open_files, 256);
+    let sim = SimFs::new(4);
+    let cfg = FileStoreConfig {
+        segment_size: 512,
+        write_buffer: 0,
+        ..Default::default()
+    };
+    let (mut s, _) = FileStore::open_fs(
+        Arc::new(sim.clone()),
+        Path::new("/t"),
+        Limits::default(),
+        cfg,
+    )
+    .unwrap();
+    for i in 0..2000 {
+        s.store_msg(b"a", b"", &payload(1, 100, i), 1).unwrap();
+        if i % 10 == 0 {
+            s.sync().unwrap();
+        }
+    }
+    s.sync().unwrap();
+    assert!(s.segment_count() > 300);
+    assert!(
+        sim.handles().1 <= 256 + 4,
+        "{} files open at once",
+        sim.handles().1
+    );
 }
 
 /// Issue 9 item 5: a write or sync fails (a full disk). The batch since the last sync is
