@@ -457,8 +457,29 @@ impl Where {
 fn run_ops(at: &Where, limits: Limits, ops: &[Op]) {
     let mut s = Some(at.open(limits.clone()).0);
     let mut m = Model::new(limits, file_msg_size);
+    // The model as of the last completed sync: what a rollback goes back to.
+    let mut synced = m.clone();
     for (i, op) in ops.iter().enumerate() {
-        if let Op::Reopen = op {
+        if let Op::Rollback = op {
+            let Where::Sim(fs) = at else { continue };
+            let st = s.as_mut().unwrap();
+            fs.fail_after(0);
+            let r = st.store_msg(b"a", b"", &[7u8; 600], 0);
+            let failed = matches!(r, Err(StoreError::Io(_))) || st.sync().is_err();
+            fs.heal();
+            if failed {
+                assert!(st.sync().is_err(), "the sync after a failure reports it");
+                // Back to the last completed sync, with the current limits applied again.
+                let mut back = synced.clone();
+                back.limits = Limits::default();
+                back.set_limits(m.limits.clone());
+                m = back;
+            } else if let Ok(seq) = r {
+                // Nothing failed (no write was due): the store took it, so does the model.
+                assert_eq!(m.store("a", b"", &[7u8; 600], 0), Ok(seq));
+            }
+            synced = m.clone();
+        } else if let Op::Reopen = op {
             let mut st = s.take().unwrap();
             if i % 2 == 0 {
                 st.close().unwrap();
@@ -474,8 +495,18 @@ fn run_ops(at: &Where, limits: Limits, ops: &[Op]) {
             }
             assert_eq!((rep.torn_bytes, rep.corrupt_records), (0, 0));
             s = Some(st);
+            synced = m.clone();
         } else {
+            // An erase syncs (its tombstone first) when it removes something.
+            let syncs = match op {
+                Op::Sync => true,
+                Op::Remove { seq, erase: true } => m.msgs.contains_key(seq),
+                _ => false,
+            };
             apply(s.as_mut().unwrap(), &mut m, op, i as u64);
+            if syncs {
+                synced = m.clone();
+            }
         }
         check_same(s.as_ref().unwrap(), &m, true);
     }
@@ -512,6 +543,7 @@ fn compare_mem_and_file(at: &Where, limits: Limits, ops: &[Op]) {
                 assert_eq!(f.set_limits(l.clone()), m.set_limits(l));
             }
             Op::Sync => f.sync().unwrap(),
+            Op::Rollback => {}
             Op::Reopen => {
                 let limits = f.core_limits();
                 f.close().unwrap();
