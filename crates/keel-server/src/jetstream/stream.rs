@@ -596,6 +596,14 @@ impl Stream {
                     );
                     self.consumers_lock().insert(name, c);
                 }
+                Err(_) if leftover(&cdir) => {
+                    // An interrupted create (an older Keel left these on a full disk).
+                    crate::warn!(
+                        "Removing {}: a consumer directory with no config in it",
+                        cdir.display()
+                    );
+                    let _ = super::files::meta().remove_dir_all(&cdir);
+                }
                 Err(err) => crate::error!("Skipping consumer in {}: {err}", cdir.display()),
             }
         }
@@ -1051,6 +1059,16 @@ pub fn read_meta(dir: &Path) -> Result<StreamMeta, String> {
     let b = super::files::read(&dir.join("keel-meta.json"), "Stream config")?
         .ok_or("no stream config (keel-meta.json)")?;
     serde_json::from_slice(&b).map_err(|e| e.to_string())
+}
+
+/// A consumer directory holding nothing but temporary files: what a create that failed
+/// before writing its config leaves.
+fn leftover(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .all(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+    })
 }
 
 /// Takes publishes off the stream's queue in batches: store all, sync once, ack all.
