@@ -422,11 +422,13 @@ fn version(b: &[u8]) -> u64 {
         .unwrap()
 }
 
-/// Issue 9 item 4, under power failures: every version read back was written; one whose
-/// durable write returned (a confirmed AckSync) or anything newer survives; a damaged
-/// current copy falls back to an older one (never newer than what is safe, never garbage).
+/// Issue 9 item 4, consumer state files under power failures (the simulator also loses
+/// directory entries, tears writes, fails operations and flips bits): every version read
+/// back was written; one whose durable write returned (what a confirmed AckSync waits for)
+/// or a newer one survives; a damaged current copy falls back to an older good one (so
+/// the consumer redelivers, never skips), never to garbage.
 #[test]
-fn metadata_files_survive_power_failures() {
+fn confirmed_ack_sync_state_survives_power_failures() {
     let cases: u64 = std::env::var("KEEL_SIM_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
