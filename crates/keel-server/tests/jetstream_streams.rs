@@ -2250,3 +2250,30 @@ async fn file_stream_survives_sigkill() {
     let (_, info) = json_request(&client, &format!("{API}.INFO"), "").await;
     assert_eq!(info["streams"], 1, "{info}");
 }
+
+/// STREAM.DELETE takes no body: the reference refuses anything but an empty payload or an
+/// empty JSON object (JSON `null` and `[]` included), before looking the stream up, and the
+/// stream stays.
+#[tokio::test]
+async fn stream_delete_refuses_a_body() {
+    let (_server, client, _js) = setup().await;
+    create_raw(&client, json!({"name": "KEEP", "subjects": ["keep"]})).await;
+    for body in ["x", "null", "[]", "0", " ", r#"{"a":1}"#, r#""s""#, "{bad"] {
+        let (text, _) = json_request(&client, &format!("{API}.STREAM.DELETE.KEEP"), body).await;
+        assert_eq!(
+            text,
+            r#"{"type":"io.nats.jetstream.api.v1.stream_delete_response","error":{"code":400,"err_code":10038,"description":"expected an empty request payload"}}"#,
+            "{body:?}"
+        );
+    }
+    let (_, resp) = json_request(&client, &format!("{API}.STREAM.INFO.KEEP"), "").await;
+    assert_eq!(resp["config"]["name"], "KEEP", "{resp}");
+    // The body is checked first: the same answer for a stream that does not exist.
+    let (_, resp) = json_request(&client, &format!("{API}.STREAM.DELETE.NOPE"), "x").await;
+    assert_eq!(api_error(&resp).1, 10038);
+    for body in ["{}", " { }\n"] {
+        create_raw(&client, json!({"name": "KEEP", "subjects": ["keep"]})).await;
+        let (_, resp) = json_request(&client, &format!("{API}.STREAM.DELETE.KEEP"), body).await;
+        assert_eq!(resp["success"], true, "{body:?}: {resp}");
+    }
+}

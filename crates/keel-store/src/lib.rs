@@ -73,15 +73,16 @@ pub struct State {
     pub num_subjects: u64,
     /// Sequences between first and last that are gone (deleted or purged by filter).
     pub num_deleted: u64,
-    /// Records found damaged at recovery (never served).
+    /// Messages found damaged or missing (never served, not counted in `msgs`).
     pub lost: Option<Lost>,
 }
 
-/// What recovery found damaged and skipped.
+/// Messages that were stored and are damaged or gone from disk (the reference's
+/// `state.lost`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Lost {
-    /// Sequences whose records failed their checksum (when the sequence was readable).
     pub msgs: Vec<u64>,
+    /// Bytes of the damaged records, where known.
     pub bytes: u64,
 }
 
@@ -106,7 +107,8 @@ pub enum StoreError {
     /// The message (headers included) is larger than max_msg_size (10054).
     MsgTooLarge,
     NotFound,
-    /// I/O failure; the stream refuses writes until restarted.
+    /// I/O failure. The store refuses writes until the next [`Store::sync`], which rolls
+    /// back what was not yet durable.
     Io(String),
 }
 
@@ -141,8 +143,16 @@ pub trait Store: Send {
     /// durable after [`sync`](Store::sync). Returns the new sequence.
     fn store_msg(&mut self, subject: &[u8], hdr: &[u8], data: &[u8], ts: i64) -> Result<u64>;
 
-    /// Makes every record written so far durable (fsync for the file store).
+    /// Makes every record written so far durable (fsync for the file store). An error
+    /// means none of the writes since the previous successful sync is in the store any
+    /// more (they were rolled back), so none may be acknowledged.
     fn sync(&mut self) -> Result<()>;
+
+    /// True when something the store found by itself (damage a read discovered) waits to
+    /// be recorded durably by a [`sync`](Store::sync).
+    fn needs_sync(&self) -> bool {
+        false
+    }
 
     fn load(&self, seq: u64) -> Result<StoredMsg>;
     /// The first message with sequence >= `start` whose subject matches `filter`.
@@ -208,13 +218,21 @@ pub fn filter_matches(filter: &str, subject: &[u8]) -> bool {
 }
 
 pub mod file;
+mod handles;
 mod index;
 mod io;
+pub mod lock;
 pub mod mem;
+pub mod meta;
+mod ranges;
 mod record;
 
-pub use file::{FileStore, FileStoreConfig, RecoveryReport};
+pub use file::{
+    DamagedData, FileStore, FileStoreConfig, ReadDamage, RecoveryReport, StoreEvent, TornWrite,
+};
+pub use lock::{lock_dir, DirLock};
 pub use mem::MemStore;
+pub use meta::{MetaFiles, MetaRead};
 
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,9 @@
 //! ```
 //!
 //! The CRC covers the length too, so a flipped length bit cannot make a shorter or longer
-//! slice of bytes look valid. All integers are little-endian.
+//! slice of bytes look valid. All integers are little-endian. Kinds: messages, tombstones,
+//! markers and erased messages (appended), the ledger (appended whole when it changes), and
+//! the head (two fixed slots at the start of a segment, rewritten in place at each sync).
 
 pub(crate) const MAGIC: [u8; 4] = *b"KEEL";
 pub(crate) const HDR: usize = 40;
@@ -26,6 +28,12 @@ pub(crate) enum Kind {
     Marker = 3,
     /// A message erased in place: same length, payload zeroed.
     Erased = 4,
+    /// The fixed-size first record of a segment, rewritten in place at every sync (see
+    /// [`Head`]).
+    Head = 5,
+    /// The ledger of sequences that are gone with deleted segments or were lost (see
+    /// [`Ledger`]); each one written holds the whole ledger.
+    Ledger = 6,
 }
 
 impl Kind {
@@ -35,6 +43,8 @@ impl Kind {
             2 => Kind::Tomb,
             3 => Kind::Marker,
             4 => Kind::Erased,
+            5 => Kind::Head,
+            6 => Kind::Ledger,
             _ => return None,
         })
     }
@@ -148,10 +158,29 @@ pub(crate) fn parse(b: &[u8]) -> Parse<'_> {
     })
 }
 
-/// The sequence field of something that starts like a record but failed validation, for
-/// reporting what was lost.
-pub(crate) fn damaged_seq(b: &[u8]) -> Option<u64> {
+/// The sequence a damaged stretch's first record claims, if its header still looks like
+/// a message record's.
+pub(crate) fn claimed_seq(b: &[u8]) -> Option<u64> {
     (b.len() >= 24 && b[0..4] == MAGIC && matches!(b[12], 1 | 4)).then(|| u64_at(b, 16))
+}
+
+/// Does the damaged stretch `b` consist exactly of message records whose headers are
+/// intact and whose sequences were removed? That is what interrupted in-place erases
+/// leave (the header survives, the payload and checksum do not).
+pub(crate) fn only_torn_erases(b: &[u8], removed: impl Fn(u64) -> bool) -> bool {
+    let mut o = 0;
+    while o < b.len() {
+        let r = &b[o..];
+        if r.len() < HDR || r[0..4] != MAGIC || !matches!(r[12], 1 | 4) {
+            return false;
+        }
+        let len = u32_at(r, 4) as usize;
+        if len < HDR || len > r.len() || !removed(u64_at(r, 16)) {
+            return false;
+        }
+        o += len;
+    }
+    !b.is_empty()
 }
 
 /// Rewrites a valid message record in place as an erased one (payload zeroed, new CRC).
@@ -176,4 +205,138 @@ pub(crate) fn resync(b: &[u8], from: usize) -> Option<usize> {
         o += 1;
     }
     None
+}
+
+/// Length of one head record.
+pub(crate) const HEAD_LEN: usize = HDR + 32;
+/// Every segment starts with two head slots, rewritten alternately, so a torn rewrite
+/// always leaves the previous head intact in the other.
+pub(crate) const HEADS_LEN: usize = 2 * HEAD_LEN;
+
+/// What a segment's head says, as of the sync that last wrote it. Sequence numbers must
+/// outlive the records that carry them (a disk can lose the tail of a file it synced), so
+/// every sync also records the highest sequence handed out here, outside the tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Head {
+    /// last_seq and last_ts when the head was written (the sync in progress).
+    pub pending: u64,
+    pub ts: i64,
+    /// Completed syncs when the segment was created.
+    pub created: u64,
+    /// Completed syncs when the head was written.
+    pub synced: u64,
+    /// last_seq as of the last completed sync: everything up to it was durable.
+    pub synced_seq: u64,
+    /// This segment's length as of the last completed sync.
+    pub synced_len: u64,
+}
+
+pub(crate) fn encode_head(h: &Head) -> Vec<u8> {
+    let mut data = Vec::with_capacity(32);
+    for v in [h.created, h.synced, h.synced_seq, h.synced_len] {
+        data.extend_from_slice(&v.to_le_bytes());
+    }
+    let mut buf = Vec::with_capacity(HEAD_LEN);
+    encode(&mut buf, Kind::Head, h.pending, h.ts, b"", b"", &data);
+    debug_assert_eq!(buf.len(), HEAD_LEN);
+    buf
+}
+
+pub(crate) enum HeadParse {
+    Ok(Head),
+    /// Shaped like a head whose in-place rewrite was torn: the slot is there, its content
+    /// unknown.
+    Torn,
+    /// No head: a segment from before heads existed, or not a segment at all.
+    None,
+}
+
+pub(crate) fn parse_head(b: &[u8]) -> HeadParse {
+    if let Parse::Ok(r) = parse(b) {
+        if r.kind == Kind::Head && r.len == HEAD_LEN && r.data.len() == 32 {
+            let v = |i: usize| u64_at(r.data, i * 8);
+            return HeadParse::Ok(Head {
+                pending: r.seq,
+                ts: r.ts,
+                created: v(0),
+                synced: v(1),
+                synced_seq: v(2),
+                synced_len: v(3),
+            });
+        }
+        return HeadParse::None;
+    }
+    if b.len() >= 13
+        && b[0..4] == MAGIC
+        && u32_at(b, 4) as usize == HEAD_LEN
+        && b[12] == Kind::Head as u8
+    {
+        return HeadParse::Torn;
+    }
+    HeadParse::None
+}
+
+/// The start of a segment whose creation was cut short: empty, or part of its heads.
+pub(crate) fn is_heads_prefix(b: &[u8]) -> bool {
+    let n = b.len().min(4);
+    b.len() < HEADS_LEN
+        && b[..n] == MAGIC[..n]
+        && match parse(b) {
+            Parse::Ok(r) => r.kind == Kind::Head,
+            Parse::Bad => true,
+        }
+}
+
+/// Sequences the ledger accounts for: `gone` ranges belonged to deleted segments (or were
+/// handed out and never written), `lost` ranges were damaged or missing; `lost_bytes` is
+/// what the lost records took.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Ledger {
+    pub gone: Vec<(u64, u64)>,
+    pub lost: Vec<(u64, u64)>,
+    pub lost_bytes: u64,
+}
+
+pub(crate) fn encode_ledger(l: &Ledger) -> Vec<u8> {
+    let mut d = Vec::with_capacity(16 + 16 * (l.gone.len() + l.lost.len()));
+    for list in [&l.gone, &l.lost] {
+        d.extend_from_slice(&(list.len() as u32).to_le_bytes());
+        for &(a, b) in list {
+            d.extend_from_slice(&a.to_le_bytes());
+            d.extend_from_slice(&b.to_le_bytes());
+        }
+    }
+    d.extend_from_slice(&l.lost_bytes.to_le_bytes());
+    d
+}
+
+pub(crate) fn decode_ledger(d: &[u8]) -> Option<Ledger> {
+    let mut o = 0;
+    let mut lists = [Vec::new(), Vec::new()];
+    for list in &mut lists {
+        let n = u32::from_le_bytes(d.get(o..o + 4)?.try_into().ok()?) as usize;
+        o += 4;
+        if d.len() < o + n.checked_mul(16)? {
+            return None;
+        }
+        for _ in 0..n {
+            let a = u64_at(d, o);
+            let b = u64_at(d, o + 8);
+            o += 16;
+            if a > b {
+                return None;
+            }
+            list.push((a, b));
+        }
+    }
+    let lost_bytes = u64::from_le_bytes(d.get(o..o + 8)?.try_into().ok()?);
+    if o + 8 != d.len() {
+        return None;
+    }
+    let [gone, lost] = lists;
+    Some(Ledger {
+        gone,
+        lost,
+        lost_bytes,
+    })
 }

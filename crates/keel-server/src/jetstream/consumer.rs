@@ -880,7 +880,9 @@ impl Consumer {
     ) -> Arc<Consumer> {
         let config = meta.config;
         let durable = config.durable_name.is_some();
-        let saved = dir.as_deref().and_then(load_state);
+        let saved = dir
+            .as_deref()
+            .map_or(Loaded::Fresh, |d| load_state(d, &stream.name, &name));
         let now = Instant::now();
         let mut st = State {
             config,
@@ -917,7 +919,7 @@ impl Consumer {
         };
         st.pause_ns = st.config.pause_ns();
         match saved {
-            Some(s) => {
+            Loaded::Saved(s) => {
                 st.delivered = s.delivered;
                 st.ack_floor = s.ack_floor;
                 st.next_seq = s.delivered.stream_seq + 1;
@@ -933,8 +935,10 @@ impl Consumer {
                     st.rdq.insert(sseq);
                 }
                 st.redelivered = s.redelivered.into_iter().collect();
+                st.check_against(stream, &name);
             }
-            None => st.init_position(stream),
+            Loaded::Fresh => st.init_position(stream),
+            Loaded::Untrusted => st.safe_position(stream, meta.created),
         }
         if st.config.replay_policy == ReplayPolicy::Original {
             st.replay_until = stream.lock().store.state().last_seq;
@@ -1060,7 +1064,7 @@ impl Consumer {
             config: self.config(),
             created: self.created,
         };
-        write_atomic(
+        super::files::write(
             &dir.join("meta.json"),
             &serde_json::to_vec_pretty(&meta)?,
             true,
@@ -1159,14 +1163,15 @@ impl Consumer {
         self.save(&mut st, true);
     }
 
-    fn save(&self, st: &mut State, sync: bool) {
-        if st.deleted {
-            // Its directory is being removed; writing would bring it back.
-            return;
-        }
+    /// Writes the state (fsynced with `sync`); false if that failed.
+    fn save(&self, st: &mut State, sync: bool) -> bool {
         st.dirty = false;
         st.last_save = Instant::now();
-        let Some(dir) = &self.dir else { return };
+        let Some(dir) = &self.dir else { return true };
+        if st.deleted {
+            // Its directory is being removed: writing would bring it back.
+            return true;
+        }
         let saved = SavedState {
             delivered: st.delivered,
             ack_floor: st.ack_floor,
@@ -1174,13 +1179,16 @@ impl Consumer {
             redelivered: st.redelivered.iter().map(|(s, n)| (*s, *n)).collect(),
         };
         let bytes = serde_json::to_vec(&saved).expect("state serializes");
-        if let Err(e) = write_atomic(&dir.join("state.json"), &bytes, sync) {
+        if let Err(e) = super::files::write(&dir.join("state.json"), &bytes, sync) {
             crate::error!(
                 "Consumer {} > {}: could not save state: {e}",
                 self.stream.name,
                 self.name
             );
+            st.dirty = true;
+            return false;
         }
+        true
     }
 }
 
@@ -1259,6 +1267,61 @@ impl State {
         let start = self.lps.front().copied().unwrap_or(self.next_seq);
         self.delivered.stream_seq = start.saturating_sub(1);
         self.ack_floor.stream_seq = start.saturating_sub(1);
+    }
+
+    /// A saved state ahead of the stream (a disk that lost messages the stream could not
+    /// account for) would skip the messages stored from now on: deliver from the stream's
+    /// end instead.
+    fn check_against(&mut self, stream: &Stream, name: &str) {
+        let last = stream.state().last_seq;
+        if self.delivered.stream_seq > last {
+            crate::warn!(
+                "Consumer {} > {name}: saved state has delivered up to {} but the stream ends at {last}; delivering from {}",
+                stream.name,
+                self.delivered.stream_seq,
+                last + 1
+            );
+            self.delivered.stream_seq = last;
+            self.ack_floor.stream_seq = self.ack_floor.stream_seq.min(last);
+            self.next_seq = last + 1;
+            let gone: Vec<u64> = self.pending.range(last + 1..).map(|(s, _)| *s).collect();
+            for s in gone {
+                self.pending.remove(&s);
+                self.rdq.remove(&s);
+            }
+        }
+    }
+
+    /// Where to start when the saved state cannot be trusted: as early as the consumer
+    /// could ever have wanted, so nothing is skipped (duplicates instead). Policies that
+    /// start from a config value start there again; `new` starts from the first message
+    /// stored after the consumer was created; the others from the stream's start.
+    fn safe_position(&mut self, stream: &Stream, created: i64) {
+        match self.config.deliver_policy {
+            DeliverPolicy::ByStartSequence | DeliverPolicy::ByStartTime | DeliverPolicy::All => {
+                self.init_position(stream)
+            }
+            DeliverPolicy::New => {
+                let inner = stream.lock();
+                let state = inner.store.state();
+                let mut seq = state.first_seq.max(1);
+                self.next_seq = loop {
+                    match inner.store.load_next(seq, ">") {
+                        Ok(m) if m.ts >= created => break m.seq,
+                        Ok(m) => seq = m.seq + 1,
+                        Err(_) => break state.last_seq + 1,
+                    }
+                };
+                self.delivered.stream_seq = self.next_seq - 1;
+                self.ack_floor.stream_seq = self.next_seq - 1;
+            }
+            DeliverPolicy::Last | DeliverPolicy::LastPerSubject => {
+                let first = stream.state().first_seq.max(1);
+                self.next_seq = first;
+                self.delivered.stream_seq = first - 1;
+                self.ack_floor.stream_seq = first - 1;
+            }
+        }
     }
 
     fn num_pending(&self, stream: &Stream) -> u64 {
@@ -1556,8 +1619,11 @@ async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Rece
         {
             let mut st = c.lock();
             if !sync_replies.is_empty() {
-                // An ack the client asked to be confirmed is on disk before we confirm it.
-                c.save(&mut st, true);
+                // An ack the client asked to be confirmed is on disk before we confirm it;
+                // if it cannot be written it is not confirmed (the client retries).
+                if !c.save(&mut st, true) {
+                    sync_replies.clear();
+                }
             } else if st.dirty && st.last_save.elapsed() >= SAVE_INTERVAL {
                 // Other changes are written at most every SAVE_INTERVAL (without fsync: they
                 // survive a process kill), so a busy consumer does not rewrite its file per ack.
@@ -2623,37 +2689,43 @@ fn inactive_expired(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> 
     true
 }
 
-fn load_state(dir: &Path) -> Option<SavedState> {
-    let b = std::fs::read(dir.join("state.json")).ok()?;
-    match serde_json::from_slice(&b) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            crate::error!("Consumer state in {} unreadable: {e}", dir.display());
-            None
-        }
-    }
+/// What a durable consumer finds of its saved state.
+enum Loaded {
+    /// Nothing saved yet: a new consumer.
+    Fresh,
+    Saved(SavedState),
+    /// Saved state exists but no copy can be trusted.
+    Untrusted,
 }
 
-/// Temp file, optional fsync, rename; with `sync` the directory is synced too.
-pub fn write_atomic(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    if sync {
-        f.sync_data()?;
+fn load_state(dir: &Path, stream: &str, name: &str) -> Loaded {
+    let what = format!("Consumer {stream} > {name}: state");
+    let why = match super::files::read(&dir.join("state.json"), &what) {
+        Ok(None) => return Loaded::Fresh,
+        Ok(Some(b)) => match serde_json::from_slice::<SavedState>(&b) {
+            Ok(s) if s.consistent() => return Loaded::Saved(s),
+            Ok(_) => "inconsistent content".to_string(),
+            Err(e) => e.to_string(),
+        },
+        Err(e) => e,
+    };
+    crate::error!(
+        "Consumer {stream} > {name}: saved state is damaged ({why}) and no older copy verifies; redelivering from where the consumer started"
+    );
+    Loaded::Untrusted
+}
+
+impl SavedState {
+    /// The invariants every state this server wrote keeps.
+    fn consistent(&self) -> bool {
+        let (floor, top) = (self.ack_floor.stream_seq, self.delivered.stream_seq);
+        floor <= top && self.pending.iter().all(|&(s, _)| s > floor && s <= top)
     }
-    std::fs::rename(&tmp, path)?;
-    if sync {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 pub fn read_meta(dir: &Path) -> Result<ConsumerMeta, String> {
-    let b = std::fs::read(dir.join("meta.json")).map_err(|e| e.to_string())?;
+    let b = super::files::read(&dir.join("meta.json"), "Consumer config")?
+        .ok_or("no consumer config (meta.json)")?;
     serde_json::from_slice(&b).map_err(|e| e.to_string())
 }
 

@@ -6,6 +6,7 @@
 pub mod advisory;
 pub mod api;
 pub mod consumer;
+pub mod files;
 pub mod schema;
 pub mod stream;
 
@@ -47,6 +48,8 @@ pub struct JetStream {
     /// `jetstream { domain }`: named in INFO, acks, infos and advisories; the API is also
     /// served on `$JS.<domain>.API.>`.
     pub domain: Option<String>,
+    /// Held for the life of the process: one server per store directory.
+    _lock: keel_store::DirLock,
 }
 
 const NAMES_LIMIT: usize = 1024;
@@ -62,6 +65,9 @@ impl JetStream {
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join("keel"));
         let streams_dir = store_dir.join("jetstream").join("$G").join("streams");
+        // Two servers on one store would both hand out the same sequences; the second
+        // refuses to start (the kernel drops the lock when the holder exits, even on kill).
+        let lock = keel_store::lock_dir(&store_dir)?;
         std::fs::create_dir_all(&streams_dir)
             .map_err(|e| format!("cannot create {}: {e}", streams_dir.display()))?;
         // Unset (or negative): the reference's defaults from the machine, so `/jsz` and
@@ -85,6 +91,7 @@ impl JetStream {
             sync_interval: opts.sync_interval,
             strict: opts.jetstream_strict,
             domain: opts.jetstream_domain.clone(),
+            _lock: lock,
         });
         if let Some(d) = &js.domain {
             let _ = DOMAIN.set(d.clone());
@@ -266,6 +273,11 @@ async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
             }
             if inner.has_ttls() && inner.expire_ttls(now) > 0 {
                 s.refresh_bytes(&inner);
+            }
+            if inner.store.needs_sync() {
+                // Damage a read found is recorded durably (the loss is reported however the
+                // server stops next).
+                let _ = tokio::task::block_in_place(|| inner.store.sync());
             }
         }
         if let Some(iv) = js.sync_interval {
@@ -669,8 +681,15 @@ fn stream_create(
         config: cfg,
         created: now_nanos(),
     };
-    stream::write_meta(&dir, &meta)
-        .map_err(|e| ApiError::new(500, 10049, format!("could not create stream: {e}")))?;
+    if let Err(e) = stream::write_meta(&dir, &meta) {
+        // Nothing half-made stays behind (a full disk, say) to be found at every start.
+        let _ = files::meta().remove_dir_all(&dir);
+        return Err(ApiError::new(
+            500,
+            10049,
+            format!("could not create stream: {e}"),
+        ));
+    }
     let s = Stream::open(server, &dir, meta, js.sync_interval.is_none())
         .map_err(|e| ApiError::new(500, 10049, e))?;
     js.streams_write().insert(name.to_string(), s.clone());
@@ -880,10 +899,8 @@ fn stream_delete(
             crate::error!("Stream {name}: could not remove its data: {e}");
         }
     }
-    if let Err(e) = std::fs::remove_dir_all(&s.dir) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            crate::error!("Stream {name}: could not remove {}: {e}", s.dir.display());
-        }
+    if let Err(e) = files::meta().remove_dir_all(&s.dir) {
+        crate::error!("Stream {name}: could not remove {}: {e}", s.dir.display());
     }
     advisory::stream_action(server, router, name, advisory::Action::Delete);
     let mut f = Fields::new();
@@ -1414,14 +1431,22 @@ fn create_consumer(
         config: stored_cfg,
         created: now_nanos(),
     };
+    let cdir = dir.clone();
     let c = consumer::Consumer::start(server, &s, name.clone(), meta, dir);
-    c.persist_meta().map_err(|e| {
-        ApiError::new(
+    if let Err(e) = c.persist_meta() {
+        // A create that fails (a full disk) leaves nothing behind.
+        c.stop(server, router);
+        if let Some(d) = cdir {
+            if let Err(e) = files::meta().remove_dir_all(&d) {
+                crate::error!("Could not remove consumer data {}: {e}", d.display());
+            }
+        }
+        return Err(ApiError::new(
             500,
             10104,
             format!("error creating store for consumer: {e}"),
-        )
-    })?;
+        ));
+    }
     s.consumers_lock().insert(name.clone(), c.clone());
     advisory::consumer_action(server, router, stream_name, &name, advisory::Action::Create);
     Ok(c.info(server, true))

@@ -180,6 +180,8 @@ pub const REQ_LEVEL_KEY: &str = "_nats.req.level";
 pub const API_LEVEL: u32 = 1;
 
 const MAX_NAME_LEN: usize = 255;
+/// How long publishes are refused after a storage failure before the next try.
+const STORAGE_RETRY: Duration = Duration::from_secs(1);
 const DEFAULT_DUPLICATE_WINDOW: i64 = 120_000_000_000;
 
 /// Is `name` usable as a stream or consumer name (the reference's rule)?
@@ -499,8 +501,12 @@ pub struct StreamInner {
     ttls: std::collections::BTreeSet<(i64, u64)>,
     /// `Nats-Msg-Id` of the last stored message (for Nats-Expected-Last-Msg-Id).
     last_msg_id: String,
-    /// A failed sync leaves the stream refusing writes: acks must never lie.
-    failed: Option<String>,
+    /// After a storage failure (the store rolled back what was not yet durable):
+    /// publishes are refused with the reason until the instant, then tried again, so a
+    /// full disk recovers without a restart and is not hammered meanwhile.
+    storage_down: Option<(std::time::Instant, String)>,
+    /// A store write in the current batch failed: the batch must be rolled back.
+    io_error: bool,
 }
 
 pub struct Stream {
@@ -538,19 +544,12 @@ impl Stream {
         let store: Box<dyn Store> = match config.storage {
             StorageType::Memory => Box::new(keel_store::mem::MemStore::new(config.limits())),
             StorageType::File => {
-                let (fs, report) =
-                    keel_store::file::FileStore::open(&dir.join("msgs"), config.limits())
-                        .map_err(|e| e.to_string())?;
-                if report.torn_bytes > 0 || report.corrupt_records > 0 {
-                    crate::warn!(
-                        "Stream {}: recovery cut {} torn bytes and skipped {} damaged records {:?}",
-                        config.name,
-                        report.torn_bytes,
-                        report.corrupt_records,
-                        report.corrupt_seqs
-                    );
-                }
+                let msgs = dir.join("msgs");
+                let (mut fs, report) = keel_store::file::FileStore::open(&msgs, config.limits())
+                    .map_err(|e| e.to_string())?;
+                super::files::log_recovery(&config.name, &msgs, &report, Some(&fs.state()));
                 crate::debug!("Stream {} recovery: {report:?}", config.name);
+                fs.set_observer(super::files::observer(config.name.clone(), msgs));
                 Box::new(fs)
             }
         };
@@ -565,7 +564,8 @@ impl Stream {
             dedup: Dedup::default(),
             ttls: Default::default(),
             last_msg_id: String::new(),
-            failed: None,
+            storage_down: None,
+            io_error: false,
         };
         inner.rebuild_dedup();
         inner.rebuild_ttls();
@@ -607,6 +607,14 @@ impl Stream {
                         Some(cdir),
                     );
                     self.consumers_lock().insert(name, c);
+                }
+                Err(_) if leftover(&cdir) => {
+                    // An interrupted create (an older Keel left these on a full disk).
+                    crate::warn!(
+                        "Removing {}: a consumer directory with no config in it",
+                        cdir.display()
+                    );
+                    let _ = super::files::meta().remove_dir_all(&cdir);
                 }
                 Err(err) => crate::error!("Skipping consumer in {}: {err}", cdir.display()),
             }
@@ -723,21 +731,21 @@ impl Stream {
             stored_any |= matches!(r, PubResult::Stored(_));
             results.push((m.reply, r));
         }
-        // A memory store's sync is a no-op; a file store's is the group commit.
-        if stored_any && self.sync_always {
-            if let Err(e) = inner.store.sync() {
-                let text = format!("storage sync failed: {e}");
-                crate::error!(
-                    "Stream {}: {text}; refusing writes until restart",
-                    self.name
-                );
-                inner.failed = Some(text.clone());
+        // A memory store's sync is a no-op; a file store's is the group commit. After a
+        // failed write the sync rolls the batch back, so none of it may be acknowledged.
+        if (stored_any && self.sync_always) || inner.io_error {
+            let r = inner.store.sync();
+            let n = results
+                .iter()
+                .filter(|(_, r)| matches!(r, PubResult::Stored(_)))
+                .count();
+            inner.storage_result(&self.name, r, n, |text| {
                 for (_, r) in results.iter_mut() {
                     if matches!(r, PubResult::Stored(_)) {
-                        *r = PubResult::Error(ApiError::new(503, 10077, text.clone()));
+                        *r = PubResult::Error(ApiError::new(503, 10077, text.to_string()));
                     }
                 }
-            }
+            });
         }
         self.refresh_bytes(&inner);
         let name = inner.config.name.clone();
@@ -751,10 +759,8 @@ impl Stream {
     /// Syncs unsynced writes (the timer path when sync is not per batch).
     pub fn sync(&self) {
         let mut inner = self.lock();
-        if let Err(e) = inner.store.sync() {
-            crate::error!("Stream {}: storage sync failed: {e}", self.name);
-            inner.failed = Some(format!("storage sync failed: {e}"));
-        }
+        let r = inner.store.sync();
+        inner.storage_result(&self.name, r, 0, |_| {});
     }
 }
 
@@ -862,10 +868,43 @@ impl StreamInner {
         }
     }
 
+    /// What a sync's outcome means for the stream. On failure the store has rolled back
+    /// to its last completed sync: `refuse` turns the batch's results into errors, and
+    /// publishes are refused for a moment before the next try.
+    fn storage_result(
+        &mut self,
+        stream: &str,
+        r: Result<(), StoreError>,
+        stored: usize,
+        refuse: impl FnOnce(&str),
+    ) {
+        self.io_error = false;
+        match r {
+            Ok(()) => {
+                if self.storage_down.take().is_some() {
+                    crate::info!("Stream {stream}: storage writable again");
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if self.storage_down.is_none() {
+                    crate::error!(
+                        "Stream {stream}: {text}; {stored} publishes of this batch were not stored and got an error; retrying every {:?}",
+                        STORAGE_RETRY
+                    );
+                }
+                refuse(&text);
+                self.storage_down = Some((std::time::Instant::now() + STORAGE_RETRY, text));
+            }
+        }
+    }
+
     /// One publish: the reference's checks in its order, then store.
     fn process(&mut self, m: &InMsg) -> PubResult {
-        if let Some(f) = &self.failed {
-            return PubResult::Error(ApiError::new(503, 10077, f.clone()));
+        if let Some((until, why)) = &self.storage_down {
+            if std::time::Instant::now() < *until {
+                return PubResult::Error(ApiError::new(503, 10077, why.clone()));
+            }
         }
         let cfg = &self.config;
         if cfg.sealed {
@@ -965,7 +1004,10 @@ impl StreamInner {
         }
         let seq = match self.store.store_msg(&m.subject, hdr, data, now) {
             Ok(seq) => seq,
-            Err(e) => return PubResult::Error(store_error(e)),
+            Err(e) => {
+                self.io_error |= matches!(e, StoreError::Io(_));
+                return PubResult::Error(store_error(e));
+            }
         };
         if let Some(roll) = headers::get_str(hdr, "Nats-Rollup") {
             let filter = match roll {
@@ -1025,26 +1067,30 @@ pub fn store_error(e: StoreError) -> ApiError {
     }
 }
 
-/// Writes the stream's config atomically: temp file, fsync, rename, fsync the directory.
+/// Writes the stream's config durably (checksummed, replaced atomically).
 pub fn write_meta(dir: &Path, meta: &StreamMeta) -> std::io::Result<()> {
-    use std::io::Write;
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join("keel-meta.json.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&serde_json::to_vec_pretty(meta).map_err(std::io::Error::other)?)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join("keel-meta.json"))?;
-    std::fs::File::open(dir)?.sync_all()
+    let body = serde_json::to_vec_pretty(meta).map_err(std::io::Error::other)?;
+    super::files::write(&dir.join("keel-meta.json"), &body, true)
 }
 
 pub fn read_meta(dir: &Path) -> Result<StreamMeta, String> {
-    let b = std::fs::read(dir.join("keel-meta.json")).map_err(|e| e.to_string())?;
+    let b = super::files::read(&dir.join("keel-meta.json"), "Stream config")?
+        .ok_or("no stream config (keel-meta.json)")?;
     serde_json::from_slice(&b).map_err(|e| e.to_string())
 }
 
 /// Most messages and bytes in one group-commit batch.
 const BATCH_MSGS: usize = 4096;
 const BATCH_BYTES: usize = 8 * 1024 * 1024;
+/// A consumer directory holding nothing but temporary files: what a create that failed
+/// before writing its config leaves.
+fn leftover(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .all(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+    })
+}
 
 /// Takes publishes off the stream's queue in batches: store all, sync once, ack all.
 async fn publish_loop(stream: Arc<Stream>, server: Arc<Server>, mut rx: crate::inqueue::Receiver) {

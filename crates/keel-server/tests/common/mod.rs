@@ -193,10 +193,24 @@ impl Server {
         Server::launch(Some(conf), true, &[])
     }
 
+    /// JetStream on a store directory the test owns (`-js -sd <store>`).
+    pub fn start_jetstream_at(store: &Path) -> Server {
+        Server::launch_at(None, true, Some(store), &[])
+    }
+
     fn launch(conf: Option<&str>, jetstream: bool, extra: &[&str]) -> Server {
+        Server::launch_at(conf, jetstream, None, extra)
+    }
+
+    fn launch_at(
+        conf: Option<&str>,
+        jetstream: bool,
+        store: Option<&Path>,
+        extra: &[&str],
+    ) -> Server {
         let mut last_error = String::new();
         for _ in 0..STARTUP_ATTEMPTS {
-            match Server::try_launch(conf, jetstream, extra) {
+            match Server::try_launch(conf, jetstream, store, extra) {
                 Ok(server) => return server,
                 // Most likely the free port was taken between probe and bind.
                 Err(e) => last_error = e,
@@ -208,7 +222,12 @@ impl Server {
         );
     }
 
-    fn try_launch(conf: Option<&str>, jetstream: bool, extra: &[&str]) -> Result<Server, String> {
+    fn try_launch(
+        conf: Option<&str>,
+        jetstream: bool,
+        store: Option<&Path>,
+        extra: &[&str],
+    ) -> Result<Server, String> {
         let dir = TempDir::new("keel-server-test");
         let port = free_port();
         let log_path = dir.path().join("server.log");
@@ -221,7 +240,9 @@ impl Server {
         }
         let mut store_dir = None;
         if jetstream {
-            let store = dir.path().join("store");
+            let store = store
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| dir.path().join("store"));
             args.push("-js".to_string());
             args.push("-sd".to_string());
             args.push(store.display().to_string());
@@ -243,6 +264,42 @@ impl Server {
         Ok(server)
     }
 
+    /// Stops the server the way an operator does (SIGTERM: flush, close stores, exit) and
+    /// waits for it to exit. The store directory and port are kept for `restart`.
+    pub fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + STARTUP_DEADLINE;
+        while matches!(self.child.try_wait(), Ok(None)) {
+            if Instant::now() >= deadline {
+                panic!("server did not exit on SIGTERM; log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Runs the server binary with `args` (after `-a 127.0.0.1 -p <free port>`) and
+    /// waits for it to exit on its own: (exit code, everything it printed).
+    pub fn run_to_exit(args: &[String]) -> (Option<i32>, String) {
+        let dir = TempDir::new("keel-server-run");
+        let log = dir.path().join("out.log");
+        let mut child = spawn_server(free_port(), args, &log).expect("spawn server");
+        let deadline = Instant::now() + STARTUP_DEADLINE;
+        let status = loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                break st;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("server kept running; log:\n{}", read_log(&log));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        (status.code(), read_log(&log))
+    }
+
     /// Kills the server process with SIGKILL (no shutdown handling at all)
     /// and waits for it to be gone. The store directory and port are kept
     /// for `restart`.
@@ -250,23 +307,6 @@ impl Server {
         // `Child::kill` sends SIGKILL on Unix.
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-
-    /// Stops the server cleanly (SIGTERM, as a service manager would) and waits for it to
-    /// exit. The store directory and port are kept for `restart`.
-    pub fn stop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid; no memory is involved.
-        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        assert_eq!(rc, 0, "kill -TERM {}", self.child.id());
-        let deadline = Instant::now() + STARTUP_DEADLINE;
-        while self.is_running() {
-            assert!(
-                Instant::now() < deadline,
-                "server did not exit within {STARTUP_DEADLINE:?} of SIGTERM; log:\n{}",
-                read_log(&self.log_path)
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
     }
 
     /// Starts the server again with the same arguments, port and store
@@ -401,6 +441,11 @@ impl Server {
     /// Server output captured so far (tail).
     pub fn log(&self) -> String {
         read_log(&self.log_path)
+    }
+
+    /// Everything the server printed so far (for asserting on log lines).
+    pub fn full_log(&self) -> String {
+        fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
     /// True while the server process is alive.

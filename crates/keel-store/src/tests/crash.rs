@@ -36,6 +36,9 @@ struct Stats {
     flips: u64,
     flip_losses: u64,
     must_checked: u64,
+    rollbacks: u64,
+    data_losses: u64,
+    reported_losses: u64,
 }
 
 struct Case {
@@ -53,6 +56,14 @@ struct Case {
     /// Stored since the last successful sync (whatever became of them).
     since: BTreeSet<u64>,
     flipped: bool,
+    /// Synced data was destroyed (a chopped or missing segment): what is gone must be
+    /// reported, and removals may come undone.
+    lossy: bool,
+    /// What the last recovery reported.
+    rep: RecoveryReport,
+    /// A failed operation may have completed a sync of its own before failing (close
+    /// syncs before writing the index, an erase syncs its tombstone first).
+    maybe_synced: bool,
     failed: bool,
     seed: u64,
     /// last_seq as of the last successful sync: sequences up to it were handed out and
@@ -87,7 +98,9 @@ impl Case {
                 // An armed failure can hit recovery itself: that is one more crash.
                 Err(StoreError::Io(e)) if e.contains("injected") => {
                     stats.crashes += 1;
+                    self.trace(format_args!("recovery failed: {e}; CRASH"));
                     self.sim.crash(0);
+                    self.dump();
                 }
                 Err(e) => panic!("seed {}: recovery failed: {e}", self.seed),
             }
@@ -99,10 +112,12 @@ impl Case {
         if !self.flipped {
             stats.corrupt_unflipped += rep.corrupt_records;
         }
-        if !self.flipped {
+        if !self.flipped && !self.lossy {
             // Torn in-place erases leave damaged records, but never a lost message.
-            assert!(rep.corrupt_seqs.is_empty(), "seed {}: {rep:?}", self.seed);
+            assert!(rep.lost.is_empty(), "seed {}: {rep:?}", self.seed);
+            assert!(rep.damaged.is_empty(), "seed {}: {rep:?}", self.seed);
         }
+        self.rep = rep;
         self.store = Some(s);
         self.failed = false;
     }
@@ -142,14 +157,29 @@ impl Case {
                 Err(e) => panic!("seed {seed}: live message {q} unreadable: {e}"),
             }
         }
+        let st = s.state();
+        let reported: BTreeSet<u64> = st
+            .lost
+            .iter()
+            .flat_map(|l| l.msgs.iter().copied())
+            .chain(self.rep.unacked.iter().flat_map(|&(a, b)| a..=b))
+            .collect();
         for q in must {
             stats.must_checked += 1;
             if !present.contains(q) {
-                assert!(flipped, "seed {seed}: acknowledged message {q} lost");
+                if self.lossy && reported.contains(q) {
+                    stats.reported_losses += 1;
+                    continue;
+                }
+                assert!(
+                    flipped,
+                    "seed {seed}: acknowledged message {q} lost without a report: {:?}",
+                    self.rep
+                );
                 stats.flip_losses += 1;
             }
         }
-        if !flipped {
+        if !flipped && !self.lossy {
             for q in &present {
                 assert!(
                     allowed.contains(q),
@@ -165,7 +195,6 @@ impl Case {
             at = m.seq + 1;
         }
         assert_eq!(walked, present, "seed {seed}: load_next walk");
-        let st = s.state();
         if !flipped {
             assert!(
                 st.last_seq >= self.synced_last,
@@ -174,7 +203,9 @@ impl Case {
                 self.synced_last
             );
             assert_eq!(st.msgs, present.len() as u64, "seed {seed}");
-            assert!(st.lost.is_none(), "seed {seed}: {st:?}");
+            if !self.lossy {
+                assert!(st.lost.is_none(), "seed {seed}: {st:?}");
+            }
         }
         match present.first() {
             Some(&f) if !flipped => assert_eq!(st.first_seq, f, "seed {seed}"),
@@ -184,6 +215,7 @@ impl Case {
             _ => {}
         }
         // New epoch: what is there now is durable (recovery synced its own changes).
+        self.maybe_synced = false;
         let last = st.last_seq;
         self.all.retain(|&q, _| q <= last);
         self.synced = live(s);
@@ -209,28 +241,13 @@ impl Case {
         };
         let rep = self.sim.crash(flips);
         self.trace(format_args!("CRASH flips {flips}"));
-        if std::env::var_os("KEEL_SIM_TRACE").is_some() {
-            for (name, data) in self.sim.dump() {
-                let mut o = 0;
-                let mut recs = Vec::new();
-                while o < data.len() {
-                    match crate::record::parse(&data[o..]) {
-                        crate::record::Parse::Ok(r) => {
-                            recs.push(format!("{:?}{}@{o}", r.kind, r.seq));
-                            o += r.len;
-                        }
-                        crate::record::Parse::Bad => {
-                            recs.push(format!("BAD@{o}..{}", data.len()));
-                            break;
-                        }
-                    }
-                }
-                eprintln!("   {}: {}", name.display(), recs.join(" "));
-            }
-        }
+        self.dump();
         if rep.flipped > 0 {
             self.flipped = true;
             stats.flips += rep.flipped as u64;
+        }
+        if self.rng.chance(15) {
+            self.lose_data(stats);
         }
         stats.crashes += 1;
         self.open(stats);
@@ -239,11 +256,80 @@ impl Case {
         self.verify(&must, &allowed, stats);
     }
 
+    /// After a power failure, the disk also loses synced data: the tail of a segment, or
+    /// a whole segment that is not the newest.
+    fn lose_data(&mut self, stats: &mut Stats) {
+        let segs: Vec<(PathBuf, usize)> = self
+            .sim
+            .dump()
+            .into_iter()
+            .filter(|(p, _)| p.extension().is_some_and(|e| e == "seg"))
+            .map(|(p, d)| (p, d.len()))
+            .collect();
+        let head = crate::record::HEADS_LEN;
+        // The newest segment with a head must stay: it is what says how far sequences went.
+        let newest = segs.iter().rposition(|(_, len)| *len >= head).unwrap_or(0);
+        if newest >= 1 && self.rng.chance(2) {
+            let (p, _) = &segs[self.rng.below(newest as u64) as usize];
+            self.trace(format_args!("LOSE {}", p.display()));
+            self.sim.lose(p);
+        } else {
+            let (p, len) = &segs[self.rng.below(segs.len() as u64) as usize];
+            if *len <= head {
+                return;
+            }
+            let cut = head + self.rng.below((*len - head) as u64) as usize;
+            self.trace(format_args!("CHOP {} to {cut}", p.display()));
+            self.sim.chop(p, cut);
+        }
+        self.lossy = true;
+        stats.data_losses += 1;
+    }
+
+    /// After an I/O failure the space comes back: the next sync rolls back to the last
+    /// completed sync and reports it, and the store takes writes again.
+    fn roll_back(&mut self, stats: &mut Stats) {
+        let now = live(self.s());
+        self.sim.heal();
+        self.dump();
+        let r = self.s().sync();
+        self.trace(format_args!("HEAL, sync => {r:?}"));
+        self.dump();
+        assert!(
+            matches!(r, Err(StoreError::Io(_))),
+            "seed {}: a sync after a failure must report the rollback",
+            self.seed
+        );
+        stats.rollbacks += 1;
+        self.failed = false;
+        self.rep = RecoveryReport::default();
+        // Nothing written since the last completed sync survives (no write that got an
+        // error is there); everything synced and not removed since does, unless the
+        // limits (re-applied to the rolled-back state) discard it.
+        let must: BTreeSet<u64> = if self.limits == Limits::default() {
+            self.synced.intersection(&now).copied().collect()
+        } else {
+            BTreeSet::new()
+        };
+        let allowed = if self.maybe_synced {
+            self.synced.union(&self.since).copied().collect()
+        } else {
+            self.synced.clone()
+        };
+        self.verify(&must, &allowed, stats);
+        assert!(self.s().store_msg(b"a", b"", b"after", 0).is_ok());
+        let seq = self.s().state().last_seq;
+        self.all
+            .insert(seq, (b"a".to_vec(), vec![], b"after".to_vec(), 0));
+        self.since.insert(seq);
+    }
+
     fn clean_restart(&mut self, stats: &mut Stats) {
         let now = live(self.s());
         let before = (self.s().state(), self.s().deleted());
         let r = self.s().close();
         if self.io(r).is_none() {
+            self.maybe_synced = true;
             return;
         }
         self.synced = now.clone();
@@ -252,6 +338,7 @@ impl Case {
         drop(self.store.take());
         stats.clean_restarts += 1;
         self.trace(format_args!("CLEAN RESTART"));
+        self.dump();
         self.open(stats);
         if !self.flipped {
             let after = (self.s().state(), self.s().deleted());
@@ -262,6 +349,45 @@ impl Case {
             );
         }
         self.verify(&now, &now, stats);
+    }
+
+    fn dump(&self) {
+        if std::env::var_os("KEEL_SIM_TRACE").is_some() {
+            for (name, data) in self.sim.dump() {
+                let mut o = 0;
+                let mut recs = Vec::new();
+                while o < data.len() {
+                    match crate::record::parse(&data[o..]) {
+                        crate::record::Parse::Ok(r) => {
+                            let extra = match r.kind {
+                                crate::record::Kind::Ledger => {
+                                    format!("{:?}", crate::record::decode_ledger(r.data))
+                                }
+                                _ => String::new(),
+                            };
+                            recs.push(format!("{:?}{}@{o}{extra}", r.kind, r.seq));
+                            o += r.len;
+                        }
+                        crate::record::Parse::Bad => {
+                            let b = &data[o..];
+                            let hint = if b.len() >= 24 {
+                                format!(
+                                    "(kind {} len {} seq {})",
+                                    b[12],
+                                    u32::from_le_bytes(b[4..8].try_into().unwrap()),
+                                    u64::from_le_bytes(b[16..24].try_into().unwrap())
+                                )
+                            } else {
+                                String::new()
+                            };
+                            recs.push(format!("BAD@{o}..{}{hint}", data.len()));
+                            break;
+                        }
+                    }
+                }
+                eprintln!("   {}: {}", name.display(), recs.join(" "));
+            }
+        }
     }
 
     fn trace(&self, what: std::fmt::Arguments) {
@@ -277,7 +403,11 @@ impl Case {
     fn step(&mut self, stats: &mut Stats) {
         stats.ops += 1;
         if self.failed {
-            self.crash(stats);
+            if self.rng.chance(2) {
+                self.crash(stats);
+            } else {
+                self.roll_back(stats);
+            }
             return;
         }
         let r = self.rng.below(100);
@@ -329,6 +459,15 @@ impl Case {
                 stats.erases += erase as u64;
                 let r = self.s().remove(seq, erase);
                 self.trace(format_args!("remove {seq} erase {erase} => {r:?}"));
+                if erase && matches!(r, Err(StoreError::Io(_))) {
+                    self.maybe_synced = true;
+                }
+                if erase && r == Ok(true) {
+                    // An erase syncs (its tombstone goes first): everything so far is durable.
+                    self.synced = live(self.s());
+                    self.since.clear();
+                    self.synced_last = self.s().state().last_seq;
+                }
                 self.io(r);
             }
             62..=64 => {
@@ -402,6 +541,7 @@ fn run_case(seed: u64, stats: &mut Stats) {
     let cfg = FileStoreConfig {
         segment_size: 300 + rng.below(3000),
         write_buffer: rng.below(700) as usize,
+        ..Default::default()
     };
     let mut limits = Limits::default();
     if rng.chance(3) {
@@ -421,6 +561,9 @@ fn run_case(seed: u64, stats: &mut Stats) {
         synced: BTreeSet::new(),
         since: BTreeSet::new(),
         flipped: false,
+        lossy: false,
+        rep: RecoveryReport::default(),
+        maybe_synced: false,
         failed: false,
         seed,
         synced_last: 0,
@@ -453,6 +596,7 @@ fn acknowledged_messages_survive_power_failures() {
     // The workload must actually exercise the interesting paths.
     assert!(stats.crashes > cases && stats.clean_restarts > 0 && stats.syncs_ok > cases);
     assert!(stats.torn > 0 && stats.used_index > 0 && stats.flips > 0);
+    assert!(stats.rollbacks > 0 && stats.data_losses > 0 && stats.reported_losses > 0);
 }
 
 /// Sync-per-message on the simulator really fsyncs once per sync, and none in store_msg.

@@ -34,8 +34,12 @@ pub(crate) fn small() -> FileStoreConfig {
     FileStoreConfig {
         segment_size: 4096,
         write_buffer: 512,
+        ..Default::default()
     }
 }
+
+/// Bytes of the head slots every segment starts with.
+const HEAD: usize = crate::record::HEADS_LEN;
 
 fn open(dir: &Path, l: Limits) -> (FileStore, RecoveryReport) {
     FileStore::open_with(dir, l, small()).unwrap()
@@ -281,25 +285,34 @@ fn torn_tail_and_damage_in_the_middle() {
     s.crash();
     let seg = d.0.join("0000000001.seg");
     let mut bytes = std::fs::read(&seg).unwrap();
-    let rec = bytes.len() / 20;
+    let rec = (bytes.len() - HEAD) / 20;
     // Flip a payload bit of message 5 and chop the last record in half.
-    bytes[4 * rec + 45] ^= 0x10;
+    bytes[HEAD + 4 * rec + 45] ^= 0x10;
     bytes.truncate(bytes.len() - rec / 2);
     std::fs::write(&seg, &bytes).unwrap();
     let (mut s, rep) = open(&d.0, Limits::default());
+    // Damage with good records after it was fully written: lost, and copied aside.
     assert_eq!(rep.corrupt_records, 1);
-    assert_eq!(rep.corrupt_seqs, vec![5]);
+    assert_eq!(rep.lost, vec![(5, 5)]);
+    let q = rep.damaged[0].quarantine.clone().unwrap();
+    assert_eq!(std::fs::read(d.0.join(q)).unwrap().len(), rec);
+    // The cut end was written after the last sync known complete: torn, cut, and its
+    // sequence (handed out, as the head says) not reused.
     assert_eq!(rep.torn_bytes as usize, rec - rec / 2);
+    assert_eq!(rep.unacked, vec![(20, 20)]);
     let st = s.state();
-    assert_eq!((st.msgs, st.last_seq), (18, 19));
+    assert_eq!((st.msgs, st.last_seq), (18, 20));
     assert_eq!(st.lost.as_ref().unwrap().msgs, vec![5]);
     assert_eq!(s.load(5), Err(StoreError::NotFound));
     assert_eq!(s.load_next(5, ">").unwrap().seq, 6);
-    assert_eq!(put(&mut s, "a", b"new"), 20);
+    assert_eq!(put(&mut s, "a", b"new"), 21);
     s.sync().unwrap();
     s.crash();
-    let (s, _) = open(&d.0, Limits::default());
-    assert_eq!(s.load(20).unwrap().data, &b"new"[..]);
+    let (s, rep) = open(&d.0, Limits::default());
+    assert_eq!(s.load(21).unwrap().data, &b"new"[..]);
+    // Still reported, not quarantined twice.
+    assert_eq!(s.state().lost.unwrap().msgs, vec![5]);
+    assert!(rep.lost.is_empty(), "{rep:?}");
 }
 
 #[test]
@@ -313,15 +326,42 @@ fn damage_under_a_saved_index_is_caught_on_read() {
     drop(s);
     let seg = d.0.join("0000000001.seg");
     let mut bytes = std::fs::read(&seg).unwrap();
-    let rec = bytes.len() / 20;
-    bytes[2 * rec + 50] ^= 1;
+    let rec = (bytes.len() - HEAD) / 20;
+    bytes[HEAD + 2 * rec + 50] ^= 1;
     std::fs::write(&seg, &bytes).unwrap();
-    let (s, rep) = open(&d.0, Limits::default());
+    let (mut s, rep) = open(&d.0, Limits::default());
     assert!(rep.used_index);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    s.set_observer(Box::new(move |e| {
+        if let StoreEvent::ReadDamage(d) = e {
+            log.lock().unwrap().push((*d).clone());
+        }
+    }));
+    assert_eq!(s.state().msgs, 20);
     assert_eq!(s.load(3), Err(StoreError::NotFound));
     assert_eq!(s.load_next(2, "a").unwrap().seq, 2);
     assert_eq!(s.load_next(3, "a").unwrap().seq, 4);
-    assert_eq!(s.state().lost.unwrap().msgs, vec![3]);
+    // Out of the counts as soon as it is found, reported once, and copied aside.
+    let st = s.state();
+    assert_eq!((st.msgs, st.lost.unwrap().msgs), (19, vec![3]));
+    assert_eq!(s.num_pending(1, ">", false), 19);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].seq, 3);
+    let q = seen[0].quarantine.clone().unwrap();
+    assert_eq!(std::fs::read(d.0.join(q)).unwrap().len(), rec);
+    // The loss is durable however the next start happens.
+    s.sync().unwrap();
+    s.crash();
+    let (s, _) = open(&d.0, Limits::default());
+    let st = s.state();
+    assert_eq!((st.msgs, st.lost.unwrap().msgs), (19, vec![3]));
+    s.crash();
+    std::fs::remove_file(d.0.join("index.bin")).unwrap();
+    let (s, rep) = open(&d.0, Limits::default());
+    let st = s.state();
+    assert_eq!((st.msgs, st.lost.unwrap().msgs), (19, vec![3]), "{rep:?}");
 }
 
 #[test]
@@ -417,8 +457,29 @@ impl Where {
 fn run_ops(at: &Where, limits: Limits, ops: &[Op]) {
     let mut s = Some(at.open(limits.clone()).0);
     let mut m = Model::new(limits, file_msg_size);
+    // The model as of the last completed sync: what a rollback goes back to.
+    let mut synced = m.clone();
     for (i, op) in ops.iter().enumerate() {
-        if let Op::Reopen = op {
+        if let Op::Rollback = op {
+            let Where::Sim(fs) = at else { continue };
+            let st = s.as_mut().unwrap();
+            fs.fail_after(0);
+            let r = st.store_msg(b"a", b"", &[7u8; 600], 0);
+            let failed = matches!(r, Err(StoreError::Io(_))) || st.sync().is_err();
+            fs.heal();
+            if failed {
+                assert!(st.sync().is_err(), "the sync after a failure reports it");
+                // Back to the last completed sync, with the current limits applied again.
+                let mut back = synced.clone();
+                back.limits = Limits::default();
+                back.set_limits(m.limits.clone());
+                m = back;
+            } else if let Ok(seq) = r {
+                // Nothing failed (no write was due): the store took it, so does the model.
+                assert_eq!(m.store("a", b"", &[7u8; 600], 0), Ok(seq));
+            }
+            synced = m.clone();
+        } else if let Op::Reopen = op {
             let mut st = s.take().unwrap();
             if i % 2 == 0 {
                 st.close().unwrap();
@@ -434,8 +495,18 @@ fn run_ops(at: &Where, limits: Limits, ops: &[Op]) {
             }
             assert_eq!((rep.torn_bytes, rep.corrupt_records), (0, 0));
             s = Some(st);
+            synced = m.clone();
         } else {
+            // An erase syncs (its tombstone first) when it removes something.
+            let syncs = match op {
+                Op::Sync => true,
+                Op::Remove { seq, erase: true } => m.msgs.contains_key(seq),
+                _ => false,
+            };
             apply(s.as_mut().unwrap(), &mut m, op, i as u64);
+            if syncs {
+                synced = m.clone();
+            }
         }
         check_same(s.as_ref().unwrap(), &m, true);
     }
@@ -472,6 +543,7 @@ fn compare_mem_and_file(at: &Where, limits: Limits, ops: &[Op]) {
                 assert_eq!(f.set_limits(l.clone()), m.set_limits(l));
             }
             Op::Sync => f.sync().unwrap(),
+            Op::Rollback => {}
             Op::Reopen => {
                 let limits = f.core_limits();
                 f.close().unwrap();

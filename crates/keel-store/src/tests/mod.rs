@@ -1,6 +1,7 @@
 //! Tests shared by both stores.
 
 mod crash;
+mod faults;
 mod file_tests;
 pub(crate) mod model;
 pub(crate) mod semantics;

@@ -16,6 +16,7 @@ pub(crate) struct MMsg {
 }
 
 /// `size` is the store's accounting formula (file or memory).
+#[derive(Clone)]
 pub(crate) struct Model {
     pub msgs: BTreeMap<u64, MMsg>,
     pub first: u64,
@@ -331,6 +332,9 @@ pub(crate) enum Op {
     Sync,
     /// Close and reopen (file store only; a no-op elsewhere).
     Reopen,
+    /// Writes fail (a full disk), then space comes back and the next sync rolls back to
+    /// the last completed sync (file store on the simulator only; a no-op elsewhere).
+    Rollback,
 }
 
 pub(crate) const SUBJECTS: &[&str] = &["a", "b", "a.x", "a.y", "b.x", "c.d.e", "foo.bar.baz"];
@@ -410,6 +414,7 @@ pub(crate) fn arb_op(with_bytes_limit: bool) -> impl Strategy<Value = Op> {
         1 => limits.prop_map(Op::SetLimits),
         2 => Just(Op::Sync),
         1 => Just(Op::Reopen),
+        1 => Just(Op::Rollback),
     ]
 }
 
@@ -498,6 +503,6 @@ pub(crate) fn apply(s: &mut dyn Store, m: &mut Model, op: &Op, step: u64) {
             m.set_limits(l.clone());
         }
         Op::Sync => s.sync().unwrap(),
-        Op::Reopen => {}
+        Op::Reopen | Op::Rollback => {}
     }
 }

@@ -73,6 +73,8 @@ struct Sim {
     /// Operations left before every operation fails (until the next crash).
     fail_in: Option<u64>,
     pub syncs: u64,
+    handles: u64,
+    max_handles: u64,
 }
 
 impl Sim {
@@ -106,12 +108,59 @@ impl SimFs {
             rng: Rng(seed ^ 0x5EED),
             fail_in: None,
             syncs: 0,
+            handles: 0,
+            max_handles: 0,
         })))
     }
 
-    /// Every operation after the next `n` fails until the next crash.
+    /// Every operation after the next `n` fails until the next crash (or `heal`).
     pub fn fail_after(&self, n: u64) {
         self.0.lock().unwrap().fail_in = Some(n);
+    }
+
+    /// Operations work again (a full disk got space back).
+    pub fn heal(&self) {
+        self.0.lock().unwrap().fail_in = None;
+    }
+
+    /// Test helper: the durable content of `path` loses everything from `len` on (a disk
+    /// or a restore that lost synced data).
+    pub fn chop(&self, path: &Path, len: usize) {
+        let mut s = self.0.lock().unwrap();
+        if let Some(&ino) = s.live.get(path) {
+            let i = s.inodes.get_mut(&ino).unwrap();
+            i.synced.truncate(len);
+            i.data.truncate(len);
+        }
+    }
+
+    /// Test helper: `path` is gone for good.
+    pub fn lose(&self, path: &Path) {
+        let mut s = self.0.lock().unwrap();
+        s.live.remove(path);
+        s.durable.remove(path);
+    }
+
+    /// Test helper: overwrites durable bytes of `path` at `off`.
+    pub fn scribble(&self, path: &Path, off: usize, bytes: &[u8]) {
+        let mut s = self.0.lock().unwrap();
+        if let Some(&ino) = s.live.get(path) {
+            let i = s.inodes.get_mut(&ino).unwrap();
+            for (k, b) in bytes.iter().enumerate() {
+                if let Some(x) = i.synced.get_mut(off + k) {
+                    *x = *b;
+                }
+                if let Some(x) = i.data.get_mut(off + k) {
+                    *x = *b;
+                }
+            }
+        }
+    }
+
+    /// File handles open now, and the most open at once (for the descriptor bound).
+    pub fn handles(&self) -> (u64, u64) {
+        let s = self.0.lock().unwrap();
+        (s.handles, s.max_handles)
     }
 
     pub fn syncs(&self) -> u64 {
@@ -124,7 +173,19 @@ impl SimFs {
         let s = &mut *s;
         s.gen += 1;
         s.fail_in = None;
-        for ino in s.inodes.values_mut() {
+        let trace = std::env::var_os("KEEL_SIM_TRACE").is_some();
+        for (num, ino) in s.inodes.iter_mut() {
+            if trace && !ino.pending.is_empty() {
+                let ops: Vec<String> = ino
+                    .pending
+                    .iter()
+                    .map(|p| match p {
+                        Pending::Write(o, b) => format!("w{o}+{}", b.len()),
+                        Pending::Truncate(l) => format!("t{l}"),
+                    })
+                    .collect();
+                eprintln!("   inode {num} pending: {}", ops.join(" "));
+            }
             let n = ino.pending.len() as u64;
             let k = s.rng.below(n + 1) as usize;
             let tear = k > 0 && s.rng.chance(3);
@@ -210,6 +271,14 @@ impl SimFile {
     }
 }
 
+impl Drop for SimFile {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.sim.lock() {
+            s.handles -= 1;
+        }
+    }
+}
+
 impl FsFile for SimFile {
     fn len(&self) -> io::Result<u64> {
         self.with(|s, ino| Ok(s.inodes[&ino].data.len() as u64))
@@ -283,6 +352,8 @@ impl Fs for SimFs {
             }
             None => return Err(io::Error::new(io::ErrorKind::NotFound, "no such file")),
         };
+        s.handles += 1;
+        s.max_handles = s.max_handles.max(s.handles);
         Ok(Box::new(SimFile {
             sim: self.0.clone(),
             ino,
