@@ -47,6 +47,9 @@ pub struct Opts {
     /// `jetstream { sync_interval }`: None (the default, `always`) syncs before every ack;
     /// a duration acknowledges at once and syncs on that interval (the reference's mode).
     pub sync_interval: Option<Duration>,
+    /// `jetstream { index_cache_size }`: memory for file streams' message index entries
+    /// read from disk, shared by all streams (keel's own key; default 64 MiB).
+    pub index_cache_size: Option<i64>,
     /// `jetstream { strict }`: refuse API requests with fields the reference does not know
     /// (the reference's default, true) or decode them ignoring those fields.
     pub jetstream_strict: bool,
@@ -87,6 +90,7 @@ impl Default for Opts {
             max_memory_store: None,
             max_file_store: None,
             sync_interval: None,
+            index_cache_size: None,
             jetstream_strict: true,
             jetstream_domain: None,
             debug: false,
@@ -142,7 +146,7 @@ Config file keys: port, listen, host, server_name, http_port, http, max_payload,
 max_connections, max_pending, ping_interval, ping_max, write_deadline, lame_duck_duration,
 lame_duck_grace_period, max_closed_clients, http_dashboard, debug, trace, logtime,
 log_file, pid_file, store_dir, jetstream { store_dir, max_memory_store, max_file_store,
-sync_interval, strict, domain, enabled }.
+sync_interval, index_cache_size, strict, domain, enabled }.
 Other nats-server flags and keys are refused as not supported yet.
 ";
 
@@ -561,6 +565,13 @@ fn apply_jetstream(opts: &mut Opts, key: &str, v: &Value) -> Result<(), String> 
                         opts.max_file_store = Some(v.as_size().map_err(|e| format!("{k}: {e}"))?)
                     }
                     "enabled" => opts.jetstream = boolean(k, v)?,
+                    "index_cache_size" => {
+                        let n = v.as_size().map_err(|e| format!("{k}: {e}"))?;
+                        if n < 0 {
+                            return Err(format!("{k}: must not be negative"));
+                        }
+                        opts.index_cache_size = Some(n);
+                    }
                     "sync_interval" | "sync" => {
                         opts.sync_interval = match v {
                             Value::Str(s) if s.eq_ignore_ascii_case("always") => None,

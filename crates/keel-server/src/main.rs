@@ -99,6 +99,10 @@ async fn run(opts: config::Opts) -> ExitCode {
                 info!("  Max Memory:      {}", limit(js.max_memory));
                 info!("  Max Storage:     {}", limit(js.max_store));
                 info!(
+                    "  Index Cache:     {}",
+                    friendly_bytes(keel_store::IndexCache::global().budget() as i64)
+                );
+                info!(
                     "  Store Directory: \"{}\"",
                     js.store_dir.join("jetstream").display()
                 );

@@ -166,6 +166,28 @@ pub trait Store: Send {
     /// (no I/O), or None if it is not stored. Lets the server rebuild its duplicate-window
     /// map at startup without reading every message.
     fn peek(&self, seq: u64) -> Option<(i64, bool)>;
+    /// The newest message below `before` that has headers, with its timestamp, looking no
+    /// further back than the first message older than `min_ts`. Lets the server rebuild its
+    /// duplicate window without visiting every message of a long stream.
+    fn prev_with_headers(&self, before: u64, min_ts: i64) -> Option<(u64, i64)> {
+        let st = self.state();
+        let mut seq = before.min(st.last_seq.saturating_add(1));
+        while seq > st.first_seq.max(1) {
+            seq -= 1;
+            match self.peek(seq) {
+                Some((ts, _)) if ts < min_ts => return None,
+                Some((ts, true)) => return Some((seq, ts)),
+                _ => {}
+            }
+        }
+        None
+    }
+    /// The first message at or after `from` that has headers.
+    fn next_with_headers(&self, from: u64) -> Option<u64> {
+        let st = self.state();
+        (from.max(st.first_seq).max(1)..=st.last_seq)
+            .find(|&q| matches!(self.peek(q), Some((_, true))))
+    }
 
     /// Removes one message; `erase` also overwrites its bytes on disk. Ok(false) if absent.
     fn remove(&mut self, seq: u64, erase: bool) -> Result<bool>;
@@ -217,6 +239,7 @@ pub fn filter_matches(filter: &str, subject: &[u8]) -> bool {
     is_all(filter) || keel_protocol::subject::matches(filter.as_bytes(), subject)
 }
 
+mod cache;
 pub mod file;
 mod handles;
 mod index;
@@ -226,7 +249,9 @@ pub mod mem;
 pub mod meta;
 mod ranges;
 mod record;
+mod segtable;
 
+pub use cache::{IndexCache, IndexCacheStats, DEFAULT_INDEX_CACHE};
 pub use file::{
     DamagedData, FileStore, FileStoreConfig, ReadDamage, RecoveryReport, StoreEvent, TornWrite,
 };

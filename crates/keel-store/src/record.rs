@@ -165,12 +165,16 @@ pub(crate) fn claimed_seq(b: &[u8]) -> Option<u64> {
 }
 
 /// Does the damaged stretch `b` consist exactly of message records whose headers are
-/// intact and whose sequences were removed? That is what interrupted in-place erases
-/// leave (the header survives, the payload and checksum do not).
+/// intact and whose sequences were removed, possibly followed by zeros (the free space of
+/// a preallocated file)? That is what interrupted in-place erases leave (the header
+/// survives, the payload and checksum do not).
 pub(crate) fn only_torn_erases(b: &[u8], removed: impl Fn(u64) -> bool) -> bool {
     let mut o = 0;
     while o < b.len() {
         let r = &b[o..];
+        if r.iter().all(|&x| x == 0) {
+            return o > 0;
+        }
         if r.len() < HDR || r[0..4] != MAGIC || !matches!(r[12], 1 | 4) {
             return false;
         }

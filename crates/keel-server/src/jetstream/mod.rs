@@ -80,6 +80,11 @@ impl JetStream {
             .max_file_store
             .filter(|m| *m >= 0)
             .unwrap_or_else(|| crate::monitor::proc::default_max_store(&store_dir));
+        // One budget for every file stream's index entries read from disk.
+        let cache = opts
+            .index_cache_size
+            .map_or(keel_store::DEFAULT_INDEX_CACHE, |n| n as usize);
+        keel_store::IndexCache::global().set_budget(cache);
         let js = Arc::new(JetStream {
             streams_dir,
             store_dir,

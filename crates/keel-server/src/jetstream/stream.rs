@@ -818,11 +818,9 @@ impl StreamInner {
         if !self.config.allow_msg_ttl {
             return;
         }
-        let state = self.store.state();
-        for seq in state.first_seq.max(1)..=state.last_seq {
-            if !matches!(self.store.peek(seq), Some((_, true))) {
-                continue;
-            }
+        let mut at = self.store.state().first_seq.max(1);
+        while let Some(seq) = self.store.next_with_headers(at) {
+            at = seq + 1;
             if let Ok(m) = self.store.load(seq) {
                 if let Some(secs) = headers::get_str(&m.hdr, "Nats-TTL").and_then(parse_ttl) {
                     if secs > 0 {
@@ -833,24 +831,17 @@ impl StreamInner {
         }
     }
 
-    /// Rebuilds the duplicate-window map from the newest messages after a restart.
+    /// Rebuilds the duplicate-window map from the newest messages after a restart. The
+    /// store skips what has no headers (no `Nats-Msg-Id`) without reading it, so a long
+    /// stream published within the window costs what its messages with headers cost.
     fn rebuild_dedup(&mut self) {
         let state = self.store.state();
         let window = self.config.duplicate_window;
-        let now = now_nanos();
-        let mut seq = state.last_seq;
+        let min_ts = now_nanos().saturating_sub(window);
+        let mut before = state.last_seq.saturating_add(1);
         let mut found = vec![];
-        while seq >= state.first_seq && seq > 0 {
-            // The index tells age and whether there are headers without reading the
-            // message; only messages that can carry a Nats-Msg-Id are read.
-            match self.store.peek(seq) {
-                Some((ts, _)) if now - ts > window => break,
-                Some((_, true)) => {}
-                _ => {
-                    seq -= 1;
-                    continue;
-                }
-            }
+        while let Some((seq, _)) = self.store.prev_with_headers(before, min_ts) {
+            before = seq;
             if let Ok(m) = self.store.load(seq) {
                 if let Some(id) = headers::get_str(&m.hdr, "Nats-Msg-Id") {
                     found.push((m.ts, id.to_string(), m.seq));
@@ -861,7 +852,6 @@ impl StreamInner {
                         .to_string();
                 }
             }
-            seq -= 1;
         }
         for (ts, id, seq) in found.into_iter().rev() {
             self.dedup.insert(id, seq, ts);

@@ -106,6 +106,9 @@ impl Case {
             }
         };
         self.trace(format_args!("opened {rep:?}"));
+        if std::env::var_os("KEEL_SIM_TRACE").is_some() {
+            eprintln!("{}deleted {:?}", s.dump(), s.deleted());
+        }
         stats.used_index += rep.used_index as u64;
         stats.torn += (rep.torn_bytes > 0) as u64;
         stats.corrupt += rep.corrupt_records;
@@ -381,7 +384,18 @@ impl Case {
                                 String::new()
                             };
                             recs.push(format!("BAD@{o}..{}{hint}", data.len()));
-                            break;
+                            match crate::record::resync(&data, o + 1) {
+                                Some(n) => {
+                                    o = n;
+                                    continue;
+                                }
+                                None => {
+                                    let nz =
+                                        data.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+                                    recs.push(format!("(nonzero to {nz})"));
+                                    break;
+                                }
+                            }
                         }
                     }
                 }
