@@ -191,8 +191,14 @@ pub struct FileStore {
     observer: Option<Observer>,
 }
 
-/// How far ahead of its records a segment file is allocated.
+/// How far ahead of its records a segment file is allocated: as much again as it holds,
+/// from 4 KiB to 1 MiB, so a small stream wastes little and a busy one changes its file's
+/// size (which costs the next fdatasync a metadata commit) about once per MiB.
 const PREALLOC: u64 = 1 << 20;
+
+fn prealloc_step(len: u64) -> u64 {
+    len.clamp(4 << 10, PREALLOC)
+}
 
 /// The whole-store index of earlier versions (replaced by per-segment index files).
 const LEGACY_INDEX: &str = "index.bin";
@@ -374,7 +380,7 @@ impl FileStore {
         // is not an error: the write below extends the file (or fails) on its own.
         let mut alloc = alloc;
         if self.cfg.preallocate && end > alloc && end < self.cfg.segment_size {
-            let want = self.cfg.segment_size.min(end + PREALLOC);
+            let want = self.cfg.segment_size.min(end + prealloc_step(end));
             if self.with_file(id, |f| f.allocate(want)).is_ok() {
                 alloc = want;
             }
@@ -481,7 +487,10 @@ impl FileStore {
         let h = record::encode_head(&self.head_for(seg.created, seg.proven_len));
         file.write_at(&[&h[..], &h[..]].concat(), 0)?;
         seg.alloc = HEADS_LEN as u64;
-        let want = self.cfg.segment_size.min(HEADS_LEN as u64 + PREALLOC);
+        let want = self
+            .cfg
+            .segment_size
+            .min(HEADS_LEN as u64 + prealloc_step(0));
         if self.cfg.preallocate && file.allocate(want).is_ok() {
             seg.alloc = want;
         }
@@ -659,6 +668,18 @@ impl FileStore {
 
     fn do_sync(&mut self) -> io::Result<()> {
         self.settle_missing();
+        // A large active segment whose messages are all gone (a consumed work queue) is
+        // sealed, so that it can go now instead of staying until it fills.
+        let (live, len) = self
+            .core
+            .get_mut()
+            .slots
+            .segs
+            .last()
+            .map_or((1, 0), |s| (s.ix.live, s.flushed + self.wbuf.len() as u64));
+        if live == 0 && len > self.cfg.segment_size / 2 {
+            self.roll()?;
+        }
         // Deletion candidates: emptied, still empty, and not the active segment (which
         // stays a candidate until a newer one takes over).
         let active = self.core.get_mut().slots.segs.last().map(|s| s.id);
@@ -709,7 +730,7 @@ impl FileStore {
                     {
                         if seq < first
                             && seq >= self.marker
-                            && self.t().seg_of(seq).is_some()
+                            && self.t().has_record(seq)
                             && self.t().get(seq).is_none()
                         {
                             again.push((seq, ts, subj, rlen));
@@ -1036,6 +1057,7 @@ impl FileStore {
             }
         }
         self.core.get_mut().slots.mark_erased(i, seq);
+        self.segs()[i].erases += 1;
         self.mark_dirty(i);
         Ok(())
     }
@@ -1066,6 +1088,342 @@ impl FileStore {
         let r = t.write_idx(n - 1).map(|_| ());
         t.closed_at = None;
         r
+    }
+}
+
+// ---- compaction -----------------------------------------------------------------------
+
+/// A segment is rewritten once at least this share of its bytes is dead...
+const COMPACT_WASTE: u64 = 3;
+/// ...and at least this many bytes (or a quarter of a segment, if smaller).
+const COMPACT_MIN: u64 = 256 << 10;
+
+fn cmp_name(id: u32) -> String {
+    format!("{id:010}.cmp")
+}
+
+/// A compaction planned under the store's lock, to run without it ([`CompactJob::run`])
+/// and be put in place with [`FileStore::compact_end`]. It rewrites one sealed segment
+/// with only its live messages (and the tombstones, marker and ledger still needed), led
+/// by a claim record saying which sequences of the segment's range it holds, into a new
+/// file that is fsynced and then renamed over the old one: a power failure at any point
+/// leaves either segment, each complete on its own.
+pub struct CompactJob {
+    fs: Arc<dyn Fs>,
+    dir: PathBuf,
+    id: u32,
+    uid: u64,
+    erases: u32,
+    old_len: u64,
+    /// Heads, claim and other records, written first.
+    prefix: Vec<u8>,
+    /// Records to copy: (sequence, offset, length).
+    copy: Vec<(u64, u32, u32)>,
+    /// The new file's other records and newest ledger record, for its summary.
+    others: Vec<Other>,
+    ledger: Option<(u64, Vec<u8>)>,
+}
+
+/// What running a [`CompactJob`] produced.
+pub struct CompactDone {
+    id: u32,
+    uid: u64,
+    erases: u32,
+    old_len: u64,
+    seqs: Vec<u64>,
+    others: Vec<Other>,
+    ledger: Option<(u64, Vec<u8>)>,
+    #[allow(clippy::type_complexity)]
+    result: io::Result<(u64, Vec<u32>, Option<(u64, u32)>)>,
+}
+
+impl CompactJob {
+    /// The segment being compacted.
+    pub fn segment(&self) -> u32 {
+        self.id
+    }
+
+    /// Writes the new segment and fsyncs it. Takes no lock and touches nothing the store
+    /// uses (the old segment is sealed; it is only read).
+    pub fn run(self) -> CompactDone {
+        let result = self.write();
+        CompactDone {
+            id: self.id,
+            uid: self.uid,
+            erases: self.erases,
+            old_len: self.old_len,
+            seqs: self.copy.iter().map(|c| c.0).collect(),
+            others: self.others,
+            ledger: self.ledger,
+            result,
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn write(&self) -> io::Result<(u64, Vec<u32>, Option<(u64, u32)>)> {
+        let old = self.fs.open(&self.dir.join(seg_name(self.id)), false)?;
+        let tmp = self.dir.join(cmp_name(self.id));
+        let mut out = self.fs.open(&tmp, true)?;
+        out.truncate(0)?;
+        let mut buf = self.prefix.clone();
+        let mut at = 0u64;
+        let mut offs = Vec::with_capacity(self.copy.len());
+        let mut last = None;
+        // The old records are read in large sequential pieces, not one read each.
+        let mut win: Vec<u8> = Vec::new();
+        let mut win_at = 0u64;
+        for &(seq, off, len) in &self.copy {
+            let (off, len) = (off as u64, (len & !HDR_FLAG) as u64);
+            if off < win_at || off + len > win_at + win.len() as u64 {
+                win_at = off;
+                let n = len
+                    .max(1 << 20)
+                    .min(self.old_len.saturating_sub(off).max(len));
+                win.resize(n as usize, 0);
+                old.read_at(&mut win, off)?;
+            }
+            let rec = &win[(off - win_at) as usize..(off - win_at + len) as usize];
+            match record::parse(rec) {
+                Parse::Ok(r) if r.kind == Kind::Msg && r.seq == seq && r.len as u64 == len => {
+                    let new_off = at + buf.len() as u64;
+                    offs.push(new_off as u32);
+                    last = Some((new_off, r.crc));
+                    buf.extend_from_slice(rec);
+                }
+                // Damage is for the read path to find and report; leave this segment be.
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("record {seq} does not verify"),
+                    ))
+                }
+            }
+            if buf.len() >= 1 << 20 {
+                out.write_at(&buf, at)?;
+                at += buf.len() as u64;
+                buf.clear();
+            }
+        }
+        out.write_at(&buf, at)?;
+        at += buf.len() as u64;
+        out.sync()?;
+        Ok((at, offs, last))
+    }
+}
+
+impl FileStore {
+    /// Plans the compaction of the sealed segment with the most dead bytes, if one is
+    /// worth it. Run the job off the lock, then hand the result to [`compact_end`].
+    ///
+    /// Whatever the store wrote is synced first: a compaction only drops messages whose
+    /// removal is durable (a rollback after a failed write must not find one gone).
+    pub fn compact_begin(&mut self) -> Option<CompactJob> {
+        if self.closed || self.failed.is_some() {
+            return None;
+        }
+        // Cheap when nothing is pending: no write, no fsync.
+        if self.sync().is_err() {
+            return None;
+        }
+        let n = self.nsegs();
+        let min = COMPACT_MIN.min(self.cfg.segment_size / 4);
+        let mut best: Option<(u64, usize)> = None;
+        for i in 0..n.saturating_sub(1) {
+            let s = &self.segs()[i];
+            if s.dirty || s.ix.live == 0 || !s.head || s.ix.no_compact {
+                continue;
+            }
+            let used = HEADS_LEN as u64 + s.ix.live_bytes + 10 * s.ix.live as u64;
+            let waste = s.flushed.saturating_sub(used);
+            if waste >= min
+                && waste * COMPACT_WASTE >= s.flushed
+                && best.is_none_or(|b| waste > b.0)
+            {
+                best = Some((waste, i));
+            }
+        }
+        let (_, i) = best?;
+        let marker = self.marker;
+        let (last_seq, last_ts) = {
+            let c = self.core.get_mut();
+            (c.last_seq, c.last_ts)
+        };
+        let t = &mut self.core.get_mut().slots;
+        let entries: Vec<_> = t.entries(i).to_vec();
+        let copy: Vec<(u64, u32, u32)> = entries
+            .iter()
+            .filter(|e| t.live_entry(i, e))
+            .map(|e| (e.seq, e.off, e.len))
+            .collect();
+        let s = &t.segs[i];
+        let (id, lo, hi, old_len) = (s.id, s.first, s.last, s.flushed);
+        let (others, ledger) = (s.ix.others.clone().unwrap_or_default(), s.ix.ledger.clone());
+        // The claim: which sequences of the range the new file holds.
+        let mut bits = vec![0u8; ((hi - lo) / 8 + 1) as usize];
+        for &(q, _, _) in &copy {
+            let b = q - lo;
+            bits[(b / 8) as usize] |= 1 << (b % 8);
+        }
+        let mut recs = Vec::new();
+        record::encode(
+            &mut recs,
+            Kind::Claim,
+            lo,
+            0,
+            b"",
+            b"",
+            &record::encode_claim(hi, &bits),
+        );
+        let mut kept = vec![Other::Claim { lo, hi, bits }];
+        // Tombstones still needed (their records are in older segments), the highest
+        // marker, the newest ledger.
+        let mut max_marker: Option<(u64, i64, Option<u64>)> = None;
+        for o in others {
+            match o {
+                Other::Tomb {
+                    seq,
+                    ts,
+                    subj,
+                    rlen,
+                } => {
+                    if seq < lo && seq >= marker && t.has_record(seq) && t.get(seq).is_none() {
+                        let body = rlen.to_le_bytes();
+                        let data: &[u8] = if rlen == 0 { &[] } else { &body };
+                        record::encode(&mut recs, Kind::Tomb, seq, ts, &subj, b"", data);
+                        kept.push(Other::Tomb {
+                            seq,
+                            ts,
+                            subj,
+                            rlen,
+                        });
+                    }
+                }
+                Other::Marker { seq, ts, last } => {
+                    if max_marker.is_none_or(|m| seq >= m.0) {
+                        max_marker = Some((seq, ts, last));
+                    }
+                }
+                Other::Erased { .. } | Other::Claim { .. } => {}
+            }
+        }
+        if let Some((m, ts, last)) = max_marker {
+            let body = last.map(|l| l.to_le_bytes().to_vec()).unwrap_or_default();
+            record::encode(&mut recs, Kind::Marker, m, ts, b"", b"", &body);
+            kept.push(Other::Marker { seq: m, ts, last });
+        }
+        let mut new_ledger = None;
+        if let Some((_, d)) = &ledger {
+            new_ledger = Some((HEADS_LEN as u64 + recs.len() as u64, d.clone()));
+            record::encode(&mut recs, Kind::Ledger, 0, 0, b"", b"", d);
+        }
+        let body: u64 = copy.iter().map(|c| (c.2 & !HDR_FLAG) as u64).sum();
+        let new_len = HEADS_LEN as u64 + recs.len() as u64 + body;
+        let head = record::encode_head(&Head {
+            pending: last_seq,
+            ts: last_ts,
+            created: self.syncs_done,
+            synced: self.syncs_done,
+            synced_seq: self.proven_seq,
+            synced_len: new_len,
+        });
+        let mut prefix = Vec::with_capacity(HEADS_LEN + recs.len());
+        prefix.extend_from_slice(&head);
+        prefix.extend_from_slice(&head);
+        prefix.extend_from_slice(&recs);
+        let s = &self.segs()[i];
+        let (uid, erases) = (s.ix.uid, s.erases);
+        Some(CompactJob {
+            fs: self.fs.clone(),
+            dir: self.dir.clone(),
+            id,
+            uid,
+            erases,
+            old_len,
+            prefix,
+            copy,
+            others: kept,
+            ledger: new_ledger,
+        })
+    }
+
+    /// Puts a compaction's new segment in place, if the segment did not change meanwhile.
+    /// Returns the bytes it gave back.
+    pub fn compact_end(&mut self, done: CompactDone) -> Result<u64> {
+        let tmp = self.path(&cmp_name(done.id));
+        let i = self.seg_by_id(done.id).filter(|&i| {
+            let s = &self.core.get_mut().slots.segs[i];
+            s.ix.uid == done.uid && s.erases == done.erases && !s.dirty
+        });
+        if done
+            .result
+            .as_ref()
+            .is_err_and(|e| e.kind() == io::ErrorKind::InvalidData)
+        {
+            if let Some(i) = i {
+                self.core.get_mut().slots.segs[i].ix.no_compact = true;
+            }
+        }
+        let (Some(i), Ok((new_len, offs, last_rec))) = (i, done.result) else {
+            let _ = self.fs.remove(&tmp);
+            // The segment stays as it is; its entries leave memory again.
+            if let Some(i) = self.seg_by_id(done.id) {
+                if i + 1 < self.nsegs() {
+                    self.core.get_mut().slots.seal(i);
+                }
+            }
+            return Ok(0);
+        };
+        let id = done.id;
+        if let Err(e) = self.fs.rename(&tmp, &self.path(&seg_name(id))) {
+            let _ = self.fs.remove(&tmp);
+            return Err(e.into());
+        }
+        // The old file's descriptor must not be used again.
+        self.files.get_mut().forget(id);
+        self.dir_dirty = true;
+        let t = &mut self.core.get_mut().slots;
+        let old: Vec<_> = t.entries(i).to_vec();
+        let mut kept = Vec::with_capacity(offs.len());
+        let mut k = 0;
+        for e in old {
+            if k < done.seqs.len() && e.seq == done.seqs[k] {
+                let mut e = e;
+                e.off = offs[k];
+                kept.push(e);
+                k += 1;
+            }
+        }
+        t.rewrite(i, kept, done.others, done.ledger);
+        let created = self.syncs_done;
+        let s = &mut self.segs()[i];
+        s.flushed = new_len;
+        s.alloc = new_len;
+        s.done_len = Some(new_len);
+        s.proven_len = new_len;
+        s.last_rec = last_rec;
+        s.head = true;
+        s.created = created;
+        s.next_slot = 0;
+        self.core.get_mut().slots.seal(i);
+        Ok(done.old_len.saturating_sub(new_len))
+    }
+
+    /// Compacts every segment worth it, here and now (tests, tools).
+    pub fn compact_now(&mut self) -> Result<u64> {
+        let mut freed = 0;
+        while let Some(job) = self.compact_begin() {
+            let id = job.segment();
+            freed += self.compact_end(job.run())?;
+            // A segment that could not be rewritten is not planned again at once.
+            if self
+                .t()
+                .seg_by_id(id)
+                .is_some_and(|i| self.t().segs[i].ix.idx_dirty)
+            {
+                break;
+            }
+        }
+        Ok(freed)
     }
 }
 
@@ -1273,6 +1631,14 @@ impl Store for FileStore {
         Ok(())
     }
 
+    fn compact_begin(&mut self) -> Option<CompactJob> {
+        FileStore::compact_begin(self)
+    }
+
+    fn compact_end(&mut self, done: CompactDone) -> Result<u64> {
+        FileStore::compact_end(self, done)
+    }
+
     fn destroy(mut self: Box<Self>) -> Result<()> {
         self.closed = true;
         self.files.get_mut().clear();
@@ -1301,6 +1667,8 @@ struct Replay {
     /// The newest ledger record: each holds the whole ledger.
     ledger: Option<Ledger>,
     records: u64,
+    /// Sequences compactions' claims say were removed.
+    compacted: Ranges,
 }
 
 /// What scanning one segment found besides records: damaged stretches followed by valid
@@ -1407,6 +1775,30 @@ impl Replay {
         self.core.removed.clear();
     }
 
+    /// A compaction's claim: its range belongs to this segment, and what the bitmap does
+    /// not hold was removed.
+    fn apply_claim(&mut self, lo: u64, hi: u64, bits: &[u8]) {
+        let s = self.cur();
+        s.note_msg(lo);
+        s.note_msg(hi);
+        let mut run: Option<u64> = None;
+        for q in lo..=hi.saturating_add(1) {
+            let b = q - lo;
+            let gone = q <= hi
+                && bits
+                    .get((b / 8) as usize)
+                    .is_some_and(|x| x >> (b % 8) & 1 == 0);
+            match (gone, run) {
+                (true, None) => run = Some(q),
+                (false, Some(a)) => {
+                    self.compacted.insert(a, q - 1);
+                    run = None;
+                }
+                _ => {}
+            }
+        }
+    }
+
     fn apply(&mut self, r: &record::Rec, off: usize) {
         if r.kind == Kind::Head {
             // Only meaningful at offset 0, which is read separately.
@@ -1472,6 +1864,16 @@ impl Replay {
                     self.core.slots.note_ledger(off as u64, r.data.to_vec());
                 }
             }
+            Kind::Claim => {
+                if let Some((hi, bits)) = record::decode_claim(r.seq, r.data) {
+                    self.core.slots.note_other(Other::Claim {
+                        lo: r.seq,
+                        hi,
+                        bits: bits.to_vec(),
+                    });
+                    self.apply_claim(r.seq, hi, bits);
+                }
+            }
             Kind::Head => {}
         }
         self.core.removed.clear();
@@ -1523,6 +1925,7 @@ impl Replay {
                         self.max_msg.0 = *seq;
                     }
                 }
+                Other::Claim { lo, hi, bits } => self.apply_claim(*lo, *hi, bits),
             }
         }
         if let Some((_, d)) = &sum.ledger {
@@ -1673,6 +2076,10 @@ fn recover(
                 let _ = fs.remove(&dir.join(n));
             }
         }
+        // A compaction that never got renamed into place.
+        if n.ends_with(".cmp") {
+            let _ = fs.remove(&dir.join(n));
+        }
     }
     let seg_path = |id: u32| dir.join(seg_name(id));
     let mut files = Handles::new(cfg.max_open_files);
@@ -1742,6 +2149,7 @@ fn recover(
         lost_bytes: 0,
         ledger: None,
         records: 0,
+        compacted: Ranges::default(),
     };
     // What the index files written at a clean close say was durable.
     let mut closed_last: Option<(u64, i64)> = None;
@@ -2054,6 +2462,7 @@ fn recover(
         }
         acc.union(&rp.gone);
         acc.union(&lost);
+        acc.union(&rp.compacted);
         for (a, b) in rp.core.slots.holes(from, ls) {
             for (x, y) in acc.gaps(a, b) {
                 let mut missing = Vec::new();

@@ -208,6 +208,16 @@ pub trait Store: Send {
     /// how many distinct subjects have their last message at or after `start`.
     fn num_pending(&self, start: u64, filter: &str, last_per_subject: bool) -> u64;
 
+    /// Plans a compaction (a file store rewriting a segment without its removed messages),
+    /// to run off the caller's lock: `compact_end(job.run())`. Syncs pending writes first.
+    fn compact_begin(&mut self) -> Option<file::CompactJob> {
+        None
+    }
+    /// Puts a finished compaction in place; returns the bytes given back.
+    fn compact_end(&mut self, _done: file::CompactDone) -> Result<u64> {
+        Ok(0)
+    }
+
     /// Writes what a fast restart needs (the index) and closes files. Also called on drop
     /// where possible.
     fn close(&mut self) -> Result<()>;
@@ -253,7 +263,8 @@ mod segtable;
 
 pub use cache::{IndexCache, IndexCacheStats, DEFAULT_INDEX_CACHE};
 pub use file::{
-    DamagedData, FileStore, FileStoreConfig, ReadDamage, RecoveryReport, StoreEvent, TornWrite,
+    CompactDone, CompactJob, DamagedData, FileStore, FileStoreConfig, ReadDamage, RecoveryReport,
+    StoreEvent, TornWrite,
 };
 pub use lock::{lock_dir, DirLock};
 pub use mem::MemStore;

@@ -102,6 +102,13 @@ pub(crate) enum Other {
     Erased {
         seq: u64,
     },
+    /// A compaction's claim: the messages of `lo..=hi` whose bit is set were kept, the
+    /// rest were removed.
+    Claim {
+        lo: u64,
+        hi: u64,
+        bits: Vec<u8>,
+    },
 }
 
 /// Subject names of a segment whose entries are in memory, by local id.
@@ -174,6 +181,11 @@ pub(crate) struct SegIx {
     pub ext_tombs: u32,
     /// The index file must be (re)written from `mem`.
     pub idx_dirty: bool,
+    /// A compaction rewrote the segment: a sequence of its range without an entry has no
+    /// bytes left anywhere (its claim says it was removed).
+    pub claimed: bool,
+    /// A compaction of it failed (a record did not verify): not planned again.
+    pub no_compact: bool,
 }
 
 impl SegIx {
@@ -363,6 +375,8 @@ pub(crate) struct Seg {
     pub proven_len: u64,
     /// Head slot (0 or 1) the next head rewrite goes to.
     pub next_slot: u8,
+    /// Records overwritten in place so far (a compaction planned before one is void).
+    pub erases: u32,
     pub ix: SegIx,
 }
 
@@ -381,6 +395,7 @@ impl Seg {
             done_len: None,
             proven_len: 0,
             next_slot: 0,
+            erases: 0,
             ix: SegIx {
                 uid: next_uid(),
                 dense: true,
@@ -814,7 +829,7 @@ impl FileTable {
         }
     }
 
-    fn live_entry(&self, si: usize, e: &Entry) -> bool {
+    pub fn live_entry(&self, si: usize, e: &Entry) -> bool {
         e.len != 0 && e.subj != NO_SUBJ && !self.segs[si].ix.is_dead(e.seq)
     }
 
@@ -838,6 +853,67 @@ impl FileTable {
                 len: e.len,
             },
         ))
+    }
+
+    /// Does a segment still hold a record (live or not) for `seq`? A tombstone is only
+    /// needed while the record it removes is on disk.
+    pub fn has_record(&self, seq: u64) -> bool {
+        let Some(si) = self.seg_of(seq) else {
+            return false;
+        };
+        let ix = &self.segs[si].ix;
+        if !ix.claimed {
+            // Damaged or torn bytes of the sequence may still be there.
+            return true;
+        }
+        ix.in_range(seq) && (ix.dense || self.entry(si, seq).is_some())
+    }
+
+    /// The entries of segment `si` (loaded into memory if they are not).
+    pub fn entries(&mut self, si: usize) -> &[Entry] {
+        self.load_all(si);
+        self.segs[si].ix.mem.as_deref().unwrap_or(&[])
+    }
+
+    /// After a compaction rewrote segment `si`: its records are now `kept` (entries with
+    /// their new offsets, in order), its other records `others` and `ledger`. Liveness is
+    /// carried over by sequence. The caller seals it again.
+    pub fn rewrite(
+        &mut self,
+        si: usize,
+        kept: Vec<Entry>,
+        others: Vec<Other>,
+        ledger: Option<(u64, Vec<u8>)>,
+    ) {
+        self.load_all(si);
+        let ix = &mut self.segs[si].ix;
+        let old_dead: Vec<u64> = kept
+            .iter()
+            .filter(|e| ix.is_dead(e.seq))
+            .map(|e| e.seq)
+            .collect();
+        ix.n = kept.len() as u32;
+        ix.e_first = kept.first().map_or(0, |e| e.seq);
+        ix.e_last = kept.last().map_or(0, |e| e.seq);
+        ix.dense = kept
+            .iter()
+            .enumerate()
+            .all(|(k, e)| e.seq == ix.e_first + k as u64);
+        ix.dead = None;
+        for q in old_dead {
+            ix.set_dead(q);
+        }
+        ix.mem = Some(kept);
+        ix.others = Some(others);
+        ix.ledger = ledger;
+        ix.block_first.clear();
+        ix.idx_blocks = None;
+        ix.idx_dirty = true;
+        ix.claimed = true;
+        let old = ix.uid;
+        ix.uid = next_uid();
+        self.cache.forget(old);
+        self.hot.borrow_mut().retain(|(k, _)| k.0 != old);
     }
 
     /// Is `seq` live? Without reading entries where the summary tells.
@@ -1103,6 +1179,9 @@ impl FileTable {
                     s.ix.ext_tombs += 1;
                 }
             }
+            if let Other::Claim { .. } = &o {
+                s.ix.claimed = true;
+            }
             if let Some(v) = &mut s.ix.others {
                 v.push(o);
             }
@@ -1164,6 +1243,9 @@ impl FileTable {
                 if *seq < sum.e_first || sum.n == 0 {
                     ix.ext_tombs += 1;
                 }
+            }
+            if let Other::Claim { .. } = o {
+                ix.claimed = true;
             }
         }
         ix.live = sum.n.saturating_sub(erased);
@@ -1676,6 +1758,14 @@ pub(crate) fn other_of(r: &record::Rec) -> Option<Other> {
             last: (r.data.len() == 8).then(|| u64::from_le_bytes(r.data.try_into().unwrap())),
         },
         Kind::Erased => Other::Erased { seq: r.seq },
+        Kind::Claim => {
+            let (hi, bits) = record::decode_claim(r.seq, r.data)?;
+            Other::Claim {
+                lo: r.seq,
+                hi,
+                bits: bits.to_vec(),
+            }
+        }
         _ => return None,
     })
 }
@@ -1890,6 +1980,13 @@ fn encode_idx<'a>(
                 en.u8(3);
                 en.u64(*seq);
             }
+            Other::Claim { lo, hi, bits } => {
+                en.u8(4);
+                en.u64(*lo);
+                en.u64(*hi);
+                en.u32(bits.len() as u32);
+                en.bytes(bits);
+            }
         }
     }
     match &ix.ledger {
@@ -2060,6 +2157,16 @@ fn decode_summary(b: &[u8]) -> Option<Summary> {
                 }
             }
             3 => Other::Erased { seq: d.u64()? },
+            4 => {
+                let lo = d.u64()?;
+                let hi = d.u64()?;
+                let n = d.u32()? as usize;
+                let bits = d.take(n)?.to_vec();
+                if hi < lo || (hi - lo) / 8 + 1 != n as u64 {
+                    return None;
+                }
+                Other::Claim { lo, hi, bits }
+            }
             _ => return None,
         });
     }

@@ -121,6 +121,7 @@ impl JetStream {
         }
         tokio::spawn(api_loop(js.clone(), server.clone(), rx));
         tokio::spawn(maintenance_loop(js.clone(), server.clone()));
+        tokio::spawn(compaction_loop(js.clone(), server.clone()));
         Ok(js)
     }
 
@@ -292,6 +293,47 @@ async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
                     tokio::task::block_in_place(|| s.sync());
                 }
             }
+        }
+    }
+}
+
+/// Gives file streams' disk space back: a store plans the rewrite of a segment whose
+/// messages were mostly removed (under the stream's lock, briefly), the rewrite runs on a
+/// blocking thread without the lock, and the store puts it in place (briefly again).
+/// Publishers and consumers of the stream wait for neither copy nor fsync.
+async fn compaction_loop(js: Arc<JetStream>, server: Arc<Server>) {
+    let mut shutdown = server.shutdown_rx();
+    loop {
+        let mut busy = false;
+        for s in js.streams() {
+            if s.storage != StorageType::File {
+                continue;
+            }
+            // Planning syncs what is pending first (nothing in the default mode).
+            let job = tokio::task::block_in_place(|| s.lock().store.compact_begin());
+            let Some(job) = job else { continue };
+            let seg = job.segment();
+            let Ok(done) = tokio::task::spawn_blocking(move || job.run()).await else {
+                continue;
+            };
+            let r = tokio::task::block_in_place(|| s.lock().store.compact_end(done));
+            busy |= matches!(r, Ok(n) if n > 0);
+            match r {
+                Ok(n) => {
+                    crate::debug!("Stream {}: compacted segment {seg}, {n} bytes back", s.name)
+                }
+                Err(e) => crate::warn!("Stream {}: compacting segment {seg} failed: {e}", s.name),
+            }
+        }
+        // Right away while there is work; otherwise look again in a second.
+        let wait = if busy {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(1)
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = crate::client::until_true(&mut shutdown) => return,
         }
     }
 }

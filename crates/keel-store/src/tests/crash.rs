@@ -39,6 +39,8 @@ struct Stats {
     rollbacks: u64,
     data_losses: u64,
     reported_losses: u64,
+    compactions: u64,
+    compaction_crashes: u64,
 }
 
 struct Case {
@@ -354,6 +356,58 @@ impl Case {
         self.verify(&now, &now, stats);
     }
 
+    /// A sync, then a compaction, with a power failure before it runs, after it wrote the
+    /// new segment, or after it renamed it into place; or a failure while it writes.
+    fn compact(&mut self, stats: &mut Stats) {
+        let now = live(self.s());
+        let r = self.s().sync();
+        self.trace(format_args!("sync before compaction => {r:?}"));
+        if self.io(r).is_none() {
+            return;
+        }
+        self.synced = now;
+        self.since.clear();
+        self.synced_last = self.s().state().last_seq;
+        let Some(job) = self.s().compact_begin() else {
+            return;
+        };
+        stats.compactions += 1;
+        let at = self.rng.below(6);
+        self.trace(format_args!(
+            "COMPACT segment {} (crash point {at})",
+            job.segment()
+        ));
+        if at == 0 {
+            stats.compaction_crashes += 1;
+            return self.crash(stats);
+        }
+        if at == 4 {
+            self.sim.fail_after(self.rng.below(8));
+        }
+        let done = job.run();
+        if at == 1 {
+            stats.compaction_crashes += 1;
+            return self.crash(stats);
+        }
+        let r = self.s().compact_end(done);
+        self.trace(format_args!("compacted => {r:?}"));
+        self.dump();
+        if at == 2 {
+            stats.compaction_crashes += 1;
+            return self.crash(stats);
+        }
+        // A failed compaction leaves the store as it was (the armed failure then hits the
+        // next operation).
+        if r.is_ok() {
+            assert_eq!(
+                live(self.s()),
+                self.synced,
+                "seed {}: compaction",
+                self.seed
+            );
+        }
+    }
+
     fn dump(&self) {
         if std::env::var_os("KEEL_SIM_TRACE").is_some() {
             for (name, data) in self.sim.dump() {
@@ -540,6 +594,7 @@ impl Case {
             }
             85..=90 => self.crash(stats),
             91..=93 => self.clean_restart(stats),
+            94..=95 => self.compact(stats),
             _ => {
                 stats.injected_failures += 1;
                 let n = self.rng.below(25);
@@ -611,6 +666,7 @@ fn acknowledged_messages_survive_power_failures() {
     assert!(stats.crashes > cases && stats.clean_restarts > 0 && stats.syncs_ok > cases);
     assert!(stats.torn > 0 && stats.used_index > 0 && stats.flips > 0);
     assert!(stats.rollbacks > 0 && stats.data_losses > 0 && stats.reported_losses > 0);
+    assert!(stats.compactions > 0 && stats.compaction_crashes > 0);
 }
 
 /// Sync-per-message on the simulator really fsyncs once per sync, and none in store_msg.
