@@ -8,6 +8,7 @@ pub mod api;
 pub mod consumer;
 pub mod schema;
 pub mod stream;
+pub mod transform;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
