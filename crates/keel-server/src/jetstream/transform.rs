@@ -574,8 +574,8 @@ fn partition(key: &[u8], buckets: u32) -> u32 {
 }
 
 /// The reference's `ValidateMapping`, used for stream and source transforms: every
-/// destination token is non-empty and free of whitespace, a mustache token names one of the
-/// functions stream transforms allow (not `left`/`right`), and the transform compiles.
+/// destination token is non-empty and free of whitespace, a mustache token names a known
+/// function, and the transform compiles.
 pub fn validate_mapping(src: &str, dest: &str) -> Result<(), TransformError> {
     if dest.is_empty() {
         return Ok(());
@@ -587,8 +587,8 @@ pub fn validate_mapping(src: &str, dest: &str) -> Result<(), TransformError> {
         }
         if t.len() > 4 && t.starts_with("{{") && t.ends_with("}}") {
             match call(t) {
-                Some((name, _)) if name != "Left" && name != "Right" => continue,
-                _ => return Err(err(t, Mapping::UnknownFunction)),
+                Some(_) => continue,
+                None => return Err(err(t, Mapping::UnknownFunction)),
             }
         }
         if t == ">" {
@@ -689,10 +689,15 @@ mod tests {
             "invalid mapping destination: wildcard index out of range in {{wildcard(1)}}"
         );
         assert_eq!(Transform::new("a", ""), Ok(None));
-        // ValidateMapping refuses left/right and whitespace.
+        // ValidateMapping's own checks (texts from nats-server 2.15.1).
+        assert!(validate_mapping("a.*", "{{left(1,2)}}").is_ok());
         assert_eq!(
-            validate_mapping("a.*", "{{left(1,2)}}").unwrap_err().to_string(),
-            "invalid mapping destination: unknown function in {{left(1,2)}}"
+            validate_mapping("a.*", "x.>.a").unwrap_err().to_string(),
+            "invalid mapping destination: invalid transform in a"
+        );
+        assert_eq!(
+            validate_mapping("a.*", "x. a").unwrap_err().to_string(),
+            "invalid mapping destination: invalid transform"
         );
         assert_eq!(
             validate_mapping("a.*", "a..b").unwrap_err().to_string(),
