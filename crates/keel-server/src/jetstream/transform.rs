@@ -36,9 +36,7 @@ impl Mapping {
         match self {
             Mapping::InvalidSubject => "invalid mapping destination: invalid transform",
             Mapping::UnknownFunction => "invalid mapping destination: unknown function",
-            Mapping::IndexOutOfRange => {
-                "invalid mapping destination: wildcard index out of range"
-            }
+            Mapping::IndexOutOfRange => "invalid mapping destination: wildcard index out of range",
             Mapping::NotEnoughArgs => {
                 "invalid mapping destination: not enough arguments passed to the function"
             }
@@ -56,9 +54,7 @@ impl fmt::Display for TransformError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TransformError::BadSubject => f.write_str("invalid subject"),
-            TransformError::Mapping { token, kind } if token.is_empty() => {
-                f.write_str(kind.text())
-            }
+            TransformError::Mapping { token, kind } if token.is_empty() => f.write_str(kind.text()),
             TransformError::Mapping { token, kind } => write!(f, "{} in {token}", kind.text()),
         }
     }
@@ -247,7 +243,12 @@ fn parse_token(token: &str) -> Result<Parsed, TransformError> {
             if i < 0 {
                 return Err(err(token, Mapping::InvalidArg));
             }
-            Ok(Parsed::Indexed(i as usize, 0, String::new(), Kind::Wildcard))
+            Ok(Parsed::Indexed(
+                i as usize,
+                0,
+                String::new(),
+                Kind::Wildcard,
+            ))
         }
         "Partition" => {
             let n = int_arg(token, args[0])?;
@@ -281,7 +282,12 @@ fn parse_token(token: &str) -> Result<Parsed, TransformError> {
             if i < 0 || args[1].contains(' ') || args[1].contains('.') {
                 return Err(err(token, Mapping::InvalidArg));
             }
-            Ok(Parsed::Indexed(i as usize, 0, args[1].to_string(), Kind::Split))
+            Ok(Parsed::Indexed(
+                i as usize,
+                0,
+                args[1].to_string(),
+                Kind::Split,
+            ))
         }
         "Random" => {
             if args.len() != 1 {
@@ -397,10 +403,14 @@ impl Transform {
             return Some(subject.to_string());
         }
         let tokens: Vec<&str> = subject.split('.').collect();
-        if tokens.iter().any(|t| t.is_empty() || *t == "*" || *t == ">") {
+        if tokens
+            .iter()
+            .any(|t| t.is_empty() || *t == "*" || *t == ">")
+        {
             return None;
         }
-        if self.src != ">" && !keel_protocol::subject::matches(self.src.as_bytes(), subject.as_bytes())
+        if self.src != ">"
+            && !keel_protocol::subject::matches(self.src.as_bytes(), subject.as_bytes())
         {
             return None;
         }
@@ -510,7 +520,9 @@ impl Transform {
                     };
                     for (j, part) in parts.iter().enumerate() {
                         b.push_str(part);
-                        if j + 1 < parts.len() && !parts[j + 1].is_empty() && !(j == 0 && part.is_empty())
+                        if j + 1 < parts.len()
+                            && !parts[j + 1].is_empty()
+                            && !(j == 0 && part.is_empty())
                         {
                             b.push('.');
                         }
@@ -593,7 +605,10 @@ pub fn validate_mapping(src: &str, dest: &str) -> Result<(), TransformError> {
         }
         if t == ">" {
             fwc = true;
-        } else if t.chars().any(|c| matches!(c, '\t' | '\n' | '\x0c' | '\r' | ' ')) {
+        } else if t
+            .chars()
+            .any(|c| matches!(c, '\t' | '\n' | '\x0c' | '\r' | ' '))
+        {
             return Err(err("", Mapping::InvalidSubject));
         }
     }
@@ -610,9 +625,17 @@ mod tests {
 
     #[test]
     fn wildcards_and_dollar_forms() {
-        assert_eq!(tr("t.*.*", "x.{{wildcard(2)}}.{{wildcard(1)}}").apply("t.a.b").unwrap(), "x.b.a");
+        assert_eq!(
+            tr("t.*.*", "x.{{wildcard(2)}}.{{wildcard(1)}}")
+                .apply("t.a.b")
+                .unwrap(),
+            "x.b.a"
+        );
         assert_eq!(tr("t.*.*", "x.$2.$1").apply("t.a.b").unwrap(), "x.b.a");
-        assert_eq!(tr("t.*.*", "x.{{ Wildcard( 1 ) }}").apply("t.a.b").unwrap(), "x.a");
+        assert_eq!(
+            tr("t.*.*", "x.{{ Wildcard( 1 ) }}").apply("t.a.b").unwrap(),
+            "x.a"
+        );
         assert_eq!(tr("", "w.>").apply("v.q").unwrap(), "w.v.q");
         assert_eq!(tr("a.>", "b.>").apply("a.x.y").unwrap(), "b.x.y");
         assert_eq!(tr("a.*.>", "b.$1.>").apply("a.x.y.z").unwrap(), "b.x.y.z");
@@ -628,13 +651,42 @@ mod tests {
     #[test]
     fn functions() {
         // Values checked against the reference's implementation.
-        assert_eq!(tr("u.*", "x.{{partition(3,1)}}.$1").apply("u.abc").unwrap(), "x.2.abc");
-        assert_eq!(tr("p", "{{partition(10)}}").apply("p").unwrap(), partition(b"p", 10).to_string());
-        assert_eq!(tr("a.*", "{{splitFromLeft(1,2)}}").apply("a.abcdef").unwrap(), "ab.cdef");
-        assert_eq!(tr("a.*", "{{SplitFromRight(1,2)}}").apply("a.abcdef").unwrap(), "abcd.ef");
-        assert_eq!(tr("a.*", "{{sliceFromLeft(1,2)}}").apply("a.abcde").unwrap(), "ab.cd.e");
-        assert_eq!(tr("a.*", "{{sliceFromRight(1,2)}}").apply("a.abcde").unwrap(), "a.bc.de");
-        assert_eq!(tr("a.*", "{{split(1,-)}}").apply("a.-x--y-").unwrap(), "x.y");
+        assert_eq!(
+            tr("u.*", "x.{{partition(3,1)}}.$1").apply("u.abc").unwrap(),
+            "x.2.abc"
+        );
+        assert_eq!(
+            tr("p", "{{partition(10)}}").apply("p").unwrap(),
+            partition(b"p", 10).to_string()
+        );
+        assert_eq!(
+            tr("a.*", "{{splitFromLeft(1,2)}}")
+                .apply("a.abcdef")
+                .unwrap(),
+            "ab.cdef"
+        );
+        assert_eq!(
+            tr("a.*", "{{SplitFromRight(1,2)}}")
+                .apply("a.abcdef")
+                .unwrap(),
+            "abcd.ef"
+        );
+        assert_eq!(
+            tr("a.*", "{{sliceFromLeft(1,2)}}")
+                .apply("a.abcde")
+                .unwrap(),
+            "ab.cd.e"
+        );
+        assert_eq!(
+            tr("a.*", "{{sliceFromRight(1,2)}}")
+                .apply("a.abcde")
+                .unwrap(),
+            "a.bc.de"
+        );
+        assert_eq!(
+            tr("a.*", "{{split(1,-)}}").apply("a.-x--y-").unwrap(),
+            "x.y"
+        );
         assert_eq!(tr("a.*", "{{left(1,2)}}").apply("a.abcde").unwrap(), "ab");
         assert_eq!(tr("a.*", "{{right(1,2)}}").apply("a.abcde").unwrap(), "de");
         // The reference's own test vectors.
@@ -642,7 +694,12 @@ mod tests {
             ("*", "{{splitfromleft(1,3)}}", "12345", "123.45"),
             ("*", "{{SplitFromRight(1,3)}}", "12345", "12.345"),
             ("*", "{{SliceFromLeft(1,3)}}", "1234567890", "123.456.789.0"),
-            ("*", "{{SliceFromRight(1,3)}}", "1234567890", "1.234.567.890"),
+            (
+                "*",
+                "{{SliceFromRight(1,3)}}",
+                "1234567890",
+                "1.234.567.890",
+            ),
             ("*", "{{split(1,-)}}", "-abc-def--ghi-", "abc.def.ghi"),
             ("*", "{{split(1,-)}}", "abc-def--ghi-", "abc.def.ghi"),
             (

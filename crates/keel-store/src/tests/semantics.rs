@@ -381,7 +381,10 @@ pub(crate) fn skip_to(mk: Mk) {
     assert_eq!(s.store_msg(b"a", b"", b"x", 1).unwrap(), 100);
     s.skip_to(105).unwrap();
     let st = s.state();
-    assert_eq!((st.msgs, st.first_seq, st.last_seq, st.num_deleted), (1, 100, 104, 4));
+    assert_eq!(
+        (st.msgs, st.first_seq, st.last_seq, st.num_deleted),
+        (1, 100, 104, 4)
+    );
     assert_eq!(s.store_msg(b"a", b"", b"y", 2).unwrap(), 105);
     s.skip_to(50).unwrap();
     assert_eq!(s.state().last_seq, 105);
