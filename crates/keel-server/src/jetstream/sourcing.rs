@@ -723,8 +723,14 @@ async fn run(
             return;
         }
         let Some(t) = target.upgrade() else { return };
+        // Streams recovered at startup start their sources before JetStream is published.
         let Some(js) = server.jetstream.get().cloned() else {
-            return;
+            drop(t);
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                _ = stop.changed() => {}
+            }
+            continue;
         };
         // (Re)find the origin; one created anew resets a source to its start.
         let found = js.stream(&state.cfg.name);
