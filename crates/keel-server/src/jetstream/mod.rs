@@ -212,8 +212,8 @@ impl JetStream {
     /// Closes every store (saving indexes for a fast restart).
     pub fn shutdown(&self) {
         for s in self.streams() {
-            s.stop_sourcing();
             s.save_source_positions(true);
+            s.stop_sourcing();
             for c in s.consumer_list() {
                 c.flush_state();
             }

@@ -538,15 +538,45 @@ pub enum Taken {
 pub struct SourcedBatch {
     pub msgs: Vec<SourcedMsg>,
     pub done: tokio::sync::oneshot::Sender<Vec<Taken>>,
+    /// The sourcing generation that read it: a batch still queued when the sources were
+    /// restarted (a config update) is refused, since the new tasks start after what is stored.
+    pub gen: u64,
 }
 
-/// Starts the tasks for a stream's sources or mirror; None when it has neither.
-pub fn start(server: &Arc<Server>, target: &Arc<Stream>, cfg: &StreamConfig) -> Option<Sourcing> {
+/// Where each source of a previous generation stood: index name -> (seq, origin identity).
+pub type Positions = HashMap<String, (u64, String)>;
+
+impl Sourcing {
+    /// Where the sources stand now (handed to the next generation on an update).
+    pub fn positions(&self, idents: &HashMap<String, String>) -> Positions {
+        self.sources
+            .iter()
+            .map(|s| {
+                (
+                    s.iname.clone(),
+                    (
+                        s.seq.load(Ordering::Relaxed),
+                        idents.get(&s.iname).cloned().unwrap_or_default(),
+                    ),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Starts the tasks for a stream's sources or mirror; None when it has neither. Returns the
+/// origin identities known for the sources too.
+pub fn start(
+    server: &Arc<Server>,
+    target: &Arc<Stream>,
+    cfg: &StreamConfig,
+    gen: u64,
+    previous: &Positions,
+) -> Option<(Sourcing, HashMap<String, String>)> {
     if cfg.mirror.is_none() && cfg.sources.is_empty() {
         return None;
     }
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
-    let saved = load_positions(&target.dir);
     let mirror = cfg.mirror.clone().map(|m| Arc::new(SourceState::new(m)));
     let sources: Vec<Arc<SourceState>> = cfg
         .sources
@@ -555,19 +585,36 @@ pub fn start(server: &Arc<Server>, target: &Arc<Stream>, cfg: &StreamConfig) -> 
         .map(|s| Arc::new(SourceState::new(s)))
         .collect();
     // Where each source stopped: the newest `Nats-Stream-Source` header per source (a scan
-    // back from the end of the target), or the saved position if that is further on.
+    // back from the end of the target), the saved position, the previous generation's; the
+    // furthest of those that name the same origin identity.
     let found = scan_positions(target, &sources);
-    for s in &sources {
-        let (seq, _) = found.get(&s.iname).cloned().unwrap_or((0, String::new()));
-        let saved = saved.get(&s.iname).map_or(0, |p| p.seq);
-        s.seq.store(seq.max(saved), Ordering::Relaxed);
-    }
-    let idents: HashMap<String, String> = found
+    let saved: Positions = load_positions(&target.dir)
         .into_iter()
-        .map(|(k, (_, ident))| (k, ident))
-        .chain(saved.into_iter().map(|(k, p)| (k, p.ident)))
-        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, p)| (k, (p.seq, p.ident)))
         .collect();
+    let mut idents = HashMap::new();
+    for s in &sources {
+        let mut best: Option<(u64, String)> = found.get(&s.iname).cloned();
+        for other in [saved.get(&s.iname), previous.get(&s.iname)]
+            .into_iter()
+            .flatten()
+        {
+            best = Some(match best {
+                None => other.clone(),
+                Some((seq, id)) if id.is_empty() || other.1.is_empty() || id == other.1 => {
+                    let id = if id.is_empty() { other.1.clone() } else { id };
+                    (seq.max(other.0), id)
+                }
+                // Another identity: the origin was created anew since; the newer wins.
+                Some(b) => b,
+            });
+        }
+        let (seq, ident) = best.unwrap_or_default();
+        s.seq.store(seq, Ordering::Relaxed);
+        if !ident.is_empty() {
+            idents.insert(s.iname.clone(), ident);
+        }
+    }
     if let Some(m) = &mirror {
         tokio::spawn(run(
             server.clone(),
@@ -575,6 +622,7 @@ pub fn start(server: &Arc<Server>, target: &Arc<Stream>, cfg: &StreamConfig) -> 
             m.clone(),
             true,
             None,
+            gen,
             stop_rx.clone(),
         ));
     }
@@ -585,14 +633,18 @@ pub fn start(server: &Arc<Server>, target: &Arc<Stream>, cfg: &StreamConfig) -> 
             s.clone(),
             false,
             idents.get(&s.iname).cloned(),
+            gen,
             stop_rx.clone(),
         ));
     }
-    Some(Sourcing {
-        mirror,
-        sources,
-        stop,
-    })
+    Some((
+        Sourcing {
+            mirror,
+            sources,
+            stop,
+        },
+        idents,
+    ))
 }
 
 /// `Nats-Stream-Source` parsed: (index name, origin sequence, origin identity).
@@ -711,6 +763,7 @@ async fn run(
     state: Arc<SourceState>,
     mirror: bool,
     mut ident: Option<String>,
+    gen: u64,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let filters = state.cfg.filters();
@@ -791,6 +844,7 @@ async fn run(
                 let batch = SourcedBatch {
                     msgs: msgs.into_iter().map(|(_, m)| m).collect(),
                     done,
+                    gen,
                 };
                 drop(t);
                 let Some(t) = target.upgrade() else { return };

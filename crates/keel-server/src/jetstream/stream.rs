@@ -568,6 +568,8 @@ pub struct Stream {
     sourcing: Mutex<Option<sourcing::Sourcing>>,
     /// Origin identities per source index name, and whether positions await saving.
     source_idents: Mutex<(HashMap<String, String>, bool)>,
+    /// Bumped (under the stream lock) each time the sources restart; see [`SourcedBatch`].
+    sourcing_gen: AtomicU64,
 }
 
 /// The outcome of one publish.
@@ -639,6 +641,7 @@ impl Stream {
             sourced_tx,
             sourcing: Mutex::new(None),
             source_idents: Mutex::new((HashMap::new(), false)),
+            sourcing_gen: AtomicU64::new(0),
         });
         stream.subscribe(server);
         stream.recover_consumers(server);
@@ -1314,10 +1317,22 @@ impl Stream {
     pub fn restart_sourcing(self: &Arc<Self>, server: &Arc<Server>) {
         let cfg = self.config();
         let mut slot = self.sourcing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut previous = sourcing::Positions::new();
         if let Some(old) = slot.take() {
             old.stop();
+            let idents = self.source_idents.lock().unwrap_or_else(|e| e.into_inner());
+            previous = old.positions(&idents.0);
         }
-        *slot = sourcing::start(server, self, &cfg);
+        // From here on batches the old tasks still have queued are refused.
+        let gen = {
+            let _inner = self.lock();
+            self.sourcing_gen.fetch_add(1, Ordering::AcqRel) + 1
+        };
+        *slot = sourcing::start(server, self, &cfg, gen, &previous).map(|(s, idents)| {
+            let mut g = self.source_idents.lock().unwrap_or_else(|e| e.into_inner());
+            g.0 = idents;
+            s
+        });
     }
 
     pub fn stop_sourcing(&self) {
@@ -1379,9 +1394,9 @@ impl Stream {
     fn apply_sourced(&self, server: &Arc<Server>, router: &mut Router, b: SourcedBatch) {
         let budget = server.jetstream.get().and_then(|js| js.store_budget(self));
         let taken = if self.sync_always && self.storage == StorageType::File {
-            tokio::task::block_in_place(|| self.store_sourced(&b.msgs, budget))
+            tokio::task::block_in_place(|| self.store_sourced(&b.msgs, budget, b.gen))
         } else {
-            self.store_sourced(&b.msgs, budget)
+            self.store_sourced(&b.msgs, budget, b.gen)
         };
         let stored = taken.contains(&Taken::Stored);
         let _ = b.done.send(taken);
@@ -1393,9 +1408,29 @@ impl Stream {
         }
     }
 
-    fn store_sourced(&self, msgs: &[sourcing::SourcedMsg], budget: Option<u64>) -> Vec<Taken> {
+    fn store_sourced(
+        &self,
+        msgs: &[sourcing::SourcedMsg],
+        budget: Option<u64>,
+        gen: u64,
+    ) -> Vec<Taken> {
+        // Interest retention keeps a message only while some consumer wants its subject.
+        let interest: Option<Vec<Vec<String>>> =
+            (self.retention() == Retention::Interest).then(|| {
+                self.consumer_list()
+                    .iter()
+                    .map(|c| c.config().filters())
+                    .collect()
+            });
         let mut inner = self.lock();
         let mut out = Vec::with_capacity(msgs.len());
+        if gen != self.sourcing_gen.load(Ordering::Acquire) {
+            return vec![Taken::Refused(ApiError::new(
+                503,
+                10077,
+                "sources restarted",
+            ))];
+        }
         for m in msgs {
             if let Some(b) = budget {
                 if inner.store.state().bytes >= b {
@@ -1408,7 +1443,19 @@ impl Stream {
                 None => Intake::Sourced,
             };
             match inner.process_parts(&m.subject, &m.hdr, &m.data, intake) {
-                PubResult::Stored(_) => out.push(Taken::Stored),
+                PubResult::Stored(seq) => {
+                    if let Some(filters) = &interest {
+                        let stored = inner.stored_subject(&m.subject);
+                        let wanted = filters.iter().any(|f| {
+                            f.is_empty()
+                                || f.iter().any(|p| subject::matches(p.as_bytes(), &stored))
+                        });
+                        if !wanted {
+                            let _ = inner.store.remove(seq, false);
+                        }
+                    }
+                    out.push(Taken::Stored)
+                }
                 PubResult::Duplicate(_) => out.push(Taken::Skipped),
                 PubResult::Error(e) => {
                     // Later messages wait until this one can be stored.
