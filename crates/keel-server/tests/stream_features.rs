@@ -921,3 +921,135 @@ async fn sourcing_resumes_after_a_crash_without_gaps_or_duplicates() {
     assert_eq!(msgs(&i), 1);
     assert_eq!(sourced_seqs(&client, "S").await, vec![41]);
 }
+
+#[tokio::test]
+async fn sources_added_and_removed_by_update() {
+    let server = Server::start_jetstream();
+    let client = server.client().await;
+    ok(&create(&client, json!({"name": "A", "subjects": ["a"]})).await);
+    ok(&create(&client, json!({"name": "B", "subjects": ["b"]})).await);
+    ok(&create(
+        &client,
+        json!({"name": "S", "subjects": ["s"], "sources": [{"name": "A"}]}),
+    )
+    .await);
+    js_publish(&client, "a", &[], "a1").await;
+    js_publish(&client, "b", &[], "b1").await;
+    wait_info(&client, "S", "sourced a1", |i| msgs(i) == 1).await;
+    let r = update(
+        &client,
+        json!({"name": "S", "subjects": ["s"], "sources": [{"name": "A"}, {"name": "B"}]}),
+    )
+    .await;
+    ok(&r);
+    assert_eq!(r["sources"].as_array().unwrap().len(), 2, "{r}");
+    let i = wait_info(&client, "S", "sourced b1", |i| msgs(i) == 2).await;
+    assert_eq!(i["state"]["subjects"], json!({"a": 1, "b": 1}));
+    // The source kept through the update does not start over.
+    js_publish(&client, "a", &[], "a2").await;
+    wait_info(&client, "S", "sourced a2", |i| msgs(i) == 3).await;
+    let r = update(
+        &client,
+        json!({"name": "S", "subjects": ["s"], "sources": [{"name": "B"}]}),
+    )
+    .await;
+    ok(&r);
+    js_publish(&client, "a", &[], "a3").await;
+    js_publish(&client, "b", &[], "b2").await;
+    let i = wait_info(&client, "S", "sourced b2", |i| {
+        i["state"]["subjects"]["b"] == 2
+    })
+    .await;
+    assert_eq!(i["state"]["subjects"], json!({"a": 2, "b": 2}));
+    assert_eq!(msgs(&i), 4);
+}
+
+// ---------------------------------------------------------------------------------------
+// Message counters
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn message_counters() {
+    let server = Server::start_jetstream();
+    let client = server.client().await;
+    let r = create(&client, json!({"name": "C", "subjects": ["c.>"], "allow_msg_counter": true})).await;
+    ok(&r);
+    assert_eq!(r["config"]["allow_msg_counter"], true);
+    assert_eq!(r["config"]["metadata"]["_nats.req.level"], "2");
+    let text = json_request(&client, "$JS.API.STREAM.INFO.C", "").await.0;
+    assert!(text.contains(r#""allow_msg_ttl":false,"allow_msg_counter":true,"metadata""#), "{text}");
+    for (cfg, text) in [
+        (json!({"name": "X", "allow_msg_counter": true, "discard": "new"}), "counter stream cannot use discard new"),
+        (json!({"name": "X", "allow_msg_counter": true, "allow_msg_ttl": true}), "counter stream cannot use message TTLs"),
+        (json!({"name": "X", "allow_msg_counter": true, "retention": "interest"}), "counter stream can only use limits retention"),
+    ] {
+        assert_eq!(err_of(&create(&client, cfg).await), (500, 10052, text.to_string()));
+    }
+    let r = create(&client, json!({"name": "X", "mirror": {"name": "C"}, "allow_msg_counter": true})).await;
+    assert_eq!(err_of(&r), (400, 10173, "stream mirrors can not also calculate counters".into()));
+    assert_eq!(
+        js_publish(&client, "c.a", &[("Nats-Incr", "1")], "").await,
+        json!({"stream": "C", "seq": 1, "val": "1"})
+    );
+    assert_eq!(js_publish(&client, "c.a", &[("Nats-Incr", "+5")], "").await["val"], "6");
+    assert_eq!(js_publish(&client, "c.a", &[("Nats-Incr", "-2")], "").await["val"], "4");
+    let big = "99999999999999999999999999999999999999999";
+    assert_eq!(
+        js_publish(&client, "c.b", &[("Nats-Incr", big)], "").await["val"],
+        big
+    );
+    assert_eq!(
+        js_publish(&client, "c.b", &[("Nats-Incr", "1")], "").await["val"],
+        "100000000000000000000000000000000000000000"
+    );
+    for (h, payload, code, text) in [
+        (vec![("Nats-Incr", "x")], "", 10171, "message counter increment is invalid"),
+        (vec![("Nats-Incr", "1")], "p", 10170, "message counter has payload"),
+        (vec![], "", 10169, "message counter increment is missing"),
+        (vec![("Nats-Incr", "1"), ("Nats-Rollup", "sub")], "", 10171, "message counter increment is invalid"),
+        (vec![("Nats-Incr", "1"), ("Nats-Expected-Last-Sequence", "3")], "", 10171, "message counter increment is invalid"),
+    ] {
+        let r = js_publish(&client, "c.a", &h, payload).await;
+        assert_eq!(r["error"]["err_code"], code, "{h:?}: {r}");
+        assert_eq!(r["error"]["description"], text);
+    }
+    let (_, hdr, data, _) = get(&client, "C", 3).await.unwrap();
+    assert_eq!(hdr, "NATS/1.0\r\nNats-Incr: -2\r\n\r\n");
+    assert_eq!(data, r#"{"val":"4"}"#);
+    ok(&create(&client, json!({"name": "N", "subjects": ["n"]})).await);
+    let r = js_publish(&client, "n", &[("Nats-Incr", "1")], "").await;
+    assert_eq!(r["error"]["err_code"], 10168);
+    assert_eq!(r["error"]["description"], "message counters is disabled");
+    let r = update(&client, json!({"name": "N", "subjects": ["n"], "allow_msg_counter": true})).await;
+    assert_eq!(
+        err_of(&r),
+        (500, 10052, "stream configuration update can not change message counter setting".into())
+    );
+
+    // A counter sourcing two others adds up the changes of each.
+    ok(&create(&client, json!({"name": "D", "subjects": ["d.>"], "allow_msg_counter": true})).await);
+    js_publish(&client, "d.a", &[("Nats-Incr", "10")], "").await;
+    ok(&create(
+        &client,
+        json!({"name": "AGG", "subjects": ["agg.>"], "allow_msg_counter": true, "sources": [
+            {"name": "C", "subject_transforms": [{"src": "c.a", "dest": "agg.x"}]},
+            {"name": "D", "subject_transforms": [{"src": "d.a", "dest": "agg.x"}]}]}),
+    )
+    .await);
+    js_publish(&client, "d.a", &[("Nats-Incr", "5")], "").await;
+    let i = wait_info(&client, "AGG", "sourced all", |i| msgs(i) == 5).await;
+    let last = i["state"]["last_seq"].as_u64().unwrap();
+    let (subject, hdr, data, _) = get(&client, "AGG", last).await.unwrap();
+    assert_eq!(subject, "agg.x");
+    assert_eq!(data, r#"{"val":"19"}"#);
+    assert!(
+        hdr.contains("\r\nNats-Counter-Sources: {\"C\":{\"c.a\":\"4\"},\"D\":{\"d.a\":\"15\"}}\r\n"),
+        "{hdr:?}"
+    );
+    // A plain stream sourcing a counter keeps the messages as they are.
+    ok(&create(&client, json!({"name": "PL", "subjects": ["pl"], "sources": [{"name": "D"}]})).await);
+    wait_info(&client, "PL", "sourced D", |i| msgs(i) == 2).await;
+    let (_, hdr, data, _) = get(&client, "PL", 1).await.unwrap();
+    assert_eq!(data, r#"{"val":"10"}"#);
+    assert!(hdr.starts_with("NATS/1.0\r\nNats-Incr: 10\r\nNats-Stream-Source: D 1 > > d.a "), "{hdr:?}");
+}

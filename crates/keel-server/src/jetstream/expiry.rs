@@ -17,7 +17,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use keel_protocol::headers;
 
-use super::stream::{parse_ttl, Intake, PubResult, StorageType, Stream, StreamInner};
+use super::stream::{parse_ttl, Intake, StorageType, Stream, StreamInner};
 use crate::router::Router;
 use crate::server::Server;
 use crate::time::go_duration;
@@ -133,7 +133,10 @@ fn expire(inner: &mut StreamInner, now: i64) -> bool {
             let hdr = marker_headers(sdm);
             let subj = Bytes::copy_from_slice(&m.subject);
             // The marker's rollup removes the expired message.
-            if let PubResult::Stored(_) = inner.process_parts(&subj, &hdr, b"", Intake::Publish) {
+            if inner
+                .process_parts(&subj, &hdr, b"", Intake::Publish)
+                .stored()
+            {
                 marked = true;
                 if inner.store.load(seq).is_ok() {
                     let _ = inner.store.remove(seq, false);

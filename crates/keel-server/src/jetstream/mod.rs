@@ -6,6 +6,7 @@
 pub mod advisory;
 pub mod api;
 pub mod consumer;
+pub mod counter;
 pub mod expiry;
 pub mod republish;
 pub mod schema;

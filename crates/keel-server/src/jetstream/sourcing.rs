@@ -183,6 +183,13 @@ pub fn check_config(cfg: &StreamConfig) -> Result<(), ApiError> {
                 "stream mirrors can not also contain other sources",
             ));
         }
+        if cfg.allow_msg_counter {
+            return Err(ApiError::new(
+                400,
+                10173,
+                "stream mirrors can not also calculate counters",
+            ));
+        }
         if m.consumer.as_ref().is_some_and(|c| !c.is_null()) {
             return Err(ApiError::not_supported("durable mirror consumers"));
         }

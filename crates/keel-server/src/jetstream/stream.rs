@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::api::ApiError;
+use super::counter;
 use super::republish::{self, RePublish, Republisher};
 use super::sourcing::{self, SourcedBatch, StreamSource, SubjectTransformConfig, Taken};
 use super::transform::{validate_mapping, Transform};
@@ -154,12 +155,12 @@ pub struct StreamConfig {
     pub allow_msg_ttl: bool,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub subject_delete_marker_ttl: i64,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_msg_counter: bool,
     #[serde(default, deserialize_with = "null_default")]
     pub metadata: BTreeMap<String, String>,
     // Features Keel does not implement: accepted only when absent or empty, so that a
     // config relying on them is refused with a clear error instead of silently ignored.
-    #[serde(default, skip_serializing)]
-    pub allow_msg_counter: Option<bool>,
     #[serde(default, skip_serializing)]
     pub allow_atomic: Option<bool>,
     #[serde(default, skip_serializing)]
@@ -233,9 +234,6 @@ impl StreamConfig {
             return Err(ApiError::invalid_config(format!(
                 "stream name is too long, maximum allowed is {MAX_NAME_LEN}"
             )));
-        }
-        if self.allow_msg_counter == Some(true) {
-            return Err(ApiError::not_supported("message counters"));
         }
         if self.allow_atomic == Some(true) {
             return Err(ApiError::not_supported("atomic batch publishing"));
@@ -317,6 +315,22 @@ impl StreamConfig {
                 ));
             }
         }
+        if self.allow_msg_counter {
+            let bad = if self.discard == DiscardPolicy::New {
+                Some("counter stream cannot use discard new")
+            } else if self.allow_msg_ttl {
+                Some("counter stream cannot use message TTLs")
+            } else if self.allow_msg_schedules == Some(true) {
+                Some("counter stream cannot use message schedules")
+            } else if self.retention != Retention::Limits {
+                Some("counter stream can only use limits retention")
+            } else {
+                None
+            };
+            if let Some(text) = bad {
+                return Err(ApiError::invalid_config(text));
+            }
+        }
         // Markers are stored with a TTL and roll up their subject, so both get enabled.
         if self.subject_delete_marker_ttl > 0 {
             if self.subject_delete_marker_ttl < 1_000_000_000 {
@@ -394,7 +408,13 @@ impl StreamConfig {
         for k in DYNAMIC_META {
             self.metadata.remove(k);
         }
-        let level = if self.allow_msg_ttl { "1" } else { "0" };
+        let level = if self.allow_msg_counter {
+            "2"
+        } else if self.allow_msg_ttl {
+            "1"
+        } else {
+            "0"
+        };
         self.metadata.insert(REQ_LEVEL_KEY.into(), level.into());
         Ok(self)
     }
@@ -438,6 +458,11 @@ impl StreamConfig {
                 400,
                 10055,
                 "stream mirror configuration can not be updated",
+            ));
+        }
+        if self.allow_msg_counter != new.allow_msg_counter {
+            return Err(ApiError::invalid_config(
+                "stream configuration update can not change message counter setting",
             ));
         }
         if self.allow_msg_ttl && !new.allow_msg_ttl {
@@ -575,8 +600,16 @@ pub struct Stream {
 /// The outcome of one publish.
 pub(super) enum PubResult {
     Stored(u64),
+    /// Stored on a counter stream, with the subject's new total.
+    Counted(u64, String),
     Duplicate(u64),
     Error(ApiError),
+}
+
+impl PubResult {
+    pub(super) fn stored(&self) -> bool {
+        matches!(self, PubResult::Stored(_) | PubResult::Counted(..))
+    }
 }
 
 impl Stream {
@@ -783,7 +816,7 @@ impl Stream {
                     let _ = inner.store.remove(*seq, false);
                 }
             }
-            stored_any |= matches!(r, PubResult::Stored(_));
+            stored_any |= r.stored();
             results.push((m.reply, r));
         }
         // A memory store's sync is a no-op; a file store's is the group commit.
@@ -796,7 +829,7 @@ impl Stream {
                 );
                 inner.failed = Some(text.clone());
                 for (_, r) in results.iter_mut() {
-                    if matches!(r, PubResult::Stored(_)) {
+                    if r.stored() {
                         *r = PubResult::Error(ApiError::new(503, 10077, text.clone()));
                     }
                 }
@@ -830,6 +863,10 @@ fn pub_ack(stream: &str, r: &PubResult) -> Vec<u8> {
     match r {
         PubResult::Stored(seq) => {
             format!("{{\"stream\":{name}{domain},\"seq\":{seq}}}").into_bytes()
+        }
+        PubResult::Counted(seq, val) => {
+            let val = serde_json::to_string(val).expect("string serializes");
+            format!("{{\"stream\":{name}{domain},\"seq\":{seq},\"val\":{val}}}").into_bytes()
         }
         // The one non-compact JSON the reference sends: a space after the colon.
         PubResult::Duplicate(seq) => {
@@ -1020,6 +1057,21 @@ impl StreamInner {
         let now = now_nanos();
         let mut msg_id = None;
         let mut ttl = 0i64;
+        let incr = match counter::increment(hdr) {
+            Ok(i) => i,
+            Err(e) => return PubResult::Error(e),
+        };
+        if incr.is_some() && publish {
+            if !cfg.allow_msg_counter {
+                return PubResult::Error(counter::disabled());
+            }
+            if !data.is_empty() {
+                return PubResult::Error(counter::has_payload());
+            }
+            if counter::conflicting_headers(hdr) {
+                return PubResult::Error(counter::invalid());
+            }
+        }
         if !hdr.is_empty() {
             if publish {
                 if let Some(exp) = headers::get(hdr, "Nats-Expected-Stream") {
@@ -1108,6 +1160,38 @@ impl StreamInner {
                 }
             }
         }
+        // A counter stores the subject's new total instead of what was published.
+        let counted;
+        let (hdr, data, total) = match incr {
+            None if cfg.allow_msg_counter => return PubResult::Error(counter::missing()),
+            Some(incr) if cfg.allow_msg_counter => {
+                let last = std::str::from_utf8(&subject)
+                    .ok()
+                    .and_then(|s| self.store.load_last(s).ok());
+                match counter::next(
+                    last.as_ref().map(|m| (&m.hdr[..], &m.data[..])),
+                    hdr,
+                    data,
+                    incr,
+                ) {
+                    Ok(c) => {
+                        counted = c;
+                        if cfg.max_msg_size >= 0
+                            && (counted.0.len() + counted.1.len()) as i64 > cfg.max_msg_size as i64
+                        {
+                            return PubResult::Error(ApiError::new(
+                                400,
+                                10054,
+                                "message size exceeds maximum allowed",
+                            ));
+                        }
+                        (&counted.0[..], &counted.1[..], Some(counted.2.clone()))
+                    }
+                    Err(e) => return PubResult::Error(e),
+                }
+            }
+            _ => (hdr, data, None),
+        };
         // With delete markers a TTL is at least the marker TTL (so a marker left for the
         // subject cannot outlive a newer message), and the stored header says so.
         let sdm = cfg.subject_delete_marker_ttl / 1_000_000_000;
@@ -1168,7 +1252,10 @@ impl StreamInner {
                 self.republish_out.push(p);
             }
         }
-        PubResult::Stored(seq)
+        match total {
+            Some(t) => PubResult::Counted(seq, t),
+            None => PubResult::Stored(seq),
+        }
     }
 }
 
@@ -1443,7 +1530,7 @@ impl Stream {
                 None => Intake::Sourced,
             };
             match inner.process_parts(&m.subject, &m.hdr, &m.data, intake) {
-                PubResult::Stored(seq) => {
+                PubResult::Stored(seq) | PubResult::Counted(seq, _) => {
                     if let Some(filters) = &interest {
                         let stored = inner.stored_subject(&m.subject);
                         let wanted = filters.iter().any(|f| {
