@@ -972,27 +972,63 @@ async fn sources_added_and_removed_by_update() {
 async fn message_counters() {
     let server = Server::start_jetstream();
     let client = server.client().await;
-    let r = create(&client, json!({"name": "C", "subjects": ["c.>"], "allow_msg_counter": true})).await;
+    let r = create(
+        &client,
+        json!({"name": "C", "subjects": ["c.>"], "allow_msg_counter": true}),
+    )
+    .await;
     ok(&r);
     assert_eq!(r["config"]["allow_msg_counter"], true);
     assert_eq!(r["config"]["metadata"]["_nats.req.level"], "2");
     let text = json_request(&client, "$JS.API.STREAM.INFO.C", "").await.0;
-    assert!(text.contains(r#""allow_msg_ttl":false,"allow_msg_counter":true,"metadata""#), "{text}");
+    assert!(
+        text.contains(r#""allow_msg_ttl":false,"allow_msg_counter":true,"metadata""#),
+        "{text}"
+    );
     for (cfg, text) in [
-        (json!({"name": "X", "allow_msg_counter": true, "discard": "new"}), "counter stream cannot use discard new"),
-        (json!({"name": "X", "allow_msg_counter": true, "allow_msg_ttl": true}), "counter stream cannot use message TTLs"),
-        (json!({"name": "X", "allow_msg_counter": true, "retention": "interest"}), "counter stream can only use limits retention"),
+        (
+            json!({"name": "X", "allow_msg_counter": true, "discard": "new"}),
+            "counter stream cannot use discard new",
+        ),
+        (
+            json!({"name": "X", "allow_msg_counter": true, "allow_msg_ttl": true}),
+            "counter stream cannot use message TTLs",
+        ),
+        (
+            json!({"name": "X", "allow_msg_counter": true, "retention": "interest"}),
+            "counter stream can only use limits retention",
+        ),
     ] {
-        assert_eq!(err_of(&create(&client, cfg).await), (500, 10052, text.to_string()));
+        assert_eq!(
+            err_of(&create(&client, cfg).await),
+            (500, 10052, text.to_string())
+        );
     }
-    let r = create(&client, json!({"name": "X", "mirror": {"name": "C"}, "allow_msg_counter": true})).await;
-    assert_eq!(err_of(&r), (400, 10173, "stream mirrors can not also calculate counters".into()));
+    let r = create(
+        &client,
+        json!({"name": "X", "mirror": {"name": "C"}, "allow_msg_counter": true}),
+    )
+    .await;
+    assert_eq!(
+        err_of(&r),
+        (
+            400,
+            10173,
+            "stream mirrors can not also calculate counters".into()
+        )
+    );
     assert_eq!(
         js_publish(&client, "c.a", &[("Nats-Incr", "1")], "").await,
         json!({"stream": "C", "seq": 1, "val": "1"})
     );
-    assert_eq!(js_publish(&client, "c.a", &[("Nats-Incr", "+5")], "").await["val"], "6");
-    assert_eq!(js_publish(&client, "c.a", &[("Nats-Incr", "-2")], "").await["val"], "4");
+    assert_eq!(
+        js_publish(&client, "c.a", &[("Nats-Incr", "+5")], "").await["val"],
+        "6"
+    );
+    assert_eq!(
+        js_publish(&client, "c.a", &[("Nats-Incr", "-2")], "").await["val"],
+        "4"
+    );
     let big = "99999999999999999999999999999999999999999";
     assert_eq!(
         js_publish(&client, "c.b", &[("Nats-Incr", big)], "").await["val"],
@@ -1003,11 +1039,31 @@ async fn message_counters() {
         "100000000000000000000000000000000000000000"
     );
     for (h, payload, code, text) in [
-        (vec![("Nats-Incr", "x")], "", 10171, "message counter increment is invalid"),
-        (vec![("Nats-Incr", "1")], "p", 10170, "message counter has payload"),
+        (
+            vec![("Nats-Incr", "x")],
+            "",
+            10171,
+            "message counter increment is invalid",
+        ),
+        (
+            vec![("Nats-Incr", "1")],
+            "p",
+            10170,
+            "message counter has payload",
+        ),
         (vec![], "", 10169, "message counter increment is missing"),
-        (vec![("Nats-Incr", "1"), ("Nats-Rollup", "sub")], "", 10171, "message counter increment is invalid"),
-        (vec![("Nats-Incr", "1"), ("Nats-Expected-Last-Sequence", "3")], "", 10171, "message counter increment is invalid"),
+        (
+            vec![("Nats-Incr", "1"), ("Nats-Rollup", "sub")],
+            "",
+            10171,
+            "message counter increment is invalid",
+        ),
+        (
+            vec![("Nats-Incr", "1"), ("Nats-Expected-Last-Sequence", "3")],
+            "",
+            10171,
+            "message counter increment is invalid",
+        ),
     ] {
         let r = js_publish(&client, "c.a", &h, payload).await;
         assert_eq!(r["error"]["err_code"], code, "{h:?}: {r}");
@@ -1020,14 +1076,26 @@ async fn message_counters() {
     let r = js_publish(&client, "n", &[("Nats-Incr", "1")], "").await;
     assert_eq!(r["error"]["err_code"], 10168);
     assert_eq!(r["error"]["description"], "message counters is disabled");
-    let r = update(&client, json!({"name": "N", "subjects": ["n"], "allow_msg_counter": true})).await;
+    let r = update(
+        &client,
+        json!({"name": "N", "subjects": ["n"], "allow_msg_counter": true}),
+    )
+    .await;
     assert_eq!(
         err_of(&r),
-        (500, 10052, "stream configuration update can not change message counter setting".into())
+        (
+            500,
+            10052,
+            "stream configuration update can not change message counter setting".into()
+        )
     );
 
     // A counter sourcing two others adds up the changes of each.
-    ok(&create(&client, json!({"name": "D", "subjects": ["d.>"], "allow_msg_counter": true})).await);
+    ok(&create(
+        &client,
+        json!({"name": "D", "subjects": ["d.>"], "allow_msg_counter": true}),
+    )
+    .await);
     js_publish(&client, "d.a", &[("Nats-Incr", "10")], "").await;
     ok(&create(
         &client,
@@ -1043,13 +1111,22 @@ async fn message_counters() {
     assert_eq!(subject, "agg.x");
     assert_eq!(data, r#"{"val":"19"}"#);
     assert!(
-        hdr.contains("\r\nNats-Counter-Sources: {\"C\":{\"c.a\":\"4\"},\"D\":{\"d.a\":\"15\"}}\r\n"),
+        hdr.contains(
+            "\r\nNats-Counter-Sources: {\"C\":{\"c.a\":\"4\"},\"D\":{\"d.a\":\"15\"}}\r\n"
+        ),
         "{hdr:?}"
     );
     // A plain stream sourcing a counter keeps the messages as they are.
-    ok(&create(&client, json!({"name": "PL", "subjects": ["pl"], "sources": [{"name": "D"}]})).await);
+    ok(&create(
+        &client,
+        json!({"name": "PL", "subjects": ["pl"], "sources": [{"name": "D"}]}),
+    )
+    .await);
     wait_info(&client, "PL", "sourced D", |i| msgs(i) == 2).await;
     let (_, hdr, data, _) = get(&client, "PL", 1).await.unwrap();
     assert_eq!(data, r#"{"val":"10"}"#);
-    assert!(hdr.starts_with("NATS/1.0\r\nNats-Incr: 10\r\nNats-Stream-Source: D 1 > > d.a "), "{hdr:?}");
+    assert!(
+        hdr.starts_with("NATS/1.0\r\nNats-Incr: 10\r\nNats-Stream-Source: D 1 > > d.a "),
+        "{hdr:?}"
+    );
 }
