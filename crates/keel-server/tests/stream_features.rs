@@ -667,7 +667,10 @@ async fn sources_filter_transform_and_report() {
     .await);
     wait_info(&client, "S", "sourced o.a", |i| msgs(i) == 2).await;
     js_publish(&client, "o.b", &[], "4").await;
-    let i = wait_info(&client, "S", "sourced o.b", |i| msgs(i) == 3).await;
+    let i = wait_info(&client, "S", "sourced o.b", |i| {
+        msgs(i) == 3 && i["sources"][1]["seq"] == 4
+    })
+    .await;
     assert_eq!(i["state"]["subjects"], json!({"o.a": 2, "s.b": 1}));
     let sources = i["sources"].as_array().unwrap();
     assert_eq!(sources.len(), 2);
@@ -847,8 +850,12 @@ async fn mirror_and_source_start_options_and_filters() {
     let i = wait_info(&client, "M3", "mirrored o.b", |i| msgs(i) == 1).await;
     assert_eq!(i["state"]["subjects"], json!({"x.b": 1}));
     assert_eq!(i["state"]["last_seq"], 4);
-    let i = wait_info(&client, "S1", "sourced from the time", |i| msgs(i) == 3).await;
-    assert_eq!(i["sources"][0]["seq"], 5);
+    // (The reported position follows the commit; wait for both.)
+    let i = wait_info(&client, "S1", "sourced from the time", |i| {
+        msgs(i) == 3 && i["sources"][0]["seq"] == 5
+    })
+    .await;
+    assert_eq!(i["sources"][0]["lag"], 0);
     assert_eq!(
         source_header(&get(&client, "S1", 1).await.unwrap().1)[1],
         "3"
