@@ -1437,15 +1437,22 @@ impl Stream {
 
     /// A mirror with `mirror_direct` that is caught up answers its origin's direct gets.
     pub fn serves_mirror_direct(&self, origin: &str) -> bool {
-        let cfg = self.config();
-        cfg.mirror_direct
-            && cfg.mirror.as_ref().is_some_and(|m| m.name == origin)
-            && self
-                .sourcing
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+        let current = self
+            .sourcing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|s| s.mirror_current());
+        if !current {
+            return false;
+        }
+        let inner = self.lock();
+        inner.config.mirror_direct
+            && inner
+                .config
+                .mirror
                 .as_ref()
-                .is_some_and(|s| s.mirror_current())
+                .is_some_and(|m| m.name == origin)
     }
 
     /// A source committed progress; its position is saved by [`Self::save_source_positions`].
