@@ -1179,6 +1179,30 @@ impl Store for FileStore {
         Ok(out)
     }
 
+    fn exempt_from_max_age(&mut self, seq: u64) {
+        self.core.get_mut().age_exempt.insert(seq);
+    }
+
+    fn skip_to(&mut self, next: u64) -> Result<()> {
+        self.writable()?;
+        let core = self.core.get_mut();
+        if next <= core.last_seq + 1 {
+            return Ok(());
+        }
+        let had_msgs = core.msgs > 0;
+        core.skip_to(next);
+        // A tombstone for the new last sequence is what recovery restores last_seq from
+        // (an emptied store gets its marker at the next sync instead).
+        let ts = core.last_ts;
+        let r = if had_msgs {
+            self.write_tomb(next - 1, ts)
+        } else {
+            Ok(())
+        };
+        let r = r.and_then(|_| self.settle());
+        self.check_io(r)
+    }
+
     fn set_limits(&mut self, limits: Limits) -> Result<()> {
         self.writable()?;
         self.core.get_mut().set_limits(limits);

@@ -386,6 +386,8 @@ pub(crate) struct Core<P> {
     pub limits: Limits,
     pub removed: Vec<(u64, i64, P)>,
     pub reset: bool,
+    /// Sequences max_age must not expire (`Nats-TTL: never`); kept by the server.
+    pub age_exempt: std::collections::BTreeSet<u64>,
 }
 
 impl<P: Payload> Core<P> {
@@ -402,6 +404,7 @@ impl<P: Payload> Core<P> {
             limits,
             removed: Vec::new(),
             reset: false,
+            age_exempt: Default::default(),
         }
     }
 
@@ -548,6 +551,9 @@ impl<P: Payload> Core<P> {
             return false;
         };
         let size = self.size_of(&slot);
+        if !self.age_exempt.is_empty() {
+            self.age_exempt.remove(&seq);
+        }
         self.subjects.remove(slot.subj, seq);
         self.msgs -= 1;
         self.bytes = self.bytes.saturating_sub(size);
@@ -577,6 +583,7 @@ impl<P: Payload> Core<P> {
         let n = self.msgs;
         self.slots.clear();
         self.subjects.clear();
+        self.age_exempt.clear();
         self.msgs = 0;
         self.bytes = 0;
         self.first_seq = next_seq;
@@ -657,13 +664,45 @@ impl<P: Payload> Core<P> {
         }
         let cutoff = now.saturating_sub(age);
         let mut n = 0;
-        while self.msgs > 0 && self.first_ts <= cutoff {
-            let f = self.first_seq;
-            self.remove(f);
-            n += 1;
+        if self.age_exempt.is_empty() {
+            while self.msgs > 0 && self.first_ts <= cutoff {
+                let f = self.first_seq;
+                self.remove(f);
+                n += 1;
+            }
+            let next = (self.msgs > 0).then(|| self.first_ts.saturating_add(age));
+            return (n, next);
         }
-        let next = (self.msgs > 0).then(|| self.first_ts.saturating_add(age));
+        // Exempt messages stay; expiry walks past them to the first one still young.
+        let mut seq = self.first_seq;
+        let mut next = None;
+        while let Some(s) = self.slots.next_live(seq, self.last_seq) {
+            let ts = self.slots.get(s).map_or(0, |x| x.ts());
+            if ts > cutoff {
+                next = Some(ts.saturating_add(age));
+                break;
+            }
+            if !self.age_exempt.contains(&s) {
+                self.remove(s);
+                n += 1;
+            }
+            seq = s + 1;
+        }
         (n, next)
+    }
+
+    /// Moves the sequence on so that the next message stored gets `next` (a mirror skipping
+    /// what its origin no longer holds, a stream's `first_seq`). An empty store restarts at
+    /// `next`; otherwise the skipped sequences count as deleted.
+    pub fn skip_to(&mut self, next: u64) {
+        if next <= self.last_seq + 1 {
+            return;
+        }
+        if self.msgs == 0 {
+            self.reset_to(next);
+        } else {
+            self.last_seq = next - 1;
+        }
     }
 
     pub fn set_limits(&mut self, limits: Limits) {

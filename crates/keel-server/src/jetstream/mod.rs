@@ -6,9 +6,14 @@
 pub mod advisory;
 pub mod api;
 pub mod consumer;
+pub mod counter;
+pub mod expiry;
 pub mod files;
+pub mod republish;
 pub mod schema;
+pub mod sourcing;
 pub mod stream;
+pub mod transform;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -229,6 +234,8 @@ impl JetStream {
     /// Closes every store (saving indexes for a fast restart).
     pub fn shutdown(&self) {
         for s in self.streams() {
+            s.save_source_positions(true);
+            s.stop_sourcing();
             for c in s.consumer_list() {
                 c.flush_state();
             }
@@ -257,6 +264,7 @@ async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
     let mut shutdown = server.shutdown_rx();
     let tick = Duration::from_millis(100);
     let mut last_sync = std::time::Instant::now();
+    let mut router = Router::new(0x4d41);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
@@ -264,16 +272,9 @@ async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
         }
         let now = now_nanos();
         for s in js.streams() {
+            s.run_expiry(&server, &mut router, now);
+            s.save_source_positions(false);
             let mut inner = s.lock();
-            if inner.config.max_age > 0 {
-                if let Err(e) = inner.store.expire(now) {
-                    crate::error!("Stream {}: expiry failed: {e}", s.name);
-                }
-                s.refresh_bytes(&inner);
-            }
-            if inner.has_ttls() && inner.expire_ttls(now) > 0 {
-                s.refresh_bytes(&inner);
-            }
             if inner.store.needs_sync() {
                 // Damage a read found is recorded durably (the loss is reported however the
                 // server stops next).
@@ -579,6 +580,9 @@ fn stream_fields(
         }
         f.insert("cluster".into(), serde_json::json!({ "leader": leader }));
     }
+    for (k, v) in s.sourcing_info() {
+        f.insert(k.into(), v);
+    }
     f.insert("ts".into(), rfc3339(now_nanos()).into());
     f
 }
@@ -656,12 +660,13 @@ fn stream_create(
     name: &str,
     body: &[u8],
 ) -> Result<Fields, ApiError> {
-    let cfg = parse_config(js, name, body)?;
-    if cfg.mirror_direct && cfg.mirror.as_ref().is_none_or(Value::is_null) {
+    let mut cfg = parse_config(js, name, body)?;
+    if cfg.mirror_direct && cfg.mirror.is_none() {
         return Err(ApiError::invalid_config(
             "stream has no mirror but does have mirror direct",
         ));
     }
+    sourcing::check_with_streams(js, &mut cfg)?;
     if let Some(existing) = js.stream(name) {
         let mut current = existing.config();
         current.metadata.remove(stream::REQ_LEVEL_KEY);
@@ -674,6 +679,7 @@ fn stream_create(
         f.insert("did_create".into(), true.into());
         return Ok(f);
     }
+    sourcing::check_filters(&cfg)?;
     check_overlap(js, &cfg)?;
     check_resources(js, &cfg, None)?;
     let dir = js.streams_dir.join(name);
@@ -690,8 +696,17 @@ fn stream_create(
             format!("could not create stream: {e}"),
         ));
     }
+    let first_seq = meta.config.first_seq;
     let s = Stream::open(server, &dir, meta, js.sync_interval.is_none())
         .map_err(|e| ApiError::new(500, 10049, e))?;
+    if first_seq > 1 {
+        let mut inner = s.lock();
+        inner
+            .store
+            .skip_to(first_seq)
+            .and_then(|_| inner.store.sync())
+            .map_err(|e| ApiError::new(500, 10049, format!("could not create stream: {e}")))?;
+    }
     js.streams_write().insert(name.to_string(), s.clone());
     advisory::stream_action(server, router, name, advisory::Action::Create);
     let mut f = stream_fields(&s, true, None, None, false);
@@ -706,10 +721,16 @@ fn stream_update(
     name: &str,
     body: &[u8],
 ) -> Result<Fields, ApiError> {
-    let cfg = parse_config(js, name, body)?;
+    let mut cfg = parse_config(js, name, body)?;
     let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
     let old = s.config();
     old.check_update(&cfg)?;
+    if cfg.mirror_direct && cfg.mirror.is_none() {
+        return Err(ApiError::invalid_config(
+            "stream has no mirror but does have mirror direct",
+        ));
+    }
+    sourcing::check_with_streams(js, &mut cfg)?;
     check_consumer_limits(&s, &old, &cfg)?;
     check_overlap(js, &cfg)?;
     check_resources(js, &cfg, Some(name))?;
@@ -720,10 +741,14 @@ fn stream_update(
             .set_limits(cfg.limits())
             .map_err(|e| ApiError::update_failed(e.to_string()))?;
         inner.config = cfg.clone();
+        inner.compile();
         s.refresh_bytes(&inner);
     }
     if old.subjects != cfg.subjects {
         s.subscribe(server);
+    }
+    if old.mirror != cfg.mirror || old.sources != cfg.sources {
+        s.restart_sourcing(server);
     }
     s.persist_meta()
         .map_err(|e| ApiError::update_failed(format!("could not save stream config: {e}")))?;
@@ -880,6 +905,7 @@ fn stream_delete(
         .streams_write()
         .remove(name)
         .ok_or_else(ApiError::stream_not_found)?;
+    s.stop_sourcing();
     s.unsubscribe(server);
     // Its consumers go with it: subscriptions removed, tasks ended, waiting pulls told
     // `409 Consumer Deleted` (the reference). Their state is under the stream's directory.
@@ -1051,8 +1077,16 @@ fn direct_get(
     subject: Option<&str>,
     body: &[u8],
 ) {
-    let s = js.stream(name);
-    let Some(s) = s.filter(|s| s.lock().config.allow_direct) else {
+    // A caught-up mirror with mirror_direct answers for its origin when the origin cannot.
+    let s = js
+        .stream(name)
+        .filter(|s| s.lock().config.allow_direct)
+        .or_else(|| {
+            js.streams()
+                .into_iter()
+                .find(|m| m.serves_mirror_direct(name))
+        });
+    let Some(s) = s else {
         // Nobody serves direct gets for this stream: the no-responders status.
         let hdr = encode::status_headers("503", &[]);
         reply_headers(server, router, reply_to, hdr.to_vec(), b"");
