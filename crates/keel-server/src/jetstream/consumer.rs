@@ -880,7 +880,7 @@ impl Consumer {
     ) -> Arc<Consumer> {
         let config = meta.config;
         let durable = config.durable_name.is_some();
-        let saved = dir.as_deref().and_then(load_state);
+        let saved = dir.as_deref().and_then(|d| load_state(d, &server.log));
         let now = Instant::now();
         let mut st = State {
             config,
@@ -940,7 +940,8 @@ impl Consumer {
             st.replay_until = stream.lock().store.state().last_seq;
         }
         let (handle, rx) = ClientHandle::internal(
-            server.next_client_id(),
+            server,
+            stream.account(),
             format!("consumer {} > {name}", stream.name),
             crate::inqueue::CONSUMER_QUEUE_BYTES,
         );
@@ -977,10 +978,10 @@ impl Consumer {
                 max: AtomicU64::new(0),
                 delivered: AtomicU64::new(0),
             });
-            server.sublist.insert(sub.clone());
+            c.handle.account().sublist.insert(sub.clone());
             c.subs.lock().unwrap_or_else(|e| e.into_inner()).push(sub);
         }
-        tokio::spawn(run(c.clone(), server.clone(), rx));
+        server.spawn(run(c.clone(), server.clone(), rx));
         // `kick` starts set, so no notify() would wake the task: deliver what is stored now.
         c.wake.notify_one();
         c
@@ -1047,7 +1048,7 @@ impl Consumer {
             .unwrap_or_else(|e| e.into_inner())
             .drain(..)
         {
-            server.sublist.remove(&s);
+            self.handle.account().sublist.remove(&s);
         }
         self.handle
             .close(crate::client::CloseReason::ServerShutdown);
@@ -1077,12 +1078,13 @@ impl Consumer {
             || (seq < st.next_seq && !st.pending.contains_key(&seq) && !st.rdq.contains(&seq))
     }
 
-    /// Consumer info fields (without `type`).
-    pub fn info(&self, server: &Server, dynamic_meta: bool) -> Map<String, Value> {
+    /// Consumer info fields (without `type`). (Interest is looked up in the consumer's own
+    /// account; `_server` stays for the callers' sake until the API is typed.)
+    pub fn info(&self, _server: &Server, dynamic_meta: bool) -> Map<String, Value> {
         let mut st = self.lock();
         // Requests whose requester went away are not waiting (the reference checks here too).
         st.waiting
-            .retain(|w| !server.sublist.matches(&w.reply).is_empty());
+            .retain(|w| !self.handle.account().sublist.matches(&w.reply).is_empty());
         let num_pending = st.num_pending(&self.stream);
         let mut f = Map::new();
         f.insert("stream_name".into(), self.stream.name.clone().into());
@@ -1110,7 +1112,13 @@ impl Consumer {
         f.insert("num_waiting".into(), st.waiting.len().into());
         f.insert("num_pending".into(), num_pending.into());
         if let Some(ds) = &st.config.deliver_subject {
-            if !server.sublist.matches(ds.as_bytes()).is_empty() {
+            if !self
+                .handle
+                .account()
+                .sublist
+                .matches(ds.as_bytes())
+                .is_empty()
+            {
                 f.insert("push_bound".into(), true.into());
             }
         }
@@ -1176,6 +1184,7 @@ impl Consumer {
         let bytes = serde_json::to_vec(&saved).expect("state serializes");
         if let Err(e) = write_atomic(&dir.join("state.json"), &bytes, sync) {
             crate::error!(
+                self.handle.log(),
                 "Consumer {} > {}: could not save state: {e}",
                 self.stream.name,
                 self.name
@@ -1508,7 +1517,7 @@ const INBOUND_BATCH_MSGS: usize = 1024;
 const INBOUND_BATCH_BYTES: usize = 256 * 1024;
 
 async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Receiver) {
-    let mut router = Router::new(c.created as u64);
+    let mut router = Router::new(c.handle.account().clone(), c.created as u64);
     let mut closed = c.handle.closed_rx();
     let mut batch = vec![];
     loop {
@@ -1524,7 +1533,7 @@ async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Rece
         );
         // An unbound push consumer starts delivering as soon as its deliver subject has a
         // subscriber (the reference is told of new interest, it does not poll for it).
-        let interest = server.sublist.subscribed(unbound);
+        let interest = c.handle.account().sublist.subscribed(unbound);
         tokio::select! {
             _ = interest => {}
             n = rx.recv_many(&mut batch, INBOUND_BATCH_MSGS, INBOUND_BATCH_BYTES) => if n == 0 {
@@ -1584,7 +1593,12 @@ async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Rece
         super::advisory::consumer_events(&server, &mut router, &c.stream.name, &c.name, events);
         router.flush();
         if inactive_expired(&c, &server, &mut router) {
-            crate::debug!("Deleting inactive consumer {} > {}", c.stream.name, c.name);
+            crate::debug!(
+                server.log,
+                "Deleting inactive consumer {} > {}",
+                c.stream.name,
+                c.name
+            );
             if let Some(js) = server.jetstream.get() {
                 js.remove_consumer(&server, &c.stream, &c.name, &mut router);
             }
@@ -1936,7 +1950,7 @@ fn insert_by_priority(waiting: &mut VecDeque<PullRequest>, w: PullRequest) {
 /// Drops waiting requests nobody listens for any more (requester unsubscribed, closed or
 /// died). They get no status: there is no one to tell.
 fn prune_dead(st: &mut State, server: &Server, router: &mut Router) {
-    st.interest_gen = server.sublist.generation();
+    st.interest_gen = router.account().sublist.generation();
     st.waiting
         .retain(|w| has_interest(router, server, &w.reply));
 }
@@ -2010,7 +2024,7 @@ fn timers(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
             st.pin = None;
         }
         if !st.waiting.is_empty()
-            && st.interest_gen != server.sublist.generation()
+            && st.interest_gen != router.account().sublist.generation()
             && st.last_prune.elapsed() >= PRUNE_INTERVAL
         {
             // Someone subscribed or unsubscribed since the last look. Only housekeeping
@@ -2286,7 +2300,7 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
             .as_ref()
             .expect("push has a deliver subject");
         // Read before the check: a later change wakes the task (see Sublist::subscribed).
-        st.interest_gen = server.sublist.generation();
+        st.interest_gen = router.account().sublist.generation();
         st.push_bound = router.has_interest(server, ds);
         if st.push_bound {
             st.last_active = Instant::now();
@@ -2609,7 +2623,7 @@ fn inactive_expired(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> 
     }
     if st.config.is_push() {
         if let Some(ds) = &st.config.deliver_subject {
-            if !server.sublist.matches(ds.as_bytes()).is_empty() {
+            if !router.account().sublist.matches(ds.as_bytes()).is_empty() {
                 return false;
             }
         }
@@ -2623,12 +2637,12 @@ fn inactive_expired(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> 
     true
 }
 
-fn load_state(dir: &Path) -> Option<SavedState> {
+fn load_state(dir: &Path, log: &crate::log::Log) -> Option<SavedState> {
     let b = std::fs::read(dir.join("state.json")).ok()?;
     match serde_json::from_slice(&b) {
         Ok(s) => Some(s),
         Err(e) => {
-            crate::error!("Consumer state in {} unreadable: {e}", dir.display());
+            crate::error!(log, "Consumer state in {} unreadable: {e}", dir.display());
             None
         }
     }

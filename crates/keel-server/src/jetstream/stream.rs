@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::api::ApiError;
+use crate::account::Account;
 use crate::client::{ClientHandle, InMsg};
 use crate::router::{Outgoing, Router};
 use crate::server::Server;
@@ -530,6 +531,7 @@ impl Stream {
     /// Opens (or creates) a stream's store and subscribes to its subjects.
     pub fn open(
         server: &Arc<Server>,
+        account: &Arc<Account>,
         dir: &Path,
         meta: StreamMeta,
         sync_always: bool,
@@ -543,6 +545,7 @@ impl Stream {
                         .map_err(|e| e.to_string())?;
                 if report.torn_bytes > 0 || report.corrupt_records > 0 {
                     crate::warn!(
+                        server.log,
                         "Stream {}: recovery cut {} torn bytes and skipped {} damaged records {:?}",
                         config.name,
                         report.torn_bytes,
@@ -550,12 +553,13 @@ impl Stream {
                         report.corrupt_seqs
                     );
                 }
-                crate::debug!("Stream {} recovery: {report:?}", config.name);
+                crate::debug!(server.log, "Stream {} recovery: {report:?}", config.name);
                 Box::new(fs)
             }
         };
         let (handle, rx) = ClientHandle::internal(
-            server.next_client_id(),
+            server,
+            account,
             format!("stream {}", config.name),
             crate::inqueue::STREAM_QUEUE_BYTES,
         );
@@ -582,9 +586,9 @@ impl Stream {
             sync_always,
             consumers: Mutex::new(BTreeMap::new()),
         });
-        stream.subscribe(server);
+        stream.subscribe();
         stream.recover_consumers(server);
-        tokio::spawn(publish_loop(stream.clone(), server.clone(), rx));
+        server.spawn(publish_loop(stream.clone(), server.clone(), rx));
         Ok(stream)
     }
 
@@ -608,7 +612,9 @@ impl Stream {
                     );
                     self.consumers_lock().insert(name, c);
                 }
-                Err(err) => crate::error!("Skipping consumer in {}: {err}", cdir.display()),
+                Err(err) => {
+                    crate::error!(server.log, "Skipping consumer in {}: {err}", cdir.display())
+                }
             }
         }
     }
@@ -636,12 +642,17 @@ impl Stream {
         self.lock().config.clone()
     }
 
-    /// (Re)subscribes to the config's subjects.
-    pub fn subscribe(&self, server: &Server) {
+    /// The account the stream serves.
+    pub fn account(&self) -> &Arc<Account> {
+        self.handle.account()
+    }
+
+    /// (Re)subscribes to the config's subjects, in the stream's account.
+    pub fn subscribe(&self) {
         let subjects = self.lock().config.subjects.clone();
         let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
         for s in subs.drain(..) {
-            server.sublist.remove(&s);
+            self.account().sublist.remove(&s);
         }
         for (i, subj) in subjects.iter().enumerate() {
             let sub = Arc::new(Sub {
@@ -652,15 +663,15 @@ impl Stream {
                 max: AtomicU64::new(0),
                 delivered: AtomicU64::new(0),
             });
-            server.sublist.insert(sub.clone());
+            self.account().sublist.insert(sub.clone());
             subs.push(sub);
         }
     }
 
-    pub fn unsubscribe(&self, server: &Server) {
+    pub fn unsubscribe(&self) {
         let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
         for s in subs.drain(..) {
-            server.sublist.remove(&s);
+            self.account().sublist.remove(&s);
         }
         // Closing the handle ends the publish loop once its queue drains.
         self.handle
@@ -686,8 +697,14 @@ impl Stream {
 
     /// Stores a batch and returns the ack for each message that asked for one. With
     /// sync-always the acks are only produced after the batch is on disk.
-    /// `budget`: bytes this stream may still add under the server-wide store limit.
-    fn process_batch(&self, batch: &mut Vec<InMsg>, budget: Option<u64>) -> Vec<(Bytes, Vec<u8>)> {
+    /// `budget`: bytes this stream may still add under the server-wide store limit;
+    /// `domain`: the JetStream domain that acks name.
+    fn process_batch(
+        &self,
+        batch: &mut Vec<InMsg>,
+        budget: Option<u64>,
+        domain: Option<&str>,
+    ) -> Vec<(Bytes, Vec<u8>)> {
         // Interest retention keeps a message only while some consumer wants its subject.
         let interest: Option<Vec<Vec<String>>> =
             (self.retention() == Retention::Interest).then(|| {
@@ -728,6 +745,7 @@ impl Stream {
             if let Err(e) = inner.store.sync() {
                 let text = format!("storage sync failed: {e}");
                 crate::error!(
+                    self.handle.log(),
                     "Stream {}: {text}; refusing writes until restart",
                     self.name
                 );
@@ -744,7 +762,7 @@ impl Stream {
         drop(inner);
         results
             .into_iter()
-            .filter_map(|(reply, r)| reply.map(|reply| (reply, pub_ack(&name, &r))))
+            .filter_map(|(reply, r)| reply.map(|reply| (reply, pub_ack(&name, domain, &r))))
             .collect()
     }
 
@@ -752,16 +770,20 @@ impl Stream {
     pub fn sync(&self) {
         let mut inner = self.lock();
         if let Err(e) = inner.store.sync() {
-            crate::error!("Stream {}: storage sync failed: {e}", self.name);
+            crate::error!(
+                self.handle.log(),
+                "Stream {}: storage sync failed: {e}",
+                self.name
+            );
             inner.failed = Some(format!("storage sync failed: {e}"));
         }
     }
 }
 
-fn pub_ack(stream: &str, r: &PubResult) -> Vec<u8> {
+fn pub_ack(stream: &str, domain: Option<&str>, r: &PubResult) -> Vec<u8> {
     let name = serde_json::to_string(stream).expect("string serializes");
     // With a JetStream domain, successful acks name it (errors do not), as the reference.
-    let domain = super::domain()
+    let domain = domain
         .map(|d| format!(",\"domain\":{}", serde_json::to_string(d).expect("string")))
         .unwrap_or_default();
     match r {
@@ -1048,7 +1070,7 @@ const BATCH_BYTES: usize = 8 * 1024 * 1024;
 
 /// Takes publishes off the stream's queue in batches: store all, sync once, ack all.
 async fn publish_loop(stream: Arc<Stream>, server: Arc<Server>, mut rx: crate::inqueue::Receiver) {
-    let mut router = Router::new(stream.created as u64);
+    let mut router = Router::new(stream.account().clone(), stream.created as u64);
     let mut batch = Vec::with_capacity(256);
     let mut closed = stream.handle_closed();
     loop {
@@ -1064,9 +1086,11 @@ async fn publish_loop(stream: Arc<Stream>, server: Arc<Server>, mut rx: crate::i
             .get()
             .and_then(|js| js.store_budget(&stream));
         let acks = if stream.sync_always && stream.storage == StorageType::File {
-            tokio::task::block_in_place(|| stream.process_batch(&mut batch, budget))
+            tokio::task::block_in_place(|| {
+                stream.process_batch(&mut batch, budget, super::domain(&server))
+            })
         } else {
-            stream.process_batch(&mut batch, budget)
+            stream.process_batch(&mut batch, budget, super::domain(&server))
         };
         for c in stream.consumer_list() {
             c.notify();
