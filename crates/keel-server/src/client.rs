@@ -20,7 +20,10 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
+use crate::account::Account;
 use crate::inqueue::{InQueue, Receiver};
+use crate::log::Log;
+use crate::permissions::{self, Permissions, PublishCache};
 use crate::router::{Outgoing, Router};
 use crate::server::Server;
 use crate::sublist::Sub;
@@ -28,6 +31,12 @@ use crate::sublist::Sub;
 /// The part of a connection other tasks touch: its outbound buffer and subscriptions.
 pub struct ClientHandle {
     pub id: u64,
+    /// Where its subscriptions live and its publishes are routed. Set when the handle is
+    /// made: `$G` for every connection today (issue 13 binds users to their accounts).
+    account: Arc<Account>,
+    /// What it may publish, subscribe to and receive; None: everything (see `permissions`).
+    /// Next to `internal`, which every delivery reads too.
+    perms: Option<Arc<dyn Permissions>>,
     out: Mutex<Outbound>,
     wake_writer: Notify,
     /// Stops a write in progress: a slow consumer's socket is not draining.
@@ -49,6 +58,7 @@ pub struct ClientHandle {
     internal: Option<Arc<InQueue>>,
     /// Why the connection closed: the first reason given wins (monitoring's closed list).
     close_reason: std::sync::OnceLock<CloseReason>,
+    log: Log,
 }
 
 /// A message delivered to an in-process subscriber.
@@ -60,7 +70,9 @@ pub struct InMsg {
     /// Length of the header block at the start of `data` (0 when none).
     pub hdr_len: usize,
     pub data: Bytes,
-    /// The connection that published it (0: the server itself), e.g. for API audits.
+    /// The connection that published it (0: the server itself), e.g. for API audits. The
+    /// account it was published in is the receiving queue's (`Receiver::account`); the
+    /// publishing connection's handle (`Server::client(origin)`) names its own.
     pub origin: u64,
 }
 
@@ -119,10 +131,12 @@ pub enum CloseReason {
 }
 
 impl ClientHandle {
-    fn new(id: u64, max_pending: usize) -> Arc<Self> {
+    fn new(id: u64, max_pending: usize, account: Arc<Account>, log: Log) -> Arc<Self> {
         let (closed, _) = watch::channel(false);
         Arc::new(ClientHandle {
             id,
+            account,
+            perms: None,
             out: Mutex::new(Outbound::default()),
             wake_writer: Notify::new(),
             abort_writer: Notify::new(),
@@ -136,17 +150,46 @@ impl ClientHandle {
             meta: Mutex::new(ClientMeta::default()),
             close_reason: std::sync::OnceLock::new(),
             internal: None,
+            log,
         })
     }
 
-    /// An in-process subscriber whose messages arrive on the returned queue, which holds
-    /// at most about `limit` bytes (`name` says whose it is in log lines).
-    pub fn internal(id: u64, name: String, limit: usize) -> (Arc<Self>, Receiver) {
-        let q = InQueue::new(name, limit);
-        let mut h = Arc::into_inner(Self::new(id, limit)).expect("fresh handle");
+    /// An in-process subscriber of `server`, in `account` (the account it serves), whose
+    /// messages arrive on the returned queue, which holds at most about `limit` bytes
+    /// (`name` says whose it is in log lines).
+    pub fn internal(
+        server: &Server,
+        account: &Arc<Account>,
+        name: String,
+        limit: usize,
+    ) -> (Arc<Self>, Receiver) {
+        let q = InQueue::new(name, limit, account.clone(), server.log.clone());
+        server.register_internal(&q);
+        let h = Self::new(
+            server.next_client_id(),
+            limit,
+            account.clone(),
+            server.log.clone(),
+        );
+        let mut h = Arc::into_inner(h).expect("fresh handle");
         h.internal = Some(q.clone());
         h.headers.store(true, Ordering::Relaxed);
         (Arc::new(h), Receiver::new(q))
+    }
+
+    /// The account the client is in.
+    pub fn account(&self) -> &Arc<Account> {
+        &self.account
+    }
+
+    /// Its permissions; None: it may do anything.
+    pub fn permissions(&self) -> Option<&Arc<dyn Permissions>> {
+        self.perms.as_ref()
+    }
+
+    /// The log of the server it belongs to.
+    pub fn log(&self) -> &Log {
+        &self.log
     }
 
     /// The queue of an in-process subscriber.
@@ -154,9 +197,15 @@ impl ClientHandle {
         self.internal.as_ref()
     }
 
-    /// A handle with no socket behind it, for unit tests of routing structures.
+    /// A handle with no socket behind it, in an account of its own, for unit tests of
+    /// routing structures.
     pub fn detached(id: u64) -> Arc<Self> {
-        Self::new(id, 64 * 1024 * 1024)
+        Self::new(
+            id,
+            64 * 1024 * 1024,
+            Account::new(crate::account::GLOBAL),
+            Log::stderr(),
+        )
     }
 
     fn lock_out(&self) -> MutexGuard<'_, Outbound> {
@@ -215,11 +264,15 @@ impl ClientHandle {
             o.closing = true;
             drop(o);
             crate::info!(
+                self.log,
                 "{} - Slow Consumer Detected: MaxPending of {} Exceeded",
                 self.id,
                 self.max_pending
             );
-            SLOW_CONSUMERS.fetch_add(1, Ordering::Relaxed);
+            self.account
+                .stats
+                .slow_consumers
+                .fetch_add(1, Ordering::Relaxed);
             self.abort_writer.notify_one();
             self.close(CloseReason::SlowConsumerPendingBytes);
             return false;
@@ -264,7 +317,12 @@ impl ClientHandle {
             if *c {
                 false
             } else {
-                crate::debug!("{} - Client connection closed: {:?}", self.id, reason);
+                crate::debug!(
+                    self.log,
+                    "{} - Client connection closed: {:?}",
+                    self.id,
+                    reason
+                );
                 *c = true;
                 true
             }
@@ -281,9 +339,6 @@ fn schedule(o: &mut Outbound) -> bool {
         true
     }
 }
-
-/// Slow consumers seen since start (for monitoring).
-pub static SLOW_CONSUMERS: AtomicU64 = AtomicU64::new(0);
 
 /// CONNECT fields we act on; unknown fields are ignored as by the reference.
 #[derive(Deserialize, Default)]
@@ -318,6 +373,9 @@ struct Conn {
     rtt_known: bool,
     /// When the outstanding server PING went out, to measure the round trip.
     ping_sent: Option<Instant>,
+    /// The handle's permissions (a copy, read on every publish) and their answers so far.
+    perms: Option<Arc<dyn Permissions>>,
+    pub_perms: PublishCache,
 }
 
 /// Serves one accepted connection until it closes.
@@ -325,13 +383,18 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
     let _ = stream.set_nodelay(true);
     let addr = stream.peer_addr().ok();
     let (rd, wr) = stream.into_split();
-    let handle = ClientHandle::new(id, server.opts.max_pending);
+    let handle = ClientHandle::new(
+        id,
+        server.opts.max_pending,
+        server.accounts.global().clone(),
+        server.log.clone(),
+    );
     {
         let mut meta = handle.meta.lock().unwrap_or_else(|e| e.into_inner());
         meta.addr = addr;
         meta.start = Some(std::time::SystemTime::now());
     }
-    handle.queue_raw(&server.info_line(id, addr, false));
+    handle.queue_raw(&server.info_line(&handle, addr, false));
     let writer = tokio::spawn(write_loop(handle.clone(), wr, server.opts.write_deadline));
 
     if !server.register(&handle) {
@@ -340,30 +403,15 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
         handle.queue_raw(&b);
         handle.close(CloseReason::MaxConnections);
         server.closed.record(&handle);
-        crate::warn!("{id} - Maximum connections exceeded");
+        crate::warn!(server.log, "{id} - Maximum connections exceeded");
         let _ = writer.await;
         return;
     }
-    crate::debug!("{id} - Client connection created from {addr:?}");
+    crate::debug!(server.log, "{id} - Client connection created from {addr:?}");
 
-    let mut conn = Conn {
-        parser: Parser::new(server.opts.max_payload),
-        router: Router::for_client(id).with_origin(id),
-        verbose: true, // the reference treats a client that never sent CONNECT as verbose
-        pedantic: false,
-        echo: true,
-        headers: false,
-        no_responders: false,
-        info_after_pong: false,
-        pings_out: 0,
-        last_in: Instant::now(),
-        rtt_known: false,
-        ping_sent: None,
-        handle: handle.clone(),
-        server: server.clone(),
-    };
+    let mut conn = Conn::new(server.clone(), handle.clone());
     let reason = conn.read_loop(rd).await;
-    crate::debug!("{id} - Client connection closed: {reason:?}");
+    crate::debug!(server.log, "{id} - Client connection closed: {reason:?}");
     handle.close(reason);
     // Before the subscriptions go: the closed-connections list keeps them.
     server.closed.record(&handle);
@@ -373,6 +421,27 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
 }
 
 impl Conn {
+    fn new(server: Arc<Server>, handle: Arc<ClientHandle>) -> Conn {
+        Conn {
+            parser: Parser::new(server.opts.max_payload),
+            router: Router::for_client(&handle),
+            verbose: true, // the reference treats a client that never sent CONNECT as verbose
+            pedantic: false,
+            echo: true,
+            headers: false,
+            no_responders: false,
+            info_after_pong: false,
+            pings_out: 0,
+            last_in: Instant::now(),
+            rtt_known: false,
+            ping_sent: None,
+            perms: handle.permissions().cloned(),
+            pub_perms: PublishCache::default(),
+            handle,
+            server,
+        }
+    }
+
     async fn read_loop(&mut self, mut rd: OwnedReadHalf) -> CloseReason {
         // The read size adapts like the reference's: small for idle connections (memory per
         // connection matters), doubling while reads fill it, up to 64 KiB. The buffer is
@@ -513,7 +582,11 @@ impl Conn {
         }
         if self.pings_out + 1 > self.server.opts.ping_max {
             self.send_err("Stale Connection");
-            crate::debug!("{} - Stale Client Connection - Closing", self.handle.id);
+            crate::debug!(
+                self.server.log,
+                "{} - Stale Client Connection - Closing",
+                self.handle.id
+            );
             return Err(CloseReason::StaleConnection);
         }
         self.pings_out += 1;
@@ -538,6 +611,12 @@ impl Conn {
         self.send_raw(&b);
     }
 
+    /// A denied publish or subscription: the reference's -ERR, logged; the connection stays.
+    fn permission_violation(&mut self, text: String) {
+        crate::error!(self.server.log, "{} - {text}", self.handle.id);
+        self.send_err(&text);
+    }
+
     fn ok(&mut self) {
         if self.verbose {
             self.send_raw(encode::OK);
@@ -555,7 +634,11 @@ impl Conn {
                         self.send_err(text);
                     }
                     if e == ParseError::MaxPayload {
-                        crate::debug!("{} - Maximum Payload Violation", self.handle.id);
+                        crate::debug!(
+                            self.server.log,
+                            "{} - Maximum Payload Violation",
+                            self.handle.id
+                        );
                     }
                     return Err(CloseReason::ProtocolError);
                 }
@@ -589,7 +672,7 @@ impl Conn {
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .addr;
-                        let line = self.server.info_line(self.handle.id, addr, true);
+                        let line = self.server.info_line(&self.handle, addr, true);
                         self.send_raw(&line);
                     }
                 }
@@ -645,12 +728,17 @@ impl Conn {
             self.send_err("Invalid Publish Subject");
             return;
         }
-        self.ok();
         let stats = &self.handle.stats;
         stats.in_msgs.fetch_add(1, Ordering::Relaxed);
         stats
             .in_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
+        // The permission hook (counted as received first, as the reference does).
+        if !self.pub_perms.allows(self.perms.as_ref(), &subject) {
+            self.permission_violation(permissions::publish_violation(&subject));
+            return;
+        }
+        self.ok();
         let msg = Outgoing {
             subject: &subject,
             reply: reply.as_ref(),
@@ -672,6 +760,12 @@ impl Conn {
             self.send_err("Invalid Subject");
             return;
         }
+        if let Some(p) = &self.perms {
+            if !p.can_subscribe(subj, queue) {
+                self.permission_violation(permissions::subscribe_violation(subj, queue));
+                return;
+            }
+        }
         {
             let mut subs = self.handle.subs.lock().unwrap_or_else(|e| e.into_inner());
             // A repeated sid is ignored, as by the reference.
@@ -687,7 +781,7 @@ impl Conn {
                     delivered: AtomicU64::new(0),
                 });
                 subs.insert(sid, sub.clone());
-                self.server.sublist.insert(sub);
+                self.handle.account.sublist.insert(sub);
             }
         }
         self.ok();
@@ -722,7 +816,7 @@ impl Conn {
             .map(|(_, s)| s)
             .collect();
         for s in subs {
-            self.server.sublist.remove(&s);
+            self.handle.account.sublist.remove(&s);
         }
     }
 }
@@ -786,10 +880,11 @@ async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Dura
                 }
                 Err(_) => {
                     crate::info!(
+                        h.log,
                         "{} - Slow Consumer Detected: WriteDeadline of {:?} exceeded with {} total bytes",
                         h.id, deadline, data.len()
                     );
-                    SLOW_CONSUMERS.fetch_add(1, Ordering::Relaxed);
+                    h.account.stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
                     h.close(CloseReason::SlowConsumerWriteDeadline);
                     break;
                 }
@@ -806,4 +901,75 @@ async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Dura
         }
     }
     let _ = wr.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Opts;
+    use crate::permissions::tests::Deny;
+
+    fn outbound(h: &ClientHandle) -> String {
+        let mut o = h.lock_out();
+        let text = String::from_utf8_lossy(&o.buf).into_owned();
+        o.buf.clear();
+        text
+    }
+
+    /// The three hooks with test rules: publish to `secret.`, subscribe to `private.` and
+    /// delivery of `hidden.` denied. Each denial is the reference's -ERR (or, for delivery,
+    /// silence) and the connection carries on.
+    #[test]
+    fn permission_hooks_deny_and_keep_the_connection() {
+        let server = Server::new(Opts::default(), Log::capture(Default::default()));
+        let account = server.accounts.global().clone();
+        let mut h = Arc::into_inner(ClientHandle::new(
+            1,
+            1 << 20,
+            account.clone(),
+            server.log.clone(),
+        ))
+        .unwrap();
+        h.perms = Some(Arc::new(Deny::new("secret.", "private.", "hidden.")));
+        let h = Arc::new(h);
+        let mut conn = Conn::new(server.clone(), h.clone());
+        let mut input = BytesMut::from(
+            &b"CONNECT {\"verbose\":true}\r\nSUB > 1\r\nSUB private.> 2\r\n\
+               SUB private.x q 3\r\nPUB secret.x 2\r\nhi\r\nPUB public.x 2\r\nhi\r\n\
+               PUB hidden.x 2\r\nhi\r\n"[..],
+        );
+        assert_eq!(conn.process(&mut input), Ok(()));
+        assert_eq!(
+            outbound(&h),
+            "+OK\r\n+OK\r\n\
+             -ERR 'Permissions Violation for Subscription to \"private.>\"'\r\n\
+             -ERR 'Permissions Violation for Subscription to \"private.x\" using queue \"q\"'\r\n\
+             -ERR 'Permissions Violation for Publish to \"secret.x\"'\r\n\
+             +OK\r\nMSG public.x 1 2\r\nhi\r\n+OK\r\n"
+        );
+        assert_eq!(account.sublist.count(), 1, "only SUB > was taken");
+        assert!(!h.is_closed());
+        assert!(server
+            .log
+            .captured()
+            .contains("[ERR] 1 - Permissions Violation for Publish to \"secret.x\""));
+
+        // A denied delivery counts as not delivered: the queue group's other member gets it.
+        let other = ClientHandle::new(2, 1 << 20, account.clone(), server.log.clone());
+        let mut input = BytesMut::from(&b"SUB hidden.q g 4\r\n"[..]);
+        assert_eq!(conn.process(&mut input), Ok(()));
+        account.sublist.insert(Arc::new(Sub {
+            client: other.clone(),
+            sid: Bytes::from_static(b"9"),
+            subject: Bytes::from_static(b"hidden.q"),
+            queue: Some(Bytes::from_static(b"g")),
+            max: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+        }));
+        outbound(&h);
+        let mut input = BytesMut::from(&b"PUB hidden.q 1\r\nx\r\n"[..].repeat(10)[..]);
+        assert_eq!(conn.process(&mut input), Ok(()));
+        assert_eq!(outbound(&h), "+OK\r\n".repeat(10));
+        assert_eq!(other.stats.out_msgs.load(Ordering::Relaxed), 10);
+    }
 }

@@ -1,7 +1,8 @@
 //! Routing one published message to its subscribers. Each publisher (a client connection,
-//! or an in-process service such as JetStream) owns a [`Router`]: its own match cache, the
-//! list of subscribers whose writers must be woken when its batch ends, and the random
-//! state used to pick queue-group members.
+//! or an in-process service such as JetStream) owns a [`Router`]: the account it publishes
+//! in (subjects are matched in that account's sublist only), its own match cache, the list
+//! of subscribers whose writers must be woken when its batch ends, and the random state
+//! used to pick queue-group members.
 //!
 //! A router belongs either to a client connection ([`Router::for_client`]), which waits
 //! for room when it filled an in-process subscriber's queue, or to one of JetStream's own
@@ -14,12 +15,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 use keel_protocol::encode;
 
+use crate::account::Account;
 use crate::client::ClientHandle;
 use crate::inqueue::{InQueue, Pushed};
 use crate::server::Server;
 use crate::sublist::{MatchCache, Sub};
 
 pub struct Router {
+    /// The publisher's account: where subjects are looked up.
+    account: Arc<Account>,
     cache: MatchCache,
     to_signal: Vec<Arc<ClientHandle>>,
     rng: u64,
@@ -43,10 +47,11 @@ pub struct Outgoing<'a> {
 }
 
 impl Router {
-    /// A router for an in-process publisher (JetStream's tasks): it never waits for a full
-    /// queue, so its messages past a queue's hard limit are dropped.
-    pub fn new(seed: u64) -> Self {
+    /// A router for an in-process publisher (JetStream's tasks) in `account`: it never
+    /// waits for a full queue, so its messages past a queue's hard limit are dropped.
+    pub fn new(account: Arc<Account>, seed: u64) -> Self {
         Router {
+            account,
             cache: MatchCache::default(),
             to_signal: Vec::new(),
             congested: None,
@@ -57,13 +62,19 @@ impl Router {
         }
     }
 
-    /// A router for a client connection: full in-process queues are reported by
+    /// A router for a client connection, in its account, marking what it routes as the
+    /// connection's: full in-process queues are reported by
     /// [`pop_blocked`](Self::pop_blocked) and the connection waits for them.
-    pub fn for_client(seed: u64) -> Self {
+    pub fn for_client(client: &ClientHandle) -> Self {
         Router {
             client: true,
-            ..Router::new(seed)
+            ..Router::new(client.account().clone(), client.id).with_origin(client.id)
         }
+    }
+
+    /// The account this router publishes in.
+    pub fn account(&self) -> &Arc<Account> {
+        &self.account
     }
 
     /// Marks what this router routes as published by connection `id`.
@@ -72,9 +83,10 @@ impl Router {
         self
     }
 
-    /// Delivers `msg` to every plain subscription and one member of each queue group.
-    /// `skip` names a connection whose own subscriptions must not get it (echo off).
-    /// Returns whether anyone received it.
+    /// Delivers `msg` to every plain subscription in the router's account and one member
+    /// of each queue group. `skip` names a connection whose own subscriptions must not get
+    /// it (echo off). Returns whether anyone received it. (`server` is for what crosses
+    /// the account: the auto-unsubscribe bookkeeping today, imports with issue 13.)
     pub fn route(&mut self, server: &Server, msg: &Outgoing, skip: Option<u64>) -> bool {
         self.route_to(server, msg.subject, msg, skip)
     }
@@ -89,7 +101,7 @@ impl Router {
         msg: &Outgoing,
         skip: Option<u64>,
     ) -> bool {
-        let result = self.cache.lookup(&server.sublist, target);
+        let result = self.cache.lookup(&self.account.sublist, target);
         let mut delivered = false;
         for sub in &result.psubs {
             if skip == Some(sub.client.id) {
@@ -118,7 +130,7 @@ impl Router {
     /// subscriptions (the requester's inbox).
     pub fn no_responders(&mut self, server: &Server, client: u64, subject: &[u8], reply: &Bytes) {
         let hdr = Bytes::from(encode::status_headers("503", &[("Nats-Subject", subject)]));
-        let result = self.cache.lookup(&server.sublist, reply);
+        let result = self.cache.lookup(&self.account.sublist, reply);
         let own: Vec<Arc<Sub>> = result
             .psubs
             .iter()
@@ -137,8 +149,14 @@ impl Router {
         }
     }
 
-    /// Delivers to one subscription, honouring its auto-unsubscribe limit.
+    /// Delivers to one subscription, honouring its auto-unsubscribe limit and the
+    /// subscriber's delivery permissions.
     pub fn deliver(&mut self, server: &Server, sub: &Arc<Sub>, msg: &Outgoing) -> bool {
+        if let Some(p) = sub.client.permissions() {
+            if p.checks_delivery() && !p.can_deliver(msg.subject) {
+                return false;
+            }
+        }
         let n = sub.delivered.fetch_add(1, Ordering::Relaxed) + 1;
         let max = sub.max.load(Ordering::Relaxed);
         if max > 0 {
@@ -199,9 +217,10 @@ impl Router {
         self.congested.take()
     }
 
-    /// Does anyone subscribe to `subject`?
-    pub fn has_interest(&mut self, server: &Server, subject: &[u8]) -> bool {
-        !self.cache.lookup(&server.sublist, subject).is_empty()
+    /// Does anyone in the router's account subscribe to `subject`? (`_server`: the same
+    /// shape as [`route`](Self::route), for interest arriving through imports later.)
+    pub fn has_interest(&mut self, _server: &Server, subject: &[u8]) -> bool {
+        !self.cache.lookup(&self.account.sublist, subject).is_empty()
     }
 
     /// Remembers that `h` has data queued and its writer must be woken at the batch end.

@@ -1,5 +1,6 @@
-//! The server: shared state (subject index, connection registry), the listener, and
-//! orderly shutdown.
+//! The server: shared state (accounts, connection registry, log, tasks), the listener, and
+//! orderly shutdown. Nothing here is process-global: two `Server`s in one process share
+//! nothing.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -11,13 +12,19 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::account::Accounts;
 use crate::client::{self, ClientHandle};
 use crate::config::{Opts, COMPAT_VERSION, GIT_COMMIT, KEEL_VERSION, TOOLCHAIN};
-use crate::sublist::{Sub, Sublist};
+use crate::inqueue::InQueue;
+use crate::log::Log;
+use crate::sublist::Sub;
 
 pub struct Server {
     pub opts: Opts,
-    pub sublist: Sublist,
+    /// Every account; each owns its subject space (`account.sublist`).
+    pub accounts: Accounts,
+    /// This server's log (every log macro takes it, or a clone of it).
+    pub log: Log,
     pub server_id: String,
     pub server_name: String,
     /// The address clients connect to, once bound.
@@ -35,6 +42,24 @@ pub struct Server {
     stop_accepting: watch::Sender<bool>,
     /// Recently closed connections (`/connz?state=closed`).
     pub closed: crate::monitor::ClosedConns,
+    tasks: Tasks,
+    /// The queues of in-process clients (JetStream's), sealed at shutdown so their tasks
+    /// finish what is queued and end.
+    internal_queues: Mutex<QueueRegistry>,
+}
+
+/// The server's background tasks (spawned with [`Server::spawn`]): each holds a clone of
+/// `token`; once the server drops its own, the receiver sees the channel close when the
+/// last task has ended.
+struct Tasks {
+    token: Mutex<Option<tokio::sync::mpsc::Sender<()>>>,
+    done: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<()>>,
+}
+
+#[derive(Default)]
+struct QueueRegistry {
+    live: Vec<std::sync::Weak<InQueue>>,
+    prune_at: usize,
 }
 
 #[derive(Default)]
@@ -93,7 +118,7 @@ struct Info<'a> {
 /// Binds a TCP listener on `host:port`. The wildcard host (`0.0.0.0`, the default, or `::`)
 /// gets one socket for IPv6 and IPv4 together, as the reference's listeners do; where IPv6
 /// is unavailable `0.0.0.0` falls back to IPv4 alone.
-pub fn bind_tcp(host: &str, port: u16) -> std::io::Result<TcpListener> {
+pub fn bind_tcp(host: &str, port: u16, log: &Log) -> std::io::Result<TcpListener> {
     let dual = matches!(host, "0.0.0.0" | "" | "::" | "[::]");
     if dual {
         match listen_on((std::net::Ipv6Addr::UNSPECIFIED, port).into(), true) {
@@ -101,7 +126,7 @@ pub fn bind_tcp(host: &str, port: u16) -> std::io::Result<TcpListener> {
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse || host.contains(':') => {
                 return Err(e)
             }
-            Err(e) => crate::debug!("No IPv6 listener ({e}); listening on IPv4 only"),
+            Err(e) => crate::debug!(log, "No IPv6 listener ({e}); listening on IPv4 only"),
         }
     }
     // As tokio's bind: the first of the host's addresses that can be bound.
@@ -150,7 +175,7 @@ fn new_server_id() -> String {
 }
 
 impl Server {
-    pub fn new(opts: Opts) -> Arc<Self> {
+    pub fn new(opts: Opts, log: Log) -> Arc<Self> {
         let server_id = new_server_id();
         let server_name = opts
             .server_name
@@ -158,9 +183,11 @@ impl Server {
             .unwrap_or_else(|| server_id.clone());
         let (shutdown, _) = watch::channel(false);
         let opts_max_closed = opts.max_closed_clients;
+        let (token, done) = tokio::sync::mpsc::channel(1);
         Arc::new(Server {
             opts,
-            sublist: Sublist::new(),
+            accounts: Accounts::default(),
+            log,
             server_id,
             server_name,
             client_addr: Mutex::new(None),
@@ -174,14 +201,80 @@ impl Server {
             lame_duck: std::sync::atomic::AtomicBool::new(false),
             stop_accepting: watch::channel(false).0,
             closed: crate::monitor::ClosedConns::new(opts_max_closed),
+            tasks: Tasks {
+                token: Mutex::new(Some(token)),
+                done: tokio::sync::Mutex::new(done),
+            },
+            internal_queues: Mutex::new(QueueRegistry::default()),
         })
     }
 
+    /// Spawns a background task of this server; [`wait_tasks`](Self::wait_tasks) waits for
+    /// it at shutdown, so a stopped server leaves nothing running.
+    pub fn spawn<F>(&self, fut: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let token = self
+            .tasks
+            .token
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        tokio::spawn(async move {
+            let _token = token;
+            fut.await
+        })
+    }
+
+    /// After shutdown: waits (at most `limit`) until every task from [`spawn`](Self::spawn)
+    /// has ended. Returns whether they all did.
+    pub async fn wait_tasks(&self, limit: Duration) -> bool {
+        drop(
+            self.tasks
+                .token
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
+        let mut done = self.tasks.done.lock().await;
+        tokio::time::timeout(limit, done.recv()).await.is_ok()
+    }
+
+    /// Remembers an in-process client's queue (for [`seal_internal`](Self::seal_internal)).
+    pub(crate) fn register_internal(&self, q: &Arc<InQueue>) {
+        let mut reg = self
+            .internal_queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if reg.live.len() >= reg.prune_at {
+            reg.live.retain(|w| w.strong_count() > 0);
+            reg.prune_at = (reg.live.len() * 2).max(64);
+        }
+        reg.live.push(Arc::downgrade(q));
+    }
+
+    /// Seals every in-process client's queue: their tasks take what is queued, then end.
+    pub fn seal_internal(&self) {
+        let live: Vec<Arc<InQueue>> = self
+            .internal_queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .live
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        for q in live {
+            q.seal();
+        }
+    }
+
     /// The INFO line for one client; `connect_info` marks the second INFO sent after the
-    /// first PONG.
+    /// first PONG (it names the client's account).
     pub fn info_line(
         &self,
-        client_id: u64,
+        client: &ClientHandle,
         peer: Option<SocketAddr>,
         connect_info: bool,
     ) -> Vec<u8> {
@@ -198,10 +291,10 @@ impl Server {
             headers: true,
             max_payload: self.opts.max_payload,
             jetstream: self.jetstream.get().is_some(),
-            client_id,
+            client_id: client.id,
             client_ip: peer.map(|p| p.ip().to_string()),
             connect_info,
-            remote_account: connect_info.then_some("$G"),
+            remote_account: connect_info.then_some(client.account().name.as_str()),
             ldm: self.lame_duck.load(std::sync::atomic::Ordering::Relaxed),
             domain: self.jetstream.get().and_then(|js| js.domain.as_deref()),
             api_lvl: crate::jetstream::stream::API_LEVEL,
@@ -297,9 +390,9 @@ impl Server {
         t
     }
 
-    /// Removes a subscription from the index and from its owner's sid table.
+    /// Removes a subscription from its account's index and from its owner's sid table.
     pub fn remove_sub(&self, sub: &Arc<Sub>) {
-        self.sublist.remove(sub);
+        sub.client.account().sublist.remove(sub);
         let mut subs = sub.client.subs.lock().unwrap_or_else(|e| e.into_inner());
         if subs.get(&sub.sid).is_some_and(|s| Arc::ptr_eq(s, sub)) {
             subs.remove(&sub.sid);
@@ -313,7 +406,7 @@ impl Server {
         } else {
             self.opts.port as u16
         };
-        let listener = bind_tcp(&self.opts.host, port)?;
+        let listener = bind_tcp(&self.opts.host, port, &self.log)?;
         *self.client_addr.lock().unwrap_or_else(|e| e.into_inner()) = Some(listener.local_addr()?);
         Ok(listener)
     }
@@ -334,7 +427,7 @@ impl Server {
                         tasks.spawn(client::serve(self.clone(), stream, id));
                     }
                     Err(e) => {
-                        crate::error!("Error accepting client connection: {e}");
+                        crate::error!(self.log, "Error accepting client connection: {e}");
                         // Out of file descriptors and the like: back off instead of spinning.
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
@@ -378,17 +471,20 @@ impl Server {
             self.opts.lame_duck_duration,
             self.opts.lame_duck_grace_period,
         );
-        crate::info!("Entering lame duck mode, stop accepting new clients");
+        crate::info!(
+            self.log,
+            "Entering lame duck mode, stop accepting new clients"
+        );
         self.stop_accepting.send_replace(true);
         for h in self.clients() {
             let meta_addr = h.meta.lock().unwrap_or_else(|e| e.into_inner()).addr;
-            h.send_info(&self.info_line(h.id, meta_addr, false));
+            h.send_info(&self.info_line(&h, meta_addr, false));
         }
         tokio::time::sleep(grace).await;
         let clients = self.clients();
         if !clients.is_empty() {
             let spread = duration.saturating_sub(grace) / clients.len() as u32;
-            crate::info!("Closing existing clients");
+            crate::info!(self.log, "Closing existing clients");
             for h in clients {
                 h.close(client::CloseReason::ServerShutdown);
                 tokio::time::sleep(spread.min(Duration::from_secs(1))).await;
@@ -404,7 +500,8 @@ mod tests {
 
     #[tokio::test]
     async fn wildcard_listener_takes_ipv4_and_ipv6() {
-        let l = bind_tcp("0.0.0.0", 0).unwrap();
+        let log = Log::stderr();
+        let l = bind_tcp("0.0.0.0", 0, &log).unwrap();
         let port = l.local_addr().unwrap().port();
         tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -413,7 +510,7 @@ mod tests {
             assert!(l.local_addr().unwrap().is_ipv6(), "one dual-stack socket");
             tokio::net::TcpStream::connect(("::1", port)).await.unwrap();
         }
-        let l = bind_tcp("127.0.0.1", 0).unwrap();
+        let l = bind_tcp("127.0.0.1", 0, &log).unwrap();
         assert!(l.local_addr().unwrap().is_ipv4());
         assert_eq!(host_port("::1", 4222), "[::1]:4222");
         assert_eq!(host_port("0.0.0.0", 4222), "0.0.0.0:4222");

@@ -71,10 +71,10 @@ impl Stream {
     pub fn run_expiry(&self, server: &Arc<Server>, router: &mut Router, now: i64) {
         let marked = {
             let mut inner = self.lock();
-            let marked = expire(&mut inner, now);
+            let marked = expire(&server.log, &mut inner, now);
             if marked && self.storage == StorageType::File {
                 if let Err(e) = inner.store.sync() {
-                    crate::error!("Stream {}: storage sync failed: {e}", self.name);
+                    crate::error!(server.log, "Stream {}: storage sync failed: {e}", self.name);
                 }
             }
             self.refresh_bytes(&inner);
@@ -90,13 +90,13 @@ impl Stream {
 }
 
 /// Expires what is due; returns whether delete markers were written.
-fn expire(inner: &mut StreamInner, now: i64) -> bool {
+fn expire(log: &crate::log::Log, inner: &mut StreamInner, now: i64) -> bool {
     let sdm = inner.config.subject_delete_marker_ttl;
     let max_age = inner.config.max_age;
     if sdm <= 0 {
         if max_age > 0 {
             if let Err(e) = inner.store.expire(now) {
-                crate::error!("Stream {}: expiry failed: {e}", inner.config.name);
+                crate::error!(log, "Stream {}: expiry failed: {e}", inner.config.name);
             }
         }
         if inner.has_ttls() {

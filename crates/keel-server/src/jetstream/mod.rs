@@ -1,7 +1,8 @@
 //! JetStream: streams (and, next, consumers) as a subsystem that talks to the core the way a
 //! client does. It subscribes to `$JS.API.>` with an in-process handle, answers requests by
 //! publishing to their reply subjects through a [`Router`], and each stream subscribes to its
-//! own subjects. Stream configs live in `<store_dir>/jetstream/$G/streams/<name>/`.
+//! own subjects. Stream configs live in `<store_dir>/jetstream/<account>/streams/<name>/`;
+//! JetStream serves the global account `$G`, and its in-process clients are bound to it.
 
 pub mod advisory;
 pub mod api;
@@ -28,7 +29,9 @@ use keel_store::{Purge, StoreError};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::account::Account;
 use crate::client::{ClientHandle, InMsg};
+use crate::log::Log;
 use crate::router::{Outgoing, Router};
 use crate::server::Server;
 use crate::sublist::Sub;
@@ -55,6 +58,11 @@ pub struct JetStream {
     pub domain: Option<String>,
     /// Held for the life of the process: one server per store directory.
     _lock: keel_store::DirLock,
+    /// The account whose streams these are (its subjects, its clients).
+    pub account: Arc<Account>,
+    /// The server's name (stream info's `cluster.leader`).
+    pub server_name: String,
+    log: Log,
 }
 
 const NAMES_LIMIT: usize = 1024;
@@ -69,7 +77,11 @@ impl JetStream {
             .store_dir
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join("keel"));
-        let streams_dir = store_dir.join("jetstream").join("$G").join("streams");
+        let account = server.accounts.global().clone();
+        let streams_dir = store_dir
+            .join("jetstream")
+            .join(&account.name)
+            .join("streams");
         // Two servers on one store would both hand out the same sequences; the second
         // refuses to start (the kernel drops the lock when the holder exits, even on kill).
         let lock = keel_store::lock_dir(&store_dir)?;
@@ -97,20 +109,21 @@ impl JetStream {
             strict: opts.jetstream_strict,
             domain: opts.jetstream_domain.clone(),
             _lock: lock,
+            account,
+            server_name: server.server_name.clone(),
+            log: server.log.clone(),
         });
-        if let Some(d) = &js.domain {
-            let _ = DOMAIN.set(d.clone());
-        }
         js.recover(server)?;
 
         let (handle, rx) = ClientHandle::internal(
-            server.next_client_id(),
+            server,
+            &js.account,
             "JetStream API".into(),
             crate::inqueue::API_QUEUE_BYTES,
         );
         let domain_api = js.domain.as_ref().map(|d| format!("$JS.{d}.API.>"));
         for subject in std::iter::once("$JS.API.>".to_string()).chain(domain_api) {
-            server.sublist.insert(Arc::new(Sub {
+            js.account.sublist.insert(Arc::new(Sub {
                 client: handle.clone(),
                 sid: Bytes::from_static(b"api"),
                 subject: Bytes::from(subject),
@@ -119,8 +132,8 @@ impl JetStream {
                 delivered: AtomicU64::new(0),
             }));
         }
-        tokio::spawn(api_loop(js.clone(), server.clone(), rx));
-        tokio::spawn(maintenance_loop(js.clone(), server.clone()));
+        server.spawn(api_loop(js.clone(), server.clone(), rx));
+        server.spawn(maintenance_loop(js.clone(), server.clone()));
         Ok(js)
     }
 
@@ -132,11 +145,15 @@ impl JetStream {
             if !dir.is_dir() {
                 continue;
             }
-            let meta = match stream::read_meta(&dir) {
+            let meta = match stream::read_meta(&dir, &self.log) {
                 Ok(m) => m,
                 Err(e) => {
                     // Damage never deletes a stream: it stays on disk for an operator.
-                    crate::error!("Skipping stream directory {}: {e}", dir.display());
+                    crate::error!(
+                        server.log,
+                        "Skipping stream directory {}: {e}",
+                        dir.display()
+                    );
                     continue;
                 }
             };
@@ -146,10 +163,17 @@ impl JetStream {
                 let _ = std::fs::remove_dir_all(&dir);
                 continue;
             }
-            match Stream::open(server, &dir, meta, self.sync_interval.is_none()) {
+            match Stream::open(
+                server,
+                &self.account,
+                &dir,
+                meta,
+                self.sync_interval.is_none(),
+            ) {
                 Ok(s) => {
                     let st = s.state();
                     crate::info!(
+                        server.log,
                         "  Restored stream {name}: {} messages, {} bytes, seq {}..{}",
                         st.msgs,
                         st.bytes,
@@ -158,7 +182,7 @@ impl JetStream {
                     );
                     self.streams_write().insert(name, s);
                 }
-                Err(e) => crate::error!("Could not restore stream {name}: {e}"),
+                Err(e) => crate::error!(server.log, "Could not restore stream {name}: {e}"),
             }
         }
         Ok(())
@@ -241,14 +265,14 @@ impl JetStream {
             }
             let mut inner = s.lock();
             if let Err(e) = inner.store.sync().and_then(|_| inner.store.close()) {
-                crate::error!("Stream {}: error closing store: {e}", s.name);
+                crate::error!(self.log, "Stream {}: error closing store: {e}", s.name);
             }
         }
     }
 }
 
 async fn api_loop(js: Arc<JetStream>, server: Arc<Server>, mut rx: crate::inqueue::Receiver) {
-    let mut router = Router::new(0x4a53);
+    let mut router = Router::new(js.account.clone(), 0x4a53);
     let mut batch = Vec::new();
     // Handle a batch of what is queued, then wake the writers once.
     while rx.recv_many(&mut batch, 256, 1024 * 1024).await > 0 {
@@ -264,7 +288,7 @@ async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
     let mut shutdown = server.shutdown_rx();
     let tick = Duration::from_millis(100);
     let mut last_sync = std::time::Instant::now();
-    let mut router = Router::new(0x4d41);
+    let mut router = Router::new(js.account.clone(), 0x4d41);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
@@ -323,12 +347,9 @@ fn reply_headers(server: &Server, router: &mut Router, to: &Bytes, hdr: Vec<u8>,
     );
 }
 
-/// The JetStream domain, once JetStream has started with one.
-pub static DOMAIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-/// The configured JetStream domain, if any.
-pub fn domain() -> Option<&'static str> {
-    DOMAIN.get().map(String::as_str)
+/// The server's JetStream domain, if one is configured.
+pub fn domain(server: &Server) -> Option<&str> {
+    server.opts.jetstream_domain.as_deref()
 }
 
 /// `$JS.<domain>.API.X` is `$JS.API.X` (the reference maps the prefix): the request is
@@ -342,7 +363,7 @@ fn relay_domain_request(js: &JetStream, server: &Server, m: &InMsg) {
     let mut subject = b"$JS.API.".to_vec();
     subject.extend_from_slice(rest);
     let subject = Bytes::from(subject);
-    let mut router = Router::new(m.origin).with_origin(m.origin);
+    let mut router = Router::new(js.account.clone(), m.origin).with_origin(m.origin);
     router.route(
         server,
         &Outgoing {
@@ -548,11 +569,12 @@ fn account_info(js: &JetStream) -> Fields {
     f
 }
 
-/// `config, created, state, [cluster], ts` of one stream.
+/// `config, created, state, [domain, cluster], ts` of one stream; `cluster` is the
+/// JetStream whose server leads it (a single server: always this one).
 fn stream_fields(
     s: &Stream,
     dynamic_meta: bool,
-    cluster: Option<&str>,
+    cluster: Option<&JetStream>,
     subjects_filter: Option<&str>,
     deleted_details: bool,
 ) -> Fields {
@@ -573,12 +595,15 @@ fn stream_fields(
             deleted.as_deref(),
         ),
     );
-    if let Some(leader) = cluster {
+    if let Some(js) = cluster {
         // Stream info names the domain before the cluster, as the reference.
-        if let Some(d) = domain() {
-            f.insert("domain".into(), d.into());
+        if let Some(d) = &js.domain {
+            f.insert("domain".into(), d.clone().into());
         }
-        f.insert("cluster".into(), serde_json::json!({ "leader": leader }));
+        f.insert(
+            "cluster".into(),
+            serde_json::json!({ "leader": js.server_name }),
+        );
     }
     for (k, v) in s.sourcing_info() {
         f.insert(k.into(), v);
@@ -697,7 +722,7 @@ fn stream_create(
         ));
     }
     let first_seq = meta.config.first_seq;
-    let s = Stream::open(server, &dir, meta, js.sync_interval.is_none())
+    let s = Stream::open(server, &js.account, &dir, meta, js.sync_interval.is_none())
         .map_err(|e| ApiError::new(500, 10049, e))?;
     if first_seq > 1 {
         let mut inner = s.lock();
@@ -745,7 +770,7 @@ fn stream_update(
         s.refresh_bytes(&inner);
     }
     if old.subjects != cfg.subjects {
-        s.subscribe(server);
+        s.subscribe();
     }
     if old.mirror != cfg.mirror || old.sources != cfg.sources {
         s.restart_sourcing(server);
@@ -807,7 +832,7 @@ fn stream_info(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiErr
     let mut inner_fields = stream_fields(
         &s,
         true,
-        Some(&server_name_of(js)),
+        Some(js),
         req.subjects_filter.as_deref(),
         req.deleted_details,
     );
@@ -849,13 +874,6 @@ fn stream_info(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiErr
     f.extend(inner_fields);
     Ok(f)
 }
-
-fn server_name_of(_js: &JetStream) -> String {
-    SERVER_NAME.get().cloned().unwrap_or_default()
-}
-
-/// The server name, for `cluster.leader` in stream info (single node: always us).
-pub static SERVER_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
@@ -906,7 +924,7 @@ fn stream_delete(
         .remove(name)
         .ok_or_else(ApiError::stream_not_found)?;
     s.stop_sourcing();
-    s.unsubscribe(server);
+    s.unsubscribe();
     // Its consumers go with it: subscriptions removed, tasks ended, waiting pulls told
     // `409 Consumer Deleted` (the reference). Their state is under the stream's directory.
     let consumers = std::mem::take(&mut *s.consumers_lock());
@@ -922,11 +940,15 @@ fn stream_delete(
             Box::new(keel_store::mem::MemStore::new(Default::default())),
         );
         if let Err(e) = store.destroy() {
-            crate::error!("Stream {name}: could not remove its data: {e}");
+            crate::error!(server.log, "Stream {name}: could not remove its data: {e}");
         }
     }
     if let Err(e) = files::meta().remove_dir_all(&s.dir) {
-        crate::error!("Stream {name}: could not remove {}: {e}", s.dir.display());
+        crate::error!(
+            server.log,
+            "Stream {name}: could not remove {}: {e}",
+            s.dir.display()
+        );
     }
     advisory::stream_action(server, router, name, advisory::Action::Delete);
     let mut f = Fields::new();
@@ -1180,7 +1202,11 @@ impl JetStream {
         let dir = stream.dir.join("consumers").join(name);
         if dir.exists() {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
-                crate::error!("Could not remove consumer data {}: {e}", dir.display());
+                crate::error!(
+                    server.log,
+                    "Could not remove consumer data {}: {e}",
+                    dir.display()
+                );
             }
         }
         if stream.retention() == stream::Retention::Interest {
@@ -1472,7 +1498,11 @@ fn create_consumer(
         c.stop(server, router);
         if let Some(d) = cdir {
             if let Err(e) = files::meta().remove_dir_all(&d) {
-                crate::error!("Could not remove consumer data {}: {e}", d.display());
+                crate::error!(
+                    server.log,
+                    "Could not remove consumer data {}: {e}",
+                    d.display()
+                );
             }
         }
         return Err(ApiError::new(

@@ -595,7 +595,7 @@ pub fn start(
     // back from the end of the target), the saved position, the previous generation's; the
     // furthest of those that name the same origin identity.
     let found = scan_positions(target, &sources);
-    let saved: Positions = load_positions(&target.dir)
+    let saved: Positions = load_positions(&target.dir, target.handle_log())
         .into_iter()
         .map(|(k, p)| (k, (p.seq, p.ident)))
         .collect();
@@ -623,7 +623,7 @@ pub fn start(
         }
     }
     if let Some(m) = &mirror {
-        tokio::spawn(run(
+        server.spawn(run(
             server.clone(),
             Arc::downgrade(target),
             m.clone(),
@@ -634,7 +634,7 @@ pub fn start(
         ));
     }
     for s in &sources {
-        tokio::spawn(run(
+        server.spawn(run(
             server.clone(),
             Arc::downgrade(target),
             s.clone(),
@@ -701,15 +701,20 @@ struct SavedPosition {
 
 const POSITIONS_FILE: &str = "sources.json";
 
-fn load_positions(dir: &Path) -> HashMap<String, SavedPosition> {
-    std::fs::read(dir.join(POSITIONS_FILE))
+/// The saved positions (checksummed like every metadata file; a damaged file counts as
+/// none: the scan of the target's own `Nats-Stream-Source` headers still finds where each
+/// source stopped).
+fn load_positions(dir: &Path, log: &crate::log::Log) -> HashMap<String, SavedPosition> {
+    super::files::read(&dir.join(POSITIONS_FILE), "Source positions", log)
         .ok()
+        .flatten()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default()
 }
 
 /// Rewrites the saved positions (write, rename; `durable` also fsyncs).
 pub fn save_positions(
+    log: &crate::log::Log,
     dir: &Path,
     sourcing: &Sourcing,
     idents: &HashMap<String, String>,
@@ -728,22 +733,14 @@ pub fn save_positions(
             )
         })
         .collect();
-    let write = || -> std::io::Result<()> {
-        use std::io::Write;
-        let tmp = dir.join("sources.json.tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&serde_json::to_vec(&map).map_err(std::io::Error::other)?)?;
-        if durable {
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, dir.join(POSITIONS_FILE))?;
-        if durable {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    };
-    if let Err(e) = write() {
-        crate::warn!("Could not save source positions in {}: {e}", dir.display());
+    let body = serde_json::to_vec(&map).expect("positions serialize");
+    // Through keel-store's MetaFiles (the Fs seam): checksummed, atomically replaced.
+    if let Err(e) = super::files::write(&dir.join(POSITIONS_FILE), &body, durable) {
+        crate::warn!(
+            log,
+            "Could not save source positions in {}: {e}",
+            dir.display()
+        );
     }
 }
 
@@ -808,6 +805,7 @@ async fn run(
                         if let Some(old) = &ident {
                             if *old != id {
                                 crate::warn!(
+                                    server.log,
                                     "JetStream source stream {:?} for stream '$G > {}' was recreated, resetting source state",
                                     state.cfg.name,
                                     t.name

@@ -19,6 +19,7 @@ use super::counter;
 use super::republish::{self, RePublish, Republisher};
 use super::sourcing::{self, SourcedBatch, StreamSource, SubjectTransformConfig, Taken};
 use super::transform::{validate_mapping, Transform};
+use crate::account::Account;
 use crate::client::{ClientHandle, InMsg};
 use crate::router::{Outgoing, Router};
 use crate::server::Server;
@@ -624,6 +625,7 @@ impl Stream {
     /// Opens (or creates) a stream's store and subscribes to its subjects.
     pub fn open(
         server: &Arc<Server>,
+        account: &Arc<Account>,
         dir: &Path,
         meta: StreamMeta,
         sync_always: bool,
@@ -635,14 +637,25 @@ impl Stream {
                 let msgs = dir.join("msgs");
                 let (mut fs, report) = keel_store::file::FileStore::open(&msgs, config.limits())
                     .map_err(|e| e.to_string())?;
-                super::files::log_recovery(&config.name, &msgs, &report, Some(&fs.state()));
-                crate::debug!("Stream {} recovery: {report:?}", config.name);
-                fs.set_observer(super::files::observer(config.name.clone(), msgs));
+                super::files::log_recovery(
+                    &server.log,
+                    &config.name,
+                    &msgs,
+                    &report,
+                    Some(&fs.state()),
+                );
+                crate::debug!(server.log, "Stream {} recovery: {report:?}", config.name);
+                fs.set_observer(super::files::observer(
+                    server.log.clone(),
+                    config.name.clone(),
+                    msgs,
+                ));
                 Box::new(fs)
             }
         };
         let (handle, rx) = ClientHandle::internal(
-            server.next_client_id(),
+            server,
+            account,
             format!("stream {}", config.name),
             crate::inqueue::STREAM_QUEUE_BYTES,
         );
@@ -682,9 +695,9 @@ impl Stream {
             source_idents: Mutex::new((HashMap::new(), false)),
             sourcing_gen: AtomicU64::new(0),
         });
-        stream.subscribe(server);
+        stream.subscribe();
         stream.recover_consumers(server);
-        tokio::spawn(publish_loop(stream.clone(), server.clone(), rx, sourced_rx));
+        server.spawn(publish_loop(stream.clone(), server.clone(), rx, sourced_rx));
         stream.restart_sourcing(server);
         Ok(stream)
     }
@@ -697,7 +710,7 @@ impl Stream {
         };
         for e in entries.flatten() {
             let cdir = e.path();
-            match super::consumer::read_meta(&cdir) {
+            match super::consumer::read_meta(&cdir, &server.log) {
                 Ok(meta) => {
                     let name = e.file_name().to_string_lossy().into_owned();
                     let c = super::consumer::Consumer::start(
@@ -712,12 +725,15 @@ impl Stream {
                 Err(_) if leftover(&cdir) => {
                     // An interrupted create (an older Keel left these on a full disk).
                     crate::warn!(
+                        server.log,
                         "Removing {}: a consumer directory with no config in it",
                         cdir.display()
                     );
                     let _ = super::files::meta().remove_dir_all(&cdir);
                 }
-                Err(err) => crate::error!("Skipping consumer in {}: {err}", cdir.display()),
+                Err(err) => {
+                    crate::error!(server.log, "Skipping consumer in {}: {err}", cdir.display())
+                }
             }
         }
     }
@@ -745,12 +761,22 @@ impl Stream {
         self.lock().config.clone()
     }
 
-    /// (Re)subscribes to the config's subjects.
-    pub fn subscribe(&self, server: &Server) {
+    /// The server's log (the stream's handle carries it).
+    pub fn handle_log(&self) -> &crate::log::Log {
+        self.handle.log()
+    }
+
+    /// The account the stream serves.
+    pub fn account(&self) -> &Arc<Account> {
+        self.handle.account()
+    }
+
+    /// (Re)subscribes to the config's subjects, in the stream's account.
+    pub fn subscribe(&self) {
         let subjects = self.lock().config.subjects.clone();
         let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
         for s in subs.drain(..) {
-            server.sublist.remove(&s);
+            self.account().sublist.remove(&s);
         }
         for (i, subj) in subjects.iter().enumerate() {
             let sub = Arc::new(Sub {
@@ -761,15 +787,15 @@ impl Stream {
                 max: AtomicU64::new(0),
                 delivered: AtomicU64::new(0),
             });
-            server.sublist.insert(sub.clone());
+            self.account().sublist.insert(sub.clone());
             subs.push(sub);
         }
     }
 
-    pub fn unsubscribe(&self, server: &Server) {
+    pub fn unsubscribe(&self) {
         let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
         for s in subs.drain(..) {
-            server.sublist.remove(&s);
+            self.account().sublist.remove(&s);
         }
         // Closing the handle ends the publish loop once its queue drains.
         self.handle
@@ -795,8 +821,14 @@ impl Stream {
 
     /// Stores a batch and returns the ack for each message that asked for one. With
     /// sync-always the acks are only produced after the batch is on disk.
-    /// `budget`: bytes this stream may still add under the server-wide store limit.
-    fn process_batch(&self, batch: &mut Vec<InMsg>, budget: Option<u64>) -> Vec<(Bytes, Vec<u8>)> {
+    /// `budget`: bytes this stream may still add under the server-wide store limit;
+    /// `domain`: the JetStream domain that acks name.
+    fn process_batch(
+        &self,
+        batch: &mut Vec<InMsg>,
+        budget: Option<u64>,
+        domain: Option<&str>,
+    ) -> Vec<(Bytes, Vec<u8>)> {
         // Interest retention keeps a message only while some consumer wants its subject.
         let interest: Option<Vec<Vec<String>>> =
             (self.retention() == Retention::Interest).then(|| {
@@ -838,7 +870,7 @@ impl Stream {
         if (stored_any && self.sync_always) || inner.io_error {
             let r = inner.store.sync();
             let n = results.iter().filter(|(_, r)| r.stored()).count();
-            inner.storage_result(&self.name, r, n, |text| {
+            inner.storage_result(self.handle.log(), &self.name, r, n, |text| {
                 for (_, r) in results.iter_mut() {
                     if r.stored() {
                         *r = PubResult::Error(ApiError::new(503, 10077, text.to_string()));
@@ -851,7 +883,7 @@ impl Stream {
         drop(inner);
         results
             .into_iter()
-            .filter_map(|(reply, r)| reply.map(|reply| (reply, pub_ack(&name, &r))))
+            .filter_map(|(reply, r)| reply.map(|reply| (reply, pub_ack(&name, domain, &r))))
             .collect()
     }
 
@@ -859,14 +891,14 @@ impl Stream {
     pub fn sync(&self) {
         let mut inner = self.lock();
         let r = inner.store.sync();
-        inner.storage_result(&self.name, r, 0, |_| {});
+        inner.storage_result(self.handle.log(), &self.name, r, 0, |_| {});
     }
 }
 
-fn pub_ack(stream: &str, r: &PubResult) -> Vec<u8> {
+fn pub_ack(stream: &str, domain: Option<&str>, r: &PubResult) -> Vec<u8> {
     let name = serde_json::to_string(stream).expect("string serializes");
     // With a JetStream domain, successful acks name it (errors do not), as the reference.
-    let domain = super::domain()
+    let domain = domain
         .map(|d| format!(",\"domain\":{}", serde_json::to_string(d).expect("string")))
         .unwrap_or_default();
     match r {
@@ -994,6 +1026,7 @@ impl StreamInner {
     /// publishes are refused for a moment before the next try.
     fn storage_result(
         &mut self,
+        log: &crate::log::Log,
         stream: &str,
         r: Result<(), StoreError>,
         stored: usize,
@@ -1003,13 +1036,14 @@ impl StreamInner {
         match r {
             Ok(()) => {
                 if self.storage_down.take().is_some() {
-                    crate::info!("Stream {stream}: storage writable again");
+                    crate::info!(log, "Stream {stream}: storage writable again");
                 }
             }
             Err(e) => {
                 let text = e.to_string();
                 if self.storage_down.is_none() {
                     crate::error!(
+                        log,
                         "Stream {stream}: {text}; {stored} publishes of this batch were not stored and got an error; retrying every {:?}",
                         STORAGE_RETRY
                     );
@@ -1346,8 +1380,8 @@ pub fn write_meta(dir: &Path, meta: &StreamMeta) -> std::io::Result<()> {
     super::files::write(&dir.join("keel-meta.json"), &body, true)
 }
 
-pub fn read_meta(dir: &Path) -> Result<StreamMeta, String> {
-    let b = super::files::read(&dir.join("keel-meta.json"), "Stream config")?
+pub fn read_meta(dir: &Path, log: &crate::log::Log) -> Result<StreamMeta, String> {
+    let b = super::files::read(&dir.join("keel-meta.json"), "Stream config", log)?
         .ok_or("no stream config (keel-meta.json)")?;
     serde_json::from_slice(&b).map_err(|e| e.to_string())
 }
@@ -1372,7 +1406,7 @@ async fn publish_loop(
     mut rx: crate::inqueue::Receiver,
     mut sourced_rx: tokio::sync::mpsc::Receiver<SourcedBatch>,
 ) {
-    let mut router = Router::new(stream.created as u64);
+    let mut router = Router::new(stream.account().clone(), stream.created as u64);
     let mut batch = Vec::with_capacity(256);
     let mut closed = stream.handle_closed();
     loop {
@@ -1392,9 +1426,11 @@ async fn publish_loop(
             .get()
             .and_then(|js| js.store_budget(&stream));
         let acks = if stream.sync_always && stream.storage == StorageType::File {
-            tokio::task::block_in_place(|| stream.process_batch(&mut batch, budget))
+            tokio::task::block_in_place(|| {
+                stream.process_batch(&mut batch, budget, super::domain(&server))
+            })
         } else {
-            stream.process_batch(&mut batch, budget)
+            stream.process_batch(&mut batch, budget, super::domain(&server))
         };
         stream.after_commit(&server, &mut router);
         for c in stream.consumer_list() {
@@ -1529,7 +1565,7 @@ impl Stream {
         };
         let slot = self.sourcing.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = slot.as_ref() {
-            sourcing::save_positions(&self.dir, s, &idents, durable);
+            sourcing::save_positions(self.handle.log(), &self.dir, s, &idents, durable);
         }
     }
 
@@ -1613,7 +1649,7 @@ impl Stream {
         if (out.contains(&Taken::Stored) && self.sync_always) || inner.io_error {
             let r = inner.store.sync();
             let n = out.iter().filter(|t| **t == Taken::Stored).count();
-            inner.storage_result(&self.name, r, n, |text| {
+            inner.storage_result(self.handle.log(), &self.name, r, n, |text| {
                 for t in out.iter_mut() {
                     if *t == Taken::Stored {
                         *t = Taken::Refused(ApiError::new(503, 10077, text.to_string()));

@@ -13,16 +13,16 @@ use serde_json::{json, Map, Value};
 
 use super::query::Query;
 use super::{jsz, proc, Ctx, Reply};
-use crate::client::{ClientHandle, SLOW_CONSUMERS};
+use crate::client::ClientHandle;
 use crate::config::{COMPAT_VERSION, KEEL_VERSION};
 use crate::server::Server;
 use crate::time::{now_nanos, rfc3339};
 
-/// The only account keel has; the reference's name for it.
-pub const GLOBAL_ACCOUNT: &str = "$G";
-/// The reference's system account name. keel has no system account of its own, but tools
-/// expect the field (and `$SYS` among `/accountz` accounts).
-pub const SYSTEM_ACCOUNT: &str = "$SYS";
+/// The account of every client (the reference's name for it).
+pub const GLOBAL_ACCOUNT: &str = crate::account::GLOBAL;
+/// The system account: nothing uses it yet, but tools expect the field (and `$SYS` among
+/// `/accountz` accounts).
+pub const SYSTEM_ACCOUNT: &str = crate::account::SYSTEM;
 const DEFAULT_LIST_SIZE: i64 = 1024;
 
 pub fn nanos(t: SystemTime) -> i64 {
@@ -84,7 +84,7 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         .unwrap_or_else(|e| e.into_inner())
         .percent(process_start);
     let cores = proc::cores();
-    let slow = SLOW_CONSUMERS.load(Ordering::Relaxed);
+    let slow = s.accounts.slow_consumers();
     let conns = s.num_clients();
     let jetstream = match s.jetstream.get() {
         Some(js) => {
@@ -167,7 +167,7 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         "slow_consumers": slow,
         "stale_connections": 0,
         "stalled_clients": 0,
-        "subscriptions": s.sublist.count(),
+        "subscriptions": s.accounts.subscriptions(),
         "http_req_stats": req_stats,
         "config_load_time": start,
         "config_digest": "",
@@ -559,7 +559,9 @@ pub fn subsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         "server_id": s.server_id,
         "now": now(),
     });
-    if let (Value::Object(m), Value::Object(st)) = (&mut v, sublist_stats(s)) {
+    // Every subscription is in `$G` for now.
+    let sublist = &s.accounts.global().sublist;
+    if let (Value::Object(m), Value::Object(st)) = (&mut v, sublist_stats(sublist)) {
         m.extend(st);
     }
     v["total"] = 0.into();
@@ -590,9 +592,9 @@ pub fn subsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
 /// cache to lock on publish): `num_cache` is what they hold now, `num_matches` every match
 /// (from a cache or from the trie), `cache_hit_rate` the share answered from a cache, and
 /// the fan-outs are over the cached results.
-fn sublist_stats(s: &Server) -> Value {
-    let stats = s.sublist.stats();
-    let cache = s.sublist.cache_stats();
+fn sublist_stats(sublist: &crate::sublist::Sublist) -> Value {
+    let stats = sublist.stats();
+    let cache = sublist.cache_stats();
     let matches = stats.matches + cache.hits;
     let rate = if matches > 0 {
         cache.hits as f64 / matches as f64
@@ -600,7 +602,7 @@ fn sublist_stats(s: &Server) -> Value {
         0.0
     };
     json!({
-        "num_subscriptions": s.sublist.count(),
+        "num_subscriptions": sublist.count(),
         "num_cache": cache.entries,
         "num_inserts": stats.inserts,
         "num_removes": stats.removes,
@@ -661,14 +663,15 @@ pub fn accountz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         "system_account": SYSTEM_ACCOUNT,
     });
     if acc.is_empty() {
-        v["accounts"] = json!([GLOBAL_ACCOUNT, SYSTEM_ACCOUNT]);
+        let names: Vec<&str> = s.accounts.all().iter().map(|a| a.name.as_str()).collect();
+        v["accounts"] = json!(names);
         return Ok(v);
     }
-    let global = acc == GLOBAL_ACCOUNT;
-    if !global && acc != SYSTEM_ACCOUNT {
+    let Some(account) = s.accounts.get(acc) else {
         return Err(format!("Account {acc} does not exist"));
-    }
-    let subs = if global { s.sublist.count() } else { 0 };
+    };
+    let global = acc == GLOBAL_ACCOUNT;
+    let subs = account.sublist.count();
     let mut d = Map::new();
     d.insert("account_name".into(), acc.into());
     d.insert("update_time".into(), rfc3339(nanos(s.start)).into());
@@ -688,14 +691,7 @@ pub fn accountz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     );
     d.insert("subscriptions".into(), subs.into());
     d.insert("name_tag".into(), acc.into());
-    let zero = json!({
-        "num_subscriptions": 0, "num_cache": 0, "num_inserts": 0, "num_removes": 0,
-        "num_matches": 0, "cache_hit_rate": 0.0, "max_fanout": 0, "avg_fanout": 0.0,
-    });
-    d.insert(
-        "sublist_stats".into(),
-        if global { sublist_stats(s) } else { zero },
-    );
+    d.insert("sublist_stats".into(), sublist_stats(&account.sublist));
     v["account_detail"] = Value::Object(d);
     Ok(v)
 }
@@ -706,6 +702,8 @@ pub fn accstatz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     let t = s.totals();
     let conns = s.num_clients();
     let zero = json!({"msgs": 0, "bytes": 0});
+    // Every client is in `$G` for now, so the server's totals are its own.
+    let global = s.accounts.global();
     Ok(json!({
         "server_id": s.server_id,
         "now": now(),
@@ -715,12 +713,12 @@ pub fn accstatz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
             "conns": conns,
             "leafnodes": 0,
             "total_conns": conns,
-            "num_subscriptions": s.sublist.count(),
+            "num_subscriptions": global.sublist.count(),
             "sent": {"msgs": t.out_msgs, "bytes": t.out_bytes,
                      "gateways": zero, "routes": zero, "leafs": zero},
             "received": {"msgs": t.in_msgs, "bytes": t.in_bytes,
                          "gateways": zero, "routes": zero, "leafs": zero},
-            "slow_consumers": SLOW_CONSUMERS.load(Ordering::Relaxed),
+            "slow_consumers": global.stats.slow_consumers.load(Ordering::Relaxed),
         }],
     }))
 }

@@ -54,7 +54,7 @@ pub async fn bind(server: &Server) -> std::io::Result<TcpListener> {
         .unwrap_or(&server.opts.host);
     let port = server.opts.http_port.unwrap_or(0);
     let port = if port <= 0 { 0 } else { port as u16 };
-    crate::server::bind_tcp(host, port)
+    crate::server::bind_tcp(host, port, &server.log)
 }
 
 /// Serves monitoring requests until the server shuts down.
@@ -62,14 +62,14 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener) {
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
     let ctx = Arc::new(Ctx::new(server.clone(), port));
     if server.opts.http_dashboard {
-        tokio::spawn(dashboard::sampler(server.clone(), ctx.history.clone()));
+        server.spawn(dashboard::sampler(server.clone(), ctx.history.clone()));
     }
     let mut shutdown = server.shutdown_rx();
     loop {
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
-                    tokio::spawn(connection(ctx.clone(), stream));
+                    server.spawn(connection(ctx.clone(), stream));
                 }
                 // Out of file descriptors and the like: back off instead of spinning.
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -427,7 +427,7 @@ mod tests {
 
     fn ctx() -> Ctx {
         let opts = crate::config::Opts::default();
-        Ctx::new(Server::new(opts), 8222)
+        Ctx::new(Server::new(opts, crate::log::Log::stderr()), 8222)
     }
 
     #[test]
@@ -512,7 +512,7 @@ mod tests {
             jetstream: true,
             ..Default::default()
         };
-        let c = Ctx::new(Server::new(opts), 8222);
+        let c = Ctx::new(Server::new(opts, crate::log::Log::stderr()), 8222);
         let r = route(&c, "/healthz", "");
         assert_eq!(r.status, 503);
         assert_eq!(

@@ -439,6 +439,27 @@ impl Server {
     }
 
     /// Server output captured so far (tail).
+    /// The monitoring port, from the "Starting http monitor on <host>:<port>" line both servers
+    /// log before they accept clients.
+    pub fn monitor_port(&self) -> u16 {
+        let deadline = Instant::now() + STEP;
+        loop {
+            let log = self.log();
+            if let Some(line) = log.lines().find(|l| l.contains("Starting http monitor on")) {
+                return line
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| p.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("no port in {line:?}"));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no monitoring line in the log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     pub fn log(&self) -> String {
         read_log(&self.log_path)
     }
@@ -872,4 +893,144 @@ pub async fn delivery(sub: &mut async_nats::Subscriber) -> async_nats::Message {
         m.description
     );
     m
+}
+
+/// A monitoring response.
+pub struct Http {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Http {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let eol = b
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("chunk size line");
+        let size_text = String::from_utf8_lossy(&b[..eol]);
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16)
+            .expect("chunk size");
+        b = &b[eol + 2..];
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[..size]);
+        b = &b[size + 2..];
+    }
+}
+
+/// `GET path` on the monitoring port: one request per connection, body read to EOF.
+pub async fn http_get(port: u16, path: &str) -> Http {
+    within(&format!("GET {path}"), async {
+        let mut s = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect to the monitoring port");
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: keel-test\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.expect("write request");
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.expect("read response");
+        let split = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("response head");
+        let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+        let mut lines = head.split("\r\n");
+        let status_line = lines.next().unwrap_or_default();
+        let status: u16 = status_line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        let body = &raw[split + 4..];
+        let chunked = headers.iter().any(|(k, v)| {
+            k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+        });
+        let body = if chunked { dechunk(body) } else { body.to_vec() };
+        Http {
+            status,
+            headers,
+            body: String::from_utf8(body).expect("UTF-8 body"),
+        }
+    })
+    .await
+}
+
+/// One of several servers a test runs at once: in this process (`keel_server::harness`), or,
+/// with `KEEL_TEST_REFERENCE=1`, a reference process (the same expectations hold for
+/// separate processes, which is what in-process servers must match).
+pub enum Node {
+    InProcess(keel_server::harness::TestServer),
+    Process(Server),
+}
+
+impl Node {
+    /// A JetStream server with monitoring on a free port and `conf` (config-file syntax).
+    pub async fn start_jetstream(conf: &str) -> Node {
+        let conf = format!("http_port: -1\n{conf}");
+        if is_reference() {
+            return Node::Process(Server::start_jetstream_with_config(&conf));
+        }
+        let opts = keel_server::harness::opts_from_config(&conf).expect("test config");
+        Node::InProcess(
+            keel_server::harness::start(opts)
+                .await
+                .expect("in-process server"),
+        )
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        match self {
+            Node::InProcess(s) => s.client_addr(),
+            Node::Process(s) => s.addr(),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://{}", self.addr())
+    }
+
+    pub fn monitor_port(&self) -> u16 {
+        match self {
+            Node::InProcess(s) => s.monitor_addr().expect("monitoring on").port(),
+            Node::Process(s) => s.monitor_port(),
+        }
+    }
+
+    pub fn log(&self) -> String {
+        match self {
+            Node::InProcess(s) => s.log(),
+            Node::Process(s) => s.log(),
+        }
+    }
+
+    pub async fn client(&self) -> async_nats::Client {
+        async_nats::connect(self.url())
+            .await
+            .expect("connect to the server")
+    }
+
+    /// Stops the server (an in-process one: everything it started, awaited).
+    pub async fn shutdown(self) {
+        match self {
+            Node::InProcess(s) => s.shutdown().await,
+            Node::Process(mut s) => s.stop(),
+        }
+    }
 }
