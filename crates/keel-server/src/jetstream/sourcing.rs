@@ -623,26 +623,32 @@ pub fn start(
         }
     }
     if let Some(m) = &mirror {
-        server.spawn(run(
-            server.clone(),
-            Arc::downgrade(target),
-            m.clone(),
-            true,
-            None,
-            gen,
-            stop_rx.clone(),
-        ));
+        spawn_until_shutdown(
+            server,
+            run(
+                server.clone(),
+                Arc::downgrade(target),
+                m.clone(),
+                true,
+                None,
+                gen,
+                stop_rx.clone(),
+            ),
+        );
     }
     for s in &sources {
-        server.spawn(run(
-            server.clone(),
-            Arc::downgrade(target),
-            s.clone(),
-            false,
-            idents.get(&s.iname).cloned(),
-            gen,
-            stop_rx.clone(),
-        ));
+        spawn_until_shutdown(
+            server,
+            run(
+                server.clone(),
+                Arc::downgrade(target),
+                s.clone(),
+                false,
+                idents.get(&s.iname).cloned(),
+                gen,
+                stop_rx.clone(),
+            ),
+        );
     }
     Some((
         Sourcing {
@@ -761,6 +767,20 @@ const BATCH_BYTES: usize = 1 << 20;
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 /// One source's (or the mirror's) task.
+/// A source task ends with the server (which waits for it), or when its stream stops it.
+fn spawn_until_shutdown(
+    server: &Arc<Server>,
+    task: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let mut shutdown = server.shutdown_rx();
+    server.spawn(async move {
+        tokio::select! {
+            _ = task => {}
+            _ = crate::client::until_true(&mut shutdown) => {}
+        }
+    });
+}
+
 async fn run(
     server: Arc<Server>,
     target: std::sync::Weak<Stream>,
