@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { AckPolicy, DeliverPolicy, RetentionPolicy, StorageType } from "@nats-io/jetstream";
 
 import { startServer } from "./lib/server.mjs";
-import { counters, isReference, SEC_NS, setup, sleep, spawnWorker, STEP_MS, waitInfo } from "./lib/util.mjs";
+import { counters, isReference, notified, SEC_NS, setup, sleep, spawnWorker, STEP_MS, waitInfo } from "./lib/util.mjs";
 
 async function jobs(jsm, consumer = {}) {
   await jsm.streams.add({ name: "JOBS", subjects: ["jobs.>"], storage: StorageType.Memory });
@@ -116,9 +116,7 @@ test("a crash-looping worker cannot fill max_waiting", async (t) => {
     }
     return out;
   })();
-  for await (const s of status) {
-    if (s.type === "next") break;
-  }
+  await notified(status, "next", "pull request sent");
   await waitInfo(jsm, "JOBS", "worker", "the live worker waiting", (i) => i.num_waiting >= 1);
   await js.publish("jobs.new", "job");
   assert.deepEqual(await got, [["job", 1]]);

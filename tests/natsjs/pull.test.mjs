@@ -10,7 +10,7 @@ import { AckPolicy, StorageType } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 
 import { startServer } from "./lib/server.mjs";
-import { describeMsg, rawPull, SEC_NS, setup, STEP_MS, waitInfo } from "./lib/util.mjs";
+import { describeMsg, notified, rawPull, SEC_NS, setup, sleep, STEP_MS, waitInfo } from "./lib/util.mjs";
 
 const QUIET_MS = 300; // how long "nothing arrives" is watched
 
@@ -128,12 +128,12 @@ test("priority groups: overflow with min_pending through fetch()", async (t) => 
   })();
   await waitInfo(jsm, "O", "c", "overflow request waiting", (i) => i.num_waiting === 1);
   await js.publish("o.x", "2");
-  await new Promise((ok) => setTimeout(ok, QUIET_MS));
+  await sleep(QUIET_MS);
   assert.deepEqual(got, [], "served with fewer than min_pending pending");
   await js.publish("o.x", "3");
   // Served while at least three are pending: message 1 only.
   await waitInfo(jsm, "O", "c", "one delivered", (i) => i.delivered.consumer_seq === 1);
-  await new Promise((ok) => setTimeout(ok, QUIET_MS));
+  await sleep(QUIET_MS);
   assert.deepEqual(got, ["1"]);
   // A normal member of the group takes the rest.
   const [rest] = await drain(await c.fetch({ max_messages: 2, expires: 5000, group: "A" }));
@@ -160,9 +160,7 @@ test("priority groups: pinned_client through consume() and jsm.consumers.unpin()
   const c = await js.consumers.get("Q", "c");
   const first = await c.consume({ max_messages: 1, expires: 5000, group: "A" });
   const firstStatus = first.status();
-  const pinned = (async () => {
-    for await (const s of firstStatus) if (s.type === "consumer_pinned") return s.id;
-  })();
+  const pinned = notified(firstStatus, "consumer_pinned");
   const firstGot = [];
   const firstLoop = (async () => {
     for await (const m of first) {
@@ -170,7 +168,7 @@ test("priority groups: pinned_client through consume() and jsm.consumers.unpin()
       m.ack();
     }
   })();
-  const pin = await pinned;
+  const pin = (await pinned).id;
   assert.ok(pin, "no pin id");
   const delivered = (n) => (i) => i.delivered.consumer_seq === n && i.num_ack_pending === 0;
   await waitInfo(jsm, "Q", "c", "both delivered to the pinned client", delivered(2));

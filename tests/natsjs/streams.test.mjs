@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { AckPolicy, StorageType } from "@nats-io/jetstream";
 
 import { startServer } from "./lib/server.mjs";
-import { describeMsg, rawPull, setup, waitInfo } from "./lib/util.mjs";
+import { describeMsg, notified, rawPull, setup, waitInfo } from "./lib/util.mjs";
 
 const QUIET_MS = 300; // how long "nothing else arrives" is watched
 
@@ -30,13 +30,9 @@ test("stream delete then recreate: no ghost replies to a no_wait fetch", async (
   })();
   await waitInfo(jsm, "D", "dur", "consume() waiting", (i) => i.num_waiting === 1);
   assert.equal(await jsm.streams.delete("D"), true);
-  for await (const s of status) {
-    if (s.type === "consumer_deleted") {
-      assert.equal(s.code, 409);
-      assert.equal(s.description, "consumer deleted"); // nats.js lowercases it
-      break;
-    }
-  }
+  const deleted = await notified(status, "consumer_deleted");
+  assert.equal(deleted.code, 409);
+  assert.equal(deleted.description, "consumer deleted"); // nats.js lowercases it
   await msgs.close();
   await loop;
 

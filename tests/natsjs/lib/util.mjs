@@ -36,6 +36,30 @@ export async function setup(t, srv) {
 
 export const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
 
+/** `promise`, or a failure naming `what` after `ms` (so a missing event fails, not hangs). */
+export async function within(what, promise, ms = STEP_MS) {
+  let timer;
+  const timeout = new Promise((_, fail) => {
+    timer = setTimeout(() => fail(new Error(`${what}: nothing within ${ms} ms`)), ms);
+  });
+  try {
+    return await Promise.race([promise, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** Waits for a notification of `type` from a consumer's status() iterator; returns it. */
+export function notified(status, type, what = type) {
+  return within(
+    `${what} notification`,
+    (async () => {
+      for await (const s of status) if (s.type === type) return s;
+      throw new Error(`status ended before a ${type} notification`);
+    })(),
+  );
+}
+
 /**
  * Polls `fn` until it returns something truthy; fails with the last value after
  * `timeoutMs`. Some counters of the reference are updated asynchronously.
