@@ -20,3 +20,4 @@ pub mod router;
 pub mod server;
 pub mod sublist;
 pub mod time;
+pub mod tls;

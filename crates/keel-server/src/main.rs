@@ -125,7 +125,7 @@ async fn run(opts: config::Opts) -> ExitCode {
         }
     }
 
-    if server.opts.http_port.is_some() {
+    if server.opts.http_port.is_some() || server.opts.https_port.is_some() {
         match monitor::bind(&server).await {
             Ok(l) => {
                 if let Ok(a) = l.local_addr() {
@@ -134,7 +134,12 @@ async fn run(opts: config::Opts) -> ExitCode {
                         .http_host
                         .as_deref()
                         .unwrap_or(&server.opts.host);
-                    info!("Starting http monitor on {}", host_port(host, a.port()));
+                    let scheme = if server.opts.https_port.is_some() {
+                        "https"
+                    } else {
+                        "http"
+                    };
+                    info!("Starting {scheme} monitor on {}", host_port(host, a.port()));
                 }
                 tokio::spawn(monitor::serve(server.clone(), l));
             }
@@ -161,6 +166,34 @@ async fn run(opts: config::Opts) -> ExitCode {
         "Listening for client connections on {}",
         host_port(&server.opts.host, port)
     );
+    if let Some(tls) = &server.opts.tls {
+        if tls.required() || tls.first_only() {
+            info!("TLS required for client connections");
+        } else {
+            info!("TLS available for client connections");
+        }
+        if tls.first_only() {
+            warn!("Clients that are not using \"TLS Handshake First\" option will fail to connect");
+        }
+        if tls.has_rate_limit() {
+            let (tls, server) = (tls.clone(), server.clone());
+            tokio::spawn(async move {
+                let mut shutdown = server.shutdown_rx();
+                let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {
+                            let n = tls.take_rejected();
+                            if n > 0 {
+                                warn!("Rejected {n} connections due to TLS rate limiting");
+                            }
+                        }
+                        _ = keel_server::client::until_true(&mut shutdown) => return,
+                    }
+                }
+            });
+        }
+    }
     info!("Server is ready");
 
     tokio::spawn(signals(server.clone()));
