@@ -702,14 +702,26 @@ pub fn log_prefix(addr: Option<SocketAddr>, id: u64) -> String {
     }
 }
 
-/// Waits up to `wait` for the client's first byte; None when it sent nothing.
-async fn first_byte(stream: &TcpStream, wait: Duration) -> Option<u8> {
+/// What the client sent first, looked at without taking it from the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum First {
+    Byte(u8),
+    Nothing,
+    Closed,
+}
+
+/// Waits up to `wait` for the client's first byte.
+async fn first_byte(stream: &TcpStream, wait: Duration) -> First {
     let mut b = [0u8; 1];
     match tokio::time::timeout(wait, stream.peek(&mut b)).await {
-        Ok(Ok(1)) => Some(b[0]),
-        _ => None,
+        Ok(Ok(1)) => First::Byte(b[0]),
+        Ok(_) => First::Closed,
+        Err(_) => First::Nothing,
     }
 }
+
+/// A TLS connection starts with a handshake record.
+const HANDSHAKE_RECORD: u8 = 0x16;
 
 async fn write_plain(stream: &mut TcpStream, bytes: &[u8], deadline: Duration) -> bool {
     matches!(
@@ -744,7 +756,7 @@ pub async fn negotiate(
     if tls_first {
         if let Some(delay) = opts.fallback {
             // Only a TLS-first client speaks before INFO.
-            if first_byte(&stream, delay).await.is_none() {
+            if first_byte(&stream, delay).await == First::Nothing {
                 if !write_plain(&mut stream, &(o.info)(false), o.write_deadline).await {
                     return Err(Failed::Write);
                 }
@@ -755,7 +767,7 @@ pub async fn negotiate(
     }
     if !tls_first && o.tls.allow_non_tls {
         // A TLS ClientHello starts with the handshake record type.
-        do_tls = first_byte(&stream, opts.timeout()).await == Some(0x16);
+        do_tls = first_byte(&stream, opts.timeout()).await == First::Byte(HANDSHAKE_RECORD);
     }
     if !do_tls {
         return Ok((Opened::Plain(stream), false));
@@ -770,16 +782,35 @@ pub async fn negotiate(
     }
     crate::debug!("{p}Starting TLS client connection handshake");
     let local = stream.local_addr().ok();
-    let acceptor = tokio_rustls::TlsAcceptor::from(o.tls.client.clone());
-    let s = match tokio::time::timeout(opts.timeout(), acceptor.accept(stream)).await {
-        Err(_) => {
-            let (l, r) = (
-                local.map(|a| a.to_string()).unwrap_or_default(),
-                o.addr.map(|a| a.to_string()).unwrap_or_default(),
-            );
-            crate::debug!("{p}TLS handshake error: read tcp {l}->{r}: i/o timeout");
+    let deadline = tokio::time::Instant::now() + opts.timeout();
+    let timed_out = || {
+        let (l, r) = (
+            local.map(|a| a.to_string()).unwrap_or_default(),
+            o.addr.map(|a| a.to_string()).unwrap_or_default(),
+        );
+        crate::debug!("{p}TLS handshake error: read tcp {l}->{r}: i/o timeout");
+        Err(Failed::Handshake)
+    };
+    // A client that is not speaking TLS is turned away before rustls would answer it with an
+    // alert: the reference closes such a connection without sending anything.
+    match first_byte(&stream, opts.timeout()).await {
+        First::Byte(HANDSHAKE_RECORD) => {}
+        First::Byte(_) => {
+            crate::debug!("{p}TLS handshake error: tls: first record does not look like a TLS handshake");
+            // Take what the client sent, so closing ends the connection with FIN, not RST.
+            let mut scratch = [0u8; 4096];
+            while matches!(stream.try_read(&mut scratch), Ok(n) if n > 0) {}
             return Err(Failed::Handshake);
         }
+        First::Closed => {
+            crate::error!("{p}TLS handshake error: EOF");
+            return Err(Failed::Handshake);
+        }
+        First::Nothing => return timed_out(),
+    }
+    let acceptor = tokio_rustls::TlsAcceptor::from(o.tls.client.clone());
+    let s = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+        Err(_) => return timed_out(),
         Ok(Err(e)) => {
             let (text, probe) = handshake_error_text(&e, local, o.addr);
             if probe {

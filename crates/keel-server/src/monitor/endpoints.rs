@@ -211,7 +211,7 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         a.extend(b);
         if let Some(t) = not_after {
             // Whole seconds, as Go prints a certificate time.
-            a.insert("tls_cert_not_after".into(), rfc3339(t * 1_000_000_000).into());
+            a.insert("tls_cert_not_after".into(), crate::time::rfc3339_secs(t).into());
         }
     }
     Ok(v)
