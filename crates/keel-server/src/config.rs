@@ -713,7 +713,25 @@ mod tests {
             Ok(Command::Version)
         ));
         assert!(run(&["--bogus"]).unwrap_err().contains("unknown flag"));
-        assert!(run(&["--tls"]).unwrap_err().contains("does not support"));
+        // TLS flags need the certificate and key, as with the reference.
+        assert_eq!(
+            run(&["--tls"]).unwrap_err(),
+            "TLS Server certificate must be present and valid"
+        );
+        assert_eq!(
+            run(&["--tlscert", "c.pem"]).unwrap_err(),
+            "TLS Server private key must be present and valid"
+        );
+        // --tls=false turns TLS off whatever the other flags say.
+        assert!(run(&["--tls=false", "--tlsverify"]).unwrap().tls.is_none());
+        assert_eq!(
+            run(&["-m", "8222", "-ms", "8443"]).unwrap_err(),
+            "can't specify both HTTP (8222) and HTTPs (8443) ports"
+        );
+        assert_eq!(
+            run(&["--https_port", "-1"]).unwrap_err(),
+            "TLS cert and key required for HTTPS"
+        );
         for flag in ["--cluster_listen", "--cluster", "--routes", "--profile"] {
             let e = run(&[flag, "x"]).unwrap_err();
             assert!(e.contains("does not support yet"), "{flag}: {e}");
@@ -748,6 +766,26 @@ mod tests {
         assert!(apply_config(&mut Opts::default(), &bogus)
             .unwrap_err()
             .contains("unknown configuration key"));
+    }
+
+    #[test]
+    fn tls_keys() {
+        let map = conf::parse(
+            "https: \"127.0.0.1:8443\"\nallow_non_tls: true\n\
+             tls { cert_file: c.pem, key_file: k.pem, verify: true }\n",
+        )
+        .unwrap();
+        let mut o = Opts::default();
+        apply_config(&mut o, &map).unwrap();
+        assert_eq!(o.http_host.as_deref(), Some("127.0.0.1"));
+        assert_eq!(o.https_port, Some(8443));
+        assert!(o.allow_non_tls);
+        let t = o.tls_opts.as_ref().unwrap();
+        assert!(t.verify);
+        assert_eq!(t.cert_file, Some(PathBuf::from("c.pem")));
+        // The files are read when the options are finished: a missing one is an error.
+        let e = finish_tls(&mut o).unwrap_err();
+        assert!(e.starts_with("error parsing X509 certificate/key pair: open c.pem"), "{e}");
     }
 
     #[test]

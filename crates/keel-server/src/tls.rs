@@ -112,32 +112,40 @@ fn strings(key: &str, v: &Value) -> Result<Vec<String>, String> {
         .collect()
 }
 
-/// Go's TLS 1.2 cipher suites that rustls implements, by Go name.
+/// Go's TLS 1.2 cipher suites that rustls implements, by Go name, in Go's order of
+/// preference (AES-128 before AES-256 before ChaCha20, ECDSA before RSA).
 const TLS12_SUITES: &[(&str, SupportedCipherSuite)] = &[
     (
         "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
         provider::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
     ),
     (
-        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
-        provider::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
-    ),
-    (
-        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
-        provider::cipher_suite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
-    ),
-    (
         "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
         provider::cipher_suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+        provider::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
     ),
     (
         "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
         provider::cipher_suite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
     ),
     (
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+        provider::cipher_suite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+    (
         "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
         provider::cipher_suite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
     ),
+];
+
+/// TLS 1.3's suites in Go's order of preference (on CPUs with AES instructions).
+const TLS13_SUITES: &[SupportedCipherSuite] = &[
+    provider::cipher_suite::TLS13_AES_128_GCM_SHA256,
+    provider::cipher_suite::TLS13_AES_256_GCM_SHA384,
+    provider::cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
 ];
 
 /// Go's TLS 1.3 suite names: accepted, and like in Go they change nothing (TLS 1.3 always
@@ -487,9 +495,7 @@ impl Tls {
             return Err("TLS configuration needs 'cert_file' and 'key_file' (or 'certs')".into());
         }
         let ciphers: Vec<SupportedCipherSuite> = {
-            let tls13 = provider::ALL_CIPHER_SUITES
-                .iter()
-                .filter(|s| s.version() == &rustls::version::TLS13);
+            let tls13 = TLS13_SUITES.iter();
             let tls12: Vec<SupportedCipherSuite> = match &opts.ciphers {
                 None => TLS12_SUITES.iter().map(|(_, s)| *s).collect(),
                 Some(names) => names
@@ -585,7 +591,11 @@ impl Tls {
                 .with_no_client_auth()
                 .with_cert_resolver(chooser.clone())
         };
-        let monitor = builder()?.with_no_client_auth().with_cert_resolver(chooser);
+        let mut client = client;
+        let mut monitor = builder()?.with_no_client_auth().with_cert_resolver(chooser);
+        // The server's order of suites decides, as in Go.
+        client.ignore_client_order = true;
+        monitor.ignore_client_order = true;
         let rate = (opts.rate_limit > 0).then(|| RateCounter::new(opts.rate_limit));
         Ok(Tls {
             opts,
@@ -1363,5 +1373,247 @@ impl CertIdentity {
         }
         crate::debug!("User in cert [{:?}], not found", self.subject);
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<TlsOpts, String> {
+        let map = crate::conf::parse(&format!("tls {{ {text} }}")).unwrap();
+        parse_block(map.get("tls").unwrap())
+    }
+
+    #[test]
+    fn block_keys() {
+        let t = parse("pinned_certs: [\"AB\"]");
+        assert!(t.is_err(), "a 2-character pin is refused");
+        let pin = "AB".repeat(32);
+        let t = parse(&format!(
+            "cert_file: c.pem, key_file: k.pem, verify_and_map: true, timeout: \"750ms\", \
+             pinned_certs: [\"{pin}\"], min_version: \"1.3\", connection_rate_limit: 5, \
+             cipher_suites: [\"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256\", \"TLS_AES_128_GCM_SHA256\"], \
+             curve_preferences: [\"X25519\", \"CurveP256\"], insecure: true"
+        ))
+        .unwrap();
+        assert!(t.verify && t.map && t.insecure);
+        assert_eq!(t.timeout(), Duration::from_millis(750));
+        assert!(t.pinned.contains(&pin.to_ascii_lowercase()));
+        assert_eq!(t.min_version, Some(ProtocolVersion::TLSv1_3));
+        assert_eq!(t.rate_limit, 5);
+        assert_eq!(parse("timeout: 3").unwrap().timeout(), Duration::from_secs(3));
+        assert_eq!(parse("timeout: 0.5").unwrap().timeout(), Duration::from_millis(500));
+        assert_eq!(parse("").unwrap().timeout(), DEFAULT_TIMEOUT);
+        // verify_and_map: false does not turn verify off.
+        let t = parse("verify: true, verify_and_map: false").unwrap();
+        assert!(t.verify && !t.map);
+    }
+
+    #[test]
+    fn handshake_first_forms() {
+        for (v, first, fallback) in [
+            ("true", true, None),
+            ("\"on\"", true, None),
+            ("false", false, None),
+            ("\"off\"", false, None),
+            ("\"auto\"", true, Some(DEFAULT_FALLBACK)),
+            ("\"auto_fallback\"", true, Some(DEFAULT_FALLBACK)),
+            ("\"300ms\"", true, Some(Duration::from_millis(300))),
+        ] {
+            let t = parse(&format!("handshake_first: {v}")).unwrap();
+            assert_eq!((t.handshake_first, t.fallback), (first, fallback), "{v}");
+        }
+        let t = parse("first: true").unwrap();
+        assert!(t.handshake_first);
+        assert_eq!(
+            parse("handshake_first: \"sometimes\"").unwrap_err(),
+            "field \"handshake_first\"'s value \"sometimes\" is invalid"
+        );
+    }
+
+    #[test]
+    fn refused_keys_and_values() {
+        for (text, want) in [
+            ("bogus: 1", "error parsing tls config, unknown field \"bogus\""),
+            ("verify: 1", "error parsing tls config, expected 'verify' to be a boolean"),
+            ("cert_file: 1", "error parsing tls config, expected 'cert_file' to be filename"),
+            ("cipher_suites: [\"NOPE\"]", "unrecognized cipher NOPE"),
+            ("cipher_suites: []", "error parsing tls config, 'cipher_suites' cannot be empty"),
+            (
+                "cipher_suites: [\"TLS_RSA_WITH_AES_128_GCM_SHA256\"]",
+                "insecure cipher suites configured without 'allow_insecure_cipher_suites' option set: TLS_RSA_WITH_AES_128_GCM_SHA256",
+            ),
+            ("curve_preferences: [\"CurveP999\"]", "unrecognized curve preference CurveP999"),
+            ("min_version: \"1.1\"", "error parsing tls config: unsupported TLS version: TLS 1.1"),
+            ("min_version: \"2\"", "error parsing tls config: unknown version: 2"),
+            (
+                "verify_cert_and_check_known_urls: true",
+                "verify_cert_and_check_known_urls not supported in this context",
+            ),
+            (
+                "cert_file: a, certs: [{cert_file: b, key_file: c}]",
+                "error parsing tls config, cannot combine 'cert_file' option with 'certs' option",
+            ),
+        ] {
+            assert_eq!(parse(text).unwrap_err(), want, "{text}");
+        }
+        // Valid for the reference, but nothing rustls can do: refused as not supported yet.
+        for text in [
+            "cipher_suites: [\"TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA\"]",
+            "allow_insecure_cipher_suites: true, cipher_suites: [\"TLS_RSA_WITH_AES_128_GCM_SHA256\"]",
+            "curve_preferences: [\"CurveP521\"]",
+            "curve_preferences: [\"X25519MLKEM768\"]",
+            "cert_store: WindowsCurrentUser",
+            "ocsp_peer: true",
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains("does not support yet"), "{text}: {e}");
+        }
+        assert!(parse("verify_cert_and_check_known_urls: false").is_ok());
+    }
+
+    #[test]
+    fn flags_keep_the_blocks_other_settings() {
+        let base = parse("cert_file: a, key_file: b, timeout: 5, handshake_first: true").unwrap();
+        let t = from_flags(Some(&base), Some("c".into()), Some("k".into()), None, true).unwrap();
+        assert_eq!(t.cert_file, Some(PathBuf::from("c")));
+        assert!(t.verify && t.handshake_first);
+        assert_eq!(t.timeout(), Duration::from_secs(5));
+        assert_eq!(
+            from_flags(None, None, Some("k".into()), None, false).unwrap_err(),
+            "TLS Server certificate must be present and valid"
+        );
+        assert_eq!(
+            from_flags(None, Some("c".into()), None, None, false).unwrap_err(),
+            "TLS Server private key must be present and valid"
+        );
+    }
+
+    #[test]
+    fn distinguished_names() {
+        let d = Dn::parse("CN=alice, O=Acme\\, Inc.,OU=a+OU=b ,DC=example").unwrap();
+        assert_eq!(
+            d.0,
+            vec![
+                vec![("CN".into(), "alice".into())],
+                vec![("O".into(), "Acme, Inc.".into())],
+                vec![("OU".into(), "a".into()), ("OU".into(), "b".into())],
+                vec![("DC".into(), "example".into())],
+            ]
+        );
+        assert_eq!(Dn::parse("CN=\\41b").unwrap().0[0][0].1, "Ab");
+        assert!(Dn::parse("alice").is_err());
+        assert!(Dn::parse("CN=#0403").is_err());
+        let other = Dn::parse("dc=example,OU=b+OU=a,O=Acme\\, Inc.,cn=alice").unwrap();
+        assert!(!d.equal(&other) && d.rdns_match(&other));
+        let same = Dn::parse("cn=alice,o=Acme\\, Inc.,ou=b+ou=a,dc=example").unwrap();
+        assert!(d.equal(&same));
+        assert!(!d.equal(&Dn::parse("CN=Alice,O=Acme\\, Inc.,OU=a+OU=b,DC=example").unwrap()));
+    }
+
+    fn cert(subject: &[(rcgen::DnType, &str)], sans: Vec<rcgen::SanType>) -> Vec<u8> {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        for (t, v) in subject {
+            p.distinguished_name.push(t.clone(), *v);
+        }
+        p.subject_alt_names = sans;
+        let key = rcgen::KeyPair::generate().unwrap();
+        p.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    const DC: [u64; 7] = [0, 9, 2342, 19200300, 100, 1, 25];
+    const EMAIL_ATTR: [u64; 7] = [1, 2, 840, 113549, 1, 9, 1];
+
+    #[test]
+    fn identity_and_mapping_follow_the_reference() {
+        use rcgen::{DnType, SanType};
+        let der = cert(
+            &[
+                // (rcgen keeps one value per attribute type.)
+                (DnType::CustomDnType(DC.to_vec()), "example"),
+                (DnType::OrganizationName, "Acme, Inc."),
+                (DnType::OrganizationalUnitName, "dev"),
+                (DnType::CommonName, "alice"),
+            ],
+            vec![
+                SanType::Rfc822Name("alice@example.org".try_into().unwrap()),
+                SanType::DnsName("alice.example.org".try_into().unwrap()),
+                SanType::URI("spiffe://example.org/alice".try_into().unwrap()),
+            ],
+        );
+        let (_, c) = x509_parser::parse_x509_certificate(&der).unwrap();
+        assert_eq!(
+            go_subject(c.subject()),
+            "CN=alice,OU=dev,O=Acme\\, Inc.,0.9.2342.19200300.100.1.25=example"
+        );
+        let id = CertIdentity::of(&c);
+        assert_eq!(id.subject, "CN=alice,OU=dev,O=Acme\\, Inc.");
+        assert_eq!(id.domain_components, "DC=example");
+        let map = |users: &[&'static str]| id.map_user(users.iter().copied());
+        // The email SAN first, then DNS, then URI.
+        let all = [
+            "CN=alice,OU=dev,O=Acme\\, Inc.",
+            "spiffe://example.org/alice",
+            "alice.example.org",
+            "alice@example.org",
+        ];
+        assert_eq!(map(&all), Some("alice@example.org"));
+        assert_eq!(map(&all[..3]), Some("alice.example.org"));
+        assert_eq!(map(&all[..2]), Some("spiffe://example.org/alice"));
+        // The DN, in order or reordered, then the subject with its DCs, then alone.
+        assert_eq!(
+            map(&["CN=alice, OU=dev, O=Acme\\, Inc., DC=example"]),
+            Some("CN=alice, OU=dev, O=Acme\\, Inc., DC=example")
+        );
+        assert_eq!(
+            map(&["DC=example,O=Acme\\, Inc.,OU=dev,CN=alice"]),
+            Some("DC=example,O=Acme\\, Inc.,OU=dev,CN=alice")
+        );
+        assert_eq!(map(&all[..1]), Some("CN=alice,OU=dev,O=Acme\\, Inc."));
+        assert_eq!(map(&["bob", "CN=bob"]), None);
+    }
+
+    #[test]
+    fn subject_with_attributes_the_reference_does_not_name() {
+        use rcgen::DnType;
+        let der = cert(
+            &[
+                (DnType::CountryName, "US"),
+                (DnType::CommonName, " bob #1"),
+                (DnType::CustomDnType(EMAIL_ATTR.to_vec()), "bob@example.org"),
+            ],
+            vec![],
+        );
+        let (_, c) = x509_parser::parse_x509_certificate(&der).unwrap();
+        assert_eq!(
+            go_subject(c.subject()),
+            "CN=\\ bob #1,C=US,1.2.840.113549.1.9.1=bob@example.org"
+        );
+        let id = CertIdentity::of(&c);
+        // An attribute without a DN name: no DN match, the subject string still maps.
+        assert_eq!(id.dn, None);
+        assert_eq!(
+            id.map_user(["CN=\\ bob #1,C=US"]),
+            Some("CN=\\ bob #1,C=US")
+        );
+    }
+
+    #[test]
+    fn sni_names() {
+        assert!(name_matches("*.example.org", "a.example.org"));
+        assert!(!name_matches("*.example.org", "a.b.example.org"));
+        assert!(name_matches("Localhost", "localhost."));
+        assert!(!name_matches("localhost", "otherhost"));
+    }
+
+    #[test]
+    fn rate_counter_counts_per_second() {
+        let r = RateCounter::new(2);
+        assert!(r.allow() && r.allow());
+        assert!(!r.allow());
+        assert_eq!(r.take_blocked(), 1);
+        assert_eq!(r.take_blocked(), 0);
     }
 }
