@@ -785,7 +785,10 @@ mod tests {
         assert_eq!(t.cert_file, Some(PathBuf::from("c.pem")));
         // The files are read when the options are finished: a missing one is an error.
         let e = finish_tls(&mut o).unwrap_err();
-        assert!(e.starts_with("error parsing X509 certificate/key pair: open c.pem"), "{e}");
+        assert!(
+            e.starts_with("error parsing X509 certificate/key pair: open c.pem"),
+            "{e}"
+        );
     }
 
     #[test]

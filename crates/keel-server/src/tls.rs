@@ -72,7 +72,9 @@ pub struct TlsOpts {
 
 impl TlsOpts {
     pub fn timeout(&self) -> Duration {
-        self.timeout.filter(|t| !t.is_zero()).unwrap_or(DEFAULT_TIMEOUT)
+        self.timeout
+            .filter(|t| !t.is_zero())
+            .unwrap_or(DEFAULT_TIMEOUT)
     }
 }
 
@@ -234,7 +236,9 @@ pub fn parse_block(v: &Value) -> Result<TlsOpts, String> {
             "verify_cert_and_check_known_urls" => {
                 // Only meaningful for cluster, gateway and leaf listeners.
                 if flag(k, v)? {
-                    return Err("verify_cert_and_check_known_urls not supported in this context".into());
+                    return Err(
+                        "verify_cert_and_check_known_urls not supported in this context".into(),
+                    );
                 }
             }
             "allow_insecure_cipher_suites" => allow_insecure = flag(k, v)?,
@@ -242,9 +246,9 @@ pub fn parse_block(v: &Value) -> Result<TlsOpts, String> {
             "curve_preferences" => t.curves = Some(strings(k, v)?),
             "timeout" => {
                 t.timeout = Some(match v {
-                    Value::Int(_) | Value::Float(_) => v
-                        .as_duration()
-                        .map_err(|_| "error parsing tls config, 'timeout' wrong type".to_string())?,
+                    Value::Int(_) | Value::Float(_) => v.as_duration().map_err(|_| {
+                        "error parsing tls config, 'timeout' wrong type".to_string()
+                    })?,
                     Value::Str(s) => crate::conf::parse_duration(s)
                         .map_err(|e| format!("error parsing tls config, 'timeout' {e}"))?,
                     _ => return Err("error parsing tls config, 'timeout' wrong type".into()),
@@ -293,21 +297,34 @@ pub fn parse_block(v: &Value) -> Result<TlsOpts, String> {
             },
             "certs" | "certificates" => {
                 let items = v.as_array().ok_or_else(|| {
-                    format!("error parsing certificates config: unsupported type {}", v.type_name())
+                    format!(
+                        "error parsing certificates config: unsupported type {}",
+                        v.type_name()
+                    )
                 })?;
                 for i in items {
                     let pair = i.as_map().ok_or_else(|| {
-                        format!("error parsing certificates config: unsupported type {}", i.type_name())
+                        format!(
+                            "error parsing certificates config: unsupported type {}",
+                            i.type_name()
+                        )
                     })?;
                     let (mut cert, mut key) = (None, None);
                     for (pk, pv) in &pair.0 {
                         let Value::Str(f) = pv else {
-                            return Err(format!("error parsing certificates config: unsupported type {}", pv.type_name()));
+                            return Err(format!(
+                                "error parsing certificates config: unsupported type {}",
+                                pv.type_name()
+                            ));
                         };
                         match pk.as_str() {
                             "cert_file" => cert = Some(PathBuf::from(f)),
                             "key_file" => key = Some(PathBuf::from(f)),
-                            _ => return Err(format!("error parsing tls certs config, unknown field {pk:?}")),
+                            _ => {
+                                return Err(format!(
+                                    "error parsing tls certs config, unknown field {pk:?}"
+                                ))
+                            }
                         }
                     }
                     match (cert, key) {
@@ -318,10 +335,12 @@ pub fn parse_block(v: &Value) -> Result<TlsOpts, String> {
             }
             "min_version" => t.min_version = Some(tls_version(v)?),
             // The Windows certificate store and OCSP checks of client certificates.
-            "cert_store" | "cert_match_by" | "cert_match" | "cert_match_skip_invalid"
-            | "ca_certs_match" | "ocsp_peer" => {
-                return Err(not_supported(&format!("tls configuration key {k:?}")))
-            }
+            "cert_store"
+            | "cert_match_by"
+            | "cert_match"
+            | "cert_match_skip_invalid"
+            | "ca_certs_match"
+            | "ocsp_peer" => return Err(not_supported(&format!("tls configuration key {k:?}"))),
             _ => return Err(format!("error parsing tls config, unknown field {k:?}")),
         }
     }
@@ -425,7 +444,10 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn load_pair(cert: &Path, key: &Path) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+fn load_pair(
+    cert: &Path,
+    key: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
     let chain = read_certs(cert)?;
     if chain.is_empty() {
         return Err(format!(
@@ -527,7 +549,11 @@ impl Tls {
         for (i, (c, k)) in pairs.iter().enumerate() {
             let (chain, key) = load_pair(c, k).map_err(|e| {
                 if pairs.len() > 1 {
-                    format!("error parsing X509 certificate/key pair {}/{}: {e}", i + 1, pairs.len())
+                    format!(
+                        "error parsing X509 certificate/key pair {}/{}: {e}",
+                        i + 1,
+                        pairs.len()
+                    )
                 } else {
                     format!("error parsing X509 certificate/key pair: {e}")
                 }
@@ -540,7 +566,10 @@ impl Tls {
             }
             let names = cert_names(&parsed);
             let certified = CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
-                format!("error parsing X509 certificate/key pair: {}", rustls_text(&e))
+                format!(
+                    "error parsing X509 certificate/key pair: {}",
+                    rustls_text(&e)
+                )
             })?;
             certs.push(ServerCert {
                 key: Arc::new(certified),
@@ -752,10 +781,7 @@ pub struct Opening<'a> {
 
 /// Runs the opening of a connection on a TLS-enabled listener, in the reference's order.
 /// On success, `tls_first` tells whether INFO still has to be sent (over TLS).
-pub async fn negotiate(
-    o: &Opening<'_>,
-    mut stream: TcpStream,
-) -> Result<(Opened, bool), Failed> {
+pub async fn negotiate(o: &Opening<'_>, mut stream: TcpStream) -> Result<(Opened, bool), Failed> {
     let p = log_prefix(o.addr, o.id);
     let opts = &o.tls.opts;
     let mut tls_first = opts.handshake_first;
@@ -785,7 +811,10 @@ pub async fn negotiate(
     if let Some(rate) = &o.tls.rate {
         if !rate.allow() {
             let mut b = bytes::BytesMut::new();
-            keel_protocol::encode::err(&mut b, "Connection throttling is active. Please try again later.");
+            keel_protocol::encode::err(
+                &mut b,
+                "Connection throttling is active. Please try again later.",
+            );
             let _ = write_plain(&mut stream, &b, o.write_deadline).await;
             return Err(Failed::Throttled);
         }
@@ -806,7 +835,9 @@ pub async fn negotiate(
     match first_byte(&stream, opts.timeout()).await {
         First::Byte(HANDSHAKE_RECORD) => {}
         First::Byte(_) => {
-            crate::debug!("{p}TLS handshake error: tls: first record does not look like a TLS handshake");
+            crate::debug!(
+                "{p}TLS handshake error: tls: first record does not look like a TLS handshake"
+            );
             // Take what the client sent, so closing ends the connection with FIN, not RST.
             let mut scratch = [0u8; 4096];
             while matches!(stream.try_read(&mut scratch), Ok(n) if n > 0) {}
@@ -866,8 +897,14 @@ fn handshake_error_text(
 ) -> (String, bool) {
     use std::io::ErrorKind;
     if let Some(r) = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-        if matches!(r, rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)) {
-            return ("tls: first record does not look like a TLS handshake".into(), true);
+        if matches!(
+            r,
+            rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)
+        ) {
+            return (
+                "tls: first record does not look like a TLS handshake".into(),
+                true,
+            );
         }
         return (rustls_text(r), false);
     }
@@ -877,7 +914,10 @@ fn handshake_error_text(
     );
     match e.kind() {
         ErrorKind::UnexpectedEof => ("EOF".into(), false),
-        ErrorKind::ConnectionReset => (format!("read tcp {l}->{p}: read: connection reset by peer"), false),
+        ErrorKind::ConnectionReset => (
+            format!("read tcp {l}->{p}: read: connection reset by peer"),
+            false,
+        ),
         _ => (format!("read tcp {l}->{p}: {e}"), false),
     }
 }
@@ -963,10 +1003,11 @@ pub struct PeerTls {
 
 fn hex(b: &[u8]) -> String {
     use std::fmt::Write;
-    b.iter().fold(String::with_capacity(b.len() * 2), |mut s, x| {
-        let _ = write!(s, "{x:02x}");
-        s
-    })
+    b.iter()
+        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
+            let _ = write!(s, "{x:02x}");
+            s
+        })
 }
 
 fn spki_sha256(der: &CertificateDer<'_>) -> Option<String> {
@@ -999,7 +1040,12 @@ impl PeerTls {
             .map_or("unknown", |s| cipher_name(s.suite()));
         let mut certs = vec![];
         let mut identity = None;
-        for (i, der) in conn.peer_certificates().unwrap_or_default().iter().enumerate() {
+        for (i, der) in conn
+            .peer_certificates()
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+        {
             let Ok((_, c)) = x509_parser::parse_x509_certificate(der) else {
                 continue;
             };
@@ -1092,7 +1138,9 @@ fn known_rdns(attrs: &[Vec<Atv>]) -> Vec<Vec<(&'static str, String)>> {
             .collect()
     };
     let mut rdns = vec![];
-    for oid in ["2.5.4.6", "2.5.4.8", "2.5.4.7", "2.5.4.9", "2.5.4.17", "2.5.4.10", "2.5.4.11"] {
+    for oid in [
+        "2.5.4.6", "2.5.4.8", "2.5.4.7", "2.5.4.9", "2.5.4.17", "2.5.4.10", "2.5.4.11",
+    ] {
         let vs = values(oid);
         if !vs.is_empty() {
             let t = go_type_name(oid).unwrap_or_default();
@@ -1250,7 +1298,12 @@ impl Dn {
         }
         let mut used = vec![false; o.0.len()];
         self.0.iter().all(|a| {
-            match o.0.iter().enumerate().find(|(j, b)| !used[*j] && rdn_eq(a, b)) {
+            match o
+                .0
+                .iter()
+                .enumerate()
+                .find(|(j, b)| !used[*j] && rdn_eq(a, b))
+            {
                 Some((j, _)) => {
                     used[j] = true;
                     true
@@ -1292,7 +1345,11 @@ impl CertIdentity {
         let attrs = attributes(c.subject());
         let known: Vec<Vec<(String, String)>> = known_rdns(&attrs)
             .into_iter()
-            .map(|r| r.into_iter().map(|(t, v)| (t.to_string(), go_escape(&v))).collect())
+            .map(|r| {
+                r.into_iter()
+                    .map(|(t, v)| (t.to_string(), go_escape(&v)))
+                    .collect()
+            })
             .collect();
         id.subject = rdns_string(&known);
         const DC: &str = "0.9.2342.19200300.100.1.25";
@@ -1310,7 +1367,11 @@ impl CertIdentity {
         for rdn in attrs.iter().rev().filter(|r| !r.is_empty()) {
             let mut r = vec![];
             for (oid, v, _) in rdn.iter().rev() {
-                let t = if oid == DC { Some("DC") } else { go_type_name(oid) };
+                let t = if oid == DC {
+                    Some("DC")
+                } else {
+                    go_type_name(oid)
+                };
                 match (t, v) {
                     (Some(t), Some(v)) => r.push((t.to_string(), v.clone())),
                     _ => ok = false,
@@ -1402,8 +1463,14 @@ mod tests {
         assert!(t.pinned.contains(&pin.to_ascii_lowercase()));
         assert_eq!(t.min_version, Some(ProtocolVersion::TLSv1_3));
         assert_eq!(t.rate_limit, 5);
-        assert_eq!(parse("timeout: 3").unwrap().timeout(), Duration::from_secs(3));
-        assert_eq!(parse("timeout: 0.5").unwrap().timeout(), Duration::from_millis(500));
+        assert_eq!(
+            parse("timeout: 3").unwrap().timeout(),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            parse("timeout: 0.5").unwrap().timeout(),
+            Duration::from_millis(500)
+        );
         assert_eq!(parse("").unwrap().timeout(), DEFAULT_TIMEOUT);
         // verify_and_map: false does not turn verify off.
         let t = parse("verify: true, verify_and_map: false").unwrap();

@@ -46,7 +46,10 @@ async fn round_trip(client: &async_nats::Client) {
     assert_eq!(&msg.payload[..], b"over tls");
 }
 
-async fn connect(server: &Server, opts: async_nats::ConnectOptions) -> Result<async_nats::Client, String> {
+async fn connect(
+    server: &Server,
+    opts: async_nats::ConnectOptions,
+) -> Result<async_nats::Client, String> {
     match tokio::time::timeout(STEP, opts.connect(server.url())).await {
         Ok(r) => r.map_err(|e| e.to_string()),
         Err(_) => Err("connect timed out".into()),
@@ -61,7 +64,11 @@ fn monitor_port(server: &Server, scheme: &str) -> u16 {
         if let Some(l) = server.log().lines().find(|l| l.contains(&needle)) {
             return l.rsplit(':').next().unwrap().trim().parse().unwrap();
         }
-        assert!(Instant::now() < deadline, "no {needle:?} line:\n{}", server.log());
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} line:\n{}",
+            server.log()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -71,10 +78,15 @@ async fn http_json(port: u16, path: &str) -> Value {
     let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
     tcp.write_all(req.as_bytes()).await.unwrap();
     let mut out = Vec::new();
-    within("http response", tcp.read_to_end(&mut out)).await.unwrap();
+    within("http response", tcp.read_to_end(&mut out))
+        .await
+        .unwrap();
     let text = String::from_utf8_lossy(&out);
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         let mut rest = body;
         let mut b = String::new();
         while let Some((size, tail)) = rest.split_once("\r\n") {
@@ -143,7 +155,9 @@ async fn verify_requires_a_certificate_from_the_ca() {
         Err(_) => {}
         Ok(mut s) => {
             let mut b = [0u8; 64];
-            let r = tokio::time::timeout(STEP, s.read(&mut b)).await.expect("no answer");
+            let r = tokio::time::timeout(STEP, s.read(&mut b))
+                .await
+                .expect("no answer");
             assert!(!matches!(r, Ok(n) if n > 0), "read {r:?}");
         }
     }
@@ -226,10 +240,8 @@ async fn handshake_first_with_a_delay_falls_back_to_plain_info() {
 #[tokio::test]
 async fn allow_non_tls_serves_plain_and_tls_clients() {
     let certs = TestCerts::new();
-    let server = Server::start_with_config(&format!(
-        "{}allow_non_tls: true\n",
-        tls_conf(&certs, "")
-    ));
+    let server =
+        Server::start_with_config(&format!("{}allow_non_tls: true\n", tls_conf(&certs, "")));
     let (mut tcp, info) = plain_info(&server).await;
     assert_eq!(info["tls_available"], true, "{info}");
     assert!(info.get("tls_required").is_none(), "{info}");
@@ -301,22 +313,32 @@ async fn monitoring_shows_the_tls_state() {
     assert_eq!(c["tls_version"], "1.3", "{c}");
     let suite = c["tls_cipher_suite"].as_str().unwrap();
     assert!(
-        ["TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256"]
-            .contains(&suite),
+        [
+            "TLS_AES_128_GCM_SHA256",
+            "TLS_AES_256_GCM_SHA384",
+            "TLS_CHACHA20_POLY1305_SHA256"
+        ]
+        .contains(&suite),
         "{c}"
     );
     assert!(c.get("tls_first").is_none(), "{c}");
     let peer = &c["tls_peer_certs"][0];
     assert_eq!(
-        peer["subject"],
-        "CN=alice,OU=dev,O=Acme\\, Inc.,0.9.2342.19200300.100.1.25=example",
+        peer["subject"], "CN=alice,OU=dev,O=Acme\\, Inc.,0.9.2342.19200300.100.1.25=example",
         "{c}"
     );
-    assert_eq!(peer["spki_sha256"], certs.client_spki_sha256.as_str(), "{c}");
+    assert_eq!(
+        peer["spki_sha256"],
+        certs.client_spki_sha256.as_str(),
+        "{c}"
+    );
     assert_eq!(peer["cert_sha256"].as_str().unwrap().len(), 64, "{c}");
     // The certificates only with auth=true.
     let connz = http_json(port, "/connz").await;
-    assert!(connz["connections"][0].get("tls_peer_certs").is_none(), "{connz}");
+    assert!(
+        connz["connections"][0].get("tls_peer_certs").is_none(),
+        "{connz}"
+    );
     assert_eq!(connz["connections"][0]["tls_version"], "1.3");
 
     let varz = http_json(port, "/varz").await;
@@ -324,7 +346,10 @@ async fn monitoring_shows_the_tls_state() {
     assert_eq!(varz["tls_verify"], true);
     assert_eq!(varz["tls_timeout"], 2);
     assert_eq!(varz["auth_timeout"], 3);
-    assert!(varz["tls_cert_not_after"].as_str().unwrap().ends_with('Z'), "{varz}");
+    assert!(
+        varz["tls_cert_not_after"].as_str().unwrap().ends_with('Z'),
+        "{varz}"
+    );
 
     // A client without a certificate is listed as closed by its handshake.
     assert!(connect(&server, certs.client_options(false)).await.is_err());
@@ -434,7 +459,10 @@ async fn bad_tls_setups_are_refused_at_startup() {
     );
     let (code, out) = Server::run_to_exit(&["-c".into(), missing]);
     assert_ne!(code, Some(0), "{out}");
-    assert!(out.contains("error parsing X509 certificate/key pair"), "{out}");
+    assert!(
+        out.contains("error parsing X509 certificate/key pair"),
+        "{out}"
+    );
 
     let no_key = conf(
         "nokey.conf",
@@ -445,15 +473,21 @@ async fn bad_tls_setups_are_refused_at_startup() {
     );
     let (code, out) = Server::run_to_exit(&["-c".into(), no_key]);
     assert_ne!(code, Some(0), "{out}");
-    assert!(out.contains("missing 'key_file' in TLS configuration"), "{out}");
+    assert!(
+        out.contains("missing 'key_file' in TLS configuration"),
+        "{out}"
+    );
 
     let (code, out) = Server::run_to_exit(&["--tlsverify".into()]);
     assert_ne!(code, Some(0), "{out}");
-    assert!(out.contains("TLS Server certificate must be present and valid"), "{out}");
+    assert!(
+        out.contains("TLS Server certificate must be present and valid"),
+        "{out}"
+    );
 
     let unknown = conf(
         "unknown.conf",
-        &format!("{}", tls_conf(&certs, "cipher_suites: [\"TLS_BOGUS\"]")),
+        &tls_conf(&certs, "cipher_suites: [\"TLS_BOGUS\"]"),
     );
     let (code, out) = Server::run_to_exit(&["-c".into(), unknown]);
     assert_ne!(code, Some(0), "{out}");
@@ -462,7 +496,10 @@ async fn bad_tls_setups_are_refused_at_startup() {
     let field = conf("field.conf", &tls_conf(&certs, "bogus: 1"));
     let (code, out) = Server::run_to_exit(&["-c".into(), field]);
     assert_ne!(code, Some(0), "{out}");
-    assert!(out.contains("error parsing tls config, unknown field \"bogus\""), "{out}");
+    assert!(
+        out.contains("error parsing tls config, unknown field \"bogus\""),
+        "{out}"
+    );
 }
 
 #[tokio::test]

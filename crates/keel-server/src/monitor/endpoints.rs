@@ -211,7 +211,10 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         a.extend(b);
         if let Some(t) = not_after {
             // Whole seconds, as Go prints a certificate time.
-            a.insert("tls_cert_not_after".into(), crate::time::rfc3339_secs(t).into());
+            a.insert(
+                "tls_cert_not_after".into(),
+                crate::time::rfc3339_secs(t).into(),
+            );
         }
     }
     Ok(v)
@@ -388,7 +391,7 @@ impl ConnRow {
 
 /// A row of `/connz`: an open connection, or a closed one from the ring.
 enum Listed {
-    Open(ConnRow),
+    Open(Box<ConnRow>),
     Closed(Arc<super::closed::Closed>),
 }
 
@@ -467,7 +470,7 @@ pub fn connz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     } else {
         open.iter()
             .filter(|h| cid == 0 || h.id == cid)
-            .map(|h| Listed::Open(ConnRow::of(h, subs)))
+            .map(|h| Listed::Open(Box::new(ConnRow::of(h, subs))))
             .chain(
                 closed
                     .into_iter()

@@ -52,7 +52,11 @@ pub async fn bind(server: &Server) -> std::io::Result<TcpListener> {
         .http_host
         .as_deref()
         .unwrap_or(&server.opts.host);
-    let port = server.opts.http_port.or(server.opts.https_port).unwrap_or(0);
+    let port = server
+        .opts
+        .http_port
+        .or(server.opts.https_port)
+        .unwrap_or(0);
     let port = if port <= 0 { 0 } else { port as u16 };
     crate::server::bind_tcp(host, port)
 }
@@ -60,11 +64,12 @@ pub async fn bind(server: &Server) -> std::io::Result<TcpListener> {
 /// Serves monitoring requests until the server shuts down; over TLS with `https_port`.
 pub async fn serve(server: Arc<Server>, listener: TcpListener) {
     let tls = if server.opts.https_port.is_some() {
-        server
-            .opts
-            .tls
-            .as_ref()
-            .map(|t| (tokio_rustls::TlsAcceptor::from(t.monitor.clone()), t.opts.timeout()))
+        server.opts.tls.as_ref().map(|t| {
+            (
+                tokio_rustls::TlsAcceptor::from(t.monitor.clone()),
+                t.opts.timeout(),
+            )
+        })
     } else {
         None
     };

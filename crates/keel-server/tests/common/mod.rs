@@ -932,10 +932,14 @@ impl TestCerts {
             let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
             p.distinguished_name = DistinguishedName::new();
             // DC (0.9.2342.19200300.100.1.25), then O, OU, CN: Go prints the DC last.
+            p.distinguished_name.push(
+                DnType::CustomDnType(vec![0, 9, 2342, 19200300, 100, 1, 25]),
+                "example",
+            );
             p.distinguished_name
-                .push(DnType::CustomDnType(vec![0, 9, 2342, 19200300, 100, 1, 25]), "example");
-            p.distinguished_name.push(DnType::OrganizationName, "Acme, Inc.");
-            p.distinguished_name.push(DnType::OrganizationalUnitName, "dev");
+                .push(DnType::OrganizationName, "Acme, Inc.");
+            p.distinguished_name
+                .push(DnType::OrganizationalUnitName, "dev");
             p.distinguished_name.push(DnType::CommonName, CLIENT_CN);
             p.subject_alt_names = vec![
                 SanType::Rfc822Name(CLIENT_EMAIL.try_into().unwrap()),
@@ -976,10 +980,7 @@ impl TestCerts {
 
     /// `ca_file` (the test CA) for a `tls { }` block.
     pub fn ca_key(&self) -> String {
-        format!(
-            "ca_file: {:?}",
-            self.path("ca.pem").display().to_string()
-        )
+        format!("ca_file: {:?}", self.path("ca.pem").display().to_string())
     }
 
     /// async-nats options trusting the test CA, with the client certificate when `cert`.
@@ -1010,12 +1011,14 @@ impl TestCerts {
         match client {
             None => b.with_no_client_auth(),
             Some(prefix) => {
-                let chain = CertificateDer::pem_file_iter(self.path(&format!("{prefix}client-cert.pem")))
-                    .unwrap()
-                    .collect::<Result<Vec<_>, _>>()
-                    .unwrap();
+                let chain =
+                    CertificateDer::pem_file_iter(self.path(&format!("{prefix}client-cert.pem")))
+                        .unwrap()
+                        .collect::<Result<Vec<_>, _>>()
+                        .unwrap();
                 let key =
-                    PrivateKeyDer::from_pem_file(self.path(&format!("{prefix}client-key.pem"))).unwrap();
+                    PrivateKeyDer::from_pem_file(self.path(&format!("{prefix}client-key.pem")))
+                        .unwrap();
                 b.with_client_auth_cert(chain, key).unwrap()
             }
         }
@@ -1043,7 +1046,11 @@ pub async fn read_line_from<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Strin
             .await
             .expect("timed out reading a line")
             .expect("read failed");
-        assert!(n == 1, "connection closed after {:?}", String::from_utf8_lossy(&line));
+        assert!(
+            n == 1,
+            "connection closed after {:?}",
+            String::from_utf8_lossy(&line)
+        );
         line.push(b[0]);
         if line.ends_with(b"\r\n") {
             line.truncate(line.len() - 2);
@@ -1062,7 +1069,9 @@ pub fn info_json(line: &str) -> serde_json::Value {
 
 /// GET `path` over HTTPS (trusting the test CA); returns (status, body).
 pub async fn https_get(certs: &TestCerts, port: u16, path: &str) -> (u16, String) {
-    let tcp = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let tcp = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
     let mut s = tls_handshake(tcp, certs.rustls_client("ca.pem", None))
         .await
         .expect("HTTPS handshake");
