@@ -912,5 +912,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(h: Arc<ClientHandle>, mut wr: W, dead
             spare = BytesMut::new();
         }
     }
-    let _ = wr.shutdown().await;
+    // Bounded: closing a TLS stream first sends close_notify, which a peer that stopped
+    // reading (a slow consumer) would never take.
+    let _ = tokio::time::timeout(Duration::from_secs(1), wr.shutdown()).await;
 }
