@@ -48,7 +48,7 @@ def server_factory():
     Teardown fails the test if a server process died on its own (crash/panic)."""
     started: list[ServerProcess] = []
 
-    def start(config: dict | None = None, jetstream: bool = False) -> ServerProcess:
+    def start(config: dict | str | None = None, jetstream: bool = False) -> ServerProcess:
         srv = ServerProcess(config, jetstream=jetstream).start()
         started.append(srv)
         return srv

@@ -81,10 +81,11 @@ class ServerProcess:
 
     stdout+stderr go to a temp file (never an undrained pipe)."""
 
-    def __init__(self, config: dict | None = None, jetstream: bool = False):
+    def __init__(self, config: dict | str | None = None, jetstream: bool = False):
         self.binary = server_binary()
         self.kind = server_kind()
-        self.config = dict(config or {})
+        # A dict is rendered as `key: value` lines; a str is a config file's text as is.
+        self.config = config if isinstance(config, str) else dict(config or {})
         self.jetstream = jetstream
         self.host = "127.0.0.1"
         self.port = 0
@@ -103,7 +104,8 @@ class ServerProcess:
         args = [self.binary, "-a", self.host, "-p", str(self.port)]
         if self.config:
             conf = Path(self._dir.name) / "server.conf"
-            conf.write_text(render_config(self.config))
+            text = self.config if isinstance(self.config, str) else render_config(self.config)
+            conf.write_text(text)
             args += ["-c", str(conf)]
         if self.jetstream:
             args += ["-js", "-sd", str(self.store_dir)]

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use keel_protocol::{encode, subject, ClientOp, ParseError, Parser};
 use serde::Deserialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
@@ -105,6 +105,8 @@ pub struct ClientMeta {
     pub lang: String,
     pub version: String,
     pub start: Option<std::time::SystemTime>,
+    /// The TLS session, once its handshake is done (`/connz` `tls_*`, `verify_and_map`).
+    pub tls: Option<Arc<crate::tls::PeerTls>>,
 }
 
 #[derive(Default)]
@@ -128,6 +130,7 @@ pub enum CloseReason {
     MaxConnections,
     WriteError,
     ReadError,
+    TlsHandshakeError,
 }
 
 impl ClientHandle {
@@ -379,10 +382,9 @@ struct Conn {
 }
 
 /// Serves one accepted connection until it closes.
-pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
+pub async fn serve(server: Arc<Server>, mut stream: TcpStream, id: u64) {
     let _ = stream.set_nodelay(true);
     let addr = stream.peer_addr().ok();
-    let (rd, wr) = stream.into_split();
     let handle = ClientHandle::new(
         id,
         server.opts.max_pending,
@@ -394,21 +396,88 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
         meta.addr = addr;
         meta.start = Some(std::time::SystemTime::now());
     }
-    handle.queue_raw(&server.info_line(&handle, addr, false));
-    let writer = tokio::spawn(write_loop(handle.clone(), wr, server.opts.write_deadline));
-
+    let tls = server.opts.tls.clone();
     if !server.register(&handle) {
+        // INFO (unless the client is to start with a TLS handshake), then the error.
         let mut b = BytesMut::new();
+        if !tls.as_ref().is_some_and(|t| t.opts.handshake_first) {
+            b.extend_from_slice(&server.info_line(&handle, addr, false));
+        }
         encode::err(&mut b, "maximum connections exceeded");
-        handle.queue_raw(&b);
+        let _ = tokio::time::timeout(server.opts.write_deadline, stream.write_all(&b)).await;
+        let _ = stream.shutdown().await;
         handle.close(CloseReason::MaxConnections);
         server.closed.record(&handle);
         crate::warn!(server.log, "{id} - Maximum connections exceeded");
-        let _ = writer.await;
         return;
     }
     crate::debug!(server.log, "{id} - Client connection created from {addr:?}");
+    let Some(tls) = tls else {
+        // The plain path: nothing TLS-related on it.
+        handle.queue_raw(&server.info_line(&handle, addr, false));
+        let (rd, wr) = stream.into_split();
+        return run(server, handle, rd, wr).await;
+    };
+    let info = |tls_first: bool| server.info_line_with(&handle, addr, false, tls_first);
+    let opening = crate::tls::Opening {
+        tls: &tls,
+        log: &server.log,
+        id,
+        addr,
+        info: &info,
+        write_deadline: server.opts.write_deadline,
+    };
+    match crate::tls::negotiate(&opening, stream).await {
+        Ok((crate::tls::Opened::Plain(stream), _)) => {
+            let (rd, wr) = stream.into_split();
+            run(server, handle, rd, wr).await
+        }
+        Ok((crate::tls::Opened::Tls(stream), tls_first)) => {
+            let peer = crate::tls::PeerTls::of(stream.get_ref().1, tls_first, tls.opts.map);
+            crate::debug!(
+                server.log,
+                "{}TLS version {}, cipher suite {}",
+                crate::tls::log_prefix(addr, id),
+                peer.version,
+                peer.cipher
+            );
+            handle.meta.lock().unwrap_or_else(|e| e.into_inner()).tls = Some(Arc::new(peer));
+            if tls_first {
+                handle.queue_raw(&info(true));
+            }
+            let (rd, wr) = tokio::io::split(*stream);
+            run(server, handle, rd, wr).await
+        }
+        Err(failed) => {
+            let reason = match failed {
+                crate::tls::Failed::Throttled => CloseReason::MaxConnections,
+                crate::tls::Failed::Write => CloseReason::WriteError,
+                crate::tls::Failed::Handshake => CloseReason::TlsHandshakeError,
+            };
+            crate::debug!(
+                server.log,
+                "{}Client connection closed: {}",
+                crate::tls::log_prefix(addr, id),
+                crate::monitor::reason_text(Some(reason))
+            );
+            handle.close(reason);
+            server.closed.record(&handle);
+            server.unregister(id);
+        }
+    }
+}
 
+/// Runs a registered connection whose INFO is queued (or sent): the writer task, then the
+/// reader until the connection ends. Generic over the stream, so the plain path is
+/// monomorphized on TCP halves and pays nothing for TLS.
+async fn run<R: ConnRead, W: AsyncWrite + Unpin + Send + 'static>(
+    server: Arc<Server>,
+    handle: Arc<ClientHandle>,
+    rd: R,
+    wr: W,
+) {
+    let id = handle.id;
+    let writer = tokio::spawn(write_loop(handle.clone(), wr, server.opts.write_deadline));
     let mut conn = Conn::new(server.clone(), handle.clone());
     let reason = conn.read_loop(rd).await;
     crate::debug!(server.log, "{id} - Client connection closed: {reason:?}");
@@ -418,6 +487,55 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
     conn.remove_all_subs();
     server.unregister(id);
     let _ = writer.await;
+}
+
+/// The read side of a connection: a TCP half, or a TLS stream's.
+pub(crate) trait ConnRead: AsyncRead + Unpin + Send + 'static {
+    /// Waits for input, reserves `want` bytes in `buf` and reads once: `(read, room)`, or
+    /// None when the readiness was stale and nothing was read.
+    fn read_some(
+        &mut self,
+        buf: &mut BytesMut,
+        want: usize,
+    ) -> impl Future<Output = std::io::Result<Option<(usize, usize)>>> + Send;
+}
+
+impl ConnRead for OwnedReadHalf {
+    async fn read_some(
+        &mut self,
+        buf: &mut BytesMut,
+        want: usize,
+    ) -> std::io::Result<Option<(usize, usize)>> {
+        // The buffer is reserved only once the socket is readable: a connection that never
+        // sends anything holds none.
+        self.readable().await?;
+        buf.reserve(want);
+        let room = buf.capacity() - buf.len();
+        // One poll of read_buf rather than try_read_buf: after a short read it knows the
+        // socket is drained and skips the extra read that would only say EAGAIN.
+        let polled = {
+            let mut read = std::pin::pin!(self.read_buf(buf));
+            std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await
+        };
+        match polled {
+            Poll::Pending => Ok(None),
+            Poll::Ready(r) => r.map(|n| Some((n, room))),
+        }
+    }
+}
+
+impl ConnRead for tokio::io::ReadHalf<tokio_rustls::server::TlsStream<TcpStream>> {
+    async fn read_some(
+        &mut self,
+        buf: &mut BytesMut,
+        want: usize,
+    ) -> std::io::Result<Option<(usize, usize)>> {
+        // Decrypted bytes may already wait inside rustls, where socket readiness cannot see
+        // them: read directly.
+        buf.reserve(want);
+        let room = buf.capacity() - buf.len();
+        self.read_buf(buf).await.map(|n| Some((n, room)))
+    }
 }
 
 impl Conn {
@@ -442,7 +560,7 @@ impl Conn {
         }
     }
 
-    async fn read_loop(&mut self, mut rd: OwnedReadHalf) -> CloseReason {
+    async fn read_loop<R: ConnRead>(&mut self, mut rd: R) -> CloseReason {
         // The read size adapts like the reference's: small for idle connections (memory per
         // connection matters), doubling while reads fill it, up to 64 KiB. The buffer is
         // only reserved once the socket is readable (a connection that never sent anything
@@ -466,30 +584,18 @@ impl Conn {
             } else {
                 next_ping
             };
+            let want = self
+                .parser
+                .wanted()
+                .saturating_sub(buf.len())
+                .max(read_size);
             tokio::select! {
-                r = rd.readable() => {
-                    if r.is_err() {
-                        return CloseReason::ReadError;
-                    }
-                    let want = self
-                        .parser
-                        .wanted()
-                        .saturating_sub(buf.len())
-                        .max(read_size);
-                    buf.reserve(want);
-                    let room = buf.capacity() - buf.len();
-                    // One poll of read_buf rather than try_read_buf: after a short read it
-                    // knows the socket is drained and skips the extra read that would only
-                    // say EAGAIN.
-                    let polled = {
-                        let mut read = std::pin::pin!(rd.read_buf(&mut buf));
-                        std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await
-                    };
-                    let n = match polled {
-                        Poll::Pending => continue, // stale readiness: wait again
-                        Poll::Ready(Ok(0)) => return CloseReason::ClientClosed,
-                        Poll::Ready(Ok(n)) => n,
-                        Poll::Ready(Err(_)) => return CloseReason::ReadError,
+                r = rd.read_some(&mut buf, want) => {
+                    let (n, room) = match r {
+                        Ok(None) => continue, // stale readiness: wait again
+                        Ok(Some((0, _))) => return CloseReason::ClientClosed,
+                        Ok(Some(read)) => read,
+                        Err(_) => return CloseReason::ReadError,
                     };
                     if n == room && read_size < 64 * 1024 {
                         read_size *= 2;
@@ -826,7 +932,7 @@ pub async fn until_true(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|v| *v).await;
 }
 
-async fn drain(rd: &mut OwnedReadHalf) {
+async fn drain<R: AsyncRead + Unpin>(rd: &mut R) {
     let mut scratch = [0u8; 4096];
     while let Ok(n) = rd.read(&mut scratch).await {
         if n == 0 {
@@ -844,7 +950,7 @@ const BUF_IDLE: Duration = Duration::from_secs(1);
 const IDLE_BUF: usize = 64 * 1024;
 
 /// Writes whatever is queued, in one write per wake-up, until the connection closes.
-async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Duration) {
+async fn write_loop<W: AsyncWrite + Unpin>(h: Arc<ClientHandle>, mut wr: W, deadline: Duration) {
     let mut spare = BytesMut::new();
     loop {
         let taken = {
@@ -870,7 +976,11 @@ async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Dura
             h.wake_writer.notified().await;
             continue;
         };
-        let write = tokio::time::timeout(deadline, wr.write_all(&data));
+        // The flush is free on TCP; TLS may hold encrypted records back until it.
+        let write = tokio::time::timeout(deadline, async {
+            wr.write_all(&data).await?;
+            wr.flush().await
+        });
         tokio::select! {
             r = write => match r {
                 Ok(Ok(())) => {}
@@ -900,7 +1010,9 @@ async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Dura
             spare = BytesMut::new();
         }
     }
-    let _ = wr.shutdown().await;
+    // Bounded: closing a TLS stream first sends close_notify, which a peer that stopped
+    // reading (a slow consumer) would never take.
+    let _ = tokio::time::timeout(Duration::from_secs(1), wr.shutdown()).await;
 }
 
 #[cfg(test)]

@@ -28,3 +28,4 @@ pub mod router;
 pub mod server;
 pub mod sublist;
 pub mod time;
+pub mod tls;

@@ -94,6 +94,13 @@ struct Info<'a> {
     host: &'a str,
     port: u16,
     headers: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    tls_required: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    tls_verify: bool,
+    /// TLS is configured but optional (`allow_non_tls`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    tls_available: bool,
     max_payload: usize,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     jetstream: bool,
@@ -278,7 +285,20 @@ impl Server {
         peer: Option<SocketAddr>,
         connect_info: bool,
     ) -> Vec<u8> {
+        self.info_line_with(client, peer, connect_info, false)
+    }
+
+    /// [`info_line`](Self::info_line); `tls_first` is the INFO a client that did the TLS
+    /// handshake first gets, which says `tls_required` even where TLS is optional.
+    pub fn info_line_with(
+        &self,
+        client: &ClientHandle,
+        peer: Option<SocketAddr>,
+        connect_info: bool,
+        tls_first: bool,
+    ) -> Vec<u8> {
         let addr = *self.client_addr.lock().unwrap_or_else(|e| e.into_inner());
+        let tls = self.opts.tls.as_deref();
         let info = Info {
             server_id: &self.server_id,
             server_name: &self.server_name,
@@ -289,6 +309,9 @@ impl Server {
             host: &self.opts.host,
             port: addr.map_or(0, |a| a.port()),
             headers: true,
+            tls_required: tls.is_some_and(|t| t.required() || tls_first),
+            tls_verify: tls.is_some_and(|t| t.opts.verify),
+            tls_available: tls.is_some_and(|t| !t.required()),
             max_payload: self.opts.max_payload,
             jetstream: self.jetstream.get().is_some(),
             client_id: client.id,

@@ -45,6 +45,7 @@ pub fn reason_text(r: Option<CloseReason>) -> &'static str {
         Some(CloseReason::MaxConnections) => "Maximum Connections Exceeded",
         Some(CloseReason::WriteError) => "Write Error",
         Some(CloseReason::ReadError) => "Read Error",
+        Some(CloseReason::TlsHandshakeError) => "TLS Handshake Failure",
     }
 }
 

@@ -25,6 +25,15 @@ pub const GLOBAL_ACCOUNT: &str = crate::account::GLOBAL;
 pub const SYSTEM_ACCOUNT: &str = crate::account::SYSTEM;
 const DEFAULT_LIST_SIZE: i64 = 1024;
 
+/// A float64 as Go's JSON writes it: whole numbers without a fraction.
+fn go_float(f: f64) -> Value {
+    if f.fract() == 0.0 && f.abs() < 1e15 {
+        (f as i64).into()
+    } else {
+        f.into()
+    }
+}
+
 pub fn nanos(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64)
@@ -120,6 +129,17 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         "go": crate::config::TOOLCHAIN,
         "host": o.host,
         "port": addr.map_or(0, |a| a.port()),
+    });
+    if let (Some(tls), Value::Object(m)) = (&o.tls, &mut v) {
+        if tls.required() {
+            m.insert("tls_required".into(), true.into());
+        }
+        if tls.opts.verify {
+            m.insert("tls_verify".into(), true.into());
+        }
+    }
+    let tls_timeout = o.tls.as_ref().map(|t| t.opts.timeout());
+    let more = json!({
         "max_connections": o.max_connections,
         "ping_interval": o.ping_interval.as_nanos() as u64,
         "ping_max": o.ping_max,
@@ -128,8 +148,9 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         // for); the bound port is in the "Starting http monitor" log line.
         "http_port": o.http_port.unwrap_or(ctx.http_port as i64),
         "http_base_path": "",
-        "https_port": 0,
-        "auth_timeout": 2,
+        "https_port": o.https_port.unwrap_or(0),
+        // The reference's default: the TLS timeout plus a second when TLS is on.
+        "auth_timeout": go_float(tls_timeout.map_or(2.0, |t| t.as_secs_f64() + 1.0)),
         "max_control_line": keel_protocol::MAX_CONTROL_LINE,
         "max_payload": o.max_payload,
         "max_pending": o.max_pending,
@@ -140,9 +161,12 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         "websocket": {},
         "jetstream": jetstream,
     });
+    if let (Value::Object(a), Value::Object(b)) = (&mut v, more) {
+        a.extend(b);
+    }
     // Two halves: one json! of every field exceeds the macro recursion limit.
     let rest = json!({
-        "tls_timeout": 2,
+        "tls_timeout": go_float(tls_timeout.unwrap_or(crate::tls::DEFAULT_TIMEOUT).as_secs_f64()),
         "write_deadline": o.write_deadline.as_nanos() as u64,
         "start": start,
         "now": now(),
@@ -182,8 +206,16 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         "stale_connection_stats": {"clients": 0, "routes": 0, "gateways": 0, "leafs": 0},
         "disk_io_wait_stats": {"waiters": 0, "waits": 0, "wait_time": 0, "max_wait_time": 0},
     });
+    let not_after = o.tls.as_ref().and_then(|t| t.cert_not_after);
     if let (Value::Object(a), Value::Object(b)) = (&mut v, rest) {
         a.extend(b);
+        if let Some(t) = not_after {
+            // Whole seconds, as Go prints a certificate time.
+            a.insert(
+                "tls_cert_not_after".into(),
+                crate::time::rfc3339_secs(t).into(),
+            );
+        }
     }
     Ok(v)
 }
@@ -318,6 +350,7 @@ pub(crate) struct ConnRow {
     pub name: String,
     pub lang: String,
     version: String,
+    tls: Option<Arc<crate::tls::PeerTls>>,
     pub subs: Vec<SubRow>,
 }
 
@@ -346,6 +379,7 @@ impl ConnRow {
             name: meta.name,
             lang: meta.lang,
             version: meta.version,
+            tls: meta.tls,
             subs,
         }
     }
@@ -357,7 +391,7 @@ impl ConnRow {
 
 /// A row of `/connz`: an open connection, or a closed one from the ring.
 enum Listed {
-    Open(ConnRow),
+    Open(Box<ConnRow>),
     Closed(Arc<super::closed::Closed>),
 }
 
@@ -436,7 +470,7 @@ pub fn connz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     } else {
         open.iter()
             .filter(|h| cid == 0 || h.id == cid)
-            .map(|h| Listed::Open(ConnRow::of(h, subs)))
+            .map(|h| Listed::Open(Box::new(ConnRow::of(h, subs))))
             .chain(
                 closed
                     .into_iter()
@@ -507,6 +541,28 @@ pub fn connz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
             ] {
                 if !v.is_empty() {
                     c.insert(k.into(), v.clone().into());
+                }
+            }
+            if let Some(t) = &r.tls {
+                c.insert("tls_version".into(), t.version.into());
+                c.insert("tls_cipher_suite".into(), t.cipher.into());
+                // The reference lists the client's certificates only with auth=true.
+                if auth && !t.certs.is_empty() {
+                    let certs: Vec<Value> = t
+                        .certs
+                        .iter()
+                        .map(|p| {
+                            json!({
+                                "subject": p.subject,
+                                "spki_sha256": p.spki_sha256,
+                                "cert_sha256": p.cert_sha256,
+                            })
+                        })
+                        .collect();
+                    c.insert("tls_peer_certs".into(), certs.into());
+                }
+                if t.first {
+                    c.insert("tls_first".into(), true.into());
                 }
             }
             if auth {
