@@ -64,6 +64,9 @@ pub struct Opts {
     pub max_closed_clients: usize,
     /// `http_dashboard`: serve the live dashboard at `/dashboard` on the monitoring port.
     pub http_dashboard: bool,
+    /// Authentication, accounts and the system account (`authorization`, `accounts`,
+    /// `no_auth_user`, `system_account`, `operator`, `resolver`..., `--user --pass --auth`).
+    pub auth: crate::auth::conf::AuthOpts,
 }
 
 impl Default for Opts {
@@ -98,6 +101,7 @@ impl Default for Opts {
             check_config: false,
             max_closed_clients: 10_000,
             http_dashboard: true,
+            auth: Default::default(),
         }
     }
 }
@@ -106,6 +110,8 @@ impl Default for Opts {
 #[derive(Debug)]
 pub enum Command {
     Run(Box<Opts>),
+    /// `--signal <command>[=<pid or pid file>]`: signal a running server and exit.
+    Signal(String),
     Help,
     Version,
 }
@@ -122,6 +128,8 @@ Server Options:
     -c, --config <file>              Configuration file (nats-server format)
     -t                               Test configuration and exit
         --max_payload <size>         Maximum message payload (default: 1MB)
+    -sl,--signal <signal>[=<pid>]    Send signal to keel-server process (ldm, stop, quit, term,
+                                     reopen, reload); pid is a number or a pid file
 
 Logging Options:
     -l, --log <file>                 File to redirect log output
@@ -129,6 +137,11 @@ Logging Options:
     -D, --debug[=bool]               Enable debugging output
     -V, --trace[=bool]               Trace the raw protocol
     -DV                              Debug and trace
+
+Authorization Options:
+        --user <user>                User required for connections
+        --pass <password>            Password required for connections
+        --auth <token>               Authorization token required for connections
 
 JetStream Options:
     -js, --jetstream[=bool]          Enable JetStream functionality
@@ -142,7 +155,10 @@ Config file keys: port, listen, host, server_name, http_port, http, max_payload,
 max_connections, max_pending, ping_interval, ping_max, write_deadline, lame_duck_duration,
 lame_duck_grace_period, max_closed_clients, http_dashboard, debug, trace, logtime,
 log_file, pid_file, store_dir, jetstream { store_dir, max_memory_store, max_file_store,
-sync_interval, strict, domain, enabled }.
+sync_interval, strict, domain, enabled }, authorization { user, password, token, timeout,
+users, permissions }, accounts { NAME: { users, jetstream, exports, imports,
+default_permissions } }, no_auth_user, system_account, no_system_account, operator, resolver:
+MEMORY, resolver_preload, trusted_keys.
 Other nats-server flags and keys are refused as not supported yet.
 ";
 
@@ -171,15 +187,16 @@ const FLAGS: &[(&[&str], Kind, &str)] = &[
     (&["DVV"], Kind::Bool, "DVV"),
     (&["js", "jetstream"], Kind::Bool, "js"),
     (&["sd", "store_dir"], Kind::Value, "store_dir"),
+    (&["user"], Kind::Value, "user"),
+    (&["pass"], Kind::Value, "pass"),
+    (&["auth"], Kind::Value, "auth"),
+    (&["sl", "signal"], Kind::Value, "signal"),
     (&["h", "help"], Kind::Bool, "help"),
     (&["v", "version"], Kind::Bool, "version"),
 ];
 
 /// Reference flags we know but do not implement: refused by name rather than "unknown".
 const UNSUPPORTED: &[&str] = &[
-    "user",
-    "pass",
-    "auth",
     "tls",
     "tlscert",
     "tlskey",
@@ -199,8 +216,6 @@ const UNSUPPORTED: &[&str] = &[
     "syslog",
     "r",
     "remote_syslog",
-    "signal",
-    "sl",
     "client_advertise",
     "ports_file_dir",
     "max_traced_msg_len",
@@ -220,9 +235,7 @@ const UNSUPPORTED_KEYS: &[&str] = &[
     "maps",
     "disable_sublist_cache",
     "no_sublist_cache",
-    "accounts",
     "default_sentinel",
-    "authorization",
     "https",
     "https_port",
     "http_base_path",
@@ -250,27 +263,9 @@ const UNSUPPORTED_KEYS: &[&str] = &[
     "ocsp",
     "allow_non_tls",
     "write_timeout",
-    "operator",
-    "operators",
-    "roots",
-    "root",
-    "root_operators",
-    "root_operator",
-    "resolver",
-    "account_resolver",
-    "accounts_resolver",
     "resolver_tls",
-    "resolver_preload",
     "resolver_pinned_accounts",
-    "no_auth_user",
-    "system_account",
-    "system",
-    "no_system_account",
-    "no_system",
-    "no_sys_acc",
     "no_header_support",
-    "trusted",
-    "trusted_keys",
     "connect_error_reports",
     "reconnect_error_reports",
     "websocket",
@@ -369,8 +364,9 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, St
     if let Some((_, Some(path))) = flags.iter().rev().find(|(c, _)| *c == "config") {
         let path = PathBuf::from(path);
         let map = conf::parse_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        // Set first: files the config names (operator JWTs) are relative to it.
+        opts.config_file = Some(path.clone());
         apply_config(&mut opts, &map).map_err(|e| format!("{}: {e}", path.display()))?;
-        opts.config_file = Some(path);
     }
     for (canon, value) in flags {
         let v = value.unwrap_or_default();
@@ -400,6 +396,11 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, St
             }
             "js" => opts.jetstream = parse_bool(canon, &v)?,
             "store_dir" => opts.store_dir = Some(v.into()),
+            // Flags override the config file, as the reference's do.
+            "user" => opts.auth.user = Some(v),
+            "pass" => opts.auth.password = Some(v),
+            "auth" => opts.auth.token = Some(v),
+            "signal" => return Ok(Command::Signal(v)),
             _ => unreachable!("flag table and match agree"),
         }
     }
@@ -500,6 +501,15 @@ pub fn apply_config(opts: &mut Opts, map: &Map) -> Result<(), String> {
             "pid_file" => opts.pid_file = Some(string(key, v)?.into()),
             "store_dir" | "storedir" => set_store_dir(opts, key, v)?,
             "jetstream" => apply_jetstream(opts, key, v)?,
+            _ if {
+                let dir = opts
+                    .config_file
+                    .as_deref()
+                    .and_then(std::path::Path::parent)
+                    .map(std::path::Path::to_path_buf)
+                    .unwrap_or_default();
+                crate::auth::conf::apply_key(&mut opts.auth, key, v, &dir)?
+            } => {}
             other if UNSUPPORTED_KEYS.contains(&other) => {
                 return Err(not_supported(&format!("configuration key {key:?}")))
             }
@@ -632,6 +642,15 @@ mod tests {
         ));
         assert!(run(&["--bogus"]).unwrap_err().contains("unknown flag"));
         assert!(run(&["--tls"]).unwrap_err().contains("does not support"));
+        let o = run(&["--user", "u", "--pass", "p", "--auth", "t"]).unwrap();
+        assert_eq!(o.auth.user.as_deref(), Some("u"));
+        assert_eq!(o.auth.password.as_deref(), Some("p"));
+        assert_eq!(o.auth.token.as_deref(), Some("t"));
+        assert!(!format!("{o:?}").contains("\"p\""), "no password in Debug");
+        assert!(matches!(
+            parse_args(["--signal".to_string(), "reload=12".to_string()]),
+            Ok(Command::Signal(s)) if s == "reload=12"
+        ));
         for flag in ["--cluster_listen", "--cluster", "--routes", "--profile"] {
             let e = run(&[flag, "x"]).unwrap_err();
             assert!(e.contains("does not support yet"), "{flag}: {e}");

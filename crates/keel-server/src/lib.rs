@@ -13,6 +13,7 @@
 //! buffers -> sockets.
 
 pub mod account;
+pub mod auth;
 pub mod client;
 pub mod conf;
 pub mod config;
@@ -27,4 +28,5 @@ pub mod permissions;
 pub mod router;
 pub mod server;
 pub mod sublist;
+pub mod system;
 pub mod time;

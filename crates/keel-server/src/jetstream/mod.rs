@@ -77,7 +77,8 @@ impl JetStream {
             .store_dir
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join("keel"));
-        let account = server.accounts.global().clone();
+        // The account with `jetstream: enabled` when accounts are configured, else `$G`.
+        let account = server.accounts.jetstream_account();
         let streams_dir = store_dir
             .join("jetstream")
             .join(&account.name)

@@ -21,6 +21,7 @@ mod jsz;
 mod metrics;
 pub(crate) mod proc;
 mod query;
+pub(crate) mod sysreq;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -41,7 +42,9 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::server::Server;
 use query::Query;
 
+pub(crate) use closed::reason_text;
 pub use closed::ClosedConns;
+pub(crate) use endpoints::{account_statz, nanos};
 use metrics::encode_metrics;
 
 /// Binds the monitoring listener on `http_host` (else `host`) and `http_port` (0 or -1: any
@@ -97,7 +100,7 @@ pub(crate) struct Ctx {
 const CONCURRENT_REQUESTS: usize = 4;
 
 impl Ctx {
-    fn new(server: Arc<Server>, http_port: u16) -> Ctx {
+    pub(crate) fn new(server: Arc<Server>, http_port: u16) -> Ctx {
         Ctx {
             server,
             http_port,
