@@ -311,15 +311,13 @@ impl Server {
             let a = match authed {
                 Ok(a) if a.account == h.account().name => a,
                 Ok(_) | Err(_) => {
-                    crate::error!(
+                    // As the reference: closed without an -ERR.
+                    crate::info!(
                         self.log,
-                        "{} - authentication error after reload - closing",
+                        "{} - no longer authorized after reload - closing",
                         h.id
                     );
-                    h.send_err_and_close(
-                        "Authorization Violation",
-                        crate::client::CloseReason::AuthenticationFailure,
-                    );
+                    h.close(crate::client::CloseReason::AuthenticationFailure);
                     continue;
                 }
             };
@@ -337,11 +335,21 @@ impl Server {
                 for sub in subs {
                     if !p.can_subscribe(&sub.subject, sub.queue.as_deref()) {
                         self.remove_sub(&sub);
-                        let text = crate::permissions::subscribe_violation(
-                            &sub.subject,
-                            sub.queue.as_deref(),
+                        let sid = String::from_utf8_lossy(&sub.sid);
+                        let text = format!(
+                            "{} (sid {sid:?})",
+                            crate::permissions::subscribe_violation(
+                                &sub.subject,
+                                sub.queue.as_deref()
+                            )
                         );
-                        crate::error!(self.log, "{} - {text}", h.id);
+                        crate::info!(
+                            self.log,
+                            "{} - Removed sub {:?} (sid {sid:?}) for User {:?} - not authorized",
+                            h.id,
+                            String::from_utf8_lossy(&sub.subject),
+                            a.user
+                        );
                         h.send_err(&text);
                     }
                 }
@@ -457,7 +465,11 @@ impl Server {
             host: &self.opts.host,
             port: addr.map_or(0, |a| a.port()),
             headers: true,
-            auth_required: self.auth().required,
+            // With a no_auth_user a client need not authenticate: the first INFO says so.
+            auth_required: {
+                let auth = self.auth();
+                auth.required && (connect_info || !auth.has_no_auth_user())
+            },
             max_payload: self.opts.max_payload,
             jetstream: self.jetstream.get().is_some(),
             client_id: client.id,

@@ -237,6 +237,11 @@ impl Auth {
         Ok(a)
     }
 
+    /// Whether clients without credentials become a configured user.
+    pub fn has_no_auth_user(&self) -> bool {
+        self.no_auth_user.is_some()
+    }
+
     /// Checks a CONNECT's credentials. `nonce` is what the INFO sent. Err carries what the
     /// log says (a user name or key, never a secret).
     pub fn authenticate(&self, c: &Creds, nonce: Option<&str>) -> Result<Authed, String> {
