@@ -388,11 +388,11 @@ impl Accounts {
                     .iter()
                     .find(|e| {
                         e.kind == imp.kind
-                            && keel_protocol::subject::matches(
-                                e.subject.as_bytes(),
-                                imp.subject.as_bytes(),
-                            )
-                            || e.kind == imp.kind && e.subject == imp.subject
+                            && (e.subject == imp.subject
+                                || keel_protocol::subject::matches(
+                                    e.subject.as_bytes(),
+                                    imp.subject.as_bytes(),
+                                ))
                     })
                     .ok_or_else(|| {
                         format!(

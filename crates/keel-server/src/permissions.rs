@@ -145,6 +145,9 @@ fn queue_matches(queue: &[u8], patterns: &[&[u8]]) -> bool {
         .any(|p| keel_protocol::subject::matches(p, queue))
 }
 
+/// A delivered request's reply subject: responses sent so far, and when it arrived.
+type Reply = (usize, Instant);
+
 /// Most reply subjects a connection with `allow_responses` remembers at once (older ones
 /// are dropped first once expired), so a flood of requests cannot grow it without bound.
 const REPLIES_MAX: usize = 4096;
@@ -155,7 +158,7 @@ pub struct Rules {
     subscribe: Option<List>,
     resp: Option<RespPerm>,
     /// Reply subjects of delivered requests: responses sent so far, and when it arrived.
-    replies: Mutex<HashMap<Box<[u8]>, (usize, Instant)>>,
+    replies: Mutex<HashMap<Box<[u8]>, Reply>>,
     /// As configured (the `$SYS.REQ.USER.INFO` answer shows them).
     pub opts: PermOpts,
 }

@@ -964,3 +964,68 @@ async fn failed_auth_shows_in_monitoring_without_secrets() {
     );
     assert!(!server.full_log().contains("hunter2") && !server.full_log().contains("wrong-one"));
 }
+
+/// The usual shared JetStream account: JetStream runs in account JS, which exports its API,
+/// acks and stream subjects as services; account APP imports them and uses JetStream as if
+/// it were its own.
+#[tokio::test]
+async fn shared_jetstream_account() {
+    let server = Server::start_jetstream_with_config(
+        r#"
+accounts {
+  JS: {
+    jetstream: enabled
+    users: [{user: js, password: js}]
+    exports: [
+      {service: "$JS.API.>", response_type: stream}
+      {service: "$JS.ACK.>"}
+      {service: "orders.>"}
+    ]
+  }
+  APP: {
+    users: [{user: app, password: app}]
+    imports: [
+      {service: {account: JS, subject: "$JS.API.>"}}
+      {service: {account: JS, subject: "$JS.ACK.>"}}
+      {service: {account: JS, subject: "orders.>"}}
+    ]
+  }
+}
+"#,
+    );
+    let app = server.client_with(user("app", "app")).await;
+    sync(&app).await;
+    let js = async_nats::jetstream::new(app.clone());
+    let stream = js
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "ORDERS".into(),
+            subjects: vec!["orders.>".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let ack = js.publish("orders.1", "o1".into()).await.unwrap().await.unwrap();
+    assert_eq!((ack.stream.as_str(), ack.sequence), ("ORDERS", 1));
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some("w".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut batch = consumer.fetch().max_messages(1).messages().await.unwrap();
+    let m = within("fetch", futures::StreamExt::next(&mut batch))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.payload, "o1");
+    m.double_ack().await.unwrap();
+    // The stream lives in JS: the JS account's user sees it, with the ack counted.
+    let owner = server.client_with(user("js", "js")).await;
+    let ojs = async_nats::jetstream::new(owner);
+    let mut s = ojs.get_stream("ORDERS").await.unwrap();
+    assert_eq!(s.info().await.unwrap().state.messages, 1);
+    let mut c: async_nats::jetstream::consumer::PullConsumer =
+        s.get_consumer("w").await.unwrap();
+    assert_eq!(c.info().await.unwrap().ack_floor.stream_sequence, 1);
+}

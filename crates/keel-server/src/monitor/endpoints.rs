@@ -372,7 +372,7 @@ impl ConnRow {
 
 /// A row of `/connz`: an open connection, or a closed one from the ring.
 enum Listed {
-    Open(ConnRow),
+    Open(Box<ConnRow>),
     Closed(Arc<super::closed::Closed>),
 }
 
@@ -452,7 +452,7 @@ pub fn connz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         .filter(|h| cid == 0 || h.id == cid)
         .map(|h| ConnRow::of(h, subs))
         .filter(|r| wanted(r))
-        .map(Listed::Open)
+        .map(|r| Listed::Open(Box::new(r)))
         .chain(
             closed
                 .into_iter()
