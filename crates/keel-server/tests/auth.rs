@@ -1004,7 +1004,12 @@ accounts {
         })
         .await
         .unwrap();
-    let ack = js.publish("orders.1", "o1".into()).await.unwrap().await.unwrap();
+    let ack = js
+        .publish("orders.1", "o1".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
     assert_eq!((ack.stream.as_str(), ack.sequence), ("ORDERS", 1));
     let consumer = stream
         .create_consumer(async_nats::jetstream::consumer::pull::Config {
@@ -1025,7 +1030,57 @@ accounts {
     let ojs = async_nats::jetstream::new(owner);
     let mut s = ojs.get_stream("ORDERS").await.unwrap();
     assert_eq!(s.info().await.unwrap().state.messages, 1);
-    let mut c: async_nats::jetstream::consumer::PullConsumer =
-        s.get_consumer("w").await.unwrap();
+    let mut c: async_nats::jetstream::consumer::PullConsumer = s.get_consumer("w").await.unwrap();
     assert_eq!(c.info().await.unwrap().ack_floor.stream_sequence, 1);
+}
+
+/// An account's JetStream limits: reported by `$JS.API.INFO`, enforced on create.
+#[tokio::test]
+async fn account_jetstream_limits() {
+    let server = Server::start_jetstream_with_config(
+        r#"accounts { A: { users: [{user: a, password: a}],
+             jetstream: { max_mem: 1M, max_file: 10M, max_streams: 1, max_consumers: 1 } } }"#,
+    );
+    let a = server.client_with(user("a", "a")).await;
+    sync(&a).await;
+    let info = json_request(&a, "$JS.API.INFO", "").await.1;
+    let l = &info["limits"];
+    assert_eq!(
+        (
+            l["max_memory"].clone(),
+            l["max_storage"].clone(),
+            l["max_streams"].clone(),
+            l["max_consumers"].clone()
+        ),
+        (json!(1_000_000), json!(10_000_000), json!(1), json!(1)),
+        "{info}"
+    );
+    let create =
+        |name: &str| json!({"name": name, "subjects": [format!("{name}.>")], "storage": "file"});
+    let ok = json_request(&a, "$JS.API.STREAM.CREATE.S1", create("S1").to_string())
+        .await
+        .1;
+    assert!(ok.get("error").is_none(), "{ok}");
+    let second = json_request(&a, "$JS.API.STREAM.CREATE.S2", create("S2").to_string())
+        .await
+        .1;
+    assert_eq!(api_error(&second).1, 10027, "{second}");
+    let c1 = json_request(
+        &a,
+        "$JS.API.CONSUMER.CREATE.S1.c1",
+        json!({"stream_name": "S1", "config": {"durable_name": "c1", "ack_policy": "explicit"}})
+            .to_string(),
+    )
+    .await
+    .1;
+    assert!(c1.get("error").is_none(), "{c1}");
+    let c2 = json_request(
+        &a,
+        "$JS.API.CONSUMER.CREATE.S1.c2",
+        json!({"stream_name": "S1", "config": {"durable_name": "c2", "ack_policy": "explicit"}})
+            .to_string(),
+    )
+    .await
+    .1;
+    assert_eq!(api_error(&c2).1, 10026, "{c2}");
 }

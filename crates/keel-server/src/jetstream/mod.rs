@@ -208,10 +208,7 @@ impl JetStream {
     /// How many bytes `stream` may hold under the server-wide memory or file store limit
     /// (`jetstream { max_memory_store, max_file_store }`), or None when unlimited.
     pub fn store_budget(&self, stream: &Stream) -> Option<u64> {
-        let limit = match stream.storage {
-            StorageType::Memory => self.max_memory,
-            StorageType::File => self.max_store,
-        };
+        let limit = self.storage_limit(stream.storage);
         if limit < 0 {
             return None;
         }
@@ -222,6 +219,21 @@ impl JetStream {
             .map(|s| s.bytes.load(Ordering::Relaxed))
             .sum();
         Some((limit as u64).saturating_sub(others))
+    }
+
+    /// The storage limit for `storage`: the server's, or the account's (`accounts { A: {
+    /// jetstream: { max_mem, max_file } } }`) where that is lower; -1 = none.
+    pub fn storage_limit(&self, storage: StorageType) -> i64 {
+        let acc = self.account.config().jetstream;
+        let (server, account) = match storage {
+            StorageType::Memory => (self.max_memory, acc.max_mem),
+            StorageType::File => (self.max_store, acc.max_file),
+        };
+        match (server < 0, account < 0) {
+            (true, _) => account,
+            (false, true) => server,
+            (false, false) => server.min(account),
+        }
     }
 
     /// The `max_bytes` that streams of this storage type reserve (all but `except`).
@@ -548,12 +560,16 @@ fn account_info(js: &JetStream) -> Fields {
             .sum::<usize>()
             .into(),
     );
+    // The account's own limits (-1: none).
+    let l = js.account.config().jetstream;
     f.insert(
         "limits".into(),
         serde_json::json!({
-            "max_memory": -1, "max_storage": -1, "max_streams": -1,
-            "max_consumers": -1, "max_ack_pending": -1, "memory_max_stream_bytes": -1,
-            "storage_max_stream_bytes": -1, "max_bytes_required": false
+            "max_memory": l.max_mem, "max_storage": l.max_file, "max_streams": l.max_streams,
+            "max_consumers": l.max_consumers, "max_ack_pending": l.max_ack_pending,
+            "memory_max_stream_bytes": l.mem_max_stream_bytes,
+            "storage_max_stream_bytes": l.disk_max_stream_bytes,
+            "max_bytes_required": l.max_bytes_required
         }),
     );
     if let Some(d) = &js.domain {
@@ -662,9 +678,10 @@ fn check_resources(
     cfg: &StreamConfig,
     except: Option<&str>,
 ) -> Result<(), ApiError> {
-    let (limit, err) = match cfg.storage {
-        StorageType::Memory => (js.max_memory, ApiError::insufficient_memory()),
-        StorageType::File => (js.max_store, ApiError::insufficient_storage()),
+    let limit = js.storage_limit(cfg.storage);
+    let err = match cfg.storage {
+        StorageType::Memory => ApiError::insufficient_memory(),
+        StorageType::File => ApiError::insufficient_storage(),
     };
     if limit < 0 {
         return Ok(());
@@ -708,6 +725,14 @@ fn stream_create(
     sourcing::check_filters(&cfg)?;
     check_overlap(js, &cfg)?;
     check_resources(js, &cfg, None)?;
+    let max_streams = js.account.config().jetstream.max_streams;
+    if max_streams >= 0 && js.streams().len() as i64 >= max_streams {
+        return Err(ApiError::new(
+            400,
+            10027,
+            "maximum number of streams reached",
+        ));
+    }
     let dir = js.streams_dir.join(name);
     let meta = StreamMeta {
         config: cfg,
@@ -1453,6 +1478,18 @@ fn create_consumer(
     cfg.check_supported()?;
     let consumers = s.consumer_list();
     if scfg.max_consumers > 0 && consumers.len() as i64 >= scfg.max_consumers {
+        return Err(ApiError::new(400, 10026, "maximum consumers limit reached"));
+    }
+    // The account's limit counts the consumers of all its streams.
+    let account_max = js.account.config().jetstream.max_consumers;
+    if account_max >= 0
+        && js
+            .streams()
+            .iter()
+            .map(|s| s.consumer_list().len())
+            .sum::<usize>() as i64
+            >= account_max
+    {
         return Err(ApiError::new(400, 10026, "maximum consumers limit reached"));
     }
     if scfg.retention == stream::Retention::Workqueue {
