@@ -1083,4 +1083,37 @@ async fn account_jetstream_limits() {
     .await
     .1;
     assert_eq!(api_error(&c2).1, 10026, "{c2}");
+
+    let server = Server::start_jetstream_with_config(
+        r#"accounts { A: { users: [{user: a, password: a}], jetstream: { max_ack_pending: 10,
+             disk_max_stream_bytes: 2000, max_bytes_required: true } } }"#,
+    );
+    let a = server.client_with(user("a", "a")).await;
+    sync(&a).await;
+    let with = |b: i64| {
+        json!({"name": "S", "subjects": ["s.>"], "storage": "file", "max_bytes": b}).to_string()
+    };
+    let no_max = json!({"name": "S", "subjects": ["s.>"], "storage": "file"}).to_string();
+    let r = json_request(&a, "$JS.API.STREAM.CREATE.S", no_max).await.1;
+    assert_eq!(api_error(&r).1, 10113, "{r}");
+    let r = json_request(&a, "$JS.API.STREAM.CREATE.S", with(5000))
+        .await
+        .1;
+    assert_eq!(api_error(&r).1, 10122, "{r}");
+    let r = json_request(&a, "$JS.API.STREAM.CREATE.S", with(1500))
+        .await
+        .1;
+    assert!(r.get("error").is_none(), "{r}");
+    let r = json_request(&a, "$JS.API.CONSUMER.CREATE.S.c",
+        json!({"stream_name": "S", "config": {"durable_name": "c", "ack_policy": "explicit", "max_ack_pending": 20}}).to_string()).await.1;
+    assert_eq!(api_error(&r).1, 10121, "{r}");
+    let r = json_request(
+        &a,
+        "$JS.API.CONSUMER.CREATE.S.d",
+        json!({"stream_name": "S", "config": {"durable_name": "d", "ack_policy": "explicit"}})
+            .to_string(),
+    )
+    .await
+    .1;
+    assert_eq!(r["config"]["max_ack_pending"], 10, "{r}");
 }

@@ -683,6 +683,25 @@ fn check_resources(
         StorageType::Memory => ApiError::insufficient_memory(),
         StorageType::File => ApiError::insufficient_storage(),
     };
+    let acc = js.account.config().jetstream;
+    if acc.max_bytes_required && cfg.max_bytes <= 0 {
+        return Err(ApiError::new(
+            400,
+            10113,
+            "account requires a stream config to have max bytes set",
+        ));
+    }
+    let per_stream = match cfg.storage {
+        StorageType::Memory => acc.mem_max_stream_bytes,
+        StorageType::File => acc.disk_max_stream_bytes,
+    };
+    if per_stream > 0 && cfg.max_bytes > per_stream {
+        return Err(ApiError::new(
+            400,
+            10122,
+            "stream max bytes exceeds account limit max stream bytes",
+        ));
+    }
     if limit < 0 {
         return Ok(());
     }
@@ -1427,6 +1446,19 @@ fn create_consumer(
     }
     if let Some(d) = cfg.durable_name.clone().filter(|d| !d.is_empty()) {
         cfg.name = Some(d);
+    }
+    // The account's max_ack_pending is the default and the ceiling.
+    let ack_limit = js.account.config().jetstream.max_ack_pending;
+    if ack_limit > 0 && cfg.ack_policy != consumer::AckPolicy::None {
+        if cfg.max_ack_pending == 0 {
+            cfg.max_ack_pending = ack_limit;
+        } else if cfg.max_ack_pending > ack_limit || cfg.max_ack_pending < 0 {
+            return Err(ApiError::new(
+                400,
+                10121,
+                format!("consumer max ack pending exceeds system limit of {ack_limit}"),
+            ));
+        }
     }
     let cfg = cfg.normalize(scfg.retention)?;
     if let Some(ds) = &cfg.deliver_subject {
