@@ -189,8 +189,9 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
     if let (Value::Object(a), Value::Object(b)) = (&mut v, rest) {
         a.extend(b);
         if !auth.required {
-            // The reference leaves it out then.
+            // The reference leaves it out then (and Keel's own counter, which means nothing).
             a.shift_remove("auth_required");
+            a.shift_remove("auth_failures");
         }
     }
     Ok(v)
@@ -783,12 +784,13 @@ pub(crate) fn account_detail(s: &Server, acc: &str) -> Result<Value, String> {
             .collect();
         d.insert("exports".into(), list.into());
     }
-    // The system account's services every account imports (as the reference lists them).
+    // The system account's services every account imports (as the reference lists them: not
+    // for `$G`, though it has them too).
     let mut system_imports: Vec<Value> = Vec::new();
     if let Some(sys) = s
         .accounts
         .system_account()
-        .filter(|sys| !Arc::ptr_eq(sys, &account))
+        .filter(|sys| !Arc::ptr_eq(sys, &account) && acc != GLOBAL_ACCOUNT)
     {
         for (remote, local) in [
             (format!("$SYS.REQ.USER.{acc}.INFO"), "$SYS.REQ.USER.INFO"),
