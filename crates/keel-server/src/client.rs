@@ -225,15 +225,15 @@ impl ClientHandle {
     /// Replaces its permissions (at CONNECT, and when a reload changes them).
     pub fn set_permissions(&self, perms: Option<Arc<dyn Permissions>>) {
         let flags = perms.as_ref().map_or(0, |p| {
-            (if p.checks_delivery() {
-                CHECKS_DELIVERY
-            } else {
-                0
-            }) | (if p.tracks_replies() {
-                TRACKS_REPLIES
-            } else {
-                0
-            })
+            let subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+            let deliveries =
+                p.checks_delivery() && subs.values().any(|s| p.delivery_check_needed(&s.subject));
+            (if deliveries { CHECKS_DELIVERY } else { 0 })
+                | (if p.tracks_replies() {
+                    TRACKS_REPLIES
+                } else {
+                    0
+                })
         });
         *self.perms.write().unwrap_or_else(|e| e.into_inner()) = perms;
         self.perm_flags.store(flags, Ordering::Release);
@@ -243,6 +243,20 @@ impl ClientHandle {
     /// Its permissions as configured (None: no rules, or rules without a configuration).
     pub fn permissions_opts(&self) -> Option<crate::auth::conf::PermOpts> {
         self.permissions().and_then(|p| p.opts().cloned())
+    }
+
+    /// A subscription to `subject` is being added: deliveries are checked from now on if it
+    /// could receive what the deny rules forbid (as the reference, only a wildcard
+    /// subscription overlapping a deny rule turns the check on).
+    fn note_subscription(&self, subject: &[u8]) {
+        if self.perm_flags() & CHECKS_DELIVERY != 0 {
+            return;
+        }
+        if let Some(p) = self.permissions() {
+            if p.checks_delivery() && p.delivery_check_needed(subject) {
+                self.perm_flags.fetch_or(CHECKS_DELIVERY, Ordering::AcqRel);
+            }
+        }
     }
 
     /// Whether deliveries to it must ask its permissions (deny rules, tracked replies).
@@ -1079,6 +1093,10 @@ impl Conn {
                     delivered: AtomicU64::new(0),
                 });
                 subs.insert(sid, sub.clone());
+                drop(subs);
+                if self.perms.is_some() {
+                    self.handle.note_subscription(subj);
+                }
                 self.handle.account().sublist.insert(sub);
             }
         }
