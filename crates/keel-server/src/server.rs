@@ -375,6 +375,19 @@ impl Server {
         // Account JWTs can bring exports and imports: links again with them in place.
         if opts.operator_mode() {
             self.accounts.install_links()?;
+            let js: Vec<String> = self
+                .accounts
+                .all()
+                .iter()
+                .filter(|a| a.jetstream_enabled())
+                .map(|a| a.name.clone())
+                .collect();
+            if js.len() > 1 {
+                return Err(format!(
+                    "JetStream enabled in more than one account ({}): keel-server serves JetStream in one account for now",
+                    js.join(", ")
+                ));
+            }
         }
         *self.auth.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(auth);
         *self.auth_opts.write().unwrap_or_else(|e| e.into_inner()) = opts.clone();

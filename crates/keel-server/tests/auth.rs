@@ -439,8 +439,8 @@ async fn stream_and_service_cross_accounts() {
     // Stream: A's events reach B under the prefix, and not C.
     let mut b_events = b.subscribe("from_a.events.>").await.unwrap();
     let mut c_events = c.subscribe("events.>").await.unwrap();
-    b.flush().await.unwrap();
-    c.flush().await.unwrap();
+    sync(&b).await;
+    sync(&c).await;
     a.publish("events.created", "e1".into()).await.unwrap();
     a.flush().await.unwrap();
     let m = next_msg(&mut b_events).await;
@@ -450,7 +450,7 @@ async fn stream_and_service_cross_accounts() {
     );
     // Service: B asks on its own subject, A answers; the reply finds its way back.
     let mut svc = a.subscribe("help.>").await.unwrap();
-    a.flush().await.unwrap();
+    sync(&a).await;
     let responder = tokio::spawn(async move {
         let req = next_msg(&mut svc).await;
         let subject = req.subject.to_string();
