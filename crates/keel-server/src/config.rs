@@ -72,6 +72,9 @@ pub struct Opts {
     pub allow_non_tls: bool,
     /// TLS as the server runs it, loaded once the config and the flags are merged.
     pub tls: Option<std::sync::Arc<crate::tls::Tls>>,
+    /// Authentication, accounts and the system account (`authorization`, `accounts`,
+    /// `no_auth_user`, `system_account`, `operator`, `resolver`..., `--user --pass --auth`).
+    pub auth: crate::auth::conf::AuthOpts,
 }
 
 impl Default for Opts {
@@ -110,6 +113,7 @@ impl Default for Opts {
             tls_opts: None,
             allow_non_tls: false,
             tls: None,
+            auth: Default::default(),
         }
     }
 }
@@ -118,6 +122,8 @@ impl Default for Opts {
 #[derive(Debug)]
 pub enum Command {
     Run(Box<Opts>),
+    /// `--signal <command>[=<pid or pid file>]`: signal a running server and exit.
+    Signal(String),
     Help,
     Version,
 }
@@ -135,6 +141,8 @@ Server Options:
     -c, --config <file>              Configuration file (nats-server format)
     -t                               Test configuration and exit
         --max_payload <size>         Maximum message payload (default: 1MB)
+    -sl,--signal <signal>[=<pid>]    Send signal to keel-server process (ldm, stop, quit, term,
+                                     reopen, reload); pid is a number or a pid file
 
 Logging Options:
     -l, --log <file>                 File to redirect log output
@@ -149,6 +157,11 @@ TLS Options:
         --tlskey <file>              Private key for server certificate
         --tlsverify[=bool]           Enable TLS, verify client certificates
         --tlscacert <file>           Client certificate CA for verification
+
+Authorization Options:
+        --user <user>                User required for connections
+        --pass <password>            Password required for connections
+        --auth <token>               Authorization token required for connections
 
 JetStream Options:
     -js, --jetstream[=bool]          Enable JetStream functionality
@@ -165,7 +178,10 @@ log_file, pid_file, store_dir, https_port, https, allow_non_tls, tls { cert_file
 ca_file, certs, verify, verify_and_map, insecure, timeout, handshake_first, cipher_suites,
 curve_preferences, allow_insecure_cipher_suites, min_version, pinned_certs,
 connection_rate_limit }, jetstream { store_dir, max_memory_store, max_file_store,
-sync_interval, strict, domain, enabled }.
+sync_interval, strict, domain, enabled }, authorization { user, password, token, timeout,
+users, permissions }, accounts { NAME: { users, jetstream, exports, imports,
+default_permissions } }, no_auth_user, system_account, no_system_account, operator, resolver:
+MEMORY, resolver_preload, trusted_keys.
 Other nats-server flags and keys are refused as not supported yet.
 ";
 
@@ -200,15 +216,16 @@ const FLAGS: &[(&[&str], Kind, &str)] = &[
     (&["DVV"], Kind::Bool, "DVV"),
     (&["js", "jetstream"], Kind::Bool, "js"),
     (&["sd", "store_dir"], Kind::Value, "store_dir"),
+    (&["user"], Kind::Value, "user"),
+    (&["pass"], Kind::Value, "pass"),
+    (&["auth"], Kind::Value, "auth"),
+    (&["sl", "signal"], Kind::Value, "signal"),
     (&["h", "help"], Kind::Bool, "help"),
     (&["v", "version"], Kind::Bool, "version"),
 ];
 
 /// Reference flags we know but do not implement: refused by name rather than "unknown".
 const UNSUPPORTED: &[&str] = &[
-    "user",
-    "pass",
-    "auth",
     "help_tls",
     "routes",
     "cluster",
@@ -221,8 +238,6 @@ const UNSUPPORTED: &[&str] = &[
     "syslog",
     "r",
     "remote_syslog",
-    "signal",
-    "sl",
     "client_advertise",
     "ports_file_dir",
     "max_traced_msg_len",
@@ -242,9 +257,7 @@ const UNSUPPORTED_KEYS: &[&str] = &[
     "maps",
     "disable_sublist_cache",
     "no_sublist_cache",
-    "accounts",
     "default_sentinel",
-    "authorization",
     "http_base_path",
     "cluster",
     "gateway",
@@ -268,27 +281,9 @@ const UNSUPPORTED_KEYS: &[&str] = &[
     "max_subscription_tokens",
     "ocsp",
     "write_timeout",
-    "operator",
-    "operators",
-    "roots",
-    "root",
-    "root_operators",
-    "root_operator",
-    "resolver",
-    "account_resolver",
-    "accounts_resolver",
     "resolver_tls",
-    "resolver_preload",
     "resolver_pinned_accounts",
-    "no_auth_user",
-    "system_account",
-    "system",
-    "no_system_account",
-    "no_system",
-    "no_sys_acc",
     "no_header_support",
-    "trusted",
-    "trusted_keys",
     "connect_error_reports",
     "reconnect_error_reports",
     "websocket",
@@ -390,8 +385,9 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, St
     if let Some((_, Some(path))) = flags.iter().rev().find(|(c, _)| *c == "config") {
         let path = PathBuf::from(path);
         let map = conf::parse_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        // Set first: files the config names (operator JWTs) are relative to it.
+        opts.config_file = Some(path.clone());
         apply_config(&mut opts, &map).map_err(|e| format!("{}: {e}", path.display()))?;
-        opts.config_file = Some(path);
     }
     for (canon, value) in flags {
         let v = value.unwrap_or_default();
@@ -431,6 +427,11 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, St
             }
             "js" => opts.jetstream = parse_bool(canon, &v)?,
             "store_dir" => opts.store_dir = Some(v.into()),
+            // Flags override the config file, as the reference's do.
+            "user" => opts.auth.user = Some(v),
+            "pass" => opts.auth.password = Some(v),
+            "auth" => opts.auth.token = Some(v),
+            "signal" => return Ok(Command::Signal(v)),
             _ => unreachable!("flag table and match agree"),
         }
     }
@@ -582,6 +583,15 @@ pub fn apply_config(opts: &mut Opts, map: &Map) -> Result<(), String> {
             "pid_file" => opts.pid_file = Some(string(key, v)?.into()),
             "store_dir" | "storedir" => set_store_dir(opts, key, v)?,
             "jetstream" => apply_jetstream(opts, key, v)?,
+            _ if {
+                let dir = opts
+                    .config_file
+                    .as_deref()
+                    .and_then(std::path::Path::parent)
+                    .map(std::path::Path::to_path_buf)
+                    .unwrap_or_default();
+                crate::auth::conf::apply_key(&mut opts.auth, key, v, &dir)?
+            } => {}
             other if UNSUPPORTED_KEYS.contains(&other) => {
                 return Err(not_supported(&format!("configuration key {key:?}")))
             }
@@ -732,6 +742,15 @@ mod tests {
             run(&["--https_port", "-1"]).unwrap_err(),
             "TLS cert and key required for HTTPS"
         );
+        let o = run(&["--user", "u", "--pass", "p", "--auth", "t"]).unwrap();
+        assert_eq!(o.auth.user.as_deref(), Some("u"));
+        assert_eq!(o.auth.password.as_deref(), Some("p"));
+        assert_eq!(o.auth.token.as_deref(), Some("t"));
+        assert!(!format!("{o:?}").contains("\"p\""), "no password in Debug");
+        assert!(matches!(
+            parse_args(["--signal".to_string(), "reload=12".to_string()]),
+            Ok(Command::Signal(s)) if s == "reload=12"
+        ));
         for flag in ["--cluster_listen", "--cluster", "--routes", "--profile"] {
             let e = run(&[flag, "x"]).unwrap_err();
             assert!(e.contains("does not support yet"), "{flag}: {e}");

@@ -56,6 +56,29 @@ pub async fn start(opts: Opts, log: Log) -> Result<Running, ()> {
         server.shutdown();
         server.seal_internal();
     };
+    let auth_opts = server.opts.auth.clone();
+    if let Err(e) = server.apply_auth(&auth_opts) {
+        error!(log, "Error configuring authorization: {e}");
+        stop_early(&server);
+        return Err(());
+    }
+    if auth_opts
+        .password
+        .as_deref()
+        .is_some_and(|p| !p.starts_with("$2"))
+        || auth_opts
+            .users
+            .iter()
+            .chain(auth_opts.accounts.iter().flat_map(|a| a.users.iter()))
+            .any(|u| u.password.as_deref().is_some_and(|p| !p.starts_with("$2")))
+    {
+        warn!(log, "Plaintext passwords detected, use nkeys or bcrypt");
+    }
+    if let Some(sys) = server.accounts.system_account().cloned() {
+        let _ = server
+            .system
+            .set(crate::system::System::start(&server, sys));
+    }
     if server.opts.jetstream {
         match crate::jetstream::JetStream::start(&server) {
             Ok(js) => {

@@ -10,7 +10,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{
-    https_get, info_json, read_line_from, tls_handshake, within, Server, TestCerts, QUIET, STEP,
+    https_get, info_json, read_line_from, tls_handshake, within, Server, TestCerts, CLIENT_EMAIL,
+    QUIET, STEP,
 };
 use futures::StreamExt;
 use serde_json::Value;
@@ -292,6 +293,32 @@ async fn verify_and_map_without_users_verifies_the_certificate() {
     let client = connect(&server, certs.client_options(true)).await.unwrap();
     round_trip(&client).await;
     assert!(connect(&server, certs.client_options(false)).await.is_err());
+}
+
+#[tokio::test]
+async fn verify_and_map_logs_in_as_the_user_the_certificate_names() {
+    // The email SAN names a configured user (no password: the certificate is the
+    // credential); its permissions apply, and a CONNECT's user/pass is not consulted.
+    let certs = TestCerts::new();
+    let conf = format!(
+        "{}\nauthorization {{ users = [ {{ user: \"{CLIENT_EMAIL}\", permissions: {{ publish: \"ok.>\", subscribe: [\"ok.>\", \"_INBOX.>\"] }} }} ] }}",
+        tls_conf(&certs, &format!("{}, verify_and_map: true", certs.ca_key()))
+    );
+    let server = Server::start_with_config(&conf);
+    let client = connect(&server, certs.client_options(true)).await.unwrap();
+    let mut sub = client.subscribe("ok.x").await.unwrap();
+    client.publish("ok.x", "hi".into()).await.unwrap();
+    client.flush().await.unwrap();
+    let m = within("delivery", sub.next()).await.unwrap();
+    assert_eq!(&m.payload[..], b"hi");
+
+    // A server whose users the certificate does not name refuses it.
+    let conf = format!(
+        "{}\nauthorization {{ users = [ {{ user: bob }} ] }}",
+        tls_conf(&certs, &format!("{}, verify_and_map: true", certs.ca_key()))
+    );
+    let server = Server::start_with_config(&conf);
+    assert!(connect(&server, certs.client_options(true)).await.is_err());
 }
 
 #[tokio::test]

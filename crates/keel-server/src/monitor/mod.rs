@@ -21,6 +21,7 @@ mod jsz;
 mod metrics;
 pub(crate) mod proc;
 mod query;
+pub(crate) mod sysreq;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -42,6 +43,7 @@ use crate::server::Server;
 use query::Query;
 
 pub use closed::{reason_text, ClosedConns};
+pub(crate) use endpoints::{account_statz, nanos};
 use metrics::encode_metrics;
 
 /// Binds the monitoring listener on `http_host` (else `host`) and `http_port` or
@@ -124,7 +126,7 @@ pub(crate) struct Ctx {
 const CONCURRENT_REQUESTS: usize = 4;
 
 impl Ctx {
-    fn new(server: Arc<Server>, http_port: u16) -> Ctx {
+    pub(crate) fn new(server: Arc<Server>, http_port: u16) -> Ctx {
         Ctx {
             server,
             http_port,

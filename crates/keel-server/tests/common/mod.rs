@@ -426,6 +426,38 @@ impl Server {
         }
     }
 
+    /// The configuration file the server was started with (`start_with_config`).
+    pub fn config_path(&self) -> PathBuf {
+        self._dir.path().join("server.conf")
+    }
+
+    /// Rewrites the configuration file and reloads it (SIGHUP), waiting until the server
+    /// logs that it reloaded.
+    pub fn reload_config(&self, conf: &str) {
+        fs::write(self.config_path(), conf).expect("write config");
+        let before = self
+            .full_log()
+            .matches("Reloaded server configuration")
+            .count();
+        let _ = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status();
+        self.wait_log_count("Reloaded server configuration", before + 1);
+    }
+
+    /// Waits until `text` appears at least `n` times in the log.
+    pub fn wait_log_count(&self, text: &str, n: usize) {
+        let deadline = Instant::now() + STEP;
+        while self.full_log().matches(text).count() < n {
+            assert!(
+                Instant::now() < deadline,
+                "{text:?} not logged {n} times; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// The server's process id (to send it signals).
     pub fn pid(&self) -> u32 {
         self.child.id()
