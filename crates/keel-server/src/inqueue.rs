@@ -24,7 +24,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::{Bytes, BytesMut};
 use tokio::sync::Notify;
 
+use crate::account::Account;
 use crate::client::InMsg;
+use crate::log::Log;
 
 /// Stream ingest: enough for several group-commit batches, so the store always finds a
 /// full batch while publishers are held back.
@@ -71,6 +73,10 @@ struct State {
 pub struct InQueue {
     name: String,
     limit: usize,
+    /// The account of the subscriber it feeds, which is the account its messages were
+    /// published in (an account's messages reach only its own subscribers).
+    account: Arc<Account>,
+    log: Log,
     state: Mutex<State>,
     /// Mirrors `state.bytes` for lock-free checks and monitoring.
     bytes: AtomicUsize,
@@ -81,10 +87,12 @@ pub struct InQueue {
 }
 
 impl InQueue {
-    pub fn new(name: String, limit: usize) -> Arc<InQueue> {
+    pub fn new(name: String, limit: usize, account: Arc<Account>, log: Log) -> Arc<InQueue> {
         Arc::new(InQueue {
             name,
             limit,
+            account,
+            log,
             state: Mutex::new(State {
                 msgs: VecDeque::new(),
                 bytes: 0,
@@ -105,6 +113,11 @@ impl InQueue {
 
     pub fn limit(&self) -> usize {
         self.limit
+    }
+
+    /// The account this queue's messages were published in.
+    pub fn account(&self) -> &Arc<Account> {
+        &self.account
     }
 
     /// Bytes queued (message bytes plus bookkeeping).
@@ -145,6 +158,7 @@ impl InQueue {
             drop(st);
             if first {
                 crate::warn!(
+                    self.log,
                     "Internal queue of {} is full ({} bytes): dropping JetStream's own messages to it until it drains",
                     self.name,
                     2 * self.limit
@@ -225,6 +239,7 @@ impl InQueue {
         drop(st);
         if report > 0 {
             crate::warn!(
+                self.log,
                 "Internal queue of {} drained; {report} JetStream messages to it were dropped",
                 self.name
             );
@@ -267,6 +282,14 @@ impl InQueue {
         }
     }
 
+    /// No more messages, but what is queued is still taken: the task serving the queue
+    /// drains it and then sees it closed (an orderly stop; `close` drops what is queued).
+    pub fn seal(&self) {
+        self.lock().closed = true;
+        self.room.notify_waiters();
+        self.ready.notify_one();
+    }
+
     /// No more messages: what is queued is dropped and every waiting publisher released.
     pub fn close(&self) {
         let mut st = self.lock();
@@ -294,6 +317,11 @@ pub struct Receiver {
 impl Receiver {
     pub fn new(q: Arc<InQueue>) -> Receiver {
         Receiver { q }
+    }
+
+    /// The account the received messages were published in.
+    pub fn account(&self) -> &Arc<Account> {
+        self.q.account()
     }
 
     /// The next message; None once the queue is closed.
@@ -356,7 +384,12 @@ mod tests {
     use std::time::Duration;
 
     fn q(limit: usize) -> (Arc<InQueue>, Receiver) {
-        let q = InQueue::new("test".into(), limit);
+        let q = InQueue::new(
+            "test".into(),
+            limit,
+            Account::new(crate::account::GLOBAL),
+            Log::stderr(),
+        );
         (q.clone(), Receiver::new(q))
     }
 
@@ -459,6 +492,18 @@ mod tests {
             .unwrap();
         assert_eq!(push(&q, b"x", true), Pushed::Dropped);
         assert_eq!(q.bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_sealed_queue_is_drained_then_ends() {
+        let (q, mut rx) = q(1 << 20);
+        push(&q, b"a", true);
+        push(&q, b"b", true);
+        q.seal();
+        assert_eq!(push(&q, b"late", true), Pushed::Dropped);
+        let mut out = vec![];
+        assert_eq!(rx.recv_many(&mut out, 10, usize::MAX).await, 2);
+        assert_eq!(rx.recv_many(&mut out, 10, usize::MAX).await, 0);
     }
 
     #[tokio::test]

@@ -1,11 +1,19 @@
-//! Logging in the reference's line format (`[pid] date time [INF] text`), on a dedicated
-//! thread behind a bounded queue: a launcher that stops reading our stderr must never block
-//! the server, so when the queue is full lines are dropped and counted instead.
+//! Logging in the reference's line format (`[pid] date time [INF] text`).
+//!
+//! A [`Log`] is a per-server handle, not a process global: the binary makes one for its
+//! server, and an in-process test makes one per server, so two servers in one process never
+//! write into each other's log. Every log macro takes the handle first
+//! (`info!(server.log, "...")`); the server hands clones to what it starts (connections,
+//! in-process queues, JetStream), a clone being one `Arc`.
+//!
+//! The binary's log is a dedicated thread behind a bounded queue: a launcher that stops
+//! reading our stderr must never block the server, so when the queue is full lines are
+//! dropped and counted instead.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -29,41 +37,151 @@ impl Level {
     }
 }
 
-struct Logger {
-    tx: SyncSender<Msg>,
-    debug: bool,
-    trace: bool,
-    logtime: bool,
+/// Which levels are written and whether lines carry the time (the `debug`, `trace` and
+/// `logtime` options).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LogOpts {
+    pub debug: bool,
+    pub trace: bool,
+    pub logtime: bool,
+}
+
+/// A server's log. Cheap to clone; every clone writes to the same place.
+#[derive(Clone)]
+pub struct Log {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    opts: LogOpts,
+    sink: Sink,
+    dropped: AtomicU64,
+}
+
+enum Sink {
+    /// The log thread's queue.
+    Thread(SyncSender<Msg>),
+    /// Lines kept in memory (in-process servers in tests), at most [`CAPTURE_MAX`] bytes.
+    Memory(Mutex<String>),
+    /// Written at once to stderr: unit tests and tools without a configured log.
+    Stderr,
 }
 
 enum Msg {
     Line(String),
     Flush(SyncSender<()>),
+    /// Write to this file from now on (log rotation: `--signal reopen`, SIGUSR1).
+    Reopen(std::fs::File),
 }
 
-static LOGGER: OnceLock<Logger> = OnceLock::new();
-static DROPPED: AtomicU64 = AtomicU64::new(0);
-static STARTED: AtomicBool = AtomicBool::new(false);
+/// What a captured log keeps: the newest lines, about this many bytes.
+const CAPTURE_MAX: usize = 4 * 1024 * 1024;
 
-/// Starts the log thread. `file` None means stderr.
-pub fn init(debug: bool, trace: bool, logtime: bool, file: Option<std::fs::File>) {
-    let (tx, rx) = sync_channel::<Msg>(4096);
-    if LOGGER
-        .set(Logger {
-            tx,
-            debug,
-            trace,
-            logtime,
-        })
-        .is_err()
-    {
-        return;
+impl Log {
+    /// Starts a log thread writing to `file` (None: stderr).
+    pub fn start(opts: LogOpts, file: Option<std::fs::File>) -> Log {
+        let (tx, rx) = sync_channel::<Msg>(4096);
+        std::thread::Builder::new()
+            .name("keel-log".into())
+            .spawn(move || writer(rx, file))
+            .expect("spawn log thread");
+        Log::with_sink(opts, Sink::Thread(tx))
     }
-    STARTED.store(true, Ordering::Release);
-    std::thread::Builder::new()
-        .name("keel-log".into())
-        .spawn(move || writer(rx, file))
-        .expect("spawn log thread");
+
+    /// A log kept in memory, read back with [`captured`](Self::captured).
+    pub fn capture(opts: LogOpts) -> Log {
+        Log::with_sink(opts, Sink::Memory(Mutex::new(String::new())))
+    }
+
+    /// Info and above straight to stderr.
+    pub fn stderr() -> Log {
+        Log::with_sink(LogOpts::default(), Sink::Stderr)
+    }
+
+    fn with_sink(opts: LogOpts, sink: Sink) -> Log {
+        Log {
+            inner: Arc::new(Inner {
+                opts,
+                sink,
+                dropped: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub fn enabled(&self, level: Level) -> bool {
+        match level {
+            Level::Trace => self.inner.opts.trace,
+            Level::Debug => self.inner.opts.debug,
+            _ => true,
+        }
+    }
+
+    /// Writes one line (the macros check [`enabled`](Self::enabled) for debug and trace).
+    pub fn write(&self, level: Level, args: std::fmt::Arguments) {
+        if !self.enabled(level) {
+            return;
+        }
+        let mut line = format!("[{}] ", std::process::id());
+        if self.inner.opts.logtime {
+            line.push_str(&timestamp());
+            line.push(' ');
+        }
+        line.push_str(&format!("[{}] {}\n", level.tag(), args));
+        match &self.inner.sink {
+            Sink::Thread(tx) => match tx.try_send(Msg::Line(line)) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                    self.inner.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            },
+            Sink::Memory(text) => {
+                let mut text = text.lock().unwrap_or_else(|e| e.into_inner());
+                if text.len() + line.len() > CAPTURE_MAX {
+                    // Keep the newer half, from a line start.
+                    let mut cut = text.len() / 2;
+                    while !text.is_char_boundary(cut) {
+                        cut += 1;
+                    }
+                    let cut = text[cut..].find('\n').map_or(text.len(), |i| cut + i + 1);
+                    text.drain(..cut);
+                }
+                text.push_str(&line);
+            }
+            Sink::Stderr => {
+                let _ = std::io::stderr().write_all(line.as_bytes());
+            }
+        }
+    }
+
+    /// Lines dropped because the log thread's queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
+    }
+
+    /// What a [`capture`](Self::capture) log holds (empty for the other kinds).
+    pub fn captured(&self) -> String {
+        match &self.inner.sink {
+            Sink::Memory(text) => text.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            _ => String::new(),
+        }
+    }
+
+    /// Writes to `file` from now on (the binary's log after its file was rotated).
+    pub fn reopen(&self, file: std::fs::File) {
+        if let Sink::Thread(tx) = &self.inner.sink {
+            let _ = tx.send(Msg::Reopen(file));
+        }
+    }
+
+    /// Waits (briefly) until queued lines are written, e.g. before exiting.
+    pub fn flush(&self) {
+        if let Sink::Thread(tx) = &self.inner.sink {
+            let (done, rx) = sync_channel(1);
+            if tx.try_send(Msg::Flush(done)).is_ok() {
+                let _ = rx.recv_timeout(std::time::Duration::from_secs(1));
+            }
+        }
+    }
 }
 
 fn writer(rx: Receiver<Msg>, file: Option<std::fs::File>) {
@@ -81,52 +199,10 @@ fn writer(rx: Receiver<Msg>, file: Option<std::fs::File>) {
                 let _ = out.flush();
                 let _ = done.send(());
             }
-        }
-    }
-}
-
-pub fn enabled(level: Level) -> bool {
-    match LOGGER.get() {
-        Some(l) => match level {
-            Level::Trace => l.trace,
-            Level::Debug => l.debug,
-            _ => true,
-        },
-        None => level >= Level::Info,
-    }
-}
-
-pub fn log(level: Level, args: std::fmt::Arguments) {
-    if !enabled(level) {
-        return;
-    }
-    let Some(l) = LOGGER.get() else {
-        eprintln!("[{}] {}", level.tag(), args);
-        return;
-    };
-    let mut line = format!("[{}] ", std::process::id());
-    if l.logtime {
-        line.push_str(&timestamp());
-        line.push(' ');
-    }
-    line.push_str(&format!("[{}] {}\n", level.tag(), args));
-    match l.tx.try_send(Msg::Line(line)) {
-        Ok(()) => {}
-        Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-            DROPPED.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Waits (briefly) until queued lines are written, e.g. before exiting.
-pub fn flush() {
-    if !STARTED.load(Ordering::Acquire) {
-        return;
-    }
-    if let Some(l) = LOGGER.get() {
-        let (tx, rx) = sync_channel(1);
-        if l.tx.try_send(Msg::Flush(tx)).is_ok() {
-            let _ = rx.recv_timeout(std::time::Duration::from_secs(1));
+            Msg::Reopen(f) => {
+                let _ = out.flush();
+                out = Box::new(f);
+            }
         }
     }
 }
@@ -148,24 +224,58 @@ fn timestamp() -> String {
     )
 }
 
+/// `info!(log, "format", args...)`: `log` is a [`Log`] (or a reference to one).
 #[macro_export]
-macro_rules! info { ($($t:tt)*) => { $crate::log::log($crate::log::Level::Info, format_args!($($t)*)) } }
+macro_rules! info { ($log:expr, $($t:tt)*) => { $log.write($crate::log::Level::Info, format_args!($($t)*)) } }
 #[macro_export]
-macro_rules! warn { ($($t:tt)*) => { $crate::log::log($crate::log::Level::Warn, format_args!($($t)*)) } }
+macro_rules! warn { ($log:expr, $($t:tt)*) => { $log.write($crate::log::Level::Warn, format_args!($($t)*)) } }
 #[macro_export]
-macro_rules! error { ($($t:tt)*) => { $crate::log::log($crate::log::Level::Error, format_args!($($t)*)) } }
+macro_rules! error { ($log:expr, $($t:tt)*) => { $log.write($crate::log::Level::Error, format_args!($($t)*)) } }
+/// Formats nothing unless debug logging is on.
 #[macro_export]
-macro_rules! debug { ($($t:tt)*) => { if $crate::log::enabled($crate::log::Level::Debug) { $crate::log::log($crate::log::Level::Debug, format_args!($($t)*)) } } }
+macro_rules! debug { ($log:expr, $($t:tt)*) => {{ let l = &$log; if l.enabled($crate::log::Level::Debug) { l.write($crate::log::Level::Debug, format_args!($($t)*)) } }} }
+/// Formats nothing unless trace logging is on.
 #[macro_export]
-macro_rules! trace { ($($t:tt)*) => { if $crate::log::enabled($crate::log::Level::Trace) { $crate::log::log($crate::log::Level::Trace, format_args!($($t)*)) } } }
+macro_rules! trace { ($log:expr, $($t:tt)*) => {{ let l = &$log; if l.enabled($crate::log::Level::Trace) { l.write($crate::log::Level::Trace, format_args!($($t)*)) } }} }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn timestamp_shape() {
         let t = super::timestamp();
         assert_eq!(t.len(), 26, "{t}");
         assert_eq!(&t[4..5], "/");
         assert!(t.starts_with("20"));
+    }
+
+    #[test]
+    fn each_log_keeps_its_own_lines_and_levels() {
+        let a = Log::capture(LogOpts::default());
+        let b = Log::capture(LogOpts {
+            debug: true,
+            ..Default::default()
+        });
+        crate::info!(a, "to a {}", 1);
+        crate::debug!(a, "a has no debug");
+        crate::debug!(b, "to b");
+        let pid = std::process::id();
+        assert_eq!(a.captured(), format!("[{pid}] [INF] to a 1\n"));
+        assert_eq!(b.captured(), format!("[{pid}] [DBG] to b\n"));
+    }
+
+    #[test]
+    fn a_capture_keeps_the_newest_lines_within_its_bound() {
+        let log = Log::capture(LogOpts::default());
+        let filler = "x".repeat(1000);
+        for i in 0..(2 * CAPTURE_MAX / 1000) {
+            crate::info!(log, "{i} {filler}");
+        }
+        let text = log.captured();
+        assert!(text.len() <= CAPTURE_MAX, "{}", text.len());
+        assert!(text.starts_with('['), "cut at a line start");
+        let last = 2 * CAPTURE_MAX / 1000 - 1;
+        assert!(text.ends_with(&format!("] [INF] {last} {filler}\n")));
     }
 }

@@ -3,13 +3,17 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use keel_server::config::{self, Command, COMPAT_VERSION, GIT_COMMIT, KEEL_VERSION};
-use keel_server::server::{host_port, Server};
-use keel_server::{error, info, log, monitor, warn};
+use keel_server::config::{self, Command, COMPAT_VERSION, KEEL_VERSION};
+use keel_server::launch;
+use keel_server::log::{Log, LogOpts};
+use keel_server::server::Server;
+use keel_server::{error, info, warn};
 
 fn main() -> ExitCode {
-    let opts = match config::parse_args(std::env::args().skip(1)) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match config::parse_args(args.clone()) {
         Ok(Command::Run(o)) => *o,
+        Ok(Command::Signal(spec)) => return send_signal(&spec),
         Ok(Command::Help) => {
             print!("{}", config::USAGE);
             return ExitCode::SUCCESS;
@@ -41,7 +45,14 @@ fn main() -> ExitCode {
         },
         None => None,
     };
-    log::init(opts.debug, opts.trace, opts.logtime, log_file);
+    let log = Log::start(
+        LogOpts {
+            debug: opts.debug,
+            trace: opts.trace,
+            logtime: opts.logtime,
+        },
+        log_file,
+    );
 
     // Two cores is the common deployment here; tokio's default of one worker per core fits.
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -54,164 +65,109 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let code = rt.block_on(run(opts));
-    log::flush();
+    let code = rt.block_on(async {
+        let Ok(running) = launch::start(opts, log.clone()).await else {
+            return ExitCode::from(1);
+        };
+        tokio::spawn(signals(running.server.clone(), args));
+        running.run_to_end().await;
+        ExitCode::SUCCESS
+    });
+    log.flush();
     code
 }
 
-async fn run(opts: config::Opts) -> ExitCode {
-    let pid_file = opts.pid_file.clone();
-    let server = Server::new(opts);
-    info!("Starting keel-server");
-    info!("  Version:  {KEEL_VERSION} (nats-server API level {COMPAT_VERSION})");
-    if !GIT_COMMIT.is_empty() {
-        info!("  Git:      [{GIT_COMMIT}]");
-    }
-    info!("  Name:     {}", server.server_name);
-    info!("  ID:       {}", server.server_id);
-    if let Some(cf) = &server.opts.config_file {
-        info!("Using configuration file: {}", cf.display());
-    }
-    if let Some(p) = &pid_file {
-        if let Err(e) = std::fs::write(p, std::process::id().to_string()) {
-            error!("Could not write pidfile: {e}");
-            return ExitCode::from(1);
-        }
-    }
-    if server.opts.jetstream {
-        let _ = keel_server::jetstream::SERVER_NAME.set(server.server_name.clone());
-        match keel_server::jetstream::JetStream::start(&server) {
-            Ok(js) => {
-                info!("Starting JetStream");
-                // The reference's block; clients' test helpers parse the Store Directory line
-                // to clean up after the server.
-                info!("---------------- JETSTREAM ----------------");
-                if js.strict {
-                    info!("  Strict:          true");
-                }
-                let limit = |l: i64| {
-                    if l < 0 {
-                        "unlimited".to_string()
-                    } else {
-                        friendly_bytes(l)
-                    }
-                };
-                info!("  Max Memory:      {}", limit(js.max_memory));
-                info!("  Max Storage:     {}", limit(js.max_store));
-                info!(
-                    "  Index Cache:     {}",
-                    friendly_bytes(keel_store::IndexCache::global().budget() as i64)
-                );
-                info!(
-                    "  Store Directory: \"{}\"",
-                    js.store_dir.join("jetstream").display()
-                );
-                if let Some(d) = &js.domain {
-                    info!("  Domain:          {d}");
-                }
-                info!(
-                    "  API Level:       {}",
-                    keel_server::jetstream::stream::API_LEVEL
-                );
-                match js.sync_interval {
-                    None => info!("  Sync: always (an acknowledged message is on disk)"),
-                    Some(d) => warn!(
-                        "  Sync: every {d:?}; acknowledged messages can be lost on power failure"
-                    ),
-                }
-                info!("-------------------------------------------");
-                let _ = server.jetstream.set(js);
-            }
-            Err(e) => {
-                error!("Could not start JetStream: {e}");
-                return ExitCode::from(1);
-            }
-        }
-    }
-
-    if server.opts.http_port.is_some() {
-        match monitor::bind(&server).await {
-            Ok(l) => {
-                if let Ok(a) = l.local_addr() {
-                    let host = server
-                        .opts
-                        .http_host
-                        .as_deref()
-                        .unwrap_or(&server.opts.host);
-                    info!("Starting http monitor on {}", host_port(host, a.port()));
-                }
-                tokio::spawn(monitor::serve(server.clone(), l));
-            }
-            Err(e) => {
-                error!("Error listening on monitoring port: {e}");
-                return ExitCode::from(1);
-            }
-        }
-    }
-
-    let listener = match server.bind().await {
-        Ok(l) => l,
-        Err(e) => {
-            error!(
-                "Error listening on port: {}:{}, {e}",
-                server.opts.host, server.opts.port
+/// `--signal <command>[=<pid or pid file>]`: the reference's signals to a running server.
+fn send_signal(spec: &str) -> ExitCode {
+    let (cmd, target) = spec.split_once('=').unwrap_or((spec, ""));
+    let sig = match cmd {
+        "stop" => libc::SIGKILL,
+        "quit" => libc::SIGINT,
+        "term" => libc::SIGTERM,
+        "reopen" => libc::SIGUSR1,
+        "reload" => libc::SIGHUP,
+        "ldm" => libc::SIGUSR2,
+        other => {
+            eprintln!(
+                "keel-server: unknown signal {other:?} (stop, quit, term, reopen, reload, ldm)"
             );
             return ExitCode::from(1);
         }
     };
-    // The configured host, as the reference writes it (the wildcard listens on IPv6 too).
-    let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
-    info!(
-        "Listening for client connections on {}",
-        host_port(&server.opts.host, port)
-    );
-    info!("Server is ready");
-
-    tokio::spawn(signals(server.clone()));
-    keel_server::memtrim::spawn(server.clone());
-    server.accept_loop(listener).await;
-    if let Some(js) = server.jetstream.get() {
-        tokio::task::block_in_place(|| js.shutdown());
-    }
-    info!("Server Exiting..");
-    if let Some(p) = &pid_file {
-        let _ = std::fs::remove_file(p);
+    let pid = match target.parse::<i32>() {
+        Ok(p) => p,
+        Err(_) if !target.is_empty() => match std::fs::read_to_string(target) {
+            Ok(text) => match text.trim().parse::<i32>() {
+                Ok(p) => p,
+                Err(_) => {
+                    eprintln!("keel-server: no PID in {target}");
+                    return ExitCode::from(1);
+                }
+            },
+            Err(e) => {
+                eprintln!("keel-server: cannot read PID file {target}: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        Err(_) => {
+            eprintln!("keel-server: --signal needs a PID: --signal {cmd}=<pid or pid file>");
+            return ExitCode::from(1);
+        }
+    };
+    // SAFETY: kill(2) with a plain pid and signal number touches no memory of ours.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        eprintln!(
+            "keel-server: signal {cmd} to {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+        return ExitCode::from(1);
     }
     ExitCode::SUCCESS
 }
 
-/// Bytes as the reference's startup banner writes them (`17.66 GB`, 1024-based).
-fn friendly_bytes(n: i64) -> String {
-    const UNITS: [&str; 6] = ["K", "M", "G", "T", "P", "E"];
-    if n < 1024 {
-        return format!("{n} B");
+/// SIGHUP: the configuration file (and the same flags) again.
+fn reload(server: &Server, args: &[String]) {
+    match config::parse_args(args.to_vec()) {
+        Ok(Command::Run(opts)) => {
+            if let Err(e) = server.reload(&opts) {
+                error!(server.log, "Failed to reload server configuration: {e}");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => error!(server.log, "Failed to reload server configuration: {e}"),
     }
-    let mut v = n as f64;
-    let mut unit = 0;
-    v /= 1024.0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.2} {}B", UNITS[unit])
 }
 
-async fn signals(server: Arc<Server>) {
+async fn signals(server: Arc<Server>, args: Vec<String>) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup), Ok(mut usr2)) = (
+    let (Ok(mut term), Ok(mut int), Ok(mut hup), Ok(mut usr2), Ok(mut usr1)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
         signal(SignalKind::hangup()),
         signal(SignalKind::user_defined2()),
+        signal(SignalKind::user_defined1()),
     ) else {
-        error!("cannot install signal handlers");
+        error!(server.log, "cannot install signal handlers");
         return;
     };
     loop {
         tokio::select! {
-            _ = term.recv() => { info!("Trapped \"terminated\" signal"); break; }
-            _ = int.recv() => { info!("Trapped \"interrupt\" signal"); break; }
-            _ = hup.recv() => warn!("Configuration reload is not supported; SIGHUP ignored"),
+            _ = term.recv() => { info!(server.log, "Trapped \"terminated\" signal"); break; }
+            _ = int.recv() => { info!(server.log, "Trapped \"interrupt\" signal"); break; }
+            _ = hup.recv() => {
+                info!(server.log, "Trapped \"hangup\" signal");
+                reload(&server, &args);
+            }
+            _ = usr1.recv() => match &server.opts.log_file {
+                Some(p) => match std::fs::OpenOptions::new().create(true).append(true).open(p) {
+                    Ok(f) => {
+                        server.log.reopen(f);
+                        info!(server.log, "File log re-opened");
+                    }
+                    Err(e) => error!(server.log, "Could not re-open log file {}: {e}", p.display()),
+                },
+                None => warn!(server.log, "File log re-open ignored, not a file logger"),
+            },
             _ = usr2.recv() => {
                 let s = server.clone();
                 tokio::spawn(async move { s.lame_duck().await });

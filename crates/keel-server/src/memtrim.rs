@@ -20,7 +20,7 @@ const TRIM_AFTER: [u32; 2] = [1, 5];
 
 pub fn spawn(server: Arc<Server>) {
     if cfg!(all(target_os = "linux", target_env = "gnu")) {
-        tokio::spawn(trim_loop(server));
+        server.clone().spawn(trim_loop(server));
     }
 }
 
@@ -52,12 +52,13 @@ async fn trim_loop(server: Arc<Server>) {
             if quiet == TRIM_AFTER[TRIM_AFTER.len() - 1] {
                 busy = false;
             }
-            let _ = tokio::task::spawn_blocking(trim).await;
+            let log = server.log.clone();
+            let _ = tokio::task::spawn_blocking(move || trim(&log)).await;
         }
     }
 }
 
-fn trim() {
+fn trim(log: &crate::log::Log) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         let before = crate::monitor::proc::rss_bytes();
@@ -67,6 +68,7 @@ fn trim() {
         }
         let after = crate::monitor::proc::rss_bytes();
         crate::debug!(
+            log,
             "Returned {} KiB of freed memory to the OS (RSS {} KiB)",
             before.saturating_sub(after) / 1024,
             after / 1024

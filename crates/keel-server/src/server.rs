@@ -1,5 +1,6 @@
-//! The server: shared state (subject index, connection registry), the listener, and
-//! orderly shutdown.
+//! The server: shared state (accounts, connection registry, log, tasks), the listener, and
+//! orderly shutdown. Nothing here is process-global: two `Server`s in one process share
+//! nothing.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -11,13 +12,19 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::account::Accounts;
 use crate::client::{self, ClientHandle};
 use crate::config::{Opts, COMPAT_VERSION, GIT_COMMIT, KEEL_VERSION, TOOLCHAIN};
-use crate::sublist::{Sub, Sublist};
+use crate::inqueue::InQueue;
+use crate::log::Log;
+use crate::sublist::Sub;
 
 pub struct Server {
     pub opts: Opts,
-    pub sublist: Sublist,
+    /// Every account; each owns its subject space (`account.sublist`).
+    pub accounts: Accounts,
+    /// This server's log (every log macro takes it, or a clone of it).
+    pub log: Log,
     pub server_id: String,
     pub server_name: String,
     /// The address clients connect to, once bound.
@@ -35,6 +42,34 @@ pub struct Server {
     stop_accepting: watch::Sender<bool>,
     /// Recently closed connections (`/connz?state=closed`).
     pub closed: crate::monitor::ClosedConns,
+    tasks: Tasks,
+    /// The queues of in-process clients (JetStream's), sealed at shutdown so their tasks
+    /// finish what is queued and end.
+    internal_queues: Mutex<QueueRegistry>,
+    /// Who may connect (replaced whole on reload).
+    auth: std::sync::RwLock<Arc<crate::auth::Auth>>,
+    /// The auth options in force (the reload compares against them).
+    pub auth_opts: std::sync::RwLock<crate::auth::conf::AuthOpts>,
+    /// Failed authentications since start (monitoring).
+    pub auth_failures: AtomicU64,
+    /// The system account's services and events, once started.
+    pub system: std::sync::OnceLock<Arc<crate::system::System>>,
+    /// When the configuration was last loaded (`/varz config_load_time`).
+    pub config_load_time: Mutex<SystemTime>,
+}
+
+/// The server's background tasks (spawned with [`Server::spawn`]): each holds a clone of
+/// `token`; once the server drops its own, the receiver sees the channel close when the
+/// last task has ended.
+struct Tasks {
+    token: Mutex<Option<tokio::sync::mpsc::Sender<()>>>,
+    done: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<()>>,
+}
+
+#[derive(Default)]
+struct QueueRegistry {
+    live: Vec<std::sync::Weak<InQueue>>,
+    prune_at: usize,
 }
 
 #[derive(Default)]
@@ -69,16 +104,30 @@ struct Info<'a> {
     host: &'a str,
     port: u16,
     headers: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    auth_required: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    tls_required: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    tls_verify: bool,
+    /// TLS is configured but optional (`allow_non_tls`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    tls_available: bool,
     max_payload: usize,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     jetstream: bool,
     client_id: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     client_ip: Option<String>,
+    /// What an nkey or JWT user signs (not repeated in the connect_info INFO).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nonce: Option<&'a str>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     connect_info: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     remote_account: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    acc_is_sys: bool,
     /// Lame-duck mode: clients should move to another server.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     ldm: bool,
@@ -90,10 +139,28 @@ struct Info<'a> {
     keel_version: &'a str,
 }
 
+/// What Keel cannot do yet with accounts, refused at start (and reload) instead of half
+/// working: JetStream in more than one account needs the JetStream registry keyed by account.
+fn check_accounts(opts: &crate::auth::conf::AuthOpts) -> Result<(), String> {
+    let js: Vec<&str> = opts
+        .accounts
+        .iter()
+        .filter(|a| a.jetstream.enabled)
+        .map(|a| a.name.as_str())
+        .collect();
+    if js.len() > 1 {
+        return Err(format!(
+            "JetStream enabled in more than one account ({}): keel-server serves JetStream in one account for now (use a shared JetStream account with imports)",
+            js.join(", ")
+        ));
+    }
+    Ok(())
+}
+
 /// Binds a TCP listener on `host:port`. The wildcard host (`0.0.0.0`, the default, or `::`)
 /// gets one socket for IPv6 and IPv4 together, as the reference's listeners do; where IPv6
 /// is unavailable `0.0.0.0` falls back to IPv4 alone.
-pub fn bind_tcp(host: &str, port: u16) -> std::io::Result<TcpListener> {
+pub fn bind_tcp(host: &str, port: u16, log: &Log) -> std::io::Result<TcpListener> {
     let dual = matches!(host, "0.0.0.0" | "" | "::" | "[::]");
     if dual {
         match listen_on((std::net::Ipv6Addr::UNSPECIFIED, port).into(), true) {
@@ -101,7 +168,7 @@ pub fn bind_tcp(host: &str, port: u16) -> std::io::Result<TcpListener> {
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse || host.contains(':') => {
                 return Err(e)
             }
-            Err(e) => crate::debug!("No IPv6 listener ({e}); listening on IPv4 only"),
+            Err(e) => crate::debug!(log, "No IPv6 listener ({e}); listening on IPv4 only"),
         }
     }
     // As tokio's bind: the first of the host's addresses that can be bound.
@@ -150,7 +217,7 @@ fn new_server_id() -> String {
 }
 
 impl Server {
-    pub fn new(opts: Opts) -> Arc<Self> {
+    pub fn new(opts: Opts, log: Log) -> Arc<Self> {
         let server_id = new_server_id();
         let server_name = opts
             .server_name
@@ -158,9 +225,13 @@ impl Server {
             .unwrap_or_else(|| server_id.clone());
         let (shutdown, _) = watch::channel(false);
         let opts_max_closed = opts.max_closed_clients;
+        let (token, done) = tokio::sync::mpsc::channel(1);
+        let accounts = Accounts::from_opts(&opts.auth);
+        let auth_opts = opts.auth.clone();
         Arc::new(Server {
             opts,
-            sublist: Sublist::new(),
+            accounts,
+            log,
             server_id,
             server_name,
             client_addr: Mutex::new(None),
@@ -174,18 +245,254 @@ impl Server {
             lame_duck: std::sync::atomic::AtomicBool::new(false),
             stop_accepting: watch::channel(false).0,
             closed: crate::monitor::ClosedConns::new(opts_max_closed),
+            tasks: Tasks {
+                token: Mutex::new(Some(token)),
+                done: tokio::sync::Mutex::new(done),
+            },
+            internal_queues: Mutex::new(QueueRegistry::default()),
+            auth: std::sync::RwLock::new(Arc::new(crate::auth::Auth::default())),
+            auth_opts: std::sync::RwLock::new(auth_opts),
+            auth_failures: AtomicU64::new(0),
+            system: std::sync::OnceLock::new(),
+            config_load_time: Mutex::new(SystemTime::now()),
         })
     }
 
+    /// Reloads users, permissions and accounts from `opts` (SIGHUP): connections whose
+    /// credentials no longer authenticate, or that would land in another account, are closed
+    /// with the reference's `-ERR 'Authorization Violation'`; the others get their new
+    /// permissions, and lose (with `-ERR 'Permissions Violation for Subscription to ...'`) the
+    /// subscriptions those no longer allow. Options that need a restart are reported.
+    pub fn reload(&self, opts: &Opts) -> Result<(), String> {
+        for (what, changed) in [
+            ("port", opts.port != self.opts.port && opts.port > 0),
+            ("host", opts.host != self.opts.host),
+            ("jetstream", opts.jetstream != self.opts.jetstream),
+            ("store_dir", opts.store_dir != self.opts.store_dir),
+            ("http_port", opts.http_port != self.opts.http_port),
+        ] {
+            if changed {
+                crate::warn!(
+                    self.log,
+                    "Reload: {what} changed; it takes effect at the next restart"
+                );
+            }
+        }
+        let old_system = self.accounts.system_name().to_string();
+        let new_system = if opts.auth.no_system_account {
+            String::new()
+        } else {
+            opts.auth
+                .system_account
+                .clone()
+                .unwrap_or_else(|| crate::account::SYSTEM.to_string())
+        };
+        if old_system != new_system {
+            return Err("config reload not supported for system_account".into());
+        }
+        self.apply_auth(&opts.auth)?;
+        let auth = self.auth();
+        for h in self.clients() {
+            let connected = h.meta.lock().unwrap_or_else(|e| e.into_inner()).connected;
+            if !connected {
+                continue;
+            }
+            let creds = h
+                .creds
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_default();
+            let authed = if auth.required {
+                auth.authenticate(&creds, h.nonce())
+            } else {
+                Ok(crate::auth::Authed {
+                    user: String::new(),
+                    account: crate::account::GLOBAL.into(),
+                    perms: None,
+                    expires: None,
+                    max_subs: -1,
+                    max_payload: -1,
+                })
+            };
+            let a = match authed {
+                Ok(a) if a.account == h.account().name => a,
+                Ok(_) | Err(_) => {
+                    // As the reference: closed without an -ERR.
+                    crate::info!(
+                        self.log,
+                        "{} - no longer authorized after reload - closing",
+                        h.id
+                    );
+                    h.close(crate::client::CloseReason::AuthenticationFailure);
+                    continue;
+                }
+            };
+            let perms = a
+                .perms
+                .map(|p| p as Arc<dyn crate::permissions::Permissions>);
+            if let Some(p) = &perms {
+                let subs: Vec<Arc<Sub>> = h
+                    .subs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .values()
+                    .cloned()
+                    .collect();
+                for sub in subs {
+                    if !p.can_subscribe(&sub.subject, sub.queue.as_deref()) {
+                        self.remove_sub(&sub);
+                        let sid = String::from_utf8_lossy(&sub.sid);
+                        let text = format!(
+                            "{} (sid {sid:?})",
+                            crate::permissions::subscribe_violation(
+                                &sub.subject,
+                                sub.queue.as_deref()
+                            )
+                        );
+                        crate::info!(
+                            self.log,
+                            "{} - Removed sub {:?} (sid {sid:?}) for User {:?} - not authorized",
+                            h.id,
+                            String::from_utf8_lossy(&sub.subject),
+                            a.user
+                        );
+                        h.send_err(&text);
+                    }
+                }
+            }
+            h.set_permissions(perms);
+        }
+        crate::info!(self.log, "Reloaded server configuration");
+        Ok(())
+    }
+
+    /// Who may connect now.
+    pub fn auth(&self) -> Arc<crate::auth::Auth> {
+        self.auth.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Applies `opts` (authentication and accounts): the accounts' settings and links, then
+    /// the users. At start and on reload; on error nothing changes but what was applied
+    /// to the accounts before the error (their settings are rebuilt by the next success).
+    pub fn apply_auth(&self, opts: &crate::auth::conf::AuthOpts) -> Result<(), String> {
+        check_accounts(opts)?;
+        self.accounts.configure(opts)?;
+        let mut auth = crate::auth::Auth::build(opts, &self.accounts)?;
+        // As the reference: with TLS and no `authorization { timeout }`, a client has the
+        // handshake's timeout plus a second to authenticate.
+        if let (None, Some(t)) = (opts.timeout, &self.opts.tls_opts) {
+            auth.timeout = t.timeout() + Duration::from_secs(1);
+        }
+        // Account JWTs can bring exports and imports: links again with them in place.
+        if opts.operator_mode() {
+            self.accounts.install_links()?;
+            let js: Vec<String> = self
+                .accounts
+                .all()
+                .iter()
+                .filter(|a| a.jetstream_enabled())
+                .map(|a| a.name.clone())
+                .collect();
+            if js.len() > 1 {
+                return Err(format!(
+                    "JetStream enabled in more than one account ({}): keel-server serves JetStream in one account for now",
+                    js.join(", ")
+                ));
+            }
+        }
+        *self.auth.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(auth);
+        *self.auth_opts.write().unwrap_or_else(|e| e.into_inner()) = opts.clone();
+        *self
+            .config_load_time
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = SystemTime::now();
+        Ok(())
+    }
+
+    /// Spawns a background task of this server; [`wait_tasks`](Self::wait_tasks) waits for
+    /// it at shutdown, so a stopped server leaves nothing running.
+    pub fn spawn<F>(&self, fut: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let token = self
+            .tasks
+            .token
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        tokio::spawn(async move {
+            let _token = token;
+            fut.await
+        })
+    }
+
+    /// After shutdown: waits (at most `limit`) until every task from [`spawn`](Self::spawn)
+    /// has ended. Returns whether they all did.
+    pub async fn wait_tasks(&self, limit: Duration) -> bool {
+        drop(
+            self.tasks
+                .token
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
+        let mut done = self.tasks.done.lock().await;
+        tokio::time::timeout(limit, done.recv()).await.is_ok()
+    }
+
+    /// Remembers an in-process client's queue (for [`seal_internal`](Self::seal_internal)).
+    pub(crate) fn register_internal(&self, q: &Arc<InQueue>) {
+        let mut reg = self
+            .internal_queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if reg.live.len() >= reg.prune_at {
+            reg.live.retain(|w| w.strong_count() > 0);
+            reg.prune_at = (reg.live.len() * 2).max(64);
+        }
+        reg.live.push(Arc::downgrade(q));
+    }
+
+    /// Seals every in-process client's queue: their tasks take what is queued, then end.
+    pub fn seal_internal(&self) {
+        let live: Vec<Arc<InQueue>> = self
+            .internal_queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .live
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        for q in live {
+            q.seal();
+        }
+    }
+
     /// The INFO line for one client; `connect_info` marks the second INFO sent after the
-    /// first PONG.
+    /// first PONG (it names the client's account).
     pub fn info_line(
         &self,
-        client_id: u64,
+        client: &ClientHandle,
         peer: Option<SocketAddr>,
         connect_info: bool,
     ) -> Vec<u8> {
+        self.info_line_with(client, peer, connect_info, false)
+    }
+
+    /// [`info_line`](Self::info_line); `tls_first` is the INFO a client that did the TLS
+    /// handshake first gets, which says `tls_required` even where TLS is optional.
+    pub fn info_line_with(
+        &self,
+        client: &ClientHandle,
+        peer: Option<SocketAddr>,
+        connect_info: bool,
+        tls_first: bool,
+    ) -> Vec<u8> {
         let addr = *self.client_addr.lock().unwrap_or_else(|e| e.into_inner());
+        let tls = self.opts.tls.as_deref();
         let info = Info {
             server_id: &self.server_id,
             server_name: &self.server_name,
@@ -196,12 +503,22 @@ impl Server {
             host: &self.opts.host,
             port: addr.map_or(0, |a| a.port()),
             headers: true,
+            // With a no_auth_user a client need not authenticate: the first INFO says so.
+            auth_required: {
+                let auth = self.auth();
+                auth.required && (connect_info || !auth.has_no_auth_user())
+            },
+            tls_required: tls.is_some_and(|t| t.required() || tls_first),
+            tls_verify: tls.is_some_and(|t| t.opts.verify),
+            tls_available: tls.is_some_and(|t| !t.required()),
             max_payload: self.opts.max_payload,
             jetstream: self.jetstream.get().is_some(),
-            client_id,
+            client_id: client.id,
             client_ip: peer.map(|p| p.ip().to_string()),
+            nonce: client.nonce().filter(|_| !connect_info),
             connect_info,
-            remote_account: connect_info.then_some("$G"),
+            remote_account: connect_info.then_some(client.account().name.as_str()),
+            acc_is_sys: connect_info && self.accounts.is_system(client.account()),
             ldm: self.lame_duck.load(std::sync::atomic::Ordering::Relaxed),
             domain: self.jetstream.get().and_then(|js| js.domain.as_deref()),
             api_lvl: crate::jetstream::stream::API_LEVEL,
@@ -297,9 +614,9 @@ impl Server {
         t
     }
 
-    /// Removes a subscription from the index and from its owner's sid table.
+    /// Removes a subscription from its account's index and from its owner's sid table.
     pub fn remove_sub(&self, sub: &Arc<Sub>) {
-        self.sublist.remove(sub);
+        sub.client.account().sublist.remove(sub);
         let mut subs = sub.client.subs.lock().unwrap_or_else(|e| e.into_inner());
         if subs.get(&sub.sid).is_some_and(|s| Arc::ptr_eq(s, sub)) {
             subs.remove(&sub.sid);
@@ -313,7 +630,7 @@ impl Server {
         } else {
             self.opts.port as u16
         };
-        let listener = bind_tcp(&self.opts.host, port)?;
+        let listener = bind_tcp(&self.opts.host, port, &self.log)?;
         *self.client_addr.lock().unwrap_or_else(|e| e.into_inner()) = Some(listener.local_addr()?);
         Ok(listener)
     }
@@ -334,7 +651,7 @@ impl Server {
                         tasks.spawn(client::serve(self.clone(), stream, id));
                     }
                     Err(e) => {
-                        crate::error!("Error accepting client connection: {e}");
+                        crate::error!(self.log, "Error accepting client connection: {e}");
                         // Out of file descriptors and the like: back off instead of spinning.
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
@@ -378,17 +695,20 @@ impl Server {
             self.opts.lame_duck_duration,
             self.opts.lame_duck_grace_period,
         );
-        crate::info!("Entering lame duck mode, stop accepting new clients");
+        crate::info!(
+            self.log,
+            "Entering lame duck mode, stop accepting new clients"
+        );
         self.stop_accepting.send_replace(true);
         for h in self.clients() {
             let meta_addr = h.meta.lock().unwrap_or_else(|e| e.into_inner()).addr;
-            h.send_info(&self.info_line(h.id, meta_addr, false));
+            h.send_info(&self.info_line(&h, meta_addr, false));
         }
         tokio::time::sleep(grace).await;
         let clients = self.clients();
         if !clients.is_empty() {
             let spread = duration.saturating_sub(grace) / clients.len() as u32;
-            crate::info!("Closing existing clients");
+            crate::info!(self.log, "Closing existing clients");
             for h in clients {
                 h.close(client::CloseReason::ServerShutdown);
                 tokio::time::sleep(spread.min(Duration::from_secs(1))).await;
@@ -404,7 +724,8 @@ mod tests {
 
     #[tokio::test]
     async fn wildcard_listener_takes_ipv4_and_ipv6() {
-        let l = bind_tcp("0.0.0.0", 0).unwrap();
+        let log = Log::stderr();
+        let l = bind_tcp("0.0.0.0", 0, &log).unwrap();
         let port = l.local_addr().unwrap().port();
         tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -413,7 +734,7 @@ mod tests {
             assert!(l.local_addr().unwrap().is_ipv6(), "one dual-stack socket");
             tokio::net::TcpStream::connect(("::1", port)).await.unwrap();
         }
-        let l = bind_tcp("127.0.0.1", 0).unwrap();
+        let l = bind_tcp("127.0.0.1", 0, &log).unwrap();
         assert!(l.local_addr().unwrap().is_ipv4());
         assert_eq!(host_port("::1", 4222), "[::1]:4222");
         assert_eq!(host_port("0.0.0.0", 4222), "0.0.0.0:4222");

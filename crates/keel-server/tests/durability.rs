@@ -707,11 +707,13 @@ async fn full_disk_recovers_without_a_restart() {
         );
         return;
     };
-    // Most of the disk is someone else's; the stream gets about 1.5 MB of it.
-    let filler = disk.mnt.join("filler");
-    fill_disk(&filler, 6 << 20);
     let store = disk.mnt.join("store");
     let mut server = Server::start_jetstream_at(&store);
+    // Then most of the disk becomes someone else's; the stream gets about 1.5 MB of it.
+    // (Filled after the start: the default max_file_store is 3/4 of the disk free at start,
+    // as with the reference, and it must not be what refuses the publishes here.)
+    let filler = disk.mnt.join("filler");
+    fill_disk(&filler, 6 << 20);
     let client = server.client().await;
     let js = jetstream::new(client.clone());
     js.create_stream(jetstream::stream::Config {

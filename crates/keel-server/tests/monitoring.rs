@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::Client;
 use bytes::Bytes;
-use common::{is_reference, json_request, within, Server, TempDir, STEP};
+use common::{http_get, is_reference, json_request, within, Http, Server, TempDir, STEP};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -478,82 +478,6 @@ fn assert_shape(what: &str, body: &Value, reference: &[&str]) {
 // HTTP and server helpers
 // ---------------------------------------------------------------------------
 
-struct Http {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Http {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let eol = b
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .expect("chunk size line");
-        let size_text = String::from_utf8_lossy(&b[..eol]);
-        let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16)
-            .expect("chunk size");
-        b = &b[eol + 2..];
-        if size == 0 {
-            return out;
-        }
-        out.extend_from_slice(&b[..size]);
-        b = &b[size + 2..];
-    }
-}
-
-/// `GET path` on the monitoring port: one request per connection, body read to EOF.
-async fn http_get(port: u16, path: &str) -> Http {
-    within(&format!("GET {path}"), async {
-        let mut s = TcpStream::connect(("127.0.0.1", port))
-            .await
-            .expect("connect to the monitoring port");
-        let req = format!(
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: keel-test\r\nConnection: close\r\n\r\n"
-        );
-        s.write_all(req.as_bytes()).await.expect("write request");
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).await.expect("read response");
-        let split = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .expect("response head");
-        let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-        let mut lines = head.split("\r\n");
-        let status_line = lines.next().unwrap_or_default();
-        let status: u16 = status_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
-        let headers: Vec<(String, String)> = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-            .collect();
-        let body = &raw[split + 4..];
-        let chunked = headers.iter().any(|(k, v)| {
-            k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
-        });
-        let body = if chunked { dechunk(body) } else { body.to_vec() };
-        Http {
-            status,
-            headers,
-            body: String::from_utf8(body).expect("UTF-8 body"),
-        }
-    })
-    .await
-}
-
 /// A server with monitoring on a free port (and JetStream when asked).
 struct Mon {
     server: Server,
@@ -573,7 +497,7 @@ impl Mon {
             ));
         }
         let server = Server::start_with_config(&conf);
-        let port = monitor_port(&server);
+        let port = server.monitor_port();
         Mon {
             server,
             port,
@@ -601,27 +525,6 @@ impl Mon {
         self.server
             .client_with(async_nats::ConnectOptions::new().name(name))
             .await
-    }
-}
-
-/// The monitoring port, from the "Starting http monitor on <host>:<port>" line both servers
-/// log before they accept clients.
-fn monitor_port(server: &Server) -> u16 {
-    let deadline = Instant::now() + STEP;
-    loop {
-        let log = server.log();
-        if let Some(line) = log.lines().find(|l| l.contains("Starting http monitor on")) {
-            return line
-                .rsplit(':')
-                .next()
-                .and_then(|p| p.trim().parse().ok())
-                .unwrap_or_else(|| panic!("no port in {line:?}"));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no monitoring line in the log:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -1743,7 +1646,7 @@ impl Mon {
             ));
         }
         let server = Server::start_with_config(&conf);
-        let port = monitor_port(&server);
+        let port = server.monitor_port();
         Mon {
             server,
             port,

@@ -11,7 +11,7 @@
 use crate::segtable::Entry;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// The default budget: 64 MiB.
 pub const DEFAULT_INDEX_CACHE: usize = 64 << 20;
@@ -49,7 +49,24 @@ pub struct IndexCache {
     budget: AtomicUsize,
 }
 
-static GLOBAL: OnceLock<Arc<IndexCache>> = OnceLock::new();
+/// An [`IndexCache`] handed to file stores through `FileStoreConfig` (compared by
+/// identity, so the config stays comparable).
+#[derive(Clone)]
+pub struct SharedCache(pub Arc<IndexCache>);
+
+impl PartialEq for SharedCache {
+    fn eq(&self, o: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &o.0)
+    }
+}
+
+impl Eq for SharedCache {}
+
+impl std::fmt::Debug for SharedCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedCache({} bytes)", self.0.budget())
+    }
+}
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
 /// A fresh segment-instance id: every change to a segment's entries gets a new one, so a
@@ -68,13 +85,6 @@ impl IndexCache {
             inner: Mutex::new(Lru::default()),
             budget: AtomicUsize::new(budget),
         })
-    }
-
-    /// The process-wide cache file stores use unless told otherwise.
-    pub fn global() -> Arc<IndexCache> {
-        GLOBAL
-            .get_or_init(|| IndexCache::new(DEFAULT_INDEX_CACHE))
-            .clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {

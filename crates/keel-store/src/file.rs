@@ -69,6 +69,10 @@ pub struct FileStoreConfig {
     /// does not change its size: an fdatasync then flushes data only, not the file's
     /// metadata as well. A sealed segment is cut back to what it holds.
     pub preallocate: bool,
+    /// The index-block cache this store reads through; the server gives all its file
+    /// stores one (one budget). Without one the store gets a cache of its own
+    /// (`DEFAULT_INDEX_CACHE`).
+    pub index_cache: Option<crate::cache::SharedCache>,
 }
 
 impl Default for FileStoreConfig {
@@ -78,6 +82,7 @@ impl Default for FileStoreConfig {
             write_buffer: 128 << 10,
             max_open_files: 256,
             preallocate: true,
+            index_cache: None,
         }
     }
 }
@@ -1583,6 +1588,30 @@ impl Store for FileStore {
         Ok(out)
     }
 
+    fn exempt_from_max_age(&mut self, seq: u64) {
+        self.core.get_mut().age_exempt.insert(seq);
+    }
+
+    fn skip_to(&mut self, next: u64) -> Result<()> {
+        self.writable()?;
+        let core = self.core.get_mut();
+        if next <= core.last_seq + 1 {
+            return Ok(());
+        }
+        let had_msgs = core.msgs > 0;
+        core.skip_to(next);
+        // A tombstone for the new last sequence is what recovery restores last_seq from
+        // (an emptied store gets its marker at the next sync instead).
+        let ts = core.last_ts;
+        let r = if had_msgs {
+            self.write_tomb(next - 1, ts, b"", 0)
+        } else {
+            Ok(())
+        };
+        let r = r.and_then(|_| self.settle());
+        self.check_io(r)
+    }
+
     fn set_limits(&mut self, limits: Limits) -> Result<()> {
         self.writable()?;
         self.core.get_mut().set_limits(limits);
@@ -2138,7 +2167,14 @@ fn recover(
     let mut rp = Replay {
         core: Core::new(
             Limits::default(),
-            FileTable::new(fs.clone(), dir.to_path_buf(), IndexCache::global()),
+            FileTable::new(
+                fs.clone(),
+                dir.to_path_buf(),
+                cfg.index_cache.as_ref().map_or_else(
+                    || IndexCache::new(crate::DEFAULT_INDEX_CACHE),
+                    |c| c.0.clone(),
+                ),
+            ),
         ),
         marker: 0,
         max_msg: (0, 0),

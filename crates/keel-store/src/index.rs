@@ -587,6 +587,8 @@ pub(crate) struct Core<T: Table> {
     pub limits: Limits,
     pub removed: Vec<Removed<T::P>>,
     pub reset: bool,
+    /// Sequences max_age must not expire (`Nats-TTL: never`); kept by the server.
+    pub age_exempt: std::collections::BTreeSet<u64>,
 }
 
 impl<T: Table> Core<T> {
@@ -602,6 +604,7 @@ impl<T: Table> Core<T> {
             limits,
             removed: Vec::new(),
             reset: false,
+            age_exempt: Default::default(),
         }
     }
 
@@ -755,6 +758,9 @@ impl<T: Table> Core<T> {
         let Some((m, p)) = self.slots.take(seq) else {
             return false;
         };
+        if !self.age_exempt.is_empty() {
+            self.age_exempt.remove(&seq);
+        }
         let subject = Bytes::copy_from_slice(self.slots.subjects().name(m.subj));
         self.account_removed(seq, &m);
         self.removed.push(Removed {
@@ -794,6 +800,7 @@ impl<T: Table> Core<T> {
     fn reset_to(&mut self, next_seq: u64) -> u64 {
         let n = self.msgs;
         self.slots.clear();
+        self.age_exempt.clear();
         self.msgs = 0;
         self.bytes = 0;
         self.first_seq = next_seq;
@@ -877,15 +884,47 @@ impl<T: Table> Core<T> {
         }
         let cutoff = now.saturating_sub(age);
         let mut n = 0;
-        while self.msgs > 0 && self.first_ts <= cutoff {
-            let f = self.first_seq;
-            if !self.remove(f) {
+        if self.age_exempt.is_empty() {
+            while self.msgs > 0 && self.first_ts <= cutoff {
+                let f = self.first_seq;
+                if !self.remove(f) {
+                    break;
+                }
+                n += 1;
+            }
+            let next = (self.msgs > 0).then(|| self.first_ts.saturating_add(age));
+            return (n, next);
+        }
+        // Exempt messages stay; expiry walks past them to the first one still young.
+        let mut seq = self.first_seq;
+        let mut next = None;
+        while let Some(s) = self.slots.next_live(seq, self.last_seq) {
+            let ts = self.slots.get(s).map_or(0, |m| m.ts);
+            if ts > cutoff {
+                next = Some(ts.saturating_add(age));
                 break;
             }
-            n += 1;
+            if !self.age_exempt.contains(&s) {
+                self.remove(s);
+                n += 1;
+            }
+            seq = s + 1;
         }
-        let next = (self.msgs > 0).then(|| self.first_ts.saturating_add(age));
         (n, next)
+    }
+
+    /// Moves the sequence on so that the next message stored gets `next` (a mirror skipping
+    /// what its origin no longer holds, a stream's `first_seq`). An empty store restarts at
+    /// `next`; otherwise the skipped sequences count as deleted.
+    pub fn skip_to(&mut self, next: u64) {
+        if next <= self.last_seq + 1 {
+            return;
+        }
+        if self.msgs == 0 {
+            self.reset_to(next);
+        } else {
+            self.last_seq = next - 1;
+        }
     }
 
     pub fn set_limits(&mut self, limits: Limits) {

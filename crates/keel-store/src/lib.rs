@@ -196,6 +196,13 @@ pub trait Store: Send {
     /// Removes messages older than max_age at `now` (ns); returns how many. The server calls
     /// it on a timer. Also reports when the next message will expire (ns), if any.
     fn expire(&mut self, now: i64) -> Result<(u64, Option<i64>)>;
+    /// Keeps `seq` out of max_age expiry (a message published with `Nats-TTL: never`). Held
+    /// in memory only: the server marks such messages again when it reopens the store.
+    fn exempt_from_max_age(&mut self, seq: u64);
+    /// Moves the last sequence on so that the next message stored gets `next`; no-op when
+    /// `next` is not ahead. Skipped sequences count as deleted; the new last sequence is
+    /// durable after [`sync`](Store::sync) like any write.
+    fn skip_to(&mut self, next: u64) -> Result<()>;
     /// Applies new limits (a stream update), discarding what no longer fits.
     fn set_limits(&mut self, limits: Limits) -> Result<()>;
 
@@ -261,7 +268,7 @@ mod ranges;
 mod record;
 mod segtable;
 
-pub use cache::{IndexCache, IndexCacheStats, DEFAULT_INDEX_CACHE};
+pub use cache::{IndexCache, IndexCacheStats, SharedCache, DEFAULT_INDEX_CACHE};
 pub use file::{
     CompactDone, CompactJob, DamagedData, FileStore, FileStoreConfig, ReadDamage, RecoveryReport,
     StoreEvent, TornWrite,

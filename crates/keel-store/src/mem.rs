@@ -112,6 +112,16 @@ impl Store for MemStore {
         Ok(r)
     }
 
+    fn exempt_from_max_age(&mut self, seq: u64) {
+        self.core.age_exempt.insert(seq);
+    }
+
+    fn skip_to(&mut self, next: u64) -> Result<()> {
+        self.core.skip_to(next);
+        self.settle();
+        Ok(())
+    }
+
     fn set_limits(&mut self, limits: Limits) -> Result<()> {
         self.core.set_limits(limits);
         self.settle();

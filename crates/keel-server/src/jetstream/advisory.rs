@@ -75,7 +75,7 @@ fn send(
     }
     let mut event = build();
     // Last, and only with a domain configured (the reference's `omitempty`).
-    if let Some(d) = super::domain() {
+    if let Some(d) = super::domain(server) {
         event.insert("domain".into(), d.into());
     }
     let data = Bytes::from(to_bytes(&Value::Object(event)));
@@ -179,7 +179,7 @@ fn client_info(server: &Server, id: u64) -> Value {
         c.insert("host".into(), addr.ip().to_string().into());
     }
     c.insert("id".into(), id.into());
-    c.insert("acc".into(), "$G".into());
+    c.insert("acc".into(), h.account().name.clone().into());
     for (k, v) in [
         ("name", &meta.name),
         ("lang", &meta.lang),

@@ -273,8 +273,12 @@ impl ConsumerConfig {
             .is_some_and(|s| !s.is_empty())
     }
 
+    /// The effective filters: `filter_subject: ">"` is echoed as given (the reference keeps
+    /// it) but filters nothing.
     pub fn filters(&self) -> Vec<String> {
-        if !self.filter_subject.is_empty() {
+        if self.filter_subject == ">" {
+            vec![]
+        } else if !self.filter_subject.is_empty() {
             vec![self.filter_subject.clone()]
         } else {
             self.filter_subjects.clone()
@@ -322,9 +326,6 @@ impl ConsumerConfig {
                 10136,
                 "consumer cannot have both FilterSubject and FilterSubjects specified",
             ));
-        }
-        if self.filter_subject == ">" {
-            self.filter_subject.clear();
         }
         for f in self.filters() {
             if f.is_empty() {
@@ -880,9 +881,9 @@ impl Consumer {
     ) -> Arc<Consumer> {
         let config = meta.config;
         let durable = config.durable_name.is_some();
-        let saved = dir
-            .as_deref()
-            .map_or(Loaded::Fresh, |d| load_state(d, &stream.name, &name));
+        let saved = dir.as_deref().map_or(Loaded::Fresh, |d| {
+            load_state(d, &stream.name, &name, &server.log)
+        });
         let now = Instant::now();
         let mut st = State {
             config,
@@ -944,7 +945,8 @@ impl Consumer {
             st.replay_until = stream.lock().store.state().last_seq;
         }
         let (handle, rx) = ClientHandle::internal(
-            server.next_client_id(),
+            server,
+            stream.account(),
             format!("consumer {} > {name}", stream.name),
             crate::inqueue::CONSUMER_QUEUE_BYTES,
         );
@@ -981,10 +983,10 @@ impl Consumer {
                 max: AtomicU64::new(0),
                 delivered: AtomicU64::new(0),
             });
-            server.sublist.insert(sub.clone());
+            c.handle.account().sublist.insert(sub.clone());
             c.subs.lock().unwrap_or_else(|e| e.into_inner()).push(sub);
         }
-        tokio::spawn(run(c.clone(), server.clone(), rx));
+        server.spawn(run(c.clone(), server.clone(), rx));
         // `kick` starts set, so no notify() would wake the task: deliver what is stored now.
         c.wake.notify_one();
         c
@@ -1051,7 +1053,7 @@ impl Consumer {
             .unwrap_or_else(|e| e.into_inner())
             .drain(..)
         {
-            server.sublist.remove(&s);
+            self.handle.account().sublist.remove(&s);
         }
         self.handle
             .close(crate::client::CloseReason::ServerShutdown);
@@ -1081,12 +1083,13 @@ impl Consumer {
             || (seq < st.next_seq && !st.pending.contains_key(&seq) && !st.rdq.contains(&seq))
     }
 
-    /// Consumer info fields (without `type`).
-    pub fn info(&self, server: &Server, dynamic_meta: bool) -> Map<String, Value> {
+    /// Consumer info fields (without `type`). (Interest is looked up in the consumer's own
+    /// account; `_server` stays for the callers' sake until the API is typed.)
+    pub fn info(&self, _server: &Server, dynamic_meta: bool) -> Map<String, Value> {
         let mut st = self.lock();
         // Requests whose requester went away are not waiting (the reference checks here too).
         st.waiting
-            .retain(|w| !server.sublist.matches(&w.reply).is_empty());
+            .retain(|w| !self.handle.account().sublist.matches(&w.reply).is_empty());
         let num_pending = st.num_pending(&self.stream);
         let mut f = Map::new();
         f.insert("stream_name".into(), self.stream.name.clone().into());
@@ -1114,7 +1117,13 @@ impl Consumer {
         f.insert("num_waiting".into(), st.waiting.len().into());
         f.insert("num_pending".into(), num_pending.into());
         if let Some(ds) = &st.config.deliver_subject {
-            if !server.sublist.matches(ds.as_bytes()).is_empty() {
+            if !self
+                .handle
+                .account()
+                .sublist
+                .matches(ds.as_bytes())
+                .is_empty()
+            {
                 f.insert("push_bound".into(), true.into());
             }
         }
@@ -1181,6 +1190,7 @@ impl Consumer {
         let bytes = serde_json::to_vec(&saved).expect("state serializes");
         if let Err(e) = super::files::write(&dir.join("state.json"), &bytes, sync) {
             crate::error!(
+                self.handle.log(),
                 "Consumer {} > {}: could not save state: {e}",
                 self.stream.name,
                 self.name
@@ -1276,6 +1286,7 @@ impl State {
         let last = stream.state().last_seq;
         if self.delivered.stream_seq > last {
             crate::warn!(
+                stream.handle_log(),
                 "Consumer {} > {name}: saved state has delivered up to {} but the stream ends at {last}; delivering from {}",
                 stream.name,
                 self.delivered.stream_seq,
@@ -1571,7 +1582,7 @@ const INBOUND_BATCH_MSGS: usize = 1024;
 const INBOUND_BATCH_BYTES: usize = 256 * 1024;
 
 async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Receiver) {
-    let mut router = Router::new(c.created as u64);
+    let mut router = Router::new(c.handle.account().clone(), c.created as u64);
     let mut closed = c.handle.closed_rx();
     let mut batch = vec![];
     loop {
@@ -1587,7 +1598,7 @@ async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Rece
         );
         // An unbound push consumer starts delivering as soon as its deliver subject has a
         // subscriber (the reference is told of new interest, it does not poll for it).
-        let interest = server.sublist.subscribed(unbound);
+        let interest = c.handle.account().sublist.subscribed(unbound);
         tokio::select! {
             _ = interest => {}
             n = rx.recv_many(&mut batch, INBOUND_BATCH_MSGS, INBOUND_BATCH_BYTES) => if n == 0 {
@@ -1650,7 +1661,12 @@ async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Rece
         super::advisory::consumer_events(&server, &mut router, &c.stream.name, &c.name, events);
         router.flush();
         if inactive_expired(&c, &server, &mut router) {
-            crate::debug!("Deleting inactive consumer {} > {}", c.stream.name, c.name);
+            crate::debug!(
+                server.log,
+                "Deleting inactive consumer {} > {}",
+                c.stream.name,
+                c.name
+            );
             if let Some(js) = server.jetstream.get() {
                 js.remove_consumer(&server, &c.stream, &c.name, &mut router);
             }
@@ -2002,7 +2018,7 @@ fn insert_by_priority(waiting: &mut VecDeque<PullRequest>, w: PullRequest) {
 /// Drops waiting requests nobody listens for any more (requester unsubscribed, closed or
 /// died). They get no status: there is no one to tell.
 fn prune_dead(st: &mut State, server: &Server, router: &mut Router) {
-    st.interest_gen = server.sublist.generation();
+    st.interest_gen = router.account().sublist.generation();
     st.waiting
         .retain(|w| has_interest(router, server, &w.reply));
 }
@@ -2076,7 +2092,7 @@ fn timers(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
             st.pin = None;
         }
         if !st.waiting.is_empty()
-            && st.interest_gen != server.sublist.generation()
+            && st.interest_gen != router.account().sublist.generation()
             && st.last_prune.elapsed() >= PRUNE_INTERVAL
         {
             // Someone subscribed or unsubscribed since the last look. Only housekeeping
@@ -2352,7 +2368,7 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
             .as_ref()
             .expect("push has a deliver subject");
         // Read before the check: a later change wakes the task (see Sublist::subscribed).
-        st.interest_gen = server.sublist.generation();
+        st.interest_gen = router.account().sublist.generation();
         st.push_bound = router.has_interest(server, ds);
         if st.push_bound {
             st.last_active = Instant::now();
@@ -2675,7 +2691,7 @@ fn inactive_expired(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> 
     }
     if st.config.is_push() {
         if let Some(ds) = &st.config.deliver_subject {
-            if !server.sublist.matches(ds.as_bytes()).is_empty() {
+            if !router.account().sublist.matches(ds.as_bytes()).is_empty() {
                 return false;
             }
         }
@@ -2698,9 +2714,9 @@ enum Loaded {
     Untrusted,
 }
 
-fn load_state(dir: &Path, stream: &str, name: &str) -> Loaded {
+fn load_state(dir: &Path, stream: &str, name: &str, log: &crate::log::Log) -> Loaded {
     let what = format!("Consumer {stream} > {name}: state");
-    let why = match super::files::read(&dir.join("state.json"), &what) {
+    let why = match super::files::read(&dir.join("state.json"), &what, log) {
         Ok(None) => return Loaded::Fresh,
         Ok(Some(b)) => match serde_json::from_slice::<SavedState>(&b) {
             Ok(s) if s.consistent() => return Loaded::Saved(s),
@@ -2710,6 +2726,7 @@ fn load_state(dir: &Path, stream: &str, name: &str) -> Loaded {
         Err(e) => e,
     };
     crate::error!(
+        log,
         "Consumer {stream} > {name}: saved state is damaged ({why}) and no older copy verifies; redelivering from where the consumer started"
     );
     Loaded::Untrusted
@@ -2723,8 +2740,8 @@ impl SavedState {
     }
 }
 
-pub fn read_meta(dir: &Path) -> Result<ConsumerMeta, String> {
-    let b = super::files::read(&dir.join("meta.json"), "Consumer config")?
+pub fn read_meta(dir: &Path, log: &crate::log::Log) -> Result<ConsumerMeta, String> {
+    let b = super::files::read(&dir.join("meta.json"), "Consumer config", log)?
         .ok_or("no consumer config (meta.json)")?;
     serde_json::from_slice(&b).map_err(|e| e.to_string())
 }

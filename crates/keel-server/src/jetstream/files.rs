@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
+use crate::log::Log;
 use keel_store::{MetaFiles, MetaRead, RecoveryReport, State, StoreEvent};
 
 /// One instance for the process: it remembers which files it made durable.
@@ -22,17 +23,16 @@ pub fn write(path: &Path, body: &[u8], durable: bool) -> std::io::Result<()> {
 
 /// The newest copy of `path` that verifies. `what` names it in log lines. None when there
 /// is no copy at all; Err when copies exist and none verifies.
-pub fn read(path: &Path, what: &str) -> Result<Option<Vec<u8>>, String> {
+pub fn read(path: &Path, what: &str, log: &Log) -> Result<Option<Vec<u8>>, String> {
     match meta().read(path) {
         MetaRead::Missing => Ok(None),
         MetaRead::Current(b) => Ok(Some(b)),
         MetaRead::Older { body, damage } => {
-            crate::warn!("{what} {} is damaged ({damage})", path.display());
+            crate::warn!(log, "{what} {} is damaged ({damage})", path.display());
             Ok(Some(body))
         }
         MetaRead::Unchecked(b) => {
-            crate::warn!(
-                "{what} {} has no checksum (written by an older Keel); it is rewritten with one at the next change",
+            crate::warn!(log, "{what} {} has no checksum (written by an older Keel); it is rewritten with one at the next change",
                 path.display()
             );
             Ok(Some(b))
@@ -77,13 +77,21 @@ fn to_ranges(seqs: &[u64]) -> Vec<(u64, u64)> {
 }
 
 /// Logs what opening (or rebuilding) a file stream found.
-pub fn log_recovery(stream: &str, dir: &Path, rep: &RecoveryReport, state: Option<&State>) {
+pub fn log_recovery(
+    log: &Log,
+    stream: &str,
+    dir: &Path,
+    rep: &RecoveryReport,
+    state: Option<&State>,
+) {
     if let Some(why) = &rep.index_rejected {
-        crate::warn!("Stream {stream}: saved index not used ({why}); rebuilt from the segments");
+        crate::warn!(
+            log,
+            "Stream {stream}: saved index not used ({why}); rebuilt from the segments"
+        );
     }
     for t in &rep.torn {
-        crate::warn!(
-            "Stream {stream}: incomplete write of {} bytes in segment {} at offset {} (after the last completed sync, never acknowledged){}",
+        crate::warn!(log, "Stream {stream}: incomplete write of {} bytes in segment {} at offset {} (after the last completed sync, never acknowledged){}",
             t.bytes,
             t.segment,
             t.offset,
@@ -92,15 +100,13 @@ pub fn log_recovery(stream: &str, dir: &Path, rep: &RecoveryReport, state: Optio
     }
     for d in &rep.damaged {
         match (&d.quarantine, &d.quarantine_error) {
-            (Some(q), _) => crate::error!(
-                "Stream {stream}: damaged data in segment {} at offset {} ({} bytes), copied to {}",
+            (Some(q), _) => crate::error!(log, "Stream {stream}: damaged data in segment {} at offset {} ({} bytes), copied to {}",
                 d.segment,
                 d.offset,
                 d.bytes,
                 dir.join(q).display()
             ),
-            (None, e) => crate::error!(
-                "Stream {stream}: damaged data in segment {} at offset {} ({} bytes) left in place: could not copy it aside: {}",
+            (None, e) => crate::error!(log, "Stream {stream}: damaged data in segment {} at offset {} ({} bytes) left in place: could not copy it aside: {}",
                 d.segment,
                 d.offset,
                 d.bytes,
@@ -109,20 +115,19 @@ pub fn log_recovery(stream: &str, dir: &Path, rep: &RecoveryReport, state: Optio
         }
     }
     if !rep.lost.is_empty() {
-        crate::error!(
-            "Stream {stream}: lost {} messages, sequences {}: damaged or missing on disk although synced; not served, reported in state.lost",
+        crate::error!(log, "Stream {stream}: lost {} messages, sequences {}: damaged or missing on disk although synced; not served, reported in state.lost",
             count(&rep.lost),
             ranges(&rep.lost)
         );
     }
     if !rep.unacked.is_empty() {
-        crate::warn!(
-            "Stream {stream}: sequences {} were handed out but are not on disk: written after the last sync known complete (never acknowledged, unless the disk lost synced data); they are not reused",
+        crate::warn!(log, "Stream {stream}: sequences {} were handed out but are not on disk: written after the last sync known complete (never acknowledged, unless the disk lost synced data); they are not reused",
             ranges(&rep.unacked)
         );
     }
     if let (Some(found), Some(st)) = (rep.records_last_seq, state) {
         crate::warn!(
+            log,
             "Stream {stream}: last sequence kept at {} although the records on disk end at {found}",
             st.last_seq
         );
@@ -131,6 +136,7 @@ pub fn log_recovery(stream: &str, dir: &Path, rep: &RecoveryReport, state: Optio
         let all = to_ranges(&l.msgs);
         if all != rep.lost {
             crate::warn!(
+                log,
                 "Stream {stream} has {} lost messages ({} bytes), sequences {}",
                 l.msgs.len(),
                 l.bytes,
@@ -142,20 +148,18 @@ pub fn log_recovery(stream: &str, dir: &Path, rep: &RecoveryReport, state: Optio
 
 /// What a file stream's store reports while running: damage found by a read, and the
 /// rebuild after a failed write.
-pub fn observer(stream: String, dir: std::path::PathBuf) -> keel_store::file::Observer {
+pub fn observer(log: Log, stream: String, dir: std::path::PathBuf) -> keel_store::file::Observer {
     Box::new(move |e| {
         match e {
         StoreEvent::ReadDamage(d) => match &d.quarantine {
-            Some(q) => crate::error!(
-                "Stream {stream}: message {} is damaged (segment {}, offset {}, {} bytes, copied to {}); lost: not served, reported in state.lost",
+            Some(q) => crate::error!(log, "Stream {stream}: message {} is damaged (segment {}, offset {}, {} bytes, copied to {}); lost: not served, reported in state.lost",
                 d.seq,
                 d.segment,
                 d.offset,
                 d.bytes,
                 dir.join(q).display()
             ),
-            None => crate::error!(
-                "Stream {stream}: message {} is damaged (segment {}, offset {}, {} bytes; could not copy it aside: {}); lost: not served, reported in state.lost",
+            None => crate::error!(log, "Stream {stream}: message {} is damaged (segment {}, offset {}, {} bytes; could not copy it aside: {}); lost: not served, reported in state.lost",
                 d.seq,
                 d.segment,
                 d.offset,
@@ -165,10 +169,9 @@ pub fn observer(stream: String, dir: std::path::PathBuf) -> keel_store::file::Ob
         },
         StoreEvent::Recovered(rep) => {
             // The failure itself is logged by the stream (once per outage).
-            crate::debug!(
-                "Stream {stream}: rolled back to the last completed sync after a storage failure; index rebuilt from disk"
+            crate::debug!(log, "Stream {stream}: rolled back to the last completed sync after a storage failure; index rebuilt from disk"
             );
-            log_recovery(&stream, &dir, rep, None);
+            log_recovery(&log, &stream, &dir, rep, None);
         }
     }
     })

@@ -1,14 +1,20 @@
 //! JetStream: streams (and, next, consumers) as a subsystem that talks to the core the way a
 //! client does. It subscribes to `$JS.API.>` with an in-process handle, answers requests by
 //! publishing to their reply subjects through a [`Router`], and each stream subscribes to its
-//! own subjects. Stream configs live in `<store_dir>/jetstream/$G/streams/<name>/`.
+//! own subjects. Stream configs live in `<store_dir>/jetstream/<account>/streams/<name>/`;
+//! JetStream serves the global account `$G`, and its in-process clients are bound to it.
 
 pub mod advisory;
 pub mod api;
 pub mod consumer;
+pub mod counter;
+pub mod expiry;
 pub mod files;
+pub mod republish;
 pub mod schema;
+pub mod sourcing;
 pub mod stream;
+pub mod transform;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -23,7 +29,9 @@ use keel_store::{Purge, StoreError};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::account::Account;
 use crate::client::{ClientHandle, InMsg};
+use crate::log::Log;
 use crate::router::{Outgoing, Router};
 use crate::server::Server;
 use crate::sublist::Sub;
@@ -50,6 +58,14 @@ pub struct JetStream {
     pub domain: Option<String>,
     /// Held for the life of the process: one server per store directory.
     _lock: keel_store::DirLock,
+    /// The account whose streams these are (its subjects, its clients).
+    pub account: Arc<Account>,
+    /// The server's name (stream info's `cluster.leader`).
+    pub server_name: String,
+    log: Log,
+    /// One budget (`jetstream { index_cache_size }`) for the index entries every file
+    /// stream of this server reads from disk.
+    pub index_cache: keel_store::SharedCache,
 }
 
 const NAMES_LIMIT: usize = 1024;
@@ -64,7 +80,12 @@ impl JetStream {
             .store_dir
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join("keel"));
-        let streams_dir = store_dir.join("jetstream").join("$G").join("streams");
+        // The account with `jetstream: enabled` when accounts are configured, else `$G`.
+        let account = server.accounts.jetstream_account();
+        let streams_dir = store_dir
+            .join("jetstream")
+            .join(&account.name)
+            .join("streams");
         // Two servers on one store would both hand out the same sequences; the second
         // refuses to start (the kernel drops the lock when the holder exits, even on kill).
         let lock = keel_store::lock_dir(&store_dir)?;
@@ -84,7 +105,6 @@ impl JetStream {
         let cache = opts
             .index_cache_size
             .map_or(keel_store::DEFAULT_INDEX_CACHE, |n| n as usize);
-        keel_store::IndexCache::global().set_budget(cache);
         let js = Arc::new(JetStream {
             streams_dir,
             store_dir,
@@ -97,20 +117,22 @@ impl JetStream {
             strict: opts.jetstream_strict,
             domain: opts.jetstream_domain.clone(),
             _lock: lock,
+            account,
+            server_name: server.server_name.clone(),
+            log: server.log.clone(),
+            index_cache: keel_store::SharedCache(keel_store::IndexCache::new(cache)),
         });
-        if let Some(d) = &js.domain {
-            let _ = DOMAIN.set(d.clone());
-        }
         js.recover(server)?;
 
         let (handle, rx) = ClientHandle::internal(
-            server.next_client_id(),
+            server,
+            &js.account,
             "JetStream API".into(),
             crate::inqueue::API_QUEUE_BYTES,
         );
         let domain_api = js.domain.as_ref().map(|d| format!("$JS.{d}.API.>"));
         for subject in std::iter::once("$JS.API.>".to_string()).chain(domain_api) {
-            server.sublist.insert(Arc::new(Sub {
+            js.account.sublist.insert(Arc::new(Sub {
                 client: handle.clone(),
                 sid: Bytes::from_static(b"api"),
                 subject: Bytes::from(subject),
@@ -119,9 +141,9 @@ impl JetStream {
                 delivered: AtomicU64::new(0),
             }));
         }
-        tokio::spawn(api_loop(js.clone(), server.clone(), rx));
-        tokio::spawn(maintenance_loop(js.clone(), server.clone()));
-        tokio::spawn(compaction_loop(js.clone(), server.clone()));
+        server.spawn(api_loop(js.clone(), server.clone(), rx));
+        server.spawn(maintenance_loop(js.clone(), server.clone()));
+        server.spawn(compaction_loop(js.clone(), server.clone()));
         Ok(js)
     }
 
@@ -133,11 +155,15 @@ impl JetStream {
             if !dir.is_dir() {
                 continue;
             }
-            let meta = match stream::read_meta(&dir) {
+            let meta = match stream::read_meta(&dir, &self.log) {
                 Ok(m) => m,
                 Err(e) => {
                     // Damage never deletes a stream: it stays on disk for an operator.
-                    crate::error!("Skipping stream directory {}: {e}", dir.display());
+                    crate::error!(
+                        server.log,
+                        "Skipping stream directory {}: {e}",
+                        dir.display()
+                    );
                     continue;
                 }
             };
@@ -147,10 +173,18 @@ impl JetStream {
                 let _ = std::fs::remove_dir_all(&dir);
                 continue;
             }
-            match Stream::open(server, &dir, meta, self.sync_interval.is_none()) {
+            match Stream::open(
+                server,
+                &self.account,
+                &dir,
+                meta,
+                self.sync_interval.is_none(),
+                &self.index_cache,
+            ) {
                 Ok(s) => {
                     let st = s.state();
                     crate::info!(
+                        server.log,
                         "  Restored stream {name}: {} messages, {} bytes, seq {}..{}",
                         st.msgs,
                         st.bytes,
@@ -159,7 +193,7 @@ impl JetStream {
                     );
                     self.streams_write().insert(name, s);
                 }
-                Err(e) => crate::error!("Could not restore stream {name}: {e}"),
+                Err(e) => crate::error!(server.log, "Could not restore stream {name}: {e}"),
             }
         }
         Ok(())
@@ -184,10 +218,7 @@ impl JetStream {
     /// How many bytes `stream` may hold under the server-wide memory or file store limit
     /// (`jetstream { max_memory_store, max_file_store }`), or None when unlimited.
     pub fn store_budget(&self, stream: &Stream) -> Option<u64> {
-        let limit = match stream.storage {
-            StorageType::Memory => self.max_memory,
-            StorageType::File => self.max_store,
-        };
+        let limit = self.storage_limit(stream.storage);
         if limit < 0 {
             return None;
         }
@@ -198,6 +229,21 @@ impl JetStream {
             .map(|s| s.bytes.load(Ordering::Relaxed))
             .sum();
         Some((limit as u64).saturating_sub(others))
+    }
+
+    /// The storage limit for `storage`: the server's, or the account's (`accounts { A: {
+    /// jetstream: { max_mem, max_file } } }`) where that is lower; -1 = none.
+    pub fn storage_limit(&self, storage: StorageType) -> i64 {
+        let acc = self.account.config().jetstream;
+        let (server, account) = match storage {
+            StorageType::Memory => (self.max_memory, acc.max_mem),
+            StorageType::File => (self.max_store, acc.max_file),
+        };
+        match (server < 0, account < 0) {
+            (true, _) => account,
+            (false, true) => server,
+            (false, false) => server.min(account),
+        }
     }
 
     /// The `max_bytes` that streams of this storage type reserve (all but `except`).
@@ -235,19 +281,21 @@ impl JetStream {
     /// Closes every store (saving indexes for a fast restart).
     pub fn shutdown(&self) {
         for s in self.streams() {
+            s.save_source_positions(true);
+            s.stop_sourcing();
             for c in s.consumer_list() {
                 c.flush_state();
             }
             let mut inner = s.lock();
             if let Err(e) = inner.store.sync().and_then(|_| inner.store.close()) {
-                crate::error!("Stream {}: error closing store: {e}", s.name);
+                crate::error!(self.log, "Stream {}: error closing store: {e}", s.name);
             }
         }
     }
 }
 
 async fn api_loop(js: Arc<JetStream>, server: Arc<Server>, mut rx: crate::inqueue::Receiver) {
-    let mut router = Router::new(0x4a53);
+    let mut router = Router::new(js.account.clone(), 0x4a53);
     let mut batch = Vec::new();
     // Handle a batch of what is queued, then wake the writers once.
     while rx.recv_many(&mut batch, 256, 1024 * 1024).await > 0 {
@@ -263,6 +311,7 @@ async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
     let mut shutdown = server.shutdown_rx();
     let tick = Duration::from_millis(100);
     let mut last_sync = std::time::Instant::now();
+    let mut router = Router::new(js.account.clone(), 0x4d41);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
@@ -270,16 +319,9 @@ async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
         }
         let now = now_nanos();
         for s in js.streams() {
+            s.run_expiry(&server, &mut router, now);
+            s.save_source_positions(false);
             let mut inner = s.lock();
-            if inner.config.max_age > 0 {
-                if let Err(e) = inner.store.expire(now) {
-                    crate::error!("Stream {}: expiry failed: {e}", s.name);
-                }
-                s.refresh_bytes(&inner);
-            }
-            if inner.has_ttls() && inner.expire_ttls(now) > 0 {
-                s.refresh_bytes(&inner);
-            }
             if inner.store.needs_sync() {
                 // Damage a read found is recorded durably (the loss is reported however the
                 // server stops next).
@@ -320,9 +362,17 @@ async fn compaction_loop(js: Arc<JetStream>, server: Arc<Server>) {
             busy |= matches!(r, Ok(n) if n > 0);
             match r {
                 Ok(n) => {
-                    crate::debug!("Stream {}: compacted segment {seg}, {n} bytes back", s.name)
+                    crate::debug!(
+                        server.log,
+                        "Stream {}: compacted segment {seg}, {n} bytes back",
+                        s.name
+                    )
                 }
-                Err(e) => crate::warn!("Stream {}: compacting segment {seg} failed: {e}", s.name),
+                Err(e) => crate::warn!(
+                    server.log,
+                    "Stream {}: compacting segment {seg} failed: {e}",
+                    s.name
+                ),
             }
         }
         // Right away while there is work; otherwise look again in a second.
@@ -369,12 +419,9 @@ fn reply_headers(server: &Server, router: &mut Router, to: &Bytes, hdr: Vec<u8>,
     );
 }
 
-/// The JetStream domain, once JetStream has started with one.
-pub static DOMAIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-/// The configured JetStream domain, if any.
-pub fn domain() -> Option<&'static str> {
-    DOMAIN.get().map(String::as_str)
+/// The server's JetStream domain, if one is configured.
+pub fn domain(server: &Server) -> Option<&str> {
+    server.opts.jetstream_domain.as_deref()
 }
 
 /// `$JS.<domain>.API.X` is `$JS.API.X` (the reference maps the prefix): the request is
@@ -388,7 +435,7 @@ fn relay_domain_request(js: &JetStream, server: &Server, m: &InMsg) {
     let mut subject = b"$JS.API.".to_vec();
     subject.extend_from_slice(rest);
     let subject = Bytes::from(subject);
-    let mut router = Router::new(m.origin).with_origin(m.origin);
+    let mut router = Router::new(js.account.clone(), m.origin).with_origin(m.origin);
     router.route(
         server,
         &Outgoing {
@@ -572,12 +619,16 @@ fn account_info(js: &JetStream) -> Fields {
             .sum::<usize>()
             .into(),
     );
+    // The account's own limits (-1: none).
+    let l = js.account.config().jetstream;
     f.insert(
         "limits".into(),
         serde_json::json!({
-            "max_memory": -1, "max_storage": -1, "max_streams": -1,
-            "max_consumers": -1, "max_ack_pending": -1, "memory_max_stream_bytes": -1,
-            "storage_max_stream_bytes": -1, "max_bytes_required": false
+            "max_memory": l.max_mem, "max_storage": l.max_file, "max_streams": l.max_streams,
+            "max_consumers": l.max_consumers, "max_ack_pending": l.max_ack_pending,
+            "memory_max_stream_bytes": l.mem_max_stream_bytes,
+            "storage_max_stream_bytes": l.disk_max_stream_bytes,
+            "max_bytes_required": l.max_bytes_required
         }),
     );
     if let Some(d) = &js.domain {
@@ -594,11 +645,12 @@ fn account_info(js: &JetStream) -> Fields {
     f
 }
 
-/// `config, created, state, [cluster], ts` of one stream.
+/// `config, created, state, [domain, cluster], ts` of one stream; `cluster` is the
+/// JetStream whose server leads it (a single server: always this one).
 fn stream_fields(
     s: &Stream,
     dynamic_meta: bool,
-    cluster: Option<&str>,
+    cluster: Option<&JetStream>,
     subjects_filter: Option<&str>,
     deleted_details: bool,
 ) -> Fields {
@@ -619,12 +671,18 @@ fn stream_fields(
             deleted.as_deref(),
         ),
     );
-    if let Some(leader) = cluster {
+    if let Some(js) = cluster {
         // Stream info names the domain before the cluster, as the reference.
-        if let Some(d) = domain() {
-            f.insert("domain".into(), d.into());
+        if let Some(d) = &js.domain {
+            f.insert("domain".into(), d.clone().into());
         }
-        f.insert("cluster".into(), serde_json::json!({ "leader": leader }));
+        f.insert(
+            "cluster".into(),
+            serde_json::json!({ "leader": js.server_name }),
+        );
+    }
+    for (k, v) in s.sourcing_info() {
+        f.insert(k.into(), v);
     }
     f.insert("ts".into(), rfc3339(now_nanos()).into());
     f
@@ -679,10 +737,30 @@ fn check_resources(
     cfg: &StreamConfig,
     except: Option<&str>,
 ) -> Result<(), ApiError> {
-    let (limit, err) = match cfg.storage {
-        StorageType::Memory => (js.max_memory, ApiError::insufficient_memory()),
-        StorageType::File => (js.max_store, ApiError::insufficient_storage()),
+    let limit = js.storage_limit(cfg.storage);
+    let err = match cfg.storage {
+        StorageType::Memory => ApiError::insufficient_memory(),
+        StorageType::File => ApiError::insufficient_storage(),
     };
+    let acc = js.account.config().jetstream;
+    if acc.max_bytes_required && cfg.max_bytes <= 0 {
+        return Err(ApiError::new(
+            400,
+            10113,
+            "account requires a stream config to have max bytes set",
+        ));
+    }
+    let per_stream = match cfg.storage {
+        StorageType::Memory => acc.mem_max_stream_bytes,
+        StorageType::File => acc.disk_max_stream_bytes,
+    };
+    if per_stream > 0 && cfg.max_bytes > per_stream {
+        return Err(ApiError::new(
+            400,
+            10122,
+            "stream max bytes exceeds account limit max stream bytes",
+        ));
+    }
     if limit < 0 {
         return Ok(());
     }
@@ -703,12 +781,13 @@ fn stream_create(
     name: &str,
     body: &[u8],
 ) -> Result<Fields, ApiError> {
-    let cfg = parse_config(js, name, body)?;
-    if cfg.mirror_direct && cfg.mirror.as_ref().is_none_or(Value::is_null) {
+    let mut cfg = parse_config(js, name, body)?;
+    if cfg.mirror_direct && cfg.mirror.is_none() {
         return Err(ApiError::invalid_config(
             "stream has no mirror but does have mirror direct",
         ));
     }
+    sourcing::check_with_streams(js, &mut cfg)?;
     if let Some(existing) = js.stream(name) {
         let mut current = existing.config();
         current.metadata.remove(stream::REQ_LEVEL_KEY);
@@ -721,8 +800,17 @@ fn stream_create(
         f.insert("did_create".into(), true.into());
         return Ok(f);
     }
+    sourcing::check_filters(&cfg)?;
     check_overlap(js, &cfg)?;
     check_resources(js, &cfg, None)?;
+    let max_streams = js.account.config().jetstream.max_streams;
+    if max_streams >= 0 && js.streams().len() as i64 >= max_streams {
+        return Err(ApiError::new(
+            400,
+            10027,
+            "maximum number of streams reached",
+        ));
+    }
     let dir = js.streams_dir.join(name);
     let meta = StreamMeta {
         config: cfg,
@@ -737,8 +825,24 @@ fn stream_create(
             format!("could not create stream: {e}"),
         ));
     }
-    let s = Stream::open(server, &dir, meta, js.sync_interval.is_none())
-        .map_err(|e| ApiError::new(500, 10049, e))?;
+    let first_seq = meta.config.first_seq;
+    let s = Stream::open(
+        server,
+        &js.account,
+        &dir,
+        meta,
+        js.sync_interval.is_none(),
+        &js.index_cache,
+    )
+    .map_err(|e| ApiError::new(500, 10049, e))?;
+    if first_seq > 1 {
+        let mut inner = s.lock();
+        inner
+            .store
+            .skip_to(first_seq)
+            .and_then(|_| inner.store.sync())
+            .map_err(|e| ApiError::new(500, 10049, format!("could not create stream: {e}")))?;
+    }
     js.streams_write().insert(name.to_string(), s.clone());
     advisory::stream_action(server, router, name, advisory::Action::Create);
     let mut f = stream_fields(&s, true, None, None, false);
@@ -753,10 +857,16 @@ fn stream_update(
     name: &str,
     body: &[u8],
 ) -> Result<Fields, ApiError> {
-    let cfg = parse_config(js, name, body)?;
+    let mut cfg = parse_config(js, name, body)?;
     let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
     let old = s.config();
     old.check_update(&cfg)?;
+    if cfg.mirror_direct && cfg.mirror.is_none() {
+        return Err(ApiError::invalid_config(
+            "stream has no mirror but does have mirror direct",
+        ));
+    }
+    sourcing::check_with_streams(js, &mut cfg)?;
     check_consumer_limits(&s, &old, &cfg)?;
     check_overlap(js, &cfg)?;
     check_resources(js, &cfg, Some(name))?;
@@ -767,10 +877,14 @@ fn stream_update(
             .set_limits(cfg.limits())
             .map_err(|e| ApiError::update_failed(e.to_string()))?;
         inner.config = cfg.clone();
+        inner.compile();
         s.refresh_bytes(&inner);
     }
     if old.subjects != cfg.subjects {
-        s.subscribe(server);
+        s.subscribe();
+    }
+    if old.mirror != cfg.mirror || old.sources != cfg.sources {
+        s.restart_sourcing(server);
     }
     s.persist_meta()
         .map_err(|e| ApiError::update_failed(format!("could not save stream config: {e}")))?;
@@ -829,7 +943,7 @@ fn stream_info(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiErr
     let mut inner_fields = stream_fields(
         &s,
         true,
-        Some(&server_name_of(js)),
+        Some(js),
         req.subjects_filter.as_deref(),
         req.deleted_details,
     );
@@ -871,13 +985,6 @@ fn stream_info(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiErr
     f.extend(inner_fields);
     Ok(f)
 }
-
-fn server_name_of(_js: &JetStream) -> String {
-    SERVER_NAME.get().cloned().unwrap_or_default()
-}
-
-/// The server name, for `cluster.leader` in stream info (single node: always us).
-pub static SERVER_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
@@ -927,7 +1034,8 @@ fn stream_delete(
         .streams_write()
         .remove(name)
         .ok_or_else(ApiError::stream_not_found)?;
-    s.unsubscribe(server);
+    s.stop_sourcing();
+    s.unsubscribe();
     // Its consumers go with it: subscriptions removed, tasks ended, waiting pulls told
     // `409 Consumer Deleted` (the reference). Their state is under the stream's directory.
     let consumers = std::mem::take(&mut *s.consumers_lock());
@@ -943,11 +1051,15 @@ fn stream_delete(
             Box::new(keel_store::mem::MemStore::new(Default::default())),
         );
         if let Err(e) = store.destroy() {
-            crate::error!("Stream {name}: could not remove its data: {e}");
+            crate::error!(server.log, "Stream {name}: could not remove its data: {e}");
         }
     }
     if let Err(e) = files::meta().remove_dir_all(&s.dir) {
-        crate::error!("Stream {name}: could not remove {}: {e}", s.dir.display());
+        crate::error!(
+            server.log,
+            "Stream {name}: could not remove {}: {e}",
+            s.dir.display()
+        );
     }
     advisory::stream_action(server, router, name, advisory::Action::Delete);
     let mut f = Fields::new();
@@ -1098,8 +1210,16 @@ fn direct_get(
     subject: Option<&str>,
     body: &[u8],
 ) {
-    let s = js.stream(name);
-    let Some(s) = s.filter(|s| s.lock().config.allow_direct) else {
+    // A caught-up mirror with mirror_direct answers for its origin when the origin cannot.
+    let s = js
+        .stream(name)
+        .filter(|s| s.lock().config.allow_direct)
+        .or_else(|| {
+            js.streams()
+                .into_iter()
+                .find(|m| m.serves_mirror_direct(name))
+        });
+    let Some(s) = s else {
         // Nobody serves direct gets for this stream: the no-responders status.
         let hdr = encode::status_headers("503", &[]);
         reply_headers(server, router, reply_to, hdr.to_vec(), b"");
@@ -1193,7 +1313,11 @@ impl JetStream {
         let dir = stream.dir.join("consumers").join(name);
         if dir.exists() {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
-                crate::error!("Could not remove consumer data {}: {e}", dir.display());
+                crate::error!(
+                    server.log,
+                    "Could not remove consumer data {}: {e}",
+                    dir.display()
+                );
             }
         }
         if stream.retention() == stream::Retention::Interest {
@@ -1389,6 +1513,19 @@ fn create_consumer(
     if let Some(d) = cfg.durable_name.clone().filter(|d| !d.is_empty()) {
         cfg.name = Some(d);
     }
+    // The account's max_ack_pending is the default and the ceiling.
+    let ack_limit = js.account.config().jetstream.max_ack_pending;
+    if ack_limit > 0 && cfg.ack_policy != consumer::AckPolicy::None {
+        if cfg.max_ack_pending == 0 {
+            cfg.max_ack_pending = ack_limit;
+        } else if cfg.max_ack_pending > ack_limit || cfg.max_ack_pending < 0 {
+            return Err(ApiError::new(
+                400,
+                10121,
+                format!("consumer max ack pending exceeds system limit of {ack_limit}"),
+            ));
+        }
+    }
     let cfg = cfg.normalize(scfg.retention)?;
     if let Some(ds) = &cfg.deliver_subject {
         // Delivering into the stream's own subjects would store every delivery again.
@@ -1441,6 +1578,18 @@ fn create_consumer(
     if scfg.max_consumers > 0 && consumers.len() as i64 >= scfg.max_consumers {
         return Err(ApiError::new(400, 10026, "maximum consumers limit reached"));
     }
+    // The account's limit counts the consumers of all its streams.
+    let account_max = js.account.config().jetstream.max_consumers;
+    if account_max >= 0
+        && js
+            .streams()
+            .iter()
+            .map(|s| s.consumer_list().len())
+            .sum::<usize>() as i64
+            >= account_max
+    {
+        return Err(ApiError::new(400, 10026, "maximum consumers limit reached"));
+    }
     if scfg.retention == stream::Retention::Workqueue {
         let mine = cfg.filters();
         for o in &consumers {
@@ -1485,7 +1634,11 @@ fn create_consumer(
         c.stop(server, router);
         if let Some(d) = cdir {
             if let Err(e) = files::meta().remove_dir_all(&d) {
-                crate::error!("Could not remove consumer data {}: {e}", d.display());
+                crate::error!(
+                    server.log,
+                    "Could not remove consumer data {}: {e}",
+                    d.display()
+                );
             }
         }
         return Err(ApiError::new(

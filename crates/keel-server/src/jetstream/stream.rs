@@ -15,6 +15,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::api::ApiError;
+use super::counter;
+use super::republish::{self, RePublish, Republisher};
+use super::sourcing::{self, SourcedBatch, StreamSource, SubjectTransformConfig, Taken};
+use super::transform::{validate_mapping, Transform};
+use crate::account::Account;
 use crate::client::{ClientHandle, InMsg};
 use crate::router::{Outgoing, Router};
 use crate::server::Server;
@@ -34,6 +39,9 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+fn is_zero_u64(n: &u64) -> bool {
     *n == 0
 }
 fn none_str() -> String {
@@ -81,7 +89,11 @@ pub struct StreamConfig {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    #[serde(default, deserialize_with = "null_default")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub subjects: Vec<String>,
     #[serde(default)]
     pub retention: Retention,
@@ -107,10 +119,25 @@ pub struct StreamConfig {
     pub num_replicas: i64,
     #[serde(default, skip_serializing_if = "is_false")]
     pub no_ack: bool,
-    #[serde(default)]
+    /// Zero only for mirrors and streams with sources (no deduplication), as the reference.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub duplicate_window: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<StreamSource>,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_default"
+    )]
+    pub sources: Vec<StreamSource>,
     #[serde(default = "none_str")]
     pub compression: String,
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub first_seq: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject_transform: Option<SubjectTransformConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub republish: Option<RePublish>,
     #[serde(default)]
     pub allow_direct: bool,
     #[serde(default)]
@@ -129,22 +156,12 @@ pub struct StreamConfig {
     pub allow_msg_ttl: bool,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub subject_delete_marker_ttl: i64,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_msg_counter: bool,
     #[serde(default, deserialize_with = "null_default")]
     pub metadata: BTreeMap<String, String>,
     // Features Keel does not implement: accepted only when absent or empty, so that a
     // config relying on them is refused with a clear error instead of silently ignored.
-    #[serde(default, skip_serializing)]
-    pub mirror: Option<Value>,
-    #[serde(default, skip_serializing)]
-    pub sources: Option<Vec<Value>>,
-    #[serde(default, skip_serializing)]
-    pub republish: Option<Value>,
-    #[serde(default, skip_serializing)]
-    pub subject_transform: Option<Value>,
-    #[serde(default, skip_serializing)]
-    pub first_seq: Option<u64>,
-    #[serde(default, skip_serializing)]
-    pub allow_msg_counter: Option<bool>,
     #[serde(default, skip_serializing)]
     pub allow_atomic: Option<bool>,
     #[serde(default, skip_serializing)]
@@ -223,28 +240,6 @@ impl StreamConfig {
                 "stream name is too long, maximum allowed is {MAX_NAME_LEN}"
             )));
         }
-        if self.mirror.as_ref().is_some_and(|m| !m.is_null()) {
-            return Err(ApiError::not_supported("stream mirroring"));
-        }
-        if self.sources.as_ref().is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::not_supported("stream sourcing"));
-        }
-        if self.republish.as_ref().is_some_and(|r| !r.is_null()) {
-            return Err(ApiError::not_supported("republish"));
-        }
-        if self
-            .subject_transform
-            .as_ref()
-            .is_some_and(|r| !r.is_null())
-        {
-            return Err(ApiError::not_supported("subject transforms"));
-        }
-        if self.first_seq.is_some_and(|s| s > 1) {
-            return Err(ApiError::not_supported("first_seq"));
-        }
-        if self.allow_msg_counter == Some(true) {
-            return Err(ApiError::not_supported("message counters"));
-        }
         if self.allow_atomic == Some(true) {
             return Err(ApiError::not_supported("atomic batch publishing"));
         }
@@ -260,9 +255,6 @@ impl StreamConfig {
             .is_some_and(|p| !p.is_null() && p != "default")
         {
             return Err(ApiError::not_supported("persist_mode"));
-        }
-        if self.subject_delete_marker_ttl > 0 {
-            return Err(ApiError::not_supported("subject delete markers"));
         }
         match self.compression.as_str() {
             "" | "none" => self.compression = "none".into(),
@@ -293,7 +285,8 @@ impl StreamConfig {
                 "duplicates window can not be negative",
             ));
         }
-        if self.duplicate_window == 0 {
+        let sourcing = self.mirror.is_some() || !self.sources.is_empty();
+        if self.duplicate_window == 0 && !sourcing {
             self.duplicate_window = if self.max_age > 0 && self.max_age < DEFAULT_DUPLICATE_WINDOW {
                 self.max_age
             } else {
@@ -305,7 +298,7 @@ impl StreamConfig {
                 "duplicates window can not be larger then max age",
             ));
         }
-        if self.duplicate_window < 100_000_000 {
+        if self.duplicate_window > 0 && self.duplicate_window < 100_000_000 {
             return Err(ApiError::invalid_config(
                 "duplicates window needs to be >= 100ms",
             ));
@@ -327,6 +320,40 @@ impl StreamConfig {
                 ));
             }
         }
+        if self.allow_msg_counter {
+            let bad = if self.discard == DiscardPolicy::New {
+                Some("counter stream cannot use discard new")
+            } else if self.allow_msg_ttl {
+                Some("counter stream cannot use message TTLs")
+            } else if self.allow_msg_schedules == Some(true) {
+                Some("counter stream cannot use message schedules")
+            } else if self.retention != Retention::Limits {
+                Some("counter stream can only use limits retention")
+            } else {
+                None
+            };
+            if let Some(text) = bad {
+                return Err(ApiError::invalid_config(text));
+            }
+        }
+        // Markers are stored with a TTL and roll up their subject, so both get enabled.
+        if self.subject_delete_marker_ttl > 0 {
+            if self.subject_delete_marker_ttl < 1_000_000_000 {
+                return Err(ApiError::invalid_config(
+                    "subject delete marker TTL must be at least 1 second",
+                ));
+            }
+            self.allow_msg_ttl = true;
+            if !self.allow_rollup_hdrs {
+                self.allow_rollup_hdrs = true;
+                self.deny_purge = false;
+            }
+        } else if self.subject_delete_marker_ttl < 0 {
+            return Err(ApiError::invalid_config(
+                "subject delete marker TTL must not be negative",
+            ));
+        }
+        sourcing::check_config(&self)?;
         for v in [
             &mut self.max_msgs,
             &mut self.max_bytes,
@@ -340,7 +367,7 @@ impl StreamConfig {
         if self.max_msg_size == 0 {
             self.max_msg_size = -1;
         }
-        if self.subjects.is_empty() {
+        if self.subjects.is_empty() && !sourcing {
             self.subjects = vec![self.name.clone()];
         }
         let mut seen = std::collections::HashSet::new();
@@ -371,10 +398,28 @@ impl StreamConfig {
                 }
             }
         }
+        if let Some(t) = &self.subject_transform {
+            if !t.src.is_empty() && !subject::valid_subscribe(t.src.as_bytes()) {
+                return Err(ApiError::new(
+                    400,
+                    10155,
+                    format!("stream transform source: invalid subject {}", t.src),
+                ));
+            }
+            validate_mapping(&t.src, &t.dest)
+                .map_err(|e| ApiError::new(400, 10156, format!("stream transform: {e}")))?;
+        }
+        republish::check(&mut self)?;
         for k in DYNAMIC_META {
             self.metadata.remove(k);
         }
-        let level = if self.allow_msg_ttl { "1" } else { "0" };
+        let level = if self.allow_msg_counter {
+            "2"
+        } else if self.allow_msg_ttl {
+            "1"
+        } else {
+            "0"
+        };
         self.metadata.insert(REQ_LEVEL_KEY.into(), level.into());
         Ok(self)
     }
@@ -411,6 +456,18 @@ impl StreamConfig {
         if self.deny_purge && !new.deny_purge {
             return Err(ApiError::invalid_config(
                 "stream configuration update can not cancel deny purge",
+            ));
+        }
+        if new.mirror.is_some() && new.mirror != self.mirror {
+            return Err(ApiError::new(
+                400,
+                10055,
+                "stream mirror configuration can not be updated",
+            ));
+        }
+        if self.allow_msg_counter != new.allow_msg_counter {
+            return Err(ApiError::invalid_config(
+                "stream configuration update can not change message counter setting",
             ));
         }
         if self.allow_msg_ttl && !new.allow_msg_ttl {
@@ -507,6 +564,20 @@ pub struct StreamInner {
     storage_down: Option<(std::time::Instant, String)>,
     /// A store write in the current batch failed: the batch must be rolled back.
     io_error: bool,
+    /// `subject_transform`, applied to every message before anything else.
+    input_tr: Option<Transform>,
+    republisher: Option<Republisher>,
+    /// Republishes decided for stored messages, sent once their batch is synced.
+    republish_out: Vec<republish::Pending>,
+}
+
+/// Where a message to store comes from: the decision differs (a sourced message was
+/// checked by its origin; a mirrored one keeps its origin's sequence and time).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Intake {
+    Publish,
+    Sourced,
+    Mirrored { seq: u64, ts: i64 },
 }
 
 pub struct Stream {
@@ -523,38 +594,76 @@ pub struct Stream {
     /// Sync before acknowledging (the default); otherwise a timer syncs.
     sync_always: bool,
     pub consumers: Mutex<BTreeMap<String, Arc<super::consumer::Consumer>>>,
+    /// The last sequence whose batch is committed, watched by streams that source this one.
+    committed: tokio::sync::watch::Sender<u64>,
+    /// Batches from this stream's sources or mirror, taken by its writer.
+    sourced_tx: tokio::sync::mpsc::Sender<SourcedBatch>,
+    /// The running sources or mirror (None when it has neither).
+    sourcing: Mutex<Option<sourcing::Sourcing>>,
+    /// Origin identities per source index name, and whether positions await saving.
+    source_idents: Mutex<(HashMap<String, String>, bool)>,
+    /// Bumped (under the stream lock) each time the sources restart; see [`SourcedBatch`].
+    sourcing_gen: AtomicU64,
 }
 
 /// The outcome of one publish.
-enum PubResult {
+pub(super) enum PubResult {
     Stored(u64),
+    /// Stored on a counter stream, with the subject's new total.
+    Counted(u64, String),
     Duplicate(u64),
     Error(ApiError),
+}
+
+impl PubResult {
+    pub(super) fn stored(&self) -> bool {
+        matches!(self, PubResult::Stored(_) | PubResult::Counted(..))
+    }
 }
 
 impl Stream {
     /// Opens (or creates) a stream's store and subscribes to its subjects.
     pub fn open(
         server: &Arc<Server>,
+        account: &Arc<Account>,
         dir: &Path,
         meta: StreamMeta,
         sync_always: bool,
+        index_cache: &keel_store::SharedCache,
     ) -> Result<Arc<Stream>, String> {
         let config = meta.config;
         let store: Box<dyn Store> = match config.storage {
             StorageType::Memory => Box::new(keel_store::mem::MemStore::new(config.limits())),
             StorageType::File => {
                 let msgs = dir.join("msgs");
-                let (mut fs, report) = keel_store::file::FileStore::open(&msgs, config.limits())
-                    .map_err(|e| e.to_string())?;
-                super::files::log_recovery(&config.name, &msgs, &report, Some(&fs.state()));
-                crate::debug!("Stream {} recovery: {report:?}", config.name);
-                fs.set_observer(super::files::observer(config.name.clone(), msgs));
+                let (mut fs, report) = keel_store::file::FileStore::open_with(
+                    &msgs,
+                    config.limits(),
+                    keel_store::file::FileStoreConfig {
+                        index_cache: Some(index_cache.clone()),
+                        ..Default::default()
+                    },
+                )
+                .map_err(|e| e.to_string())?;
+                super::files::log_recovery(
+                    &server.log,
+                    &config.name,
+                    &msgs,
+                    &report,
+                    Some(&fs.state()),
+                );
+                crate::debug!(server.log, "Stream {} recovery: {report:?}", config.name);
+                fs.set_observer(super::files::observer(
+                    server.log.clone(),
+                    config.name.clone(),
+                    msgs,
+                ));
                 Box::new(fs)
             }
         };
         let (handle, rx) = ClientHandle::internal(
-            server.next_client_id(),
+            server,
+            account,
             format!("stream {}", config.name),
             crate::inqueue::STREAM_QUEUE_BYTES,
         );
@@ -566,10 +675,17 @@ impl Stream {
             last_msg_id: String::new(),
             storage_down: None,
             io_error: false,
+            input_tr: None,
+            republisher: None,
+            republish_out: Vec::new(),
         };
+        inner.compile();
         inner.rebuild_dedup();
         inner.rebuild_ttls();
         let bytes = inner.store.state().bytes;
+        let (committed, _) = tokio::sync::watch::channel(inner.store.state().last_seq);
+        // Each source has at most one batch in flight, so a few slots are enough.
+        let (sourced_tx, sourced_rx) = tokio::sync::mpsc::channel(8);
         let stream = Arc::new(Stream {
             name: inner.config.name.clone(),
             created: meta.created,
@@ -581,10 +697,16 @@ impl Stream {
             bytes: AtomicU64::new(bytes),
             sync_always,
             consumers: Mutex::new(BTreeMap::new()),
+            committed,
+            sourced_tx,
+            sourcing: Mutex::new(None),
+            source_idents: Mutex::new((HashMap::new(), false)),
+            sourcing_gen: AtomicU64::new(0),
         });
-        stream.subscribe(server);
+        stream.subscribe();
         stream.recover_consumers(server);
-        tokio::spawn(publish_loop(stream.clone(), server.clone(), rx));
+        server.spawn(publish_loop(stream.clone(), server.clone(), rx, sourced_rx));
+        stream.restart_sourcing(server);
         Ok(stream)
     }
 
@@ -596,7 +718,7 @@ impl Stream {
         };
         for e in entries.flatten() {
             let cdir = e.path();
-            match super::consumer::read_meta(&cdir) {
+            match super::consumer::read_meta(&cdir, &server.log) {
                 Ok(meta) => {
                     let name = e.file_name().to_string_lossy().into_owned();
                     let c = super::consumer::Consumer::start(
@@ -611,12 +733,15 @@ impl Stream {
                 Err(_) if leftover(&cdir) => {
                     // An interrupted create (an older Keel left these on a full disk).
                     crate::warn!(
+                        server.log,
                         "Removing {}: a consumer directory with no config in it",
                         cdir.display()
                     );
                     let _ = super::files::meta().remove_dir_all(&cdir);
                 }
-                Err(err) => crate::error!("Skipping consumer in {}: {err}", cdir.display()),
+                Err(err) => {
+                    crate::error!(server.log, "Skipping consumer in {}: {err}", cdir.display())
+                }
             }
         }
     }
@@ -644,12 +769,22 @@ impl Stream {
         self.lock().config.clone()
     }
 
-    /// (Re)subscribes to the config's subjects.
-    pub fn subscribe(&self, server: &Server) {
+    /// The server's log (the stream's handle carries it).
+    pub fn handle_log(&self) -> &crate::log::Log {
+        self.handle.log()
+    }
+
+    /// The account the stream serves.
+    pub fn account(&self) -> &Arc<Account> {
+        self.handle.account()
+    }
+
+    /// (Re)subscribes to the config's subjects, in the stream's account.
+    pub fn subscribe(&self) {
         let subjects = self.lock().config.subjects.clone();
         let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
         for s in subs.drain(..) {
-            server.sublist.remove(&s);
+            self.account().sublist.remove(&s);
         }
         for (i, subj) in subjects.iter().enumerate() {
             let sub = Arc::new(Sub {
@@ -660,15 +795,15 @@ impl Stream {
                 max: AtomicU64::new(0),
                 delivered: AtomicU64::new(0),
             });
-            server.sublist.insert(sub.clone());
+            self.account().sublist.insert(sub.clone());
             subs.push(sub);
         }
     }
 
-    pub fn unsubscribe(&self, server: &Server) {
+    pub fn unsubscribe(&self) {
         let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
         for s in subs.drain(..) {
-            server.sublist.remove(&s);
+            self.account().sublist.remove(&s);
         }
         // Closing the handle ends the publish loop once its queue drains.
         self.handle
@@ -694,8 +829,14 @@ impl Stream {
 
     /// Stores a batch and returns the ack for each message that asked for one. With
     /// sync-always the acks are only produced after the batch is on disk.
-    /// `budget`: bytes this stream may still add under the server-wide store limit.
-    fn process_batch(&self, batch: &mut Vec<InMsg>, budget: Option<u64>) -> Vec<(Bytes, Vec<u8>)> {
+    /// `budget`: bytes this stream may still add under the server-wide store limit;
+    /// `domain`: the JetStream domain that acks name.
+    fn process_batch(
+        &self,
+        batch: &mut Vec<InMsg>,
+        budget: Option<u64>,
+        domain: Option<&str>,
+    ) -> Vec<(Bytes, Vec<u8>)> {
         // Interest retention keeps a message only while some consumer wants its subject.
         let interest: Option<Vec<Vec<String>>> =
             (self.retention() == Retention::Interest).then(|| {
@@ -721,27 +862,25 @@ impl Stream {
                 _ => inner.process(&m),
             };
             if let (PubResult::Stored(seq), Some(filters)) = (&r, &interest) {
+                let stored = inner.stored_subject(&m.subject);
                 let wanted = filters.iter().any(|f| {
-                    f.is_empty() || f.iter().any(|p| subject::matches(p.as_bytes(), &m.subject))
+                    f.is_empty() || f.iter().any(|p| subject::matches(p.as_bytes(), &stored))
                 });
                 if !wanted {
                     let _ = inner.store.remove(*seq, false);
                 }
             }
-            stored_any |= matches!(r, PubResult::Stored(_));
+            stored_any |= r.stored();
             results.push((m.reply, r));
         }
         // A memory store's sync is a no-op; a file store's is the group commit. After a
         // failed write the sync rolls the batch back, so none of it may be acknowledged.
         if (stored_any && self.sync_always) || inner.io_error {
             let r = inner.store.sync();
-            let n = results
-                .iter()
-                .filter(|(_, r)| matches!(r, PubResult::Stored(_)))
-                .count();
-            inner.storage_result(&self.name, r, n, |text| {
+            let n = results.iter().filter(|(_, r)| r.stored()).count();
+            inner.storage_result(self.handle.log(), &self.name, r, n, |text| {
                 for (_, r) in results.iter_mut() {
-                    if matches!(r, PubResult::Stored(_)) {
+                    if r.stored() {
                         *r = PubResult::Error(ApiError::new(503, 10077, text.to_string()));
                     }
                 }
@@ -752,7 +891,7 @@ impl Stream {
         drop(inner);
         results
             .into_iter()
-            .filter_map(|(reply, r)| reply.map(|reply| (reply, pub_ack(&name, &r))))
+            .filter_map(|(reply, r)| reply.map(|reply| (reply, pub_ack(&name, domain, &r))))
             .collect()
     }
 
@@ -760,19 +899,23 @@ impl Stream {
     pub fn sync(&self) {
         let mut inner = self.lock();
         let r = inner.store.sync();
-        inner.storage_result(&self.name, r, 0, |_| {});
+        inner.storage_result(self.handle.log(), &self.name, r, 0, |_| {});
     }
 }
 
-fn pub_ack(stream: &str, r: &PubResult) -> Vec<u8> {
+fn pub_ack(stream: &str, domain: Option<&str>, r: &PubResult) -> Vec<u8> {
     let name = serde_json::to_string(stream).expect("string serializes");
     // With a JetStream domain, successful acks name it (errors do not), as the reference.
-    let domain = super::domain()
+    let domain = domain
         .map(|d| format!(",\"domain\":{}", serde_json::to_string(d).expect("string")))
         .unwrap_or_default();
     match r {
         PubResult::Stored(seq) => {
             format!("{{\"stream\":{name}{domain},\"seq\":{seq}}}").into_bytes()
+        }
+        PubResult::Counted(seq, val) => {
+            let val = serde_json::to_string(val).expect("string serializes");
+            format!("{{\"stream\":{name}{domain},\"seq\":{seq},\"val\":{val}}}").into_bytes()
         }
         // The one non-compact JSON the reference sends: a space after the colon.
         PubResult::Duplicate(seq) => {
@@ -812,10 +955,26 @@ impl StreamInner {
         !self.ttls.is_empty()
     }
 
+    /// Takes the sequences whose `Nats-TTL` has passed (delete-marker streams decide what
+    /// to do with them).
+    pub(super) fn take_expired_ttls(&mut self, now: i64) -> Vec<u64> {
+        let mut out = vec![];
+        while let Some(&(at, seq)) = self.ttls.first() {
+            if at > now {
+                break;
+            }
+            self.ttls.pop_first();
+            out.push(seq);
+        }
+        out
+    }
+
     /// Finds the messages that carry a `Nats-TTL` after a restart (only streams that allow
     /// them; only messages with headers are read).
     fn rebuild_ttls(&mut self) {
-        if !self.config.allow_msg_ttl {
+        // Sourced copies may carry `Nats-TTL: never` even where TTLs are off.
+        let sourced = self.config.mirror.is_some() || !self.config.sources.is_empty();
+        if !self.config.allow_msg_ttl && !sourced {
             return;
         }
         let mut at = self.store.state().first_seq.max(1);
@@ -823,8 +982,10 @@ impl StreamInner {
             at = seq + 1;
             if let Ok(m) = self.store.load(seq) {
                 if let Some(secs) = headers::get_str(&m.hdr, "Nats-TTL").and_then(parse_ttl) {
-                    if secs > 0 {
+                    if secs > 0 && self.config.allow_msg_ttl {
                         self.ttls.insert((m.ts + secs * 1_000_000_000, seq));
+                    } else if secs < 0 {
+                        self.store.exempt_from_max_age(seq);
                     }
                 }
             }
@@ -863,6 +1024,7 @@ impl StreamInner {
     /// publishes are refused for a moment before the next try.
     fn storage_result(
         &mut self,
+        log: &crate::log::Log,
         stream: &str,
         r: Result<(), StoreError>,
         stored: usize,
@@ -872,13 +1034,14 @@ impl StreamInner {
         match r {
             Ok(()) => {
                 if self.storage_down.take().is_some() {
-                    crate::info!("Stream {stream}: storage writable again");
+                    crate::info!(log, "Stream {stream}: storage writable again");
                 }
             }
             Err(e) => {
                 let text = e.to_string();
                 if self.storage_down.is_none() {
                     crate::error!(
+                        log,
                         "Stream {stream}: {text}; {stored} publishes of this batch were not stored and got an error; retrying every {:?}",
                         STORAGE_RETRY
                     );
@@ -889,19 +1052,68 @@ impl StreamInner {
         }
     }
 
+    /// Compiles what the config implies for the write path (a stream update recompiles).
+    pub(super) fn compile(&mut self) {
+        self.input_tr = self
+            .config
+            .subject_transform
+            .as_ref()
+            .and_then(|t| Transform::new(&t.src, &t.dest).ok().flatten());
+        self.republisher = Republisher::new(&self.config);
+    }
+
+    /// The subject a message is stored under (after `subject_transform`).
+    pub(super) fn stored_subject(&self, subject: &Bytes) -> Bytes {
+        match (&self.input_tr, std::str::from_utf8(subject)) {
+            (Some(t), Ok(s)) => t
+                .apply(s)
+                .map(Bytes::from)
+                .unwrap_or_else(|| subject.clone()),
+            _ => subject.clone(),
+        }
+    }
+
+    /// Takes the republishes of what was stored since the last call; none after a failed
+    /// sync (those messages were not acknowledged and may not exist).
+    pub(super) fn take_republish(&mut self) -> Vec<republish::Pending> {
+        let out = std::mem::take(&mut self.republish_out);
+        if self.storage_down.is_some() {
+            return Vec::new();
+        }
+        out
+    }
+
     /// One publish: the reference's checks in its order, then store.
     fn process(&mut self, m: &InMsg) -> PubResult {
+        self.process_parts(&m.subject, m.headers(), m.payload(), Intake::Publish)
+    }
+
+    /// Decides on one message and stores it: the checks a client publish gets (a sourced
+    /// or mirrored one skips those its origin made), the sequence and time, the headers
+    /// stored, then the store write and what follows from it (rollup, TTL, republish).
+    pub(super) fn process_parts(
+        &mut self,
+        subject: &Bytes,
+        hdr: &[u8],
+        data: &[u8],
+        intake: Intake,
+    ) -> PubResult {
         if let Some((until, why)) = &self.storage_down {
             if std::time::Instant::now() < *until {
                 return PubResult::Error(ApiError::new(503, 10077, why.clone()));
             }
         }
+        let publish = intake == Intake::Publish;
         let cfg = &self.config;
         if cfg.sealed {
             return PubResult::Error(ApiError::sealed());
         }
-        let hdr = m.headers();
-        let data = m.payload();
+        let subject = self.stored_subject(subject);
+        if let Intake::Mirrored { seq, .. } = intake {
+            if seq <= self.store.state().last_seq {
+                return PubResult::Duplicate(seq);
+            }
+        }
         if cfg.max_msg_size >= 0 && (hdr.len() + data.len()) as i64 > cfg.max_msg_size as i64 {
             return PubResult::Error(ApiError::new(
                 400,
@@ -919,49 +1131,79 @@ impl StreamInner {
         let now = now_nanos();
         let mut msg_id = None;
         let mut ttl = 0i64;
+        let incr = match counter::increment(hdr) {
+            Ok(i) => i,
+            Err(e) => return PubResult::Error(e),
+        };
+        if incr.is_some() && publish {
+            if !cfg.allow_msg_counter {
+                return PubResult::Error(counter::disabled());
+            }
+            if !data.is_empty() {
+                return PubResult::Error(counter::has_payload());
+            }
+            if counter::conflicting_headers(hdr) {
+                return PubResult::Error(counter::invalid());
+            }
+        }
         if !hdr.is_empty() {
-            if let Some(exp) = headers::get(hdr, "Nats-Expected-Stream") {
-                if exp != cfg.name.as_bytes() {
+            if publish {
+                if let Some(exp) = headers::get(hdr, "Nats-Expected-Stream") {
+                    if exp != cfg.name.as_bytes() {
+                        return PubResult::Error(ApiError::new(
+                            400,
+                            10060,
+                            "expected stream does not match",
+                        ));
+                    }
+                }
+                // Only the sourcing path may write this header (the reference's rule).
+                if headers::get(hdr, "Nats-Stream-Source").is_some_and(|v| !v.is_empty()) {
                     return PubResult::Error(ApiError::new(
                         400,
-                        10060,
-                        "expected stream does not match",
+                        10227,
+                        "message stream source header is not allowed",
                     ));
                 }
             }
-            if let Some(id) = headers::get_str(hdr, "Nats-Msg-Id").filter(|s| !s.is_empty()) {
-                self.dedup.prune(now, cfg.duplicate_window);
-                if let Some(&seq) = self.dedup.ids.get(id) {
-                    return PubResult::Duplicate(seq);
-                }
-                msg_id = Some(id.to_string());
-            }
-            let last_seq = self.store.state().last_seq;
-            if let Some(exp) = headers::get(hdr, "Nats-Expected-Last-Sequence") {
-                if parse_u64(exp) != Some(last_seq) {
-                    return PubResult::Error(wrong_last_seq(last_seq));
+            // A mirror keeps every message of its origin: it does not deduplicate.
+            if !matches!(intake, Intake::Mirrored { .. }) {
+                if let Some(id) = headers::get_str(hdr, "Nats-Msg-Id").filter(|s| !s.is_empty()) {
+                    self.dedup.prune(now, cfg.duplicate_window);
+                    if let Some(&seq) = self.dedup.ids.get(id) {
+                        return PubResult::Duplicate(seq);
+                    }
+                    msg_id = Some(id.to_string());
                 }
             }
-            if let Some(exp) = headers::get_str(hdr, "Nats-Expected-Last-Msg-Id") {
-                if exp != self.last_msg_id {
-                    return PubResult::Error(ApiError::new(
-                        400,
-                        10070,
-                        format!("wrong last msg ID: {}", self.last_msg_id),
-                    ));
+            if publish {
+                let last_seq = self.store.state().last_seq;
+                if let Some(exp) = headers::get(hdr, "Nats-Expected-Last-Sequence") {
+                    if parse_u64(exp) != Some(last_seq) {
+                        return PubResult::Error(wrong_last_seq(last_seq));
+                    }
                 }
-            }
-            if let Some(exp) = headers::get(hdr, "Nats-Expected-Last-Subject-Sequence") {
-                let subj = headers::get_str(hdr, "Nats-Expected-Last-Subject-Sequence-Subject")
-                    .map(str::to_string)
-                    .unwrap_or_else(|| String::from_utf8_lossy(&m.subject).into_owned());
-                let last = self.store.last_seq_for_subject(&subj);
-                if parse_u64(exp) != Some(last) {
-                    return PubResult::Error(wrong_last_seq(last));
+                if let Some(exp) = headers::get_str(hdr, "Nats-Expected-Last-Msg-Id") {
+                    if exp != self.last_msg_id {
+                        return PubResult::Error(ApiError::new(
+                            400,
+                            10070,
+                            format!("wrong last msg ID: {}", self.last_msg_id),
+                        ));
+                    }
+                }
+                if let Some(exp) = headers::get(hdr, "Nats-Expected-Last-Subject-Sequence") {
+                    let subj = headers::get_str(hdr, "Nats-Expected-Last-Subject-Sequence-Subject")
+                        .map(str::to_string)
+                        .unwrap_or_else(|| String::from_utf8_lossy(&subject).into_owned());
+                    let last = self.store.last_seq_for_subject(&subj);
+                    if parse_u64(exp) != Some(last) {
+                        return PubResult::Error(wrong_last_seq(last));
+                    }
                 }
             }
             if let Some(roll) = headers::get_str(hdr, "Nats-Rollup") {
-                if !cfg.allow_rollup_hdrs {
+                if publish && !cfg.allow_rollup_hdrs {
                     return PubResult::Error(ApiError::new(500, 10111, "rollup not permitted"));
                 }
                 if roll != "sub" && roll != "all" {
@@ -973,7 +1215,7 @@ impl StreamInner {
                 }
             }
             if let Some(v) = headers::get_str(hdr, "Nats-TTL") {
-                if !cfg.allow_msg_ttl {
+                if publish && !cfg.allow_msg_ttl {
                     return PubResult::Error(ApiError::new(
                         400,
                         10166,
@@ -992,38 +1234,111 @@ impl StreamInner {
                 }
             }
         }
-        let seq = match self.store.store_msg(&m.subject, hdr, data, now) {
-            Ok(seq) => seq,
+        // A counter stores the subject's new total instead of what was published.
+        let counted;
+        let (hdr, data, total) = match incr {
+            None if cfg.allow_msg_counter => return PubResult::Error(counter::missing()),
+            Some(incr) if cfg.allow_msg_counter => {
+                let last = std::str::from_utf8(&subject)
+                    .ok()
+                    .and_then(|s| self.store.load_last(s).ok());
+                match counter::next(
+                    last.as_ref().map(|m| (&m.hdr[..], &m.data[..])),
+                    hdr,
+                    data,
+                    incr,
+                ) {
+                    Ok(c) => {
+                        counted = c;
+                        if cfg.max_msg_size >= 0
+                            && (counted.0.len() + counted.1.len()) as i64 > cfg.max_msg_size as i64
+                        {
+                            return PubResult::Error(ApiError::new(
+                                400,
+                                10054,
+                                "message size exceeds maximum allowed",
+                            ));
+                        }
+                        (&counted.0[..], &counted.1[..], Some(counted.2.clone()))
+                    }
+                    Err(e) => return PubResult::Error(e),
+                }
+            }
+            _ => (hdr, data, None),
+        };
+        // With delete markers a TTL is at least the marker TTL (so a marker left for the
+        // subject cannot outlive a newer message), and the stored header says so.
+        let sdm = cfg.subject_delete_marker_ttl / 1_000_000_000;
+        let bumped;
+        let hdr = if ttl > 0 && sdm > 0 && cfg.max_msgs_per_subject != 1 && ttl < sdm {
+            ttl = sdm;
+            bumped = super::expiry::with_ttl_header(hdr, sdm);
+            &bumped[..]
+        } else {
+            hdr
+        };
+        let last_on_subject = match &self.republisher {
+            Some(_) => std::str::from_utf8(&subject)
+                .map(|s| self.store.last_seq_for_subject(s))
+                .unwrap_or(0),
+            None => 0,
+        };
+        let stored = match intake {
+            Intake::Mirrored { seq, ts } => self
+                .store
+                .skip_to(seq)
+                .and_then(|_| self.store.store_msg(&subject, hdr, data, ts))
+                .map(|s| (s, ts)),
+            _ => self
+                .store
+                .store_msg(&subject, hdr, data, now)
+                .map(|s| (s, now)),
+        };
+        let (seq, ts) = match stored {
+            Ok(x) => x,
             Err(e) => {
                 self.io_error |= matches!(e, StoreError::Io(_));
                 return PubResult::Error(store_error(e));
             }
         };
-        if let Some(roll) = headers::get_str(hdr, "Nats-Rollup") {
-            let filter = match roll {
-                "sub" => Some(String::from_utf8_lossy(&m.subject).into_owned()),
-                _ => None,
-            };
-            let _ = self.store.purge(&Purge {
-                filter,
-                seq: None,
-                keep: Some(1),
-            });
+        let cfg = &self.config;
+        if cfg.allow_rollup_hdrs && !cfg.deny_purge {
+            if let Some(roll) = headers::get_str(hdr, "Nats-Rollup") {
+                let filter = match roll {
+                    "sub" => Some(String::from_utf8_lossy(&subject).into_owned()),
+                    _ => None,
+                };
+                let _ = self.store.purge(&Purge {
+                    filter,
+                    seq: None,
+                    keep: Some(1),
+                });
+            }
         }
-        if ttl > 0 {
-            self.ttls.insert((now + ttl * 1_000_000_000, seq));
+        if ttl > 0 && cfg.allow_msg_ttl {
+            self.ttls.insert((ts + ttl * 1_000_000_000, seq));
+        } else if ttl < 0 {
+            self.store.exempt_from_max_age(seq);
         }
         self.last_msg_id = msg_id.clone().unwrap_or_default();
         if let Some(id) = msg_id {
             self.dedup.insert(id, seq, now);
         }
-        PubResult::Stored(seq)
+        if let Some(rp) = &self.republisher {
+            if let Some(p) = rp.prepare(&cfg.name, &subject, hdr, data, seq, ts, last_on_subject) {
+                self.republish_out.push(p);
+            }
+        }
+        match total {
+            Some(t) => PubResult::Counted(seq, t),
+            None => PubResult::Stored(seq),
+        }
     }
 }
 
 /// `Nats-TTL` as the reference reads it: `never` (no expiry, -1), a Go duration of at least
 /// one second, or whole seconds; None when invalid.
-fn parse_ttl(v: &str) -> Option<i64> {
+pub(super) fn parse_ttl(v: &str) -> Option<i64> {
     if v.eq_ignore_ascii_case("never") {
         return Some(-1);
     }
@@ -1063,8 +1378,8 @@ pub fn write_meta(dir: &Path, meta: &StreamMeta) -> std::io::Result<()> {
     super::files::write(&dir.join("keel-meta.json"), &body, true)
 }
 
-pub fn read_meta(dir: &Path) -> Result<StreamMeta, String> {
-    let b = super::files::read(&dir.join("keel-meta.json"), "Stream config")?
+pub fn read_meta(dir: &Path, log: &crate::log::Log) -> Result<StreamMeta, String> {
+    let b = super::files::read(&dir.join("keel-meta.json"), "Stream config", log)?
         .ok_or("no stream config (keel-meta.json)")?;
     serde_json::from_slice(&b).map_err(|e| e.to_string())
 }
@@ -1083,8 +1398,13 @@ fn leftover(dir: &Path) -> bool {
 }
 
 /// Takes publishes off the stream's queue in batches: store all, sync once, ack all.
-async fn publish_loop(stream: Arc<Stream>, server: Arc<Server>, mut rx: crate::inqueue::Receiver) {
-    let mut router = Router::new(stream.created as u64);
+async fn publish_loop(
+    stream: Arc<Stream>,
+    server: Arc<Server>,
+    mut rx: crate::inqueue::Receiver,
+    mut sourced_rx: tokio::sync::mpsc::Receiver<SourcedBatch>,
+) {
+    let mut router = Router::new(stream.account().clone(), stream.created as u64);
     let mut batch = Vec::with_capacity(256);
     let mut closed = stream.handle_closed();
     loop {
@@ -1092,6 +1412,10 @@ async fn publish_loop(stream: Arc<Stream>, server: Arc<Server>, mut rx: crate::i
             n = rx.recv_many(&mut batch, BATCH_MSGS, BATCH_BYTES) => if n == 0 {
                 break;
             },
+            Some(b) = sourced_rx.recv() => {
+                stream.apply_sourced(&server, &mut router, b);
+                continue;
+            }
             _ = crate::client::until_true(&mut closed) => break,
         }
         // The fsync blocks; let tokio move other work off this thread meanwhile.
@@ -1100,10 +1424,13 @@ async fn publish_loop(stream: Arc<Stream>, server: Arc<Server>, mut rx: crate::i
             .get()
             .and_then(|js| js.store_budget(&stream));
         let acks = if stream.sync_always && stream.storage == StorageType::File {
-            tokio::task::block_in_place(|| stream.process_batch(&mut batch, budget))
+            tokio::task::block_in_place(|| {
+                stream.process_batch(&mut batch, budget, super::domain(&server))
+            })
         } else {
-            stream.process_batch(&mut batch, budget)
+            stream.process_batch(&mut batch, budget, super::domain(&server))
         };
+        stream.after_commit(&server, &mut router);
         for c in stream.consumer_list() {
             c.notify();
         }
@@ -1131,6 +1458,205 @@ async fn publish_loop(stream: Arc<Stream>, server: Arc<Server>, mut rx: crate::i
 impl Stream {
     fn handle_closed(&self) -> tokio::sync::watch::Receiver<bool> {
         self.handle.closed_rx()
+    }
+
+    /// After a committed (synced) batch: wake streams sourcing this one and send the
+    /// batch's republishes.
+    pub(super) fn after_commit(&self, server: &Server, router: &mut Router) {
+        let (last, pending) = {
+            let mut inner = self.lock();
+            (inner.store.state().last_seq, inner.take_republish())
+        };
+        self.committed.send_if_modified(|v| {
+            let changed = *v != last;
+            *v = last;
+            changed
+        });
+        republish::publish(server, router, pending);
+    }
+
+    /// The last committed sequence, for streams that source this one.
+    pub fn committed_watch(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.committed.subscribe()
+    }
+
+    pub(super) fn sourced_queue(&self) -> &tokio::sync::mpsc::Sender<SourcedBatch> {
+        &self.sourced_tx
+    }
+
+    /// (Re)starts the sources or mirror for the current config (an update may change them).
+    pub fn restart_sourcing(self: &Arc<Self>, server: &Arc<Server>) {
+        let cfg = self.config();
+        let mut slot = self.sourcing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut previous = sourcing::Positions::new();
+        if let Some(old) = slot.take() {
+            old.stop();
+            let idents = self.source_idents.lock().unwrap_or_else(|e| e.into_inner());
+            previous = old.positions(&idents.0);
+        }
+        // From here on batches the old tasks still have queued are refused.
+        let gen = {
+            let _inner = self.lock();
+            self.sourcing_gen.fetch_add(1, Ordering::AcqRel) + 1
+        };
+        *slot = sourcing::start(server, self, &cfg, gen, &previous).map(|(s, idents)| {
+            let mut g = self.source_idents.lock().unwrap_or_else(|e| e.into_inner());
+            g.0 = idents;
+            s
+        });
+    }
+
+    pub fn stop_sourcing(&self) {
+        let mut slot = self.sourcing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = slot.take() {
+            old.stop();
+        }
+    }
+
+    /// `mirror` / `sources` for stream info.
+    pub fn sourcing_info(&self) -> Vec<(&'static str, Value)> {
+        let slot = self.sourcing.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref().map(|s| s.info()).unwrap_or_default()
+    }
+
+    /// A mirror with `mirror_direct` that is caught up answers its origin's direct gets.
+    pub fn serves_mirror_direct(&self, origin: &str) -> bool {
+        let current = self
+            .sourcing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|s| s.mirror_current());
+        if !current {
+            return false;
+        }
+        let inner = self.lock();
+        inner.config.mirror_direct
+            && inner
+                .config
+                .mirror
+                .as_ref()
+                .is_some_and(|m| m.name == origin)
+    }
+
+    /// A source committed progress; its position is saved by [`Self::save_source_positions`].
+    pub(super) fn sources_progressed(&self, ident: Option<(String, String)>) {
+        let mut g = self.source_idents.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((iname, id)) = ident {
+            g.0.insert(iname, id);
+        }
+        g.1 = true;
+    }
+
+    /// Writes the sources' positions when they changed (`durable`: fsynced, at shutdown).
+    pub fn save_source_positions(&self, durable: bool) {
+        if self.storage != StorageType::File {
+            return;
+        }
+        let idents = {
+            let mut g = self.source_idents.lock().unwrap_or_else(|e| e.into_inner());
+            if !g.1 && !durable {
+                return;
+            }
+            g.1 = false;
+            g.0.clone()
+        };
+        let slot = self.sourcing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = slot.as_ref() {
+            sourcing::save_positions(self.handle.log(), &self.dir, s, &idents, durable);
+        }
+    }
+
+    /// Stores a batch from a source or the mirror, syncs it, and answers its task; then the
+    /// same follow-up as a publish batch (consumers, republish, sourcing streams).
+    fn apply_sourced(&self, server: &Arc<Server>, router: &mut Router, b: SourcedBatch) {
+        let budget = server.jetstream.get().and_then(|js| js.store_budget(self));
+        let taken = if self.sync_always && self.storage == StorageType::File {
+            tokio::task::block_in_place(|| self.store_sourced(&b.msgs, budget, b.gen))
+        } else {
+            self.store_sourced(&b.msgs, budget, b.gen)
+        };
+        let stored = taken.contains(&Taken::Stored);
+        let _ = b.done.send(taken);
+        if stored {
+            self.after_commit(server, router);
+            for c in self.consumer_list() {
+                c.notify();
+            }
+        }
+    }
+
+    fn store_sourced(
+        &self,
+        msgs: &[sourcing::SourcedMsg],
+        budget: Option<u64>,
+        gen: u64,
+    ) -> Vec<Taken> {
+        // Interest retention keeps a message only while some consumer wants its subject.
+        let interest: Option<Vec<Vec<String>>> =
+            (self.retention() == Retention::Interest).then(|| {
+                self.consumer_list()
+                    .iter()
+                    .map(|c| c.config().filters())
+                    .collect()
+            });
+        let mut inner = self.lock();
+        let mut out = Vec::with_capacity(msgs.len());
+        if gen != self.sourcing_gen.load(Ordering::Acquire) {
+            return vec![Taken::Refused(ApiError::new(
+                503,
+                10077,
+                "sources restarted",
+            ))];
+        }
+        for m in msgs {
+            if let Some(b) = budget {
+                if inner.store.state().bytes >= b {
+                    out.push(Taken::Refused(ApiError::insufficient_storage()));
+                    break;
+                }
+            }
+            let intake = match m.mirror {
+                Some((seq, ts)) => Intake::Mirrored { seq, ts },
+                None => Intake::Sourced,
+            };
+            match inner.process_parts(&m.subject, &m.hdr, &m.data, intake) {
+                PubResult::Stored(seq) | PubResult::Counted(seq, _) => {
+                    if let Some(filters) = &interest {
+                        let stored = inner.stored_subject(&m.subject);
+                        let wanted = filters.iter().any(|f| {
+                            f.is_empty()
+                                || f.iter().any(|p| subject::matches(p.as_bytes(), &stored))
+                        });
+                        if !wanted {
+                            let _ = inner.store.remove(seq, false);
+                        }
+                    }
+                    out.push(Taken::Stored)
+                }
+                PubResult::Duplicate(_) => out.push(Taken::Skipped),
+                PubResult::Error(e) => {
+                    // Later messages wait until this one can be stored.
+                    out.push(Taken::Refused(e));
+                    break;
+                }
+            }
+        }
+        // As for publishes: after a failed write the sync rolls the batch back, and what
+        // was rolled back is refused (the sourcing task offers it again later).
+        if (out.contains(&Taken::Stored) && self.sync_always) || inner.io_error {
+            let r = inner.store.sync();
+            let n = out.iter().filter(|t| **t == Taken::Stored).count();
+            inner.storage_result(self.handle.log(), &self.name, r, n, |text| {
+                for t in out.iter_mut() {
+                    if *t == Taken::Stored {
+                        *t = Taken::Refused(ApiError::new(503, 10077, text.to_string()));
+                    }
+                }
+            });
+        }
+        self.refresh_bytes(&inner);
+        out
     }
 
     /// Info `state` JSON.

@@ -22,7 +22,6 @@
 //! measures both.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -286,7 +285,7 @@ pub fn data(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         "uptime": proc::uptime(std::time::SystemTime::now().duration_since(s.start).unwrap_or_default()),
         "connections": s.num_clients(),
         "total_connections": s.total_connections(),
-        "subscriptions": s.sublist.count(),
+        "subscriptions": s.accounts.subscriptions(),
         "mem": mem,
         "cpu": cpu,
         "cores": proc::cores(),
@@ -294,7 +293,7 @@ pub fn data(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         "out_msgs": t.out_msgs,
         "in_bytes": t.in_bytes,
         "out_bytes": t.out_bytes,
-        "slow_consumers": crate::client::SLOW_CONSUMERS.load(Ordering::Relaxed),
+        "slow_consumers": s.accounts.slow_consumers(),
     });
 
     let mut streams = Vec::new();
@@ -438,7 +437,7 @@ mod tests {
 
     #[test]
     fn history_tracks_the_server() {
-        let server = Server::new(crate::config::Opts::default());
+        let server = Server::new(crate::config::Opts::default(), crate::log::Log::stderr());
         let mut h = History::default();
         for _ in 0..3 {
             h.apply(take(&server));

@@ -656,7 +656,7 @@ mod tests {
 
     #[test]
     fn server_metrics_without_jetstream() {
-        let server = Server::new(crate::config::Opts::default());
+        let server = Server::new(crate::config::Opts::default(), crate::log::Log::stderr());
         let id = server.server_id.clone();
         let out = scrape(server);
         assert!(

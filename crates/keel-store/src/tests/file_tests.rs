@@ -216,6 +216,30 @@ fn purge_all_drops_segments_and_keeps_sequence() {
 }
 
 #[test]
+fn skip_to_survives_crash_and_clean_close() {
+    let d = TempDir::new();
+    let (mut s, _) = open(&d.0, Limits::default());
+    s.skip_to(10).unwrap();
+    put(&mut s, "a", b"x");
+    s.skip_to(20).unwrap();
+    s.sync().unwrap();
+    s.crash();
+    let (mut s, _) = open(&d.0, Limits::default());
+    let st = s.state();
+    assert_eq!((st.msgs, st.first_seq, st.last_seq), (1, 10, 19));
+    assert_eq!(put(&mut s, "a", b"y"), 20);
+    s.skip_to(30).unwrap();
+    s.sync().unwrap();
+    s.close().unwrap();
+    drop(s);
+    let (mut s, _) = open(&d.0, Limits::default());
+    let st = s.state();
+    assert_eq!((st.msgs, st.first_seq, st.last_seq), (2, 10, 29));
+    assert_eq!(s.deleted().len(), 18);
+    assert_eq!(put(&mut s, "a", b"z"), 30);
+}
+
+#[test]
 fn discard_old_deletes_old_segments() {
     let d = TempDir::new();
     let (mut s, _) = open(

@@ -349,6 +349,49 @@ pub(crate) fn expiry(mk: Mk) {
     assert_eq!(s.expire(i64::MAX).unwrap(), (0, None));
 }
 
+/// `Nats-TTL: never`: an exempt message stays while max_age removes the others around it.
+pub(crate) fn expiry_exempt(mk: Mk) {
+    let sec = 1_000_000_000i64;
+    let mut s = mk(Limits {
+        max_age: Duration::from_secs(10),
+        ..Default::default()
+    });
+    for t in [1, 2, 3, 20] {
+        s.store_msg(b"a", b"", b"x", t * sec).unwrap();
+    }
+    s.exempt_from_max_age(2);
+    assert_eq!(s.expire(15 * sec).unwrap(), (2, Some(30 * sec)));
+    let st = s.state();
+    assert_eq!((st.msgs, st.first_seq, st.last_seq), (2, 2, 4));
+    assert_eq!(s.expire(31 * sec).unwrap(), (1, None));
+    assert_eq!(s.load(2).unwrap().seq, 2);
+    // Removing an exempt message forgets the exemption.
+    s.remove(2, false).unwrap();
+    s.store_msg(b"a", b"", b"x", 40 * sec).unwrap();
+    assert_eq!(s.expire(60 * sec).unwrap(), (1, None));
+}
+
+/// skip_to: an empty store restarts at the sequence, a non-empty one counts the skipped
+/// sequences as deleted; going backwards does nothing.
+pub(crate) fn skip_to(mk: Mk) {
+    let mut s = mk(Limits::default());
+    s.skip_to(100).unwrap();
+    let st = s.state();
+    assert_eq!((st.msgs, st.first_seq, st.last_seq), (0, 100, 99));
+    assert_eq!(s.store_msg(b"a", b"", b"x", 1).unwrap(), 100);
+    s.skip_to(105).unwrap();
+    let st = s.state();
+    assert_eq!(
+        (st.msgs, st.first_seq, st.last_seq, st.num_deleted),
+        (1, 100, 104, 4)
+    );
+    assert_eq!(s.store_msg(b"a", b"", b"y", 2).unwrap(), 105);
+    s.skip_to(50).unwrap();
+    assert_eq!(s.state().last_seq, 105);
+    assert_eq!(s.deleted(), vec![101, 102, 103, 104]);
+    assert_eq!(s.load_next(101, ">").unwrap().seq, 105);
+}
+
 pub(crate) fn limits_update(mk: Mk) {
     let mut s = mk(Limits::default());
     for subj in ["a", "b", "a", "a", "b", "c"] {
@@ -398,6 +441,8 @@ macro_rules! for_each_semantics_test {
         $m!(subjects);
         $m!(expiry);
         $m!(limits_update);
+        $m!(expiry_exempt);
+        $m!(skip_to);
     };
 }
 pub(crate) use for_each_semantics_test;

@@ -1,0 +1,145 @@
+//! In-process servers for tests: a complete server (client listener, JetStream, optional
+//! monitoring) started on the current tokio runtime, as the binary starts one
+//! (`launch::start`), with its own log kept in memory and its own store directory. Several
+//! can run in one test process at once and share nothing (the cluster tests need that).
+//!
+//! ```no_run
+//! # async fn demo() {
+//! let a = keel_server::harness::start(keel_server::harness::opts()).await.unwrap();
+//! let b = keel_server::harness::start(keel_server::harness::opts()).await.unwrap();
+//! // ... connect to a.client_url() and b.client_url() ...
+//! a.shutdown().await;
+//! b.shutdown().await;
+//! # }
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::config::Opts;
+use crate::launch::{self, Running};
+use crate::log::{Log, LogOpts};
+use crate::server::Server;
+
+/// Options for a test server: loopback, a free client port, JetStream on (in a store
+/// directory of its own unless `store_dir` is set), no monitoring (`http_port: Some(0)`
+/// turns it on, on a free port). Adjust the rest as a config file would.
+pub fn opts() -> Opts {
+    Opts {
+        host: "127.0.0.1".into(),
+        port: 0,
+        jetstream: true,
+        ..Opts::default()
+    }
+}
+
+/// [`opts`] with `conf` (the nats-server config-file syntax) applied on top, as the binary
+/// applies `-c`.
+pub fn opts_from_config(conf: &str) -> Result<Opts, String> {
+    let map = crate::conf::parse(conf).map_err(|e| e.to_string())?;
+    let mut o = opts();
+    crate::config::apply_config(&mut o, &map)?;
+    Ok(o)
+}
+
+/// A running in-process server. Call [`shutdown`](Self::shutdown) to stop it; dropping it
+/// only asks it to stop.
+pub struct TestServer {
+    running: Option<Running>,
+    log: Log,
+    /// The store directory this handle made (removed at shutdown).
+    own_store: Option<PathBuf>,
+}
+
+/// Starts a server from `opts` on the current runtime (which must be multi-threaded, as
+/// `#[tokio::test(flavor = "multi_thread")]`). Errors carry the server's log.
+pub async fn start(mut opts: Opts) -> Result<TestServer, String> {
+    if tokio::runtime::Handle::current().runtime_flavor()
+        == tokio::runtime::RuntimeFlavor::CurrentThread
+    {
+        return Err("an in-process server needs a multi-thread tokio runtime".into());
+    }
+    let mut own_store = None;
+    if opts.jetstream && opts.store_dir.is_none() {
+        let dir = std::env::temp_dir().join(format!(
+            "keel-harness-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        opts.store_dir = Some(dir.clone());
+        own_store = Some(dir);
+    }
+    let log = Log::capture(LogOpts {
+        debug: opts.debug,
+        trace: opts.trace,
+        logtime: opts.logtime,
+    });
+    match launch::start(opts, log.clone()).await {
+        Ok(running) => Ok(TestServer {
+            running: Some(running),
+            log,
+            own_store,
+        }),
+        Err(()) => {
+            if let Some(d) = &own_store {
+                let _ = std::fs::remove_dir_all(d);
+            }
+            Err(format!("server did not start:\n{}", log.captured()))
+        }
+    }
+}
+
+impl TestServer {
+    fn running(&self) -> &Running {
+        self.running.as_ref().expect("running until shutdown")
+    }
+
+    pub fn server(&self) -> &Arc<Server> {
+        &self.running().server
+    }
+
+    pub fn client_addr(&self) -> SocketAddr {
+        self.running().client_addr
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn client_url(&self) -> String {
+        format!("nats://{}", self.client_addr())
+    }
+
+    /// The monitoring listener's address, when monitoring was asked for.
+    pub fn monitor_addr(&self) -> Option<SocketAddr> {
+        self.running().monitor_addr
+    }
+
+    /// Everything the server has logged so far.
+    pub fn log(&self) -> String {
+        self.log.captured()
+    }
+
+    pub fn store_dir(&self) -> Option<&Path> {
+        self.running().server.opts.store_dir.as_deref()
+    }
+
+    /// Stops everything the server started (connections, listeners, JetStream's tasks,
+    /// stores closed, monitoring) and removes the store directory it made.
+    pub async fn shutdown(mut self) {
+        if let Some(r) = self.running.take() {
+            r.shutdown().await;
+        }
+        if let Some(d) = self.own_store.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        // Not shut down (a test panicked): ask it to stop; the runtime ends its tasks.
+        if let Some(r) = &self.running {
+            r.server.shutdown();
+        }
+    }
+}
