@@ -399,7 +399,13 @@ impl Check {
                 if !self.perf.is_empty() {
                     let mut t = crate::output::Table::new(
                         "",
-                        &["Metric", "Value", "Unit", "Critical Threshold", "Warning Threshold"],
+                        &[
+                            "Metric",
+                            "Value",
+                            "Unit",
+                            "Critical Threshold",
+                            "Warning Threshold",
+                        ],
                     );
                     for p in &self.perf {
                         t.add(vec![
@@ -509,7 +515,10 @@ async fn connection(conn: &ConnSettings, a: &ConnCheck) -> Check {
         let seed = now_ns() as u64;
         (0..100)
             .map(|k| {
-                let x = seed.wrapping_mul(6364136223846793005).wrapping_add(k * 1442695040888963407);
+                let x = seed
+                    .wrapping_add(k)
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 (b'a' + (x >> 59) as u8 % 26) as char
             })
             .collect()
@@ -523,7 +532,10 @@ async fn connection(conn: &ConnSettings, a: &ConnCheck) -> Check {
         }
     };
     let start = Instant::now();
-    if let Err(e) = client.publish(inbox.clone(), Bytes::from(body.clone())).await {
+    if let Err(e) = client
+        .publish(inbox.clone(), Bytes::from(body.clone()))
+        .await
+    {
         c.crit(format!("could not publish to {inbox}: {e}"));
         return c;
     }
@@ -586,18 +598,45 @@ async fn stream(conn: &ConnSettings, a: &StreamCheck) -> Check {
     // Thresholds from the stream's metadata, unless given as flags (as `nats`).
     let meta = &info["config"]["metadata"];
     let meta_num = |k: &str| s(meta, &format!("io.nats.monitor.{k}")).parse::<i64>().ok();
-    let lag_crit = a.lag_critical.map(|v| v as i64).or_else(|| meta_num("lag-critical")).unwrap_or(0);
+    let lag_crit = a
+        .lag_critical
+        .map(|v| v as i64)
+        .or_else(|| meta_num("lag-critical"))
+        .unwrap_or(0);
     let seen_crit = a
         .seen_critical
         .or_else(|| parse_duration(s(meta, "io.nats.monitor.seen-critical")).ok())
         .map_or(0.0, |d| d.as_secs_f64());
-    let min_sources = a.min_sources.or_else(|| meta_num("min-sources")).unwrap_or(0);
-    let max_sources = a.max_sources.or_else(|| meta_num("max-sources")).unwrap_or(0);
-    let peer_expect = a.peer_expect.or_else(|| meta_num("peer-expect")).unwrap_or(0);
-    let msgs_warn = a.msgs_warn.map(|v| v as i64).or_else(|| meta_num("msgs-warn")).unwrap_or(0);
-    let msgs_crit = a.msgs_critical.map(|v| v as i64).or_else(|| meta_num("msgs-critical")).unwrap_or(0);
-    let subj_warn = a.subjects_warn.or_else(|| meta_num("subjects-warn")).unwrap_or(0);
-    let subj_crit = a.subjects_critical.or_else(|| meta_num("subjects-critical")).unwrap_or(0);
+    let min_sources = a
+        .min_sources
+        .or_else(|| meta_num("min-sources"))
+        .unwrap_or(0);
+    let max_sources = a
+        .max_sources
+        .or_else(|| meta_num("max-sources"))
+        .unwrap_or(0);
+    let peer_expect = a
+        .peer_expect
+        .or_else(|| meta_num("peer-expect"))
+        .unwrap_or(0);
+    let msgs_warn = a
+        .msgs_warn
+        .map(|v| v as i64)
+        .or_else(|| meta_num("msgs-warn"))
+        .unwrap_or(0);
+    let msgs_crit = a
+        .msgs_critical
+        .map(|v| v as i64)
+        .or_else(|| meta_num("msgs-critical"))
+        .unwrap_or(0);
+    let subj_warn = a
+        .subjects_warn
+        .or_else(|| meta_num("subjects-warn"))
+        .unwrap_or(0);
+    let subj_crit = a
+        .subjects_critical
+        .or_else(|| meta_num("subjects-critical"))
+        .unwrap_or(0);
     let cfg = &info["config"];
     let state = &info["state"];
     let replicas = i(cfg, "num_replicas");
@@ -621,7 +660,13 @@ async fn stream(conn: &ConnSettings, a: &StreamCheck) -> Check {
     // Messages: fewer than the thresholds is bad.
     if msgs_crit > 0 || msgs_warn > 0 {
         let m = u(state, "messages") as i64;
-        c.pd(Perf::new("messages", m as f64, msgs_warn as f64, msgs_crit as f64, ""));
+        c.pd(Perf::new(
+            "messages",
+            m as f64,
+            msgs_warn as f64,
+            msgs_crit as f64,
+            "",
+        ));
         if msgs_crit > 0 && m <= msgs_crit {
             c.crit(format!("{m} messages"));
         } else if msgs_warn > 0 && m <= msgs_warn {
@@ -634,7 +679,13 @@ async fn stream(conn: &ConnSettings, a: &StreamCheck) -> Check {
     if subj_warn > 0 || subj_crit > 0 {
         let ns = u(state, "num_subjects") as i64;
         let lt = subj_warn < subj_crit;
-        c.pd(Perf::new("subjects", ns as f64, subj_warn as f64, subj_crit as f64, ""));
+        c.pd(Perf::new(
+            "subjects",
+            ns as f64,
+            subj_warn as f64,
+            subj_crit as f64,
+            "",
+        ));
         if lt && ns >= subj_crit {
             c.crit(format!("{ns} subjects"));
         } else if lt && ns >= subj_warn {
@@ -650,7 +701,13 @@ async fn stream(conn: &ConnSettings, a: &StreamCheck) -> Check {
     // Sources.
     let sources = info["sources"].as_array().cloned().unwrap_or_default();
     let count = sources.len() as i64;
-    c.pd(Perf::new("sources", count as f64, min_sources as f64, max_sources as f64, ""));
+    c.pd(Perf::new(
+        "sources",
+        count as f64,
+        min_sources as f64,
+        max_sources as f64,
+        "",
+    ));
     if (min_sources > 0 && count < min_sources) || (max_sources > 0 && count > max_sources) {
         c.crit(format!("{count} sources"));
     } else {
@@ -686,8 +743,20 @@ async fn stream(conn: &ConnSettings, a: &StreamCheck) -> Check {
             } else if mirror.is_null() {
                 c.crit("invalid state");
             } else {
-                c.pd(Perf::new("lag", i(mirror, "lag") as f64, 0.0, lag_crit as f64, ""));
-                c.pd(Perf::new("active", active_secs(mirror), 0.0, seen_crit, "s"));
+                c.pd(Perf::new(
+                    "lag",
+                    i(mirror, "lag") as f64,
+                    0.0,
+                    lag_crit as f64,
+                    "",
+                ));
+                c.pd(Perf::new(
+                    "active",
+                    active_secs(mirror),
+                    0.0,
+                    seen_crit,
+                    "s",
+                ));
                 let mut ok = true;
                 if lag_crit > 0 && i(mirror, "lag") >= lag_crit {
                     c.crit(format!("Mirror Lag {}", i(mirror, "lag")));
@@ -726,14 +795,19 @@ async fn consumer(conn: &ConnSettings, a: &ConsumerCheck) -> Check {
     };
     let meta = &info["config"]["metadata"];
     let meta_num = |k: &str| s(meta, &format!("io.nats.monitor.{k}")).parse::<i64>().ok();
-    let pick = |flag: i64, key: &str| if flag >= 0 { flag } else { meta_num(key).unwrap_or(-1) };
+    let pick = |flag: i64, key: &str| {
+        if flag >= 0 {
+            flag
+        } else {
+            meta_num(key).unwrap_or(-1)
+        }
+    };
     let ack_crit = pick(a.outstanding_ack_critical, "outstanding-ack-critical");
     let wait_crit = pick(a.waiting_critical, "waiting-critical");
     let unproc_crit = pick(a.unprocessed_critical, "unprocessed-critical");
     let redel_crit = pick(a.redelivery_critical, "redelivery-critical");
     let meta_dur = |k: &str| {
-        parse_duration(s(meta, &format!("io.nats.monitor.{k}")))
-            .map_or(0.0, |d| d.as_secs_f64())
+        parse_duration(s(meta, &format!("io.nats.monitor.{k}"))).map_or(0.0, |d| d.as_secs_f64())
     };
     let last_del_crit = if a.last_delivery_critical.is_zero() {
         meta_dur("last-delivery-critical")
@@ -749,10 +823,34 @@ async fn consumer(conn: &ConnSettings, a: &ConsumerCheck) -> Check {
     let waiting = u(&info, "num_waiting") as i64;
     let pending = u(&info, "num_pending") as i64;
     let redelivered = u(&info, "num_redelivered") as i64;
-    c.pd(Perf::new("ack_pending", ack_pending as f64, 0.0, ack_crit as f64, ""));
-    c.pd(Perf::new("pull_waiting", waiting as f64, 0.0, wait_crit as f64, ""));
-    c.pd(Perf::new("pending", pending as f64, 0.0, unproc_crit as f64, ""));
-    c.pd(Perf::new("redelivered", redelivered as f64, 0.0, redel_crit as f64, ""));
+    c.pd(Perf::new(
+        "ack_pending",
+        ack_pending as f64,
+        0.0,
+        ack_crit.max(0) as f64,
+        "",
+    ));
+    c.pd(Perf::new(
+        "pull_waiting",
+        waiting as f64,
+        0.0,
+        wait_crit.max(0) as f64,
+        "",
+    ));
+    c.pd(Perf::new(
+        "pending",
+        pending as f64,
+        0.0,
+        unproc_crit.max(0) as f64,
+        "",
+    ));
+    c.pd(Perf::new(
+        "redelivered",
+        redelivered as f64,
+        0.0,
+        redel_crit.max(0) as f64,
+        "",
+    ));
     let now = now_ns();
     let since = |v: &Value| {
         v.get("last_active")
@@ -763,10 +861,22 @@ async fn consumer(conn: &ConnSettings, a: &ConsumerCheck) -> Check {
     let last_delivery = since(&info["delivered"]);
     let last_ack = since(&info["ack_floor"]);
     if let Some(d) = last_delivery {
-        c.pd(Perf::new("last_delivery", d.as_secs_f64(), 0.0, last_del_crit, "s"));
+        c.pd(Perf::new(
+            "last_delivery",
+            d.as_secs_f64(),
+            0.0,
+            last_del_crit,
+            "s",
+        ));
     }
     if let Some(d) = last_ack {
-        c.pd(Perf::new("last_ack", d.as_secs_f64(), 0.0, last_ack_crit, "s"));
+        c.pd(Perf::new(
+            "last_ack",
+            d.as_secs_f64(),
+            0.0,
+            last_ack_crit,
+            "s",
+        ));
     }
     let mut threshold = |crit: i64, value: i64, label: &str| {
         if crit <= 0 {
@@ -815,15 +925,26 @@ async fn jetstream(conn: &ConnSettings, a: &JsCheck) -> Check {
         }
     };
     let limits = &info["limits"];
-    let mut check_val = |item: &'static str, pct_name: &'static str, unit: &'static str,
-                         warn: i64, crit: i64, max: i64, current: u64| {
+    let mut check_val = |item: &'static str,
+                         pct_name: &'static str,
+                         unit: &'static str,
+                         warn: i64,
+                         crit: i64,
+                         max: i64,
+                         current: u64| {
         let pct = if max > 0 {
             (current as f64 / max as f64 * 100.0) as i64
         } else {
             0
         };
         c.pd(Perf::new(item, current as f64, 0.0, 0.0, unit));
-        c.pd(Perf::new(pct_name, pct as f64, warn.max(0) as f64, crit.max(0) as f64, "%"));
+        c.pd(Perf::new(
+            pct_name,
+            pct as f64,
+            warn.max(0) as f64,
+            crit.max(0) as f64,
+            "%",
+        ));
         if warn != -1 && crit != -1 && warn >= crit {
             c.crit(format!("{item}: invalid thresholds"));
             return;
@@ -840,14 +961,42 @@ async fn jetstream(conn: &ConnSettings, a: &JsCheck) -> Check {
             }
         }
     };
-    check_val("memory", "memory_pct", "B", a.mem_warn, a.mem_critical,
-              i(limits, "max_memory"), u(&info, "memory"));
-    check_val("storage", "storage_pct", "B", a.store_warn, a.store_critical,
-              i(limits, "max_storage"), u(&info, "storage"));
-    check_val("streams", "streams_pct", "", a.streams_warn, a.streams_critical,
-              i(limits, "max_streams"), u(&info, "streams"));
-    check_val("consumers", "consumers_pct", "", a.consumers_warn, a.consumers_critical,
-              i(limits, "max_consumers"), u(&info, "consumers"));
+    check_val(
+        "memory",
+        "memory_pct",
+        "B",
+        a.mem_warn,
+        a.mem_critical,
+        i(limits, "max_memory"),
+        u(&info, "memory"),
+    );
+    check_val(
+        "storage",
+        "storage_pct",
+        "B",
+        a.store_warn,
+        a.store_critical,
+        i(limits, "max_storage"),
+        u(&info, "storage"),
+    );
+    check_val(
+        "streams",
+        "streams_pct",
+        "",
+        a.streams_warn,
+        a.streams_critical,
+        i(limits, "max_streams"),
+        u(&info, "streams"),
+    );
+    check_val(
+        "consumers",
+        "consumers_pct",
+        "",
+        a.consumers_warn,
+        a.consumers_critical,
+        i(limits, "max_consumers"),
+        u(&info, "consumers"),
+    );
     if a.replicas {
         let infos = match js.paged("STREAM.LIST", "streams", json!({})).await {
             Ok(v) => v,
@@ -893,9 +1042,27 @@ async fn jetstream(conn: &ConnSettings, a: &JsCheck) -> Check {
             }
         }
         c.pd(Perf::new("replicas_ok", ok as f64, 0.0, 0.0, ""));
-        c.pd(Perf::new("replicas_no_leader", no_leader as f64, 0.0, 0.0, ""));
-        c.pd(Perf::new("replicas_missing_replicas", missing as f64, 0.0, 0.0, ""));
-        c.pd(Perf::new("replicas_lagged", lagged as f64, 0.0, a.replica_lag_critical as f64, ""));
+        c.pd(Perf::new(
+            "replicas_no_leader",
+            no_leader as f64,
+            0.0,
+            0.0,
+            "",
+        ));
+        c.pd(Perf::new(
+            "replicas_missing_replicas",
+            missing as f64,
+            0.0,
+            0.0,
+            "",
+        ));
+        c.pd(Perf::new(
+            "replicas_lagged",
+            lagged as f64,
+            0.0,
+            a.replica_lag_critical as f64,
+            "",
+        ));
         c.pd(Perf::new(
             "replicas_not_seen",
             unseen as f64,
@@ -929,7 +1096,10 @@ async fn server(conn: &ConnSettings, a: &ServerCheck) -> Check {
         }
     };
     if s(&vz, "server_name") != a.name {
-        c.crit(format!("result from wrong server {:?}", s(&vz, "server_name")));
+        c.crit(format!(
+            "result from wrong server {:?}",
+            s(&vz, "server_name")
+        ));
         return c;
     }
     if a.js_required {
@@ -978,11 +1148,41 @@ async fn server(conn: &ConnSettings, a: &ServerCheck) -> Check {
     let mem = u(&vz, "mem") as f64;
     let conns = u(&vz, "connections") as f64;
     let subs = u(&vz, "subscriptions") as f64;
-    c.pd(Perf::new("uptime", up.as_secs_f64(), uw.as_secs_f64(), uc.as_secs_f64(), "s"));
-    c.pd(Perf::new("cpu", cpu, a.cpu_warn as f64, a.cpu_critical as f64, "%"));
-    c.pd(Perf::new("mem", mem, a.mem_warn as f64, a.mem_critical as f64, ""));
-    c.pd(Perf::new("connections", conns, a.conn_warn as f64, a.conn_critical as f64, ""));
-    c.pd(Perf::new("subscriptions", subs, a.subs_warn as f64, a.subs_critical as f64, ""));
+    c.pd(Perf::new(
+        "uptime",
+        up.as_secs_f64(),
+        uw.as_secs_f64(),
+        uc.as_secs_f64(),
+        "s",
+    ));
+    c.pd(Perf::new(
+        "cpu",
+        cpu,
+        a.cpu_warn as f64,
+        a.cpu_critical as f64,
+        "%",
+    ));
+    c.pd(Perf::new(
+        "mem",
+        mem,
+        a.mem_warn as f64,
+        a.mem_critical as f64,
+        "",
+    ));
+    c.pd(Perf::new(
+        "connections",
+        conns,
+        a.conn_warn as f64,
+        a.conn_critical as f64,
+        "",
+    ));
+    c.pd(Perf::new(
+        "subscriptions",
+        subs,
+        a.subs_warn as f64,
+        a.subs_critical as f64,
+        "",
+    ));
     let mut check_val = |name: &str, crit: f64, warn: f64, value: f64, invertible: bool| {
         if crit == 0.0 && warn == 0.0 {
             return;
@@ -1005,9 +1205,27 @@ async fn server(conn: &ConnSettings, a: &ServerCheck) -> Check {
         }
     };
     check_val("CPU", a.cpu_critical as f64, a.cpu_warn as f64, cpu, false);
-    check_val("Memory", a.mem_critical as f64, a.mem_warn as f64, mem, false);
-    check_val("Connections", a.conn_critical as f64, a.conn_warn as f64, conns, true);
-    check_val("Subscriptions", a.subs_critical as f64, a.subs_warn as f64, subs, true);
+    check_val(
+        "Memory",
+        a.mem_critical as f64,
+        a.mem_warn as f64,
+        mem,
+        false,
+    );
+    check_val(
+        "Connections",
+        a.conn_critical as f64,
+        a.conn_warn as f64,
+        conns,
+        true,
+    );
+    check_val(
+        "Subscriptions",
+        a.subs_critical as f64,
+        a.subs_warn as f64,
+        subs,
+        true,
+    );
     c
 }
 
@@ -1039,7 +1257,10 @@ async fn kv(conn: &ConnSettings, a: &KvCheck) -> Check {
     ));
     if let Some(key) = &a.key {
         let req = json!({"last_by_subj": format!("$KV.{}.{key}", a.bucket)});
-        match js.api(&format!("STREAM.MSG.GET.{stream}"), Some(&req)).await {
+        match js
+            .api(&format!("STREAM.MSG.GET.{stream}"), Some(&req))
+            .await
+        {
             Err(e) if e.err_code() == Some(crate::js::ERR_NO_MESSAGE_FOUND) => {
                 c.crit(format!("key {key} not found"))
             }
@@ -1079,7 +1300,13 @@ async fn kv(conn: &ConnSettings, a: &KvCheck) -> Check {
             c.ok(format!("{values} values"));
         }
     }
-    c.pd(Perf::new("bytes", u(&info["state"], "bytes") as f64, 0.0, 0.0, "B"));
+    c.pd(Perf::new(
+        "bytes",
+        u(&info["state"], "bytes") as f64,
+        0.0,
+        0.0,
+        "B",
+    ));
     c.pd(Perf::new(
         "replicas",
         i(&info["config"], "num_replicas") as f64,

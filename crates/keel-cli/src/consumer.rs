@@ -412,10 +412,7 @@ async fn resume(js: &Js, a: &ResumeArgs, json_out: bool) -> Res<()> {
         return Ok(());
     }
     let resp = js
-        .api(
-            &format!("CONSUMER.PAUSE.{}.{}", a.stream, a.consumer),
-            None,
-        )
+        .api(&format!("CONSUMER.PAUSE.{}.{}", a.stream, a.consumer), None)
         .await
         .map_err(consumer_error(&a.stream, &a.consumer))?;
     if b(&resp, "paused") {
@@ -924,7 +921,10 @@ pub fn show(info: &Value, json_out: bool, state_only: bool) {
                     format!(
                         "{} ({} remaining)",
                         crate::output::fmt_time_ns(deadline),
-                        dur(round_secs(std::time::Duration::from_nanos(u(info, "pause_remaining"))))
+                        dur(round_secs(std::time::Duration::from_nanos(u(
+                            info,
+                            "pause_remaining"
+                        ))))
                     ),
                 );
             } else {

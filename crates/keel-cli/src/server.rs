@@ -247,7 +247,15 @@ async fn expected(client: &Client, given: Option<u32>, timeout: Duration) -> Res
     if let Some(n) = given.filter(|n| *n > 0) {
         return Ok(Some(n as usize));
     }
-    let first = collect(client, "$SYS.REQ.SERVER.PING", &Value::Null, Some(1), false, timeout).await?;
+    let first = collect(
+        client,
+        "$SYS.REQ.SERVER.PING",
+        &Value::Null,
+        Some(1),
+        false,
+        timeout,
+    )
+    .await?;
     Ok(first
         .first()
         .map(|(v, _)| u(&v["statsz"], "active_servers") as usize)
@@ -342,7 +350,12 @@ async fn ping(client: &Client, conn: &ConnSettings, a: &PingArgs, json_out: bool
         for (v, rtt) in &replies {
             let srv = &v["server"];
             if a.id {
-                println!("{} {:<60} rtt={}", s(srv, "id"), s(srv, "name"), go_dur(*rtt));
+                println!(
+                    "{} {:<60} rtt={}",
+                    s(srv, "id"),
+                    s(srv, "name"),
+                    go_dur(*rtt)
+                );
             } else {
                 println!("{:<60} rtt={}", s(srv, "name"), go_dur(*rtt));
             }
@@ -561,7 +574,10 @@ async fn list(client: &Client, conn: &ConnSettings, a: &ListArgs, json_out: bool
 /// `$SYS.REQ.SERVER.<id>.VARZ` for a server ID, else the PING form filtered by name.
 pub async fn varz(client: &Client, who: Option<&str>, timeout: Duration) -> Res<Value> {
     let who = who.unwrap_or("");
-    let is_id = who.len() == 56 && who.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit());
+    let is_id = who.len() == 56
+        && who
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit());
     let (subject, body) = if is_id {
         (format!("$SYS.REQ.SERVER.{who}.VARZ"), json!({}))
     } else {
@@ -658,10 +674,19 @@ async fn info(client: &Client, conn: &ConnSettings, a: &InfoArgs, json_out: bool
         c.row("API Errors", u(&st["api"], "errors"));
         if i(jc, "sync_interval") > 0 {
             c.row("Always sync writes to disk", b(jc, "sync_always"));
-            c.row("Write sync Frequency", dur(Duration::from_nanos(u(jc, "sync_interval"))));
+            c.row(
+                "Write sync Frequency",
+                dur(Duration::from_nanos(u(jc, "sync_interval"))),
+            );
         }
-        c.row("Maximum Memory Storage", ibytes(i(jc, "max_memory").max(0) as u64));
-        c.row("Maximum File Storage", ibytes(i(jc, "max_storage").max(0) as u64));
+        c.row(
+            "Maximum Memory Storage",
+            ibytes(i(jc, "max_memory").max(0) as u64),
+        );
+        c.row(
+            "Maximum File Storage",
+            ibytes(i(jc, "max_storage").max(0) as u64),
+        );
         c.row_if(
             !s(jc, "unique_tag").is_empty(),
             "Unique Tag",
@@ -678,7 +703,10 @@ async fn info(client: &Client, conn: &ConnSettings, a: &InfoArgs, json_out: bool
             };
             c.row("Maximum HA Assets", unlimited(i(l, "max_ha_assets")));
             c.row("Maximum Ack Pending", unlimited(i(l, "max_ack_pending")));
-            c.row("Maximum Request Batch", unlimited(i(l, "max_request_batch")));
+            c.row(
+                "Maximum Request Batch",
+                unlimited(i(l, "max_request_batch")),
+            );
             if i(l, "duplicate_window") == 0 {
                 c.row("Maximum Duplicate Window", "unlimited");
             } else {
@@ -692,8 +720,14 @@ async fn info(client: &Client, conn: &ConnSettings, a: &InfoArgs, json_out: bool
                 "Maximum Batch Timeout",
                 dur(Duration::from_nanos(u(l, "max_batch_timeout"))),
             );
-            c.row("Maximum Open Batches Per Stream", i(l, "max_batch_inflight_per_stream"));
-            c.row("Maximum Open Batches Per Server", i(l, "max_batch_inflight_total"));
+            c.row(
+                "Maximum Open Batches Per Stream",
+                i(l, "max_batch_inflight_per_stream"),
+            );
+            c.row(
+                "Maximum Open Batches Per Server",
+                i(l, "max_batch_inflight_total"),
+            );
         }
         c.row("Strict API Parsing", b(jc, "strict"));
     }
@@ -720,11 +754,7 @@ async fn info(client: &Client, conn: &ConnSettings, a: &InfoArgs, json_out: bool
             v["cpu"].as_f64().unwrap_or(0.0)
         ),
     );
-    c.row_if(
-        u(&v, "gomaxprocs") > 0,
-        "GOMAXPROCS",
-        u(&v, "gomaxprocs"),
-    );
+    c.row_if(u(&v, "gomaxprocs") > 0, "GOMAXPROCS", u(&v, "gomaxprocs"));
     c.row("Memory", ibytes(u(&v, "mem")));
     c.row("Connections", u(&v, "connections"));
     c.row("Subscriptions", u(&v, "subscriptions"));
@@ -745,7 +775,10 @@ async fn info(client: &Client, conn: &ConnSettings, a: &InfoArgs, json_out: bool
     if cl["urls"].as_array().is_some_and(|a| !a.is_empty()) {
         c.section("Cluster");
         c.row("Name", s(cl, "name"));
-        c.row("Host", format!("{}:{}", s(cl, "addr"), u(cl, "cluster_port")));
+        c.row(
+            "Host",
+            format!("{}:{}", s(cl, "addr"), u(cl, "cluster_port")),
+        );
         for (k, url) in cl["urls"].as_array().into_iter().flatten().enumerate() {
             c.row(if k == 0 { "URLs" } else { "" }, url.as_str().unwrap_or(""));
         }
@@ -780,7 +813,10 @@ fn filter_opts(f: &ServerFilter, conn: &ConnSettings) -> serde_json::Map<String,
 fn check_reply_errors(replies: &[(Value, Duration)]) -> Res<()> {
     for (v, _) in replies {
         if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
-            return Err(format!("invalid response received: {}", s(e, "description")));
+            return Err(format!(
+                "invalid response received: {}",
+                s(e, "description")
+            ));
         }
         if v.get("data").is_none_or(Value::is_null) {
             return Err("no data received in response".into());
@@ -799,15 +835,16 @@ async fn report_connections(
     let mut opts = filter_opts(&a.filter, conn);
     opts.insert("subscriptions".into(), true.into());
     opts.insert("auth".into(), true.into());
-    opts.insert(
-        "state".into(),
-        match a.state {
-            ConnState::Open => 0,
-            ConnState::Closed => 1,
-            ConnState::All => 2,
+    // The reference's ConnState numbers; open is the default and is left out.
+    match a.state {
+        ConnState::Open => {}
+        ConnState::Closed => {
+            opts.insert("state".into(), 1.into());
         }
-        .into(),
-    );
+        ConnState::All => {
+            opts.insert("state".into(), 2.into());
+        }
+    }
     if let Some(acc) = &a.account {
         opts.insert("acc".into(), acc.clone().into());
     }
@@ -851,7 +888,8 @@ async fn report_connections(
         }
         offset += PAGE;
     }
-    if !answered {
+    // As `nats`: servers without matching connections count as no results.
+    if !answered || conns.is_empty() {
         return Err("did not get results from any servers".into());
     }
     if json_out {
@@ -902,14 +940,27 @@ async fn report_connections(
     };
     let show_reason = a.state != ConnState::Open;
     let mut headers = vec![
-        "CID", "Name", "Server", "Cluster", "IP", "Account", "Uptime", "In Msgs", "Out Msgs",
-        "In Bytes", "Out Bytes", "Subs",
+        "CID",
+        "Name",
+        "Server",
+        "Cluster",
+        "IP",
+        "Account",
+        "Uptime",
+        "In Msgs",
+        "Out Msgs",
+        "In Bytes",
+        "Out Bytes",
+        "Subs",
     ];
     if show_reason {
         headers.push("Reason");
     }
     let mut t = Table::new(
-        format!("Top {limit} Connections out of {} by {sort_name}", n(total as u64)),
+        format!(
+            "Top {limit} Connections out of {} by {sort_name}",
+            n(total as u64)
+        ),
         &headers,
     );
     let (mut im, mut om, mut ib, mut ob, mut subs) = (0u64, 0u64, 0u64, 0u64, 0u64);
@@ -988,7 +1039,10 @@ async fn report_connections(
     if !per_server.is_empty() {
         println!();
         per_server.sort_by_key(|(_, _, c)| *c);
-        let mut st = Table::new("Connections per server", &["Server", "Cluster", "Connections"]);
+        let mut st = Table::new(
+            "Connections per server",
+            &["Server", "Cluster", "Connections"],
+        );
         for (name, cluster, c) in per_server {
             st.add(vec![name, cluster, c.to_string()]);
         }
