@@ -1,4 +1,5 @@
-//! `keel consumer ...`: add, edit, info, ls, rm, next, with the `nats` CLI's
+//! `keel consumer ...`: add, edit, info, state, report, ls, rm, next, sub, pause, resume and
+//! reset, with the `nats` CLI's
 //! flags and, where `nats` would prompt, its defaults (pull, deliver all, ack
 //! explicit). `--durable` works both with a name (`--durable worker`) and as
 //! a plain flag next to a positional name (`consumer add S worker --durable`).

@@ -64,7 +64,7 @@ enum Command {
     /// JetStream streams: add, edit, info, report, find, view, get, rmm, purge, seal, copy, backup, restore, rm ...
     #[command(subcommand, visible_aliases = ["str", "s"])]
     Stream(stream::StreamCmd),
-    /// JetStream consumers: add, edit, info, state, report, ls, next, sub, rm
+    /// JetStream consumers: add, edit, info, state, report, ls, next, sub, pause, resume, reset, rm
     #[command(subcommand, visible_aliases = ["con", "c"])]
     Consumer(consumer::ConsumerCmd),
     /// Key-value buckets: add, edit, put, get, create, update, del, purge, revert, history, watch, compact, ls, rm

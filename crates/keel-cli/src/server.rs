@@ -70,6 +70,12 @@ pub struct ListArgs {
     /// Reverse sort servers
     #[arg(short = 'R', long)]
     reverse: bool,
+    /// Compact server names: drop the domain parts all names share (the default)
+    #[arg(long, overrides_with = "no_compact")]
+    compact: bool,
+    /// Show full server names
+    #[arg(long)]
+    no_compact: bool,
 }
 
 #[derive(Args, Debug)]
@@ -173,6 +179,12 @@ pub struct JsReportArgs {
     /// Sort by a specific property
     #[arg(long, value_enum, default_value = "cluster")]
     sort: JsSort,
+    /// Compact server names: drop the domain parts all names share (the default)
+    #[arg(long, overrides_with = "no_compact")]
+    compact: bool,
+    /// Show full server names
+    #[arg(long)]
+    no_compact: bool,
     #[command(flatten)]
     filter: ServerFilter,
 }
@@ -265,6 +277,29 @@ async fn expected(client: &Client, given: Option<u32>, timeout: Duration) -> Res
 fn no_results() -> String {
     "no results received, ensure the account used has system privileges and appropriate permissions"
         .into()
+}
+
+/// Server names without the trailing dot-separated parts they all share, as `nats`
+/// compacts host names (`n1.example.net`, `n2.example.net` become `n1`, `n2`; the
+/// comparison goes by token position, as nats' does).
+pub fn compact_names(names: &[String]) -> Vec<String> {
+    let parts: Vec<Vec<&str>> = names.iter().map(|n| n.split('.').collect()).collect();
+    let Some(shortest) = parts.iter().map(Vec::len).min() else {
+        return Vec::new();
+    };
+    let mut remove = String::new();
+    for k in (1..shortest).rev() {
+        let s = parts[0][k];
+        if parts.iter().all(|p| p[k] == s) {
+            remove = format!(".{s}{remove}");
+        } else {
+            break;
+        }
+    }
+    names
+        .iter()
+        .map(|n| n.strip_suffix(remove.as_str()).unwrap_or(n).to_string())
+        .collect()
 }
 
 /// Go's `time.Duration.String()`: `1.234567ms`, `850µs`, `2m3.5s`.
@@ -449,12 +484,22 @@ async fn list(client: &Client, conn: &ConnSettings, a: &ListArgs, json_out: bool
             "CPU %", "Cores", "Slow", "Uptime", "RTT",
         ],
     );
+    let names: Vec<String> = replies.iter().map(|(v, _)| name(v)).collect();
+    let hosts: Vec<String> = replies
+        .iter()
+        .map(|(v, _)| s(&v["server"], "host").to_string())
+        .collect();
+    let (names, hosts) = if a.no_compact {
+        (names, hosts)
+    } else {
+        (compact_names(&names), compact_names(&hosts))
+    };
     let mut clusters: BTreeMap<String, (usize, Vec<usize>)> = BTreeMap::new();
     let (mut conns, mut subs, mut mem, mut slow, mut js) = (0u64, 0u64, 0u64, 0u64, 0usize);
     let first_ver = s(&replies[0].0["server"], "ver").to_string();
     let first_gws = len(&replies[0].0, "gateways");
     let (mut versions_ok, mut gws_ok) = ("", "");
-    for (v, rtt) in &replies {
+    for (k, (v, rtt)) in replies.iter().enumerate() {
         let srv = &v["server"];
         let stz = &v["statsz"];
         let cluster = s(srv, "cluster");
@@ -490,9 +535,9 @@ async fn list(client: &Client, conn: &ConnSettings, a: &ListArgs, json_out: bool
             .map(|(now, start)| dur(Duration::from_nanos((now - start).max(0) as u64)))
             .unwrap_or_default();
         t.add(vec![
-            s(srv, "name").to_string(),
+            names[k].clone(),
             cluster.to_string(),
-            s(srv, "host").to_string(),
+            hosts[k].clone(),
             s(srv, "ver").to_string(),
             js_cell,
             n(u(stz, "connections")),
@@ -1133,9 +1178,15 @@ async fn report_jetstream(
         "Pending",
     ]);
     let mut t = Table::new(title, &headers);
+    let names: Vec<String> = replies.iter().map(|(v, _)| name(v)).collect();
+    let names = if a.no_compact {
+        names
+    } else {
+        compact_names(&names)
+    };
     let (mut streams_t, mut cons_t, mut msgs_t, mut bytes_t) = (0u64, 0u64, 0u64, 0u64);
     let (mut mem_t, mut store_t, mut api_t, mut pend_t) = (0u64, 0u64, 0u64, 0u64);
-    for (v, _) in &replies {
+    for (k, (v, _)) in replies.iter().enumerate() {
         let data = &v["data"];
         let account = a
             .account
@@ -1182,7 +1233,7 @@ async fn report_jetstream(
         api_t += api;
         pend_t += pending;
         let mut row = vec![
-            format!("{}{leader}", name(v)),
+            format!("{}{leader}", names[k]),
             s(&v["server"], "cluster").to_string(),
         ];
         if domain {
@@ -1233,5 +1284,20 @@ mod tests {
         assert_eq!(go_dur(Duration::from_millis(1500)), "1.5s");
         assert_eq!(go_dur(Duration::from_millis(123_500)), "2m3.5s");
         assert_eq!(go_dur(Duration::from_secs(3600)), "1h0m0s");
+    }
+
+    #[test]
+    fn names_are_compacted_as_nats_does() {
+        let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            compact_names(&v(&["n1.example.net", "n2.example.net"])),
+            v(&["n1", "n2"])
+        );
+        assert_eq!(
+            compact_names(&v(&["n1.a.net", "n2.b.net"])),
+            v(&["n1.a", "n2.b"])
+        );
+        assert_eq!(compact_names(&v(&["NABC", "NDEF"])), v(&["NABC", "NDEF"]));
+        assert_eq!(compact_names(&v(&["127.0.0.1"])), v(&["127"]));
     }
 }

@@ -335,6 +335,29 @@ fn checks_use_nagios_output_and_exit_codes() {
         out.starts_with("OK ORDERS OK:3 messages OK:3 subjects OK:0 sources |"),
         "{out}"
     );
+    // Thresholds from the stream's metadata, as with nats; a flag overrides them.
+    ok(
+        &srv,
+        &APP,
+        &[
+            "stream",
+            "add",
+            "META",
+            "--subjects",
+            "meta.>",
+            "--metadata",
+            "io.nats.monitor.msgs-critical=1",
+        ],
+    );
+    let (code, out) = check(&srv, &APP, &["stream", "--stream", "META"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.starts_with("CRITICAL META Crit:0 messages"), "{out}");
+    let (code, _) = check(
+        &srv,
+        &APP,
+        &["stream", "--stream", "META", "--msgs-critical", "0"],
+    );
+    assert_eq!(code, 0);
     let (code, out) = check(&srv, &APP, &["stream", "--stream", "NOPE"]);
     assert_eq!(code, 2, "{out}");
     assert!(
