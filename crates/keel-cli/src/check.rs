@@ -434,7 +434,8 @@ fn num(v: f64) -> String {
     }
 }
 
-pub async fn run(conn: &ConnSettings, args: &CheckArgs) -> Res<()> {
+/// Runs a check; `--json` (global) means `--format json`.
+pub async fn run(conn: &ConnSettings, args: &CheckArgs, json_out: bool) -> Res<()> {
     let check = match &args.cmd {
         CheckCmd::Connection(a) => connection(conn, a).await,
         CheckCmd::Stream(a) => stream(conn, a).await,
@@ -444,7 +445,8 @@ pub async fn run(conn: &ConnSettings, args: &CheckArgs) -> Res<()> {
         CheckCmd::Kv(a) => kv(conn, a).await,
     };
     let flags = &args.flags;
-    let text = check.render(flags.format);
+    let format = if json_out { Format::Json } else { flags.format };
+    let text = check.render(format);
     match &flags.outfile {
         Some(path) => std::fs::write(path, &text)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?,

@@ -52,9 +52,10 @@ pub struct PauseArgs {
     stream: String,
     /// Consumer name
     consumer: String,
-    /// Pause until a time (`2006-01-02 15:04:05`, UTC, or RFC 3339) or for a duration (`1h30m`)
+    /// Pause until a time (`2006-01-02 15:04:05`, UTC, or RFC 3339) or for a duration
+    /// (`1h30m`); default an hour from now, the answer nats offers when it prompts
     #[arg(value_name = "TIME")]
-    until: String,
+    until: Option<String>,
     /// Force pause without prompting
     #[arg(short, long)]
     force: bool,
@@ -353,7 +354,7 @@ fn parse_pause_until(until: &str) -> Res<i128> {
 }
 
 async fn pause(js: &Js, a: &PauseArgs, json_out: bool) -> Res<()> {
-    let until = parse_pause_until(&a.until)?;
+    let until = parse_pause_until(a.until.as_deref().unwrap_or("1h"))?;
     js.consumer_info(&a.stream, &a.consumer).await?;
     let local = crate::output::fmt_time_ns(until);
     if !confirm(

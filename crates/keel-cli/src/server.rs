@@ -335,7 +335,7 @@ pub fn go_dur(d: Duration) -> String {
 
 pub async fn run(conn: &ConnSettings, cmd: &ServerCmd, json_out: bool) -> Res<()> {
     if let ServerCmd::Check(c) = cmd {
-        return crate::check::run(conn, c).await;
+        return crate::check::run(conn, c, json_out).await;
     }
     let client = conn.connect().await?;
     match cmd {

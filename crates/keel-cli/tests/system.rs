@@ -108,7 +108,14 @@ fn server_commands_answer_through_the_system_account() {
     let v: Value = serde_json::from_str(&ok(&srv, &SYS, &["server", "info", "--json"])).unwrap();
     assert_eq!(v["server_name"], name.as_str(), "{v}");
     assert_eq!(v["auth_required"], true, "{v}");
-    let err = text(&run(&srv, &SYS, &["server", "info", "no-such-server"]).stderr);
+    let err = text(
+        &run(
+            &srv,
+            &SYS,
+            &["server", "info", "no-such-server", "--timeout", "1s"],
+        )
+        .stderr,
+    );
     assert!(err.contains("no server named or with ID"), "{err}");
 
     // A stream in APP shows in the JetStream report, in total and for the account.
@@ -237,7 +244,11 @@ fn server_commands_answer_through_the_system_account() {
         out.starts_with(&format!("WARNING {name} Warn:Connections 1.00 |")),
         "{out}"
     );
-    let (code, out) = check(&srv, &SYS, &["server", "--name", "other"]);
+    let (code, out) = check(
+        &srv,
+        &SYS,
+        &["server", "--name", "other", "--timeout", "1s"],
+    );
     assert_eq!(code, 2, "{out}");
     assert!(
         out.starts_with("CRITICAL other Crit:varz failed: "),
@@ -475,7 +486,8 @@ fn consumer_pause_resume_and_reset() {
     }
     srv.ok(&["consumer", "add", "ORDERS", "C", "--pull", "--defaults"]);
 
-    let out = srv.ok(&["consumer", "pause", "ORDERS", "C", "1h", "-f"]);
+    // Without a time: an hour from now, as the answer nats offers when it asks.
+    let out = srv.ok(&["consumer", "pause", "ORDERS", "C", "-f"]);
     assert!(out.starts_with("Paused ORDERS > C until "), "{out}");
     assert!(
         out.trim_end().ends_with("(1h0m0s)") || out.contains("(59m59s)"),
