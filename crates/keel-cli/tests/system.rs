@@ -175,6 +175,29 @@ fn server_commands_answer_through_the_system_account() {
     .unwrap();
     assert_eq!(v[0]["account"], "SYS", "{v}");
     assert_eq!(v[0]["server"]["name"], name.as_str(), "{v}");
+    // The CLI's earlier APP connections are closed: `--state closed` (sent as the
+    // reference's numeric state) lists them, the open SYS one is not there.
+    let v: Value = serde_json::from_str(&ok(
+        &srv,
+        &SYS,
+        &[
+            "server",
+            "report",
+            "connections",
+            "--state",
+            "closed",
+            "--json",
+        ],
+    ))
+    .unwrap();
+    let conns = v.as_array().expect("a list");
+    assert!(conns.iter().any(|c| c["account"] == "APP"), "{v}");
+    assert!(
+        conns
+            .iter()
+            .all(|c| c["account"] != "SYS" || c["stop"].is_string()),
+        "{v}"
+    );
     // Nobody of APP is connected during the report.
     let err = text(
         &run(
