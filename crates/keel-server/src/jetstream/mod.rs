@@ -18,7 +18,7 @@ pub mod transform;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -66,6 +66,8 @@ pub struct JetStream {
     /// One budget (`jetstream { index_cache_size }`) for the index entries every file
     /// stream of this server reads from disk.
     pub index_cache: keel_store::SharedCache,
+    /// Streams' publish batches in an fsync right now (see `stream::publish_loop`).
+    pub(crate) syncing: AtomicUsize,
 }
 
 const NAMES_LIMIT: usize = 1024;
@@ -121,6 +123,7 @@ impl JetStream {
             server_name: server.server_name.clone(),
             log: server.log.clone(),
             index_cache: keel_store::SharedCache(keel_store::IndexCache::new(cache)),
+            syncing: AtomicUsize::new(0),
         });
         js.recover(server)?;
 

@@ -1424,9 +1424,24 @@ async fn publish_loop(
             .get()
             .and_then(|js| js.store_budget(&stream));
         let acks = if stream.sync_always && stream.storage == StorageType::File {
-            tokio::task::block_in_place(|| {
+            // The fsync blocks this worker. While another worker is free that is cheapest:
+            // the acks go out from this thread with no hand-off. Once most workers sit in
+            // an fsync, block_in_place moves the rest of this worker's tasks to another
+            // thread, so connections keep being served.
+            let syncing = server.jetstream.get().map(|js| &js.syncing);
+            let busy = syncing.map_or(0, |n| n.fetch_add(1, Ordering::AcqRel) + 1);
+            let workers = tokio::runtime::Handle::current().metrics().num_workers();
+            let acks = if busy < workers {
                 stream.process_batch(&mut batch, budget, super::domain(&server))
-            })
+            } else {
+                tokio::task::block_in_place(|| {
+                    stream.process_batch(&mut batch, budget, super::domain(&server))
+                })
+            };
+            if let Some(n) = syncing {
+                n.fetch_sub(1, Ordering::AcqRel);
+            }
+            acks
         } else {
             stream.process_batch(&mut batch, budget, super::domain(&server))
         };
