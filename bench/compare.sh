@@ -10,8 +10,8 @@
 # of each metric per server and the keel/nats ratio.
 #
 # JetStream scenarios (`keel bench js ...`, file storage): sync publish
-# latency p50/p99, async publish throughput, consume+ack throughput from a
-# durable pull consumer, fan-out to 4 durables, and the consumer memory
+# latency p50/p99 (one publisher, and 64 each waiting for its own ack), async publish throughput, consume+ack throughput from a
+# durable pull consumer, fan-out to 4 and to 10 durables, and the consumer memory
 # above. A scenario the server cannot run yet shows up as FAIL.
 #
 # Environment knobs:
@@ -136,9 +136,11 @@ SCENARIOS=(
     "pubsub-16KiB-1:1|pubsub --msgs $(n 20000) --size 16KiB"
     "request-128B|request --msgs $(n 10000) --size 128"
     "js-pub-sync-128B|js pub --msgs $(n 20000) --size 128"
+    "js-pub-sync-128B-64pubs|js pub --msgs $(n 50000) --size 128 --pubs 64"
     "js-pub-async-128B|js pub-async --msgs $(n 200000) --size 128 --inflight 256"
     "js-consume-128B|js consume-fill --msgs $(n 200000) --size 128 --batch 500"
     "js-fanout-128B-4|js fanout --msgs $(n 50000) --size 128 --consumers 4"
+    "js-fanout-128B-10|js fanout --msgs $(n 50000) --size 128 --consumers 10"
 )
 # Durable consumers for the memory scenario (QUICK: a tenth).
 MEM_CONSUMERS=$(n 1000)
