@@ -497,7 +497,7 @@ pub async fn serve(server: Arc<Server>, mut stream: TcpStream, id: u64) {
     if server.auth().nonce {
         let _ = handle.nonce.set(crate::auth::new_nonce());
     }
-    let tls = server.opts.tls.clone();
+    let tls = server.tls();
     if !server.register(&handle) {
         // INFO (unless the client is to start with a TLS handshake), then the error.
         let mut b = BytesMut::new();

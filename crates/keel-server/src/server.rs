@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
@@ -21,6 +21,9 @@ use crate::sublist::Sub;
 
 pub struct Server {
     pub opts: Opts,
+    /// The client listener's TLS setup now: `opts.tls` at start, replaced by a reload
+    /// (new certificates apply to the next handshakes).
+    tls: RwLock<Option<Arc<crate::tls::Tls>>>,
     /// Every account; each owns its subject space (`account.sublist`).
     pub accounts: Accounts,
     /// This server's log (every log macro takes it, or a clone of it).
@@ -228,7 +231,9 @@ impl Server {
         let (token, done) = tokio::sync::mpsc::channel(1);
         let accounts = Accounts::from_opts(&opts.auth);
         let auth_opts = opts.auth.clone();
+        let tls = RwLock::new(opts.tls.clone());
         Arc::new(Server {
+            tls,
             opts,
             accounts,
             log,
@@ -291,6 +296,17 @@ impl Server {
             return Err("config reload not supported for system_account".into());
         }
         self.apply_auth(&opts.auth)?;
+        match (self.tls().is_some(), &opts.tls) {
+            (true, Some(t)) => {
+                *self.tls.write().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());
+                crate::info!(self.log, "Reloaded: tls");
+            }
+            (false, None) => {}
+            _ => crate::warn!(
+                self.log,
+                "Reload: tls turned on or off; it takes effect at the next restart"
+            ),
+        }
         let auth = self.auth();
         for h in self.clients() {
             let connected = h.meta.lock().unwrap_or_else(|e| e.into_inner()).connected;
@@ -370,6 +386,11 @@ impl Server {
     /// Who may connect now.
     pub fn auth(&self) -> Arc<crate::auth::Auth> {
         self.auth.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The client listener's TLS setup (None: plain text).
+    pub fn tls(&self) -> Option<Arc<crate::tls::Tls>> {
+        self.tls.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Applies `opts` (authentication and accounts): the accounts' settings and links, then
@@ -492,7 +513,8 @@ impl Server {
         tls_first: bool,
     ) -> Vec<u8> {
         let addr = *self.client_addr.lock().unwrap_or_else(|e| e.into_inner());
-        let tls = self.opts.tls.as_deref();
+        let tls = self.tls();
+        let tls = tls.as_deref();
         let info = Info {
             server_id: &self.server_id,
             server_name: &self.server_name,

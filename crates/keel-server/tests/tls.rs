@@ -322,6 +322,22 @@ async fn verify_and_map_logs_in_as_the_user_the_certificate_names() {
 }
 
 #[tokio::test]
+async fn reload_replaces_the_certificates_and_keeps_connections() {
+    // A reload with another certificate (from another CA): new clients get the new one,
+    // a connection made before keeps working.
+    let (old, new) = (TestCerts::new(), TestCerts::new());
+    let server = Server::start_with_config(&tls_conf(&old, "timeout: 2"));
+    let before = connect(&server, old.client_options(false)).await.unwrap();
+    round_trip(&before).await;
+
+    server.reload_config(&tls_conf(&new, "timeout: 2"));
+    assert!(connect(&server, old.client_options(false)).await.is_err());
+    let after = connect(&server, new.client_options(false)).await.unwrap();
+    round_trip(&after).await;
+    round_trip(&before).await;
+}
+
+#[tokio::test]
 async fn monitoring_shows_the_tls_state() {
     let certs = TestCerts::new();
     let server = Server::start_with_config(&format!(
