@@ -56,6 +56,10 @@ pub async fn start(opts: Opts, log: Log) -> Result<Running, ()> {
         server.shutdown();
         server.seal_internal();
     };
+    // Before anything subscribes: the cluster counts every subscription for its peers.
+    if server.opts.cluster.enabled() {
+        let _ = server.cluster.set(crate::route::Cluster::install(&server));
+    }
     if server.opts.jetstream {
         match crate::jetstream::JetStream::start(&server) {
             Ok(js) => {
@@ -119,6 +123,12 @@ pub async fn start(opts: Opts, log: Log) -> Result<Running, ()> {
         host_port(&server.opts.host, client_addr.port())
     );
     info!(log, "Server is ready");
+    if let Some(cluster) = server.cluster.get().cloned() {
+        if cluster.start(&server).await.is_err() {
+            stop_early(&server);
+            return Err(());
+        }
+    }
 
     crate::memtrim::spawn(server.clone());
     let accept = {

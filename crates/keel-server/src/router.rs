@@ -35,6 +35,17 @@ pub struct Router {
     client: bool,
     /// In-process queues this batch left full; the client waits for each before reading on.
     blocked: Vec<Arc<InQueue>>,
+    /// The routes the current message goes to (the first `nroutes`; the entries are kept
+    /// for reuse so a routed message allocates nothing).
+    routes: Vec<RouteTarget>,
+    nroutes: usize,
+}
+
+/// A route connection a message goes to, once, with the queue groups it was picked for
+/// there (the peer delivers to one member of each, and to its plain subscribers).
+struct RouteTarget {
+    handle: Arc<ClientHandle>,
+    queues: Vec<Bytes>,
 }
 
 /// One message to route. `data` holds the header block (first `hdr_len` bytes) then the
@@ -59,6 +70,8 @@ impl Router {
             rng: 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xA24B_AED4_963E_E407) | 1,
             client: false,
             blocked: Vec::new(),
+            routes: Vec::new(),
+            nroutes: 0,
         }
     }
 
@@ -104,6 +117,12 @@ impl Router {
         let result = self.cache.lookup(&self.account.sublist, target);
         let mut delivered = false;
         for sub in &result.psubs {
+            if sub.client.is_route() {
+                // A peer with interest gets the message once, however many of its
+                // subscriptions match.
+                self.add_route_target(sub, None);
+                continue;
+            }
             if skip == Some(sub.client.id) {
                 continue;
             }
@@ -111,9 +130,19 @@ impl Router {
         }
         for group in &result.qsubs {
             // Start at a random member; fall through to the next if one cannot take it.
+            // A route's member stands for the peer's members (listed by their number), so
+            // a peer is picked in proportion, as the reference does for a client's publish.
             let start = self.next_rand() as usize % group.len();
             for i in 0..group.len() {
                 let sub = &group[(start + i) % group.len()];
+                if sub.client.is_route() {
+                    if sub.client.is_closed() {
+                        continue;
+                    }
+                    self.add_route_target(sub, sub.queue.as_ref());
+                    delivered = true;
+                    break;
+                }
                 if skip == Some(sub.client.id) {
                     continue;
                 }
@@ -123,7 +152,139 @@ impl Router {
                 }
             }
         }
+        if self.nroutes > 0 {
+            delivered |= self.send_to_routes(target, msg);
+        }
         delivered
+    }
+
+    /// Delivers a message that came from a route peer: to the local plain subscribers, and
+    /// to one local member of each queue group in `queues` (the groups the sender picked
+    /// this server for; none without them). Never to another route (every server has a
+    /// route to every other), and never to JetStream's in-process subscribers, whose
+    /// interest is this server's own (JetStream is not clustered yet).
+    pub fn route_from_peer(
+        &mut self,
+        server: &Server,
+        msg: &Outgoing,
+        queues: &keel_protocol::route::Queues,
+    ) -> bool {
+        let result = self.cache.lookup(&self.account.sublist, msg.subject);
+        if result.is_empty() {
+            return false;
+        }
+        // A JetStream push delivery crosses a route on its deliver subject, with the stored
+        // subject after an `@` in its `$JS.ACK` reply (the reference's encoding).
+        let remapped = msg.reply.and_then(|r| js_ack_deliver(r).map(|at| (r, at)));
+        let (subject, reply);
+        let local = match remapped {
+            Some((r, at)) => {
+                subject = r.slice(at + 1..);
+                reply = r.slice(..at);
+                Outgoing {
+                    subject: &subject,
+                    reply: Some(&reply),
+                    hdr_len: msg.hdr_len,
+                    data: msg.data,
+                }
+            }
+            None => Outgoing { ..*msg },
+        };
+        let mut delivered = false;
+        for sub in &result.psubs {
+            if sub.client.is_route() || sub.client.internal_queue().is_some() {
+                continue;
+            }
+            delivered |= self.deliver(server, sub, &local);
+        }
+        if queues.is_empty() {
+            return delivered;
+        }
+        for group in &result.qsubs {
+            if !group[0].queue.as_ref().is_some_and(|q| queues.contains(q)) {
+                continue;
+            }
+            let start = self.next_rand() as usize % group.len();
+            for i in 0..group.len() {
+                let sub = &group[(start + i) % group.len()];
+                if sub.client.is_route() || sub.client.internal_queue().is_some() {
+                    continue;
+                }
+                if self.deliver(server, sub, &local) {
+                    delivered = true;
+                    break;
+                }
+            }
+        }
+        delivered
+    }
+
+    fn add_route_target(&mut self, sub: &Arc<Sub>, queue: Option<&Bytes>) {
+        for t in &mut self.routes[..self.nroutes] {
+            if Arc::ptr_eq(&t.handle, &sub.client) {
+                if let Some(q) = queue {
+                    t.queues.push(q.clone());
+                }
+                return;
+            }
+        }
+        if self.nroutes == self.routes.len() {
+            self.routes.push(RouteTarget {
+                handle: sub.client.clone(),
+                queues: Vec::new(),
+            });
+        } else {
+            let t = &mut self.routes[self.nroutes];
+            t.handle = sub.client.clone();
+            t.queues.clear();
+        }
+        if let Some(q) = queue {
+            self.routes[self.nroutes].queues.push(q.clone());
+        }
+        self.nroutes += 1;
+    }
+
+    /// Writes the current message once into each target route's buffer. `target` is the
+    /// subject it was matched on, which is what the peer matches too.
+    fn send_to_routes(&mut self, target: &[u8], msg: &Outgoing) -> bool {
+        let account = self.account.name.as_bytes();
+        // A JetStream delivery (matched on its deliver subject) keeps the stored subject
+        // after an `@` in its `$JS.ACK` reply, as the reference sends it.
+        let joined;
+        let reply = match msg.reply {
+            Some(r)
+                if target != &msg.subject[..] && is_js_ack(r) && js_ack_deliver(r).is_none() =>
+            {
+                let mut b = bytes::BytesMut::with_capacity(r.len() + 1 + msg.subject.len());
+                b.extend_from_slice(r);
+                b.extend_from_slice(b"@");
+                b.extend_from_slice(msg.subject);
+                joined = b.freeze();
+                Some(&joined)
+            }
+            r => r,
+        };
+        let mut sent = false;
+        for i in 0..self.nroutes {
+            let t = &self.routes[i];
+            let h = &t.handle;
+            if h.queue_routed(
+                Some(account),
+                target,
+                reply,
+                &t.queues,
+                msg.hdr_len,
+                msg.data,
+            ) {
+                self.to_signal.push(h.clone());
+            }
+            sent = true;
+            if h.congested.load(Ordering::Relaxed) && self.congested.is_none() {
+                self.congested = Some(h.clone());
+            }
+        }
+        self.nroutes = 0;
+        sent
     }
 
     /// A 503 no-responders status on `reply`, delivered only to `client`'s own
@@ -243,5 +404,47 @@ impl Router {
         x ^= x >> 27;
         self.rng = x;
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+const JS_ACK: &[u8] = b"$JS.ACK.";
+
+fn is_js_ack(reply: &[u8]) -> bool {
+    reply.starts_with(JS_ACK)
+}
+
+/// Where the `@` of a `$JS.ACK.<8 tokens>@<subject>` reply is (the reference's encoding of
+/// a JetStream delivery's subject across a route): the first `@` after the eighth dot.
+fn js_ack_deliver(reply: &[u8]) -> Option<usize> {
+    if !is_js_ack(reply) {
+        return None;
+    }
+    let mut dots = 0;
+    for (i, &b) in reply.iter().enumerate() {
+        match b {
+            b'.' => dots += 1,
+            b'@' if dots >= 8 => return (i + 1 < reply.len()).then_some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn js_ack_subjects_across_routes() {
+        let r = b"$JS.ACK.S.C.1.2.3.1700000000.0@orders.eu";
+        let at = js_ack_deliver(r).unwrap();
+        assert_eq!(&r[at + 1..], b"orders.eu");
+        assert_eq!(js_ack_deliver(b"$JS.ACK.S.C.1.2.3.4.0"), None);
+        assert_eq!(
+            js_ack_deliver(b"$JS.ACK.S@x.C.1.2.3.4.0"),
+            None,
+            "@ in a token"
+        );
+        assert_eq!(js_ack_deliver(b"_INBOX.a@b"), None);
     }
 }
