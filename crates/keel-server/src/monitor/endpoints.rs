@@ -690,12 +690,11 @@ pub fn routez(ctx: &Ctx, q: &Query) -> Result<Value, String> {
                             if !detail {
                                 return subject.into();
                             }
+                            // The reference's fields: the account is in the sid.
                             let mut d = Map::new();
-                            d.insert("account".into(), sub.account.clone().into());
                             d.insert("subject".into(), subject.into());
                             if let Some(q) = &sub.queue {
                                 d.insert("qgroup".into(), String::from_utf8_lossy(q).into());
-                                d.insert("qweight".into(), sub.weight.into());
                             }
                             // The reference's sid of a routed subscription: `R <acc> <subject>[ <queue>]`.
                             let sid = String::from_utf8_lossy(&sub.sid);
