@@ -295,6 +295,16 @@ impl ClientHandle {
         self.lock_out().buf.len()
     }
 
+    /// Takes what is queued for the socket (unit tests of what a connection is sent).
+    #[cfg(test)]
+    pub(crate) fn take_outbound(&self) -> String {
+        let mut o = self.lock_out();
+        let text = String::from_utf8_lossy(&o.buf).into_owned();
+        o.buf.clear();
+        o.flush_scheduled = false;
+        text
+    }
+
     /// Queues one message for a socket (in-process subscribers are fed by the router
     /// through [`internal_queue`](Self::internal_queue)). Returns true when the caller must
     /// [`signal`](Self::signal) this handle after its current batch (it is the first to

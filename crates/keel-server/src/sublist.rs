@@ -43,8 +43,11 @@ struct Node {
     /// Each group's members with their weight: 1 for a local subscriber; a route's queue
     /// subscription stands for the peer's members and is listed that many times in match
     /// results, so a publisher picks the peer in proportion (as the reference).
-    qsubs: Vec<(Bytes, Vec<(Arc<Sub>, u32)>)>,
+    qsubs: Vec<(Bytes, Members)>,
 }
+
+/// A queue group's members in one node, each with its weight.
+type Members = Vec<(Arc<Sub>, u32)>;
 
 /// Most times one route's queue subscription is listed in a match result. A peer's
 /// weight is its member count; past this the peer is picked as if it had this many (it
@@ -682,6 +685,67 @@ mod tests {
         // None never completes.
         let never = tokio::time::timeout(Duration::from_millis(20), sl.subscribed(None));
         assert!(never.await.is_err());
+    }
+
+    /// A route's queue subscription is listed as many times as its weight (the peer's
+    /// member count), and a new weight shows in the next match (the caches see it too).
+    #[test]
+    fn remote_queue_members_count_their_weight() {
+        let sl = Sublist::new();
+        let local = sub("w", Some("g"));
+        let remote = sub("w", Some("g"));
+        sl.insert(local.clone());
+        sl.insert_remote(remote.clone(), 3);
+        let mut cache = MatchCache::default();
+        let members = |c: &mut MatchCache| {
+            let r = c.lookup(&sl, b"w");
+            assert_eq!(r.qsubs.len(), 1);
+            let n = r.qsubs[0]
+                .iter()
+                .filter(|s| Arc::ptr_eq(s, &remote))
+                .count();
+            (r.qsubs[0].len(), n)
+        };
+        assert_eq!(members(&mut cache), (4, 3));
+        sl.set_weight(&remote, 1);
+        assert_eq!(members(&mut cache), (2, 1));
+        sl.set_weight(&remote, u32::MAX);
+        assert_eq!(
+            members(&mut cache),
+            (1 + MAX_QUEUE_WEIGHT as usize, MAX_QUEUE_WEIGHT as usize)
+        );
+        assert!(sl.remove(&remote));
+        assert_eq!(members(&mut cache), (1, 0));
+        assert_eq!(sl.all().len(), 1);
+    }
+
+    /// The hook hears about every insert and remove that changed the index, once.
+    #[test]
+    fn the_hook_hears_each_change_once() {
+        #[derive(Default)]
+        struct Count(std::sync::Mutex<(usize, usize)>);
+        impl SubHook for Count {
+            fn added(&self, _: &Arc<Sub>) {
+                self.0.lock().unwrap().0 += 1;
+            }
+            fn removed(&self, _: &Arc<Sub>) {
+                self.0.lock().unwrap().1 += 1;
+            }
+        }
+        let sl = Sublist::new();
+        let hook = Arc::new(Count::default());
+        assert!(sl.set_hook(hook.clone()));
+        assert!(!sl.set_hook(hook.clone()), "one hook");
+        let a = sub("a.b", None);
+        sl.insert(a.clone());
+        sl.insert_remote(sub("a.b", None), 1);
+        assert!(sl.remove(&a));
+        assert!(!sl.remove(&a));
+        assert_eq!(
+            *hook.0.lock().unwrap(),
+            (1, 1),
+            "remote inserts are not told"
+        );
     }
 
     #[test]

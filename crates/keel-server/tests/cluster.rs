@@ -276,7 +276,8 @@ async fn a_peer_is_picked_in_proportion_to_its_members() {
         }
         sync(&ca).await;
         let mut local_n = 0;
-        while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(50), local.next()).await {
+        while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(50), local.next()).await
+        {
             local_n += 1;
         }
         remote_share = N - local_n;
@@ -344,11 +345,7 @@ async fn info_until(raw: &mut RawClient, what: &str, f: impl Fn(&[String]) -> bo
                 let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
                 let urls: Vec<String> = v["connect_urls"]
                     .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .map(|u| u.as_str().unwrap().to_string())
-                            .collect()
-                    })
+                    .map(|a| a.iter().map(|u| u.as_str().unwrap().to_string()).collect())
                     .unwrap_or_default();
                 if f(&urls) {
                     return;
@@ -376,7 +373,10 @@ async fn clients_learn_the_cluster_from_connect_urls() {
         .iter()
         .map(|u| u.as_str().unwrap())
         .collect();
-    assert!(urls.contains(&url(&a).as_str()) && urls.contains(&url(&b).as_str()), "{urls:?}");
+    assert!(
+        urls.contains(&url(&a).as_str()) && urls.contains(&url(&b).as_str()),
+        "{urls:?}"
+    );
     assert_eq!(first["cluster"], "t");
     raw.send(b"CONNECT {\"verbose\":false,\"protocol\":1}\r\nPING\r\n")
         .await;
@@ -492,7 +492,11 @@ async fn a_generated_cluster_name_gives_way_to_a_configured_one() {
         }
     })
     .await;
-    assert!(a.log().contains("Cluster name updated to fixed"), "{}", a.log());
+    assert!(
+        a.log().contains("Cluster name updated to fixed"),
+        "{}",
+        a.log()
+    );
     a.shutdown().await;
     b.shutdown().await;
 }
@@ -562,10 +566,14 @@ async fn route_port_protocol_errors_match_the_reference() {
     let mut raw = RawClient::connect(route_addr(&a)).await;
     raw.send(b"CONNECT {\"lang\":\"go\",\"version\":\"1.0\",\"verbose\":false}\r\n")
         .await;
-    assert_eq!(raw.read_line().await, "-ERR 'attempted to connect to route port'");
+    assert_eq!(
+        raw.read_line().await,
+        "-ERR 'attempted to connect to route port'"
+    );
     // Another cluster.
     let mut raw = RawClient::connect(route_addr(&a)).await;
-    raw.send(b"CONNECT {\"name\":\"NX\",\"cluster\":\"zz\"}\r\n").await;
+    raw.send(b"CONNECT {\"name\":\"NX\",\"cluster\":\"zz\"}\r\n")
+        .await;
     assert_eq!(
         raw.read_line().await,
         "-ERR 'Rejecting connection, cluster name \"zz\" does not match \"t\"'"
@@ -634,14 +642,14 @@ async fn a_fake_peer_gets_interest_and_messages_in_the_reference_format() {
     })
     .await;
     // Our interest, then a message from A's client.
-    raw.send(b"RS+ $G from.a\r\nRS+ $G fq fq 1\r\nPING\r\n").await;
-    within("PONG", async {
-        while raw.read_line().await != "PONG" {}
-    })
-    .await;
+    raw.send(b"RS+ $G from.a\r\nRS+ $G fq fq 1\r\nPING\r\n")
+        .await;
+    within("PONG", async { while raw.read_line().await != "PONG" {} }).await;
     a.wait_route_interest("from.a", true).await;
     ca.publish("from.a", "hello".into()).await.unwrap();
-    ca.publish_with_reply("fq", "r.1", "q".into()).await.unwrap();
+    ca.publish_with_reply("fq", "r.1", "q".into())
+        .await
+        .unwrap();
     ca.flush().await.unwrap();
     let mut got = Vec::new();
     within("routed messages", async {
@@ -823,7 +831,11 @@ async fn routez_lists_routes_and_their_interest() {
     let one = detail.iter().find(|s| s["subject"] == "rz.one").unwrap();
     assert_eq!(one["sid"], "R $G rz.one", "{one}");
     let q = detail.iter().find(|s| s["subject"] == "rz.q").unwrap();
-    assert_eq!((&q["qgroup"], &q["sid"]), (&"g".into(), &"R $G rz.q g".into()), "{q}");
+    assert_eq!(
+        (&q["qgroup"], &q["sid"]),
+        (&"g".into(), &"R $G rz.q g".into()),
+        "{q}"
+    );
     if !is_reference() {
         // Keel's /metrics: the exporter's routez families.
         let m = http_get(a.monitor_port(), "/metrics").await.body;
@@ -847,7 +859,11 @@ async fn jetstream_stays_local_to_its_server_in_a_cluster() {
     let js = Node::start_jetstream(&conf("t", "127.0.0.1:-1", &[], "")).await;
     let other = member("t", &[js.route_url()]).await;
     js.wait_remotes(1).await;
-    assert!(js.log().contains("JetStream is not clustered yet"), "{}", js.log());
+    assert!(
+        js.log().contains("JetStream is not clustered yet"),
+        "{}",
+        js.log()
+    );
     let c = js.client().await;
     let (_, created) = common::json_request(
         &c,
@@ -856,15 +872,79 @@ async fn jetstream_stays_local_to_its_server_in_a_cluster() {
     )
     .await;
     assert!(created.get("error").is_none(), "{created}");
-    let ack = within("pub ack", c.request("s.1", "x".into())).await.unwrap();
+    let ack = within("pub ack", c.request("s.1", "x".into()))
+        .await
+        .unwrap();
     assert!(String::from_utf8_lossy(&ack.payload).contains("\"seq\":1"));
     // The other server does not reach this server's JetStream.
     let co = other.client().await;
     let err = within("no JetStream there", co.request("$JS.API.INFO", "".into()))
         .await
         .expect_err("no responders");
-    assert_eq!(err.kind(), async_nats::client::RequestErrorKind::NoResponders);
-    assert!(!other.route_subjects().await.iter().any(|s| s.starts_with("$JS")));
+    assert_eq!(
+        err.kind(),
+        async_nats::client::RequestErrorKind::NoResponders
+    );
+    assert!(!other
+        .route_subjects()
+        .await
+        .iter()
+        .any(|s| s.starts_with("$JS")));
     js.shutdown().await;
     other.shutdown().await;
+}
+
+/// Lame duck mode on one server: the others stop advertising it to their clients, and its
+/// own clients are pointed at the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_in_lame_duck_mode_is_no_longer_advertised() {
+    let ldm = "lame_duck_duration: \"30s\"\nlame_duck_grace_period: \"10s\"\n";
+    let a = member("t", &[]).await;
+    let b = Node::start_cluster(&format!(
+        "{ldm}{}",
+        conf("t", "127.0.0.1:-1", &[a.route_url()], "")
+    ))
+    .await;
+    a.wait_remotes(1).await;
+    let (ua, ub) = (a.addr().to_string(), b.addr().to_string());
+    let mut on_a = RawClient::connect(a.addr()).await;
+    on_a.send(b"CONNECT {\"verbose\":false,\"protocol\":1}\r\nPING\r\n")
+        .await;
+    assert_eq!(on_a.read_line().await, "PONG");
+    let mut on_b = RawClient::connect(b.addr()).await;
+    on_b.send(b"CONNECT {\"verbose\":false,\"protocol\":1}\r\nPING\r\n")
+        .await;
+    assert_eq!(on_b.read_line().await, "PONG");
+    info_until(&mut on_a, "A's INFO names B", |u| u.contains(&ub)).await;
+    info_until(&mut on_b, "B's INFO names A", |u| u.contains(&ua)).await;
+    match &b {
+        Node::InProcess(s) => {
+            let server = s.server().clone();
+            tokio::spawn(async move { server.lame_duck().await });
+        }
+        Node::Process(p) => {
+            std::process::Command::new("kill")
+                .args(["-USR2", &p.pid().to_string()])
+                .status()
+                .expect("kill -USR2");
+        }
+    }
+    info_until(&mut on_a, "A stops advertising B", |u| {
+        u.contains(&ua) && !u.contains(&ub)
+    })
+    .await;
+    within("B's clients are told", async {
+        loop {
+            let line = on_b.read_line().await;
+            if line.starts_with("INFO ") && line.contains("\"ldm\":true") {
+                let v: serde_json::Value =
+                    serde_json::from_str(line["INFO ".len()..].trim()).unwrap();
+                assert_eq!(v["connect_urls"], serde_json::json!([ua]), "{line}");
+                return;
+            }
+        }
+    })
+    .await;
+    a.shutdown().await;
+    b.shutdown().await;
 }

@@ -6,7 +6,7 @@
 mod common;
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,7 +24,7 @@ fn keel() -> PathBuf {
     }
 }
 
-fn node(bin: &PathBuf, name: &str, routes: &[String]) -> Node {
+fn node(bin: &Path, name: &str, routes: &[String]) -> Node {
     let routes: Vec<String> = routes.iter().map(|r| format!("\"{r}\"")).collect();
     let conf = format!(
         "server_name: {name}\nhttp_port: -1\ncluster {{\n  name: mix\n  listen: \"127.0.0.1:-1\"\n  \
@@ -85,9 +85,12 @@ async fn two_keel_servers_and_a_nats_server_form_one_cluster() {
             c.publish(format!("to.{j}"), format!("p{i}").into())
                 .await
                 .unwrap();
-            let r = within("request", c.request(format!("svc.{j}"), format!("q{i}").into()))
-                .await
-                .unwrap_or_else(|e| panic!("request {i} -> {j}: {e}"));
+            let r = within(
+                "request",
+                c.request(format!("svc.{j}"), format!("q{i}").into()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("request {i} -> {j}: {e}"));
             assert_eq!(r.payload, Bytes::from(format!("q{i} by {j}")));
         }
         let e = within("no responders", c.request("svc.none", "".into()))
@@ -223,7 +226,9 @@ async fn clients_of_a_killed_node_reconnect_elsewhere_without_duplicates() {
     within("the subscriber reconnects to another node", async {
         loop {
             publisher.publish("ha.probe", "p".into()).await.unwrap();
-            if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(100), probe.next()).await {
+            if let Ok(Some(_)) =
+                tokio::time::timeout(Duration::from_millis(100), probe.next()).await
+            {
                 return;
             }
         }
@@ -231,7 +236,8 @@ async fn clients_of_a_killed_node_reconnect_elsewhere_without_duplicates() {
     .await;
     let now = sub_client.server_info().port;
     assert_ne!(now, p1.port(), "reconnected to the killed node?");
-    n2.wait_route_interest("ha.data", now != n2.addr().port()).await;
+    n2.wait_route_interest("ha.data", now != n2.addr().port())
+        .await;
     for k in 100..200 {
         publisher
             .publish("ha.data", format!("{k}").into())

@@ -130,7 +130,12 @@ struct Meta {
 }
 
 impl Route {
-    fn new(rid: u64, handle: Arc<ClientHandle>, addr: Option<SocketAddr>, origin: &Origin) -> Self {
+    pub(crate) fn new(
+        rid: u64,
+        handle: Arc<ClientHandle>,
+        addr: Option<SocketAddr>,
+        origin: &Origin,
+    ) -> Self {
         let mut meta = Meta::default();
         if let Origin::Solicited {
             url,

@@ -70,11 +70,6 @@ impl AccountInterest {
         self.lock().routes.retain(|r| !Arc::ptr_eq(r, route));
     }
 
-    /// What this server has announced for the account (tests).
-    pub(crate) fn counts(&self) -> HashMap<Key, u32> {
-        self.lock().counts.clone()
-    }
-
     fn tell(&self, st: &State, subject: &[u8], queue: Option<&[u8]>, n: u32) {
         if st.routes.is_empty() {
             return;
@@ -125,5 +120,74 @@ impl SubHook for AccountInterest {
         if sub.queue.is_some() || n == 0 {
             self.tell(&st, &sub.subject, sub.queue.as_deref(), n);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::ClientHandle;
+    use crate::config::Opts;
+    use crate::log::Log;
+    use crate::route::Origin;
+    use crate::server::Server;
+    use std::sync::atomic::AtomicU64;
+
+    fn sub(client: &Arc<ClientHandle>, subject: &str, queue: Option<&str>) -> Arc<Sub> {
+        Arc::new(Sub {
+            client: client.clone(),
+            sid: Bytes::from_static(b"1"),
+            subject: Bytes::copy_from_slice(subject.as_bytes()),
+            queue: queue.map(|q| Bytes::copy_from_slice(q.as_bytes())),
+            max: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+        })
+    }
+
+    /// The reference's rules: plain interest at 0 -> 1 and 1 -> 0, a queue group's member
+    /// count on every change; a route that registers later gets the counts so far; the
+    /// peers' own subscriptions and JetStream's are not this server's interest to tell.
+    #[test]
+    fn peers_hear_what_the_reference_would_send() {
+        let server = Server::new(Opts::default(), Log::capture(Default::default()));
+        let acc = server.accounts.global().clone();
+        let hook = AccountInterest::new(acc.name.clone());
+        assert!(acc.sublist.set_hook(hook.clone()));
+        let slow = Arc::new(AtomicU64::new(0));
+        let peer = ClientHandle::for_route(&server, 100, 1 << 20, slow.clone());
+        let route = Arc::new(Route::new(100, peer.clone(), None, &Origin::Accepted));
+        hook.attach(&route);
+        let client = ClientHandle::detached(1);
+        let (p1, p2) = (sub(&client, "foo", None), sub(&client, "foo", None));
+        let (q1, q2) = (sub(&client, "w", Some("g")), sub(&client, "w", Some("g")));
+        for s in [&p1, &p2, &q1, &q2] {
+            acc.sublist.insert(s.clone());
+        }
+        assert_eq!(
+            peer.take_outbound(),
+            "RS+ $G foo\r\nRS+ $G w g 1\r\nRS+ $G w g 2\r\n"
+        );
+        // A route's subscription (the peer's own interest) and JetStream's are not told.
+        acc.sublist.insert_remote(sub(&peer, "theirs", None), 1);
+        let (internal, _rx) = ClientHandle::internal(&server, &acc, "js".into(), 1024);
+        acc.sublist.insert(sub(&internal, "$JS.API.>", None));
+        assert_eq!(peer.take_outbound(), "");
+        // A second route registers: it gets the counts so far in one go.
+        let peer2 = ClientHandle::for_route(&server, 101, 1 << 20, slow);
+        let route2 = Arc::new(Route::new(101, peer2.clone(), None, &Origin::Accepted));
+        hook.attach(&route2);
+        let mut got: Vec<String> = peer2.take_outbound().lines().map(String::from).collect();
+        got.sort();
+        assert_eq!(got, ["RS+ $G foo", "RS+ $G w g 2"]);
+        for s in [&p1, &q1] {
+            acc.sublist.remove(s);
+        }
+        assert_eq!(peer.take_outbound(), "RS+ $G w g 1\r\n");
+        hook.detach(&route2);
+        for s in [&p2, &q2] {
+            acc.sublist.remove(s);
+        }
+        assert_eq!(peer.take_outbound(), "RS- $G foo\r\nRS- $G w g\r\n");
+        assert_eq!(peer2.take_outbound(), "RS+ $G w g 1\r\n", "detached before");
     }
 }

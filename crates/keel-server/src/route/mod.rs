@@ -652,14 +652,20 @@ async fn solicit(
             Ok(s) => s,
             Err(e) => {
                 attempts += 1;
+                let why = match e.kind() {
+                    std::io::ErrorKind::ConnectionRefused => "connect: connection refused".into(),
+                    std::io::ErrorKind::TimedOut => "i/o timeout".into(),
+                    _ => e.to_string(),
+                };
                 let msg = format!(
-                    "Error trying to connect to route (attempt {attempts}): dial tcp {}: {e}",
+                    "Error trying to connect to route (attempt {attempts}): dial tcp {}: {why}",
                     url.host_port()
                 );
-                if attempts == 1 || attempts % REPORT_EVERY == 0 {
-                    if first_connect || attempts == 1 {
-                        error!(server.log, "{msg}");
-                    }
+                // As the reference: the first failure, then every hour's worth of attempts
+                // while the route never connected; every failure once it had.
+                let every = if first_connect { REPORT_EVERY } else { 1 };
+                if attempts == 1 || attempts.is_multiple_of(every) {
+                    error!(server.log, "{msg}");
                 } else {
                     debug!(server.log, "{msg}");
                 }

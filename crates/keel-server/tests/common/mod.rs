@@ -150,12 +150,7 @@ pub fn free_port() -> u16 {
 
 /// Spawns the server binary on `port` with `args`, appending its output to
 /// `log_path`.
-fn spawn_server(
-    bin: &Path,
-    port: u16,
-    args: &[String],
-    log_path: &Path,
-) -> Result<Child, String> {
+fn spawn_server(bin: &Path, port: u16, args: &[String], log_path: &Path) -> Result<Child, String> {
     let log = fs::OpenOptions::new()
         .create(true)
         .append(true)
