@@ -123,7 +123,10 @@ fn start_cluster(bin: &Path, kind: &str) -> Cluster {
         cmd.stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .stdin(Stdio::null());
-        children.push(cmd.spawn().unwrap_or_else(|e| panic!("{}: {e}", bin.display())));
+        children.push(
+            cmd.spawn()
+                .unwrap_or_else(|e| panic!("{}: {e}", bin.display())),
+        );
         client_ports.push(port);
         http_ports.push(http);
     }
@@ -209,7 +212,10 @@ async fn round(c: &Cluster, a: &Args) -> Numbers {
     });
     let start = Instant::now();
     for _ in 0..n {
-        publisher.publish("bench.tp", payload.clone()).await.unwrap();
+        publisher
+            .publish("bench.tp", payload.clone())
+            .await
+            .unwrap();
     }
     publisher.flush().await.unwrap();
     let (received, end) = counter.await.unwrap();
@@ -327,9 +333,15 @@ async fn main() {
     }
     let med = |k: usize, f: fn(&Numbers) -> f64| median(results[k].iter().map(f).collect());
     println!("\nmedian over {} rounds:", a.rounds);
-    println!("{:>14} {:>12} {:>12} {:>8}", "", "keel", "nats", "keel/nats");
+    println!(
+        "{:>14} {:>12} {:>12} {:>8}",
+        "", "keel", "nats", "keel/nats"
+    );
     for (name, f) in [
-        ("msgs/s", (|n: &Numbers| n.msgs_per_s) as fn(&Numbers) -> f64),
+        (
+            "msgs/s",
+            (|n: &Numbers| n.msgs_per_s) as fn(&Numbers) -> f64,
+        ),
         ("p50 us", |n: &Numbers| n.p50_us),
         ("p99 us", |n: &Numbers| n.p99_us),
         ("p99.9 us", |n: &Numbers| n.p999_us),

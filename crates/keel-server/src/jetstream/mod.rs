@@ -77,7 +77,8 @@ impl JetStream {
             .store_dir
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join("keel"));
-        let account = server.accounts.global().clone();
+        // The account with `jetstream: enabled` when accounts are configured, else `$G`.
+        let account = server.accounts.jetstream_account();
         let streams_dir = store_dir
             .join("jetstream")
             .join(&account.name)
@@ -207,10 +208,7 @@ impl JetStream {
     /// How many bytes `stream` may hold under the server-wide memory or file store limit
     /// (`jetstream { max_memory_store, max_file_store }`), or None when unlimited.
     pub fn store_budget(&self, stream: &Stream) -> Option<u64> {
-        let limit = match stream.storage {
-            StorageType::Memory => self.max_memory,
-            StorageType::File => self.max_store,
-        };
+        let limit = self.storage_limit(stream.storage);
         if limit < 0 {
             return None;
         }
@@ -221,6 +219,21 @@ impl JetStream {
             .map(|s| s.bytes.load(Ordering::Relaxed))
             .sum();
         Some((limit as u64).saturating_sub(others))
+    }
+
+    /// The storage limit for `storage`: the server's, or the account's (`accounts { A: {
+    /// jetstream: { max_mem, max_file } } }`) where that is lower; -1 = none.
+    pub fn storage_limit(&self, storage: StorageType) -> i64 {
+        let acc = self.account.config().jetstream;
+        let (server, account) = match storage {
+            StorageType::Memory => (self.max_memory, acc.max_mem),
+            StorageType::File => (self.max_store, acc.max_file),
+        };
+        match (server < 0, account < 0) {
+            (true, _) => account,
+            (false, true) => server,
+            (false, false) => server.min(account),
+        }
     }
 
     /// The `max_bytes` that streams of this storage type reserve (all but `except`).
@@ -547,12 +560,16 @@ fn account_info(js: &JetStream) -> Fields {
             .sum::<usize>()
             .into(),
     );
+    // The account's own limits (-1: none).
+    let l = js.account.config().jetstream;
     f.insert(
         "limits".into(),
         serde_json::json!({
-            "max_memory": -1, "max_storage": -1, "max_streams": -1,
-            "max_consumers": -1, "max_ack_pending": -1, "memory_max_stream_bytes": -1,
-            "storage_max_stream_bytes": -1, "max_bytes_required": false
+            "max_memory": l.max_mem, "max_storage": l.max_file, "max_streams": l.max_streams,
+            "max_consumers": l.max_consumers, "max_ack_pending": l.max_ack_pending,
+            "memory_max_stream_bytes": l.mem_max_stream_bytes,
+            "storage_max_stream_bytes": l.disk_max_stream_bytes,
+            "max_bytes_required": l.max_bytes_required
         }),
     );
     if let Some(d) = &js.domain {
@@ -661,10 +678,30 @@ fn check_resources(
     cfg: &StreamConfig,
     except: Option<&str>,
 ) -> Result<(), ApiError> {
-    let (limit, err) = match cfg.storage {
-        StorageType::Memory => (js.max_memory, ApiError::insufficient_memory()),
-        StorageType::File => (js.max_store, ApiError::insufficient_storage()),
+    let limit = js.storage_limit(cfg.storage);
+    let err = match cfg.storage {
+        StorageType::Memory => ApiError::insufficient_memory(),
+        StorageType::File => ApiError::insufficient_storage(),
     };
+    let acc = js.account.config().jetstream;
+    if acc.max_bytes_required && cfg.max_bytes <= 0 {
+        return Err(ApiError::new(
+            400,
+            10113,
+            "account requires a stream config to have max bytes set",
+        ));
+    }
+    let per_stream = match cfg.storage {
+        StorageType::Memory => acc.mem_max_stream_bytes,
+        StorageType::File => acc.disk_max_stream_bytes,
+    };
+    if per_stream > 0 && cfg.max_bytes > per_stream {
+        return Err(ApiError::new(
+            400,
+            10122,
+            "stream max bytes exceeds account limit max stream bytes",
+        ));
+    }
     if limit < 0 {
         return Ok(());
     }
@@ -707,6 +744,14 @@ fn stream_create(
     sourcing::check_filters(&cfg)?;
     check_overlap(js, &cfg)?;
     check_resources(js, &cfg, None)?;
+    let max_streams = js.account.config().jetstream.max_streams;
+    if max_streams >= 0 && js.streams().len() as i64 >= max_streams {
+        return Err(ApiError::new(
+            400,
+            10027,
+            "maximum number of streams reached",
+        ));
+    }
     let dir = js.streams_dir.join(name);
     let meta = StreamMeta {
         config: cfg,
@@ -1402,6 +1447,19 @@ fn create_consumer(
     if let Some(d) = cfg.durable_name.clone().filter(|d| !d.is_empty()) {
         cfg.name = Some(d);
     }
+    // The account's max_ack_pending is the default and the ceiling.
+    let ack_limit = js.account.config().jetstream.max_ack_pending;
+    if ack_limit > 0 && cfg.ack_policy != consumer::AckPolicy::None {
+        if cfg.max_ack_pending == 0 {
+            cfg.max_ack_pending = ack_limit;
+        } else if cfg.max_ack_pending > ack_limit || cfg.max_ack_pending < 0 {
+            return Err(ApiError::new(
+                400,
+                10121,
+                format!("consumer max ack pending exceeds system limit of {ack_limit}"),
+            ));
+        }
+    }
     let cfg = cfg.normalize(scfg.retention)?;
     if let Some(ds) = &cfg.deliver_subject {
         // Delivering into the stream's own subjects would store every delivery again.
@@ -1452,6 +1510,18 @@ fn create_consumer(
     cfg.check_supported()?;
     let consumers = s.consumer_list();
     if scfg.max_consumers > 0 && consumers.len() as i64 >= scfg.max_consumers {
+        return Err(ApiError::new(400, 10026, "maximum consumers limit reached"));
+    }
+    // The account's limit counts the consumers of all its streams.
+    let account_max = js.account.config().jetstream.max_consumers;
+    if account_max >= 0
+        && js
+            .streams()
+            .iter()
+            .map(|s| s.consumer_list().len())
+            .sum::<usize>() as i64
+            >= account_max
+    {
         return Err(ApiError::new(400, 10026, "maximum consumers limit reached"));
     }
     if scfg.retention == stream::Retention::Workqueue {

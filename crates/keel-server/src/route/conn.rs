@@ -654,7 +654,6 @@ impl Conn {
                 .server
                 .accounts
                 .get(&String::from_utf8_lossy(&m.account))
-                .cloned()
             else {
                 debug!(
                     self.server.log,
@@ -703,7 +702,7 @@ impl Conn {
             return;
         }
         let name = String::from_utf8_lossy(account);
-        let Some(acc) = self.server.accounts.get(&name).cloned() else {
+        let Some(acc) = self.server.accounts.get(&name) else {
             error!(
                 self.server.log,
                 "{} - Unknown account {name:?} for remote subject {:?}",

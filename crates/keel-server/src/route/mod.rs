@@ -138,8 +138,16 @@ impl Cluster {
             closed: Default::default(),
             lame_duck: AtomicBool::new(false),
         });
+        // Accounts made later (a reload, an operator's account resolved at connect) are
+        // watched as they are made, before anyone can subscribe in them.
+        let weak = Arc::downgrade(&c);
+        server.accounts.set_on_new(Box::new(move |a| {
+            if let Some(c) = weak.upgrade() {
+                c.watch_account(a);
+            }
+        }));
         for account in server.accounts.all() {
-            c.watch_account(account);
+            c.watch_account(&account);
         }
         c
     }
