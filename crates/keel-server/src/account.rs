@@ -152,6 +152,13 @@ impl Account {
         threshold: Duration,
     ) -> Option<Bytes> {
         let n = self.next_reply.fetch_add(1, Ordering::Relaxed);
+        if n == 1 {
+            // The first reply subject (they start at 1). A responder on another server of the cluster must be able to answer: the
+            // prefix is this server's own, so its replies route back here (as the
+            // reference's response wildcard subscription does).
+            self.sublist
+                .announce(&Bytes::from(format!("_R_.{}.>", self.reply_prefix)));
+        }
         let subject = Bytes::from(format!("_R_.{}.{n:x}", self.reply_prefix));
         let mut r = self.responses.lock().unwrap_or_else(|e| e.into_inner());
         if r.len() >= RESPONSES_SWEEP {

@@ -123,21 +123,24 @@ impl Router {
         skip: Option<u64>,
     ) -> bool {
         let result = self.cache.lookup(&self.account.sublist, target);
-        let mut delivered = self.deliver_all(server, None, &result, target, msg, skip);
+        let mut delivered = self.deliver_all(server, None, false, &result, target, msg, skip);
         if !result.forwards.is_empty() {
             let from = self.account.clone();
-            delivered |= self.forward(server, &from, &result, target, msg, 1);
+            delivered |= self.forward(server, &from, false, &result, target, msg, 1);
         }
         delivered
     }
 
     /// Delivers to the subscriptions of one match result (one member per queue group), and
-    /// once to each route peer with interest. `other` is the account the result is in, when
-    /// an import led out of the router's own; `target` is what it matched there.
+    /// once to each route peer with interest unless `local_only`. `other` is the account the
+    /// result is in, when an import led out of the router's own; `target` is what it matched
+    /// there.
+    #[allow(clippy::too_many_arguments)]
     fn deliver_all(
         &mut self,
         server: &Server,
         other: Option<&Arc<Account>>,
+        local_only: bool,
         result: &MatchResult,
         target: &[u8],
         msg: &Outgoing,
@@ -148,7 +151,9 @@ impl Router {
             if sub.client.is_route() {
                 // A peer with interest gets the message once, however many of its
                 // subscriptions match.
-                self.add_route_target(sub, None);
+                if !local_only {
+                    self.add_route_target(sub, None);
+                }
                 continue;
             }
             if skip == Some(sub.client.id) {
@@ -164,7 +169,7 @@ impl Router {
             for i in 0..group.len() {
                 let sub = &group[(start + i) % group.len()];
                 if sub.client.is_route() {
-                    if sub.client.is_closed() {
+                    if local_only || sub.client.is_closed() {
                         continue;
                     }
                     self.add_route_target(sub, sub.queue.as_ref());
@@ -189,10 +194,18 @@ impl Router {
     /// Routes `msg` (matched on `target` in `from`) through the imports and exports its
     /// match fell under. A message whose subject is its target is renamed with it; a
     /// delivery to an inbox (JetStream's) keeps its stored subject.
+    ///
+    /// A stream import is followed to this server's subscribers only (`local_only` from
+    /// there on): a peer with subscribers of the importer announced interest in the
+    /// exporter's subject and follows the import itself, as the reference's shadow
+    /// subscriptions do, so the message crosses the route once, in the exporter's account.
+    /// Service imports and their responses are followed to route peers too.
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &mut self,
         server: &Server,
         from: &Arc<Account>,
+        local_only: bool,
         result: &MatchResult,
         target: &[u8],
         msg: &Outgoing,
@@ -204,6 +217,7 @@ impl Router {
         let renamed = msg.subject.as_ref() == target;
         let mut delivered = false;
         for f in &result.forwards {
+            let local_only = local_only || matches!(f, Forward::Stream { .. });
             let (to, new_target, reply) = match f {
                 Forward::Stream { to, subject } => {
                     (to.clone(), subject.clone(), msg.reply.cloned())
@@ -240,9 +254,25 @@ impl Router {
                 data: msg.data,
             };
             let result = self.other_cache(&to).lookup(&to.sublist, &new_target);
-            delivered |= self.deliver_all(server, Some(&to), &result, &new_target, &out, None);
+            delivered |= self.deliver_all(
+                server,
+                Some(&to),
+                local_only,
+                &result,
+                &new_target,
+                &out,
+                None,
+            );
             if !result.forwards.is_empty() {
-                delivered |= self.forward(server, &to, &result, &new_target, &out, hops + 1);
+                delivered |= self.forward(
+                    server,
+                    &to,
+                    local_only,
+                    &result,
+                    &new_target,
+                    &out,
+                    hops + 1,
+                );
             }
         }
         delivered
@@ -286,6 +316,34 @@ impl Router {
                 continue;
             }
             delivered |= self.deliver(server, sub, &local);
+        }
+        if result
+            .forwards
+            .iter()
+            .any(|f| !matches!(f, Forward::Service { .. }))
+        {
+            // Stream imports, to this server's subscribers of the importers (the peer sent
+            // the message in the exporter's account because of the interest they made, see
+            // `forward`); and a service's response from a responder on the peer, whose
+            // pending reply route is on this server. Service imports were followed where
+            // the request was published, so they are not followed twice.
+            let from = self.account.clone();
+            let only = MatchResult {
+                forwards: result
+                    .forwards
+                    .iter()
+                    .filter_map(|f| match f {
+                        Forward::Stream { to, subject } => Some(Forward::Stream {
+                            to: to.clone(),
+                            subject: subject.clone(),
+                        }),
+                        Forward::Responses => Some(Forward::Responses),
+                        Forward::Service { .. } => None,
+                    })
+                    .collect(),
+                ..MatchResult::default()
+            };
+            delivered |= self.forward(server, &from, true, &only, msg.subject, &local, 1);
         }
         if queues.is_empty() {
             return delivered;

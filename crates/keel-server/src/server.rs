@@ -412,6 +412,9 @@ impl Server {
                 ));
             }
         }
+        if let Some(c) = self.cluster.get() {
+            c.refresh_imports(self);
+        }
         *self.auth.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(auth);
         *self.auth_opts.write().unwrap_or_else(|e| e.into_inner()) = opts.clone();
         *self

@@ -128,6 +128,9 @@ pub const MAX_QUEUE_WEIGHT: u32 = 1024;
 pub trait SubHook: Send + Sync {
     fn added(&self, sub: &Arc<Sub>);
     fn removed(&self, sub: &Arc<Sub>);
+    /// Interest this server keeps for as long as it runs without a subscription (the
+    /// replies of the service imports it routed).
+    fn announce(&self, _subject: &Bytes) {}
 }
 
 impl Node {
@@ -261,6 +264,13 @@ impl Sublist {
         self.insert_weighted(sub, 1);
         if let (Some(h), Some(sub)) = (self.hook.get(), hook) {
             h.added(&sub);
+        }
+    }
+
+    /// Tells the hook, if any, of lasting interest in `subject` (see [`SubHook::announce`]).
+    pub fn announce(&self, subject: &Bytes) {
+        if let Some(h) = self.hook.get() {
+            h.announce(subject);
         }
     }
 
@@ -490,6 +500,11 @@ impl Sublist {
     pub fn set_links(&self, links: Vec<Link>) {
         *self.links.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(links);
         self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// The links installed now.
+    pub fn links(&self) -> Arc<Vec<Link>> {
+        self.links.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The patterns of the links installed now, with their kind (monitoring, tests).

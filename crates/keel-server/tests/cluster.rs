@@ -948,3 +948,195 @@ async fn a_server_in_lame_duck_mode_is_no_longer_advertised() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// Two accounts with a user each; A exports a stream `feed.>` that B imports, B exports a
+/// service `svc.>` that A imports.
+const ACCOUNTS: &str = "accounts {
+  A: { users: [{user: a, password: a}], exports: [{stream: \"feed.>\"}],
+       imports: [{service: {account: B, subject: \"svc.>\"}}] }
+  B: { users: [{user: b, password: b}], exports: [{service: \"svc.>\"}],
+       imports: [{stream: {account: A, subject: \"feed.>\"}}] }
+}
+";
+
+/// A client of `n` as user `u` (password `u`).
+async fn user(n: &Node, u: &str) -> async_nats::Client {
+    within(
+        "connect",
+        async_nats::ConnectOptions::with_user_and_password(u.into(), u.into()).connect(n.url()),
+    )
+    .await
+    .expect("connect")
+}
+
+/// Two servers with [`ACCOUNTS`], routed.
+async fn two_with_accounts() -> (Node, Node) {
+    let a = Node::start_cluster(&format!("{ACCOUNTS}{}", conf("t", "127.0.0.1:-1", &[], ""))).await;
+    let routes = [a.route_url()];
+    let b = Node::start_cluster(&format!(
+        "{ACCOUNTS}{}",
+        conf("t", "127.0.0.1:-1", &routes, "")
+    ))
+    .await;
+    a.wait_remotes(1).await;
+    b.wait_remotes(1).await;
+    (a, b)
+}
+
+/// Publishes `payload` on `subject` until `sub` (on another server) gets one: its interest
+/// crossed the route. Returns what else arrived meanwhile (more probes).
+async fn until_received(
+    p: &async_nats::Client,
+    sub: &mut async_nats::Subscriber,
+    subject: &str,
+    payload: &str,
+) {
+    within("interest across the route", async {
+        loop {
+            p.publish(subject.to_string(), payload.to_string().into())
+                .await
+                .unwrap();
+            p.flush().await.unwrap();
+            if let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(50), sub.next()).await {
+                assert_eq!(m.payload, Bytes::from(payload.to_string()));
+                return;
+            }
+        }
+    })
+    .await
+}
+
+/// Takes every message `sub` has until it is quiet; their payloads.
+async fn drain(sub: &mut async_nats::Subscriber) -> Vec<String> {
+    let mut v = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(200), sub.next()).await {
+        v.push(String::from_utf8_lossy(&m.payload).into_owned());
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounts_keep_their_messages_apart_across_routes() {
+    let (a, b) = two_with_accounts().await;
+    let (sub_a, sub_b) = (user(&b, "a").await, user(&b, "b").await);
+    let mut in_a = sub_a.subscribe("acc.x").await.unwrap();
+    let mut in_b = sub_b.subscribe("acc.x").await.unwrap();
+    let mut q_a = sub_a
+        .queue_subscribe("acc.q", "g".to_string())
+        .await
+        .unwrap();
+    sync(&sub_a).await;
+    sync(&sub_b).await;
+    let (pub_a, pub_b) = (user(&a, "a").await, user(&a, "b").await);
+    until_received(&pub_a, &mut in_a, "acc.x", "A probe").await;
+    until_received(&pub_b, &mut in_b, "acc.x", "B probe").await;
+    until_received(&pub_a, &mut q_a, "acc.q", "A probe").await;
+    let (got_a, got_b) = (drain(&mut in_a).await, drain(&mut in_b).await);
+    assert!(got_a.iter().all(|p| p == "A probe"), "{got_a:?}");
+    assert!(got_b.iter().all(|p| p == "B probe"), "{got_b:?}");
+    drain(&mut q_a).await;
+
+    pub_a.publish("acc.x", "from A".into()).await.unwrap();
+    pub_b.publish("acc.x", "from B".into()).await.unwrap();
+    // B has no queue subscriber: its message to acc.q reaches nobody (not A's group).
+    pub_b.publish("acc.q", "B to q".into()).await.unwrap();
+    pub_a.publish("acc.q", "A to q".into()).await.unwrap();
+    pub_a.flush().await.unwrap();
+    pub_b.flush().await.unwrap();
+    assert_eq!(next_msg(&mut in_a).await.payload, Bytes::from("from A"));
+    assert_eq!(next_msg(&mut in_b).await.payload, Bytes::from("from B"));
+    assert_eq!(next_msg(&mut q_a).await.payload, Bytes::from("A to q"));
+    expect_no_msg(&mut in_a).await;
+    expect_no_msg(&mut in_b).await;
+    expect_no_msg(&mut q_a).await;
+
+    // Request/reply within account A across the route; B's subscriber is not asked.
+    let mut svc_b = sub_b.subscribe("acc.svc").await.unwrap();
+    let mut svc_a = sub_a.subscribe("acc.svc").await.unwrap();
+    sync(&sub_a).await;
+    sync(&sub_b).await;
+    let r = sub_a.clone();
+    let serve = tokio::spawn(async move {
+        while let Some(m) = svc_a.next().await {
+            if let Some(reply) = m.reply {
+                r.publish(reply, m.payload).await.unwrap();
+            }
+        }
+    });
+    let resp = within("request in A", async {
+        loop {
+            match pub_a.request("acc.svc", "ping".into()).await {
+                Ok(m) => return m,
+                Err(e) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(resp.payload, Bytes::from("ping"));
+    expect_no_msg(&mut svc_b).await;
+    serve.abort();
+    for n in [a, b] {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imports_and_exports_work_across_routes() {
+    let (a, b) = two_with_accounts().await;
+    // A stream A exports, imported by B's subscriber on the other server: once.
+    let sub_b = user(&b, "b").await;
+    let mut feed = sub_b.subscribe("feed.>").await.unwrap();
+    sync(&sub_b).await;
+    let pub_a = user(&a, "a").await;
+    until_received(&pub_a, &mut feed, "feed.1", "probe").await;
+    drain(&mut feed).await;
+    pub_a.publish("feed.2", "news".into()).await.unwrap();
+    pub_a.flush().await.unwrap();
+    let m = next_msg(&mut feed).await;
+    assert_eq!(
+        (m.subject.as_str(), &m.payload[..]),
+        ("feed.2", &b"news"[..])
+    );
+    expect_no_msg(&mut feed).await;
+
+    // A service B exports, answered on the other server, asked from A.
+    let responder = user(&b, "b").await;
+    let mut svc = responder.subscribe("svc.echo").await.unwrap();
+    sync(&responder).await;
+    let r = responder.clone();
+    let serve = tokio::spawn(async move {
+        while let Some(m) = svc.next().await {
+            if let Some(reply) = m.reply {
+                r.publish(reply, m.payload).await.unwrap();
+            }
+        }
+    });
+    // Until the responder's interest reached A's server, a request goes unanswered.
+    within("the responder's interest crosses the route", async {
+        while !matches!(
+            tokio::time::timeout(
+                Duration::from_millis(200),
+                pub_a.request("svc.echo", "p".into())
+            )
+            .await,
+            Ok(Ok(_))
+        ) {}
+    })
+    .await;
+    for _ in 0..3 {
+        let resp = within(
+            "a service answered across the route",
+            pub_a.request("svc.echo", "ping".into()),
+        )
+        .await
+        .expect("the responder on the other server answers");
+        assert_eq!(resp.payload, Bytes::from("ping"));
+    }
+    serve.abort();
+    for n in [a, b] {
+        n.shutdown().await;
+    }
+}

@@ -267,3 +267,117 @@ async fn clients_of_a_killed_node_reconnect_elsewhere_without_duplicates() {
     n2.shutdown().await;
     n3.shutdown().await;
 }
+
+/// Two accounts with a user each; A exports a stream `feed.>` that B imports, B exports a
+/// service `svc.>` that A imports.
+const ACCOUNTS: &str = "accounts {
+  A: { users: [{user: a, password: a}], exports: [{stream: \"feed.>\"}],
+       imports: [{service: {account: B, subject: \"svc.>\"}}] }
+  B: { users: [{user: b, password: b}], exports: [{service: \"svc.>\"}],
+       imports: [{stream: {account: A, subject: \"feed.>\"}}] }
+}
+";
+
+fn node_with_accounts(bin: &Path, name: &str, routes: &[String]) -> Node {
+    let routes: Vec<String> = routes.iter().map(|r| format!("\"{r}\"")).collect();
+    let conf = format!(
+        "server_name: {name}\nhttp_port: -1\n{ACCOUNTS}cluster {{\n  name: mix\n  \
+         listen: \"127.0.0.1:-1\"\n  routes: [{}]\n}}\n",
+        routes.join(", ")
+    );
+    Node::Process(Server::start_binary(bin, &conf, &[]))
+}
+
+async fn user(n: &Node, u: &str) -> async_nats::Client {
+    within(
+        "connect",
+        async_nats::ConnectOptions::with_user_and_password(u.into(), u.into()).connect(n.url()),
+    )
+    .await
+    .expect("connect")
+}
+
+/// Publishes on `subject` until `sub` gets it (the interest crossed the route), then takes
+/// what else came.
+async fn until_received(p: &async_nats::Client, sub: &mut async_nats::Subscriber, subject: &str) {
+    within("interest across the route", async {
+        loop {
+            p.publish(subject.to_string(), "probe".into())
+                .await
+                .unwrap();
+            p.flush().await.unwrap();
+            if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(50), sub.next()).await {
+                return;
+            }
+        }
+    })
+    .await;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), sub.next()).await {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounts_across_a_keel_server_and_a_nats_server() {
+    let k = node_with_accounts(&keel(), "k1", &[]);
+    let n = node_with_accounts(&reference_binary(), "n2", &[k.route_url()]);
+    k.wait_remotes(1).await;
+    n.wait_remotes(1).await;
+    for (from, to) in [(&k, &n), (&n, &k)] {
+        let (pa, pb) = (user(from, "a").await, user(from, "b").await);
+        let (sa, sb) = (user(to, "a").await, user(to, "b").await);
+        let mut in_a = sa.subscribe("acc.x").await.unwrap();
+        let mut in_b = sb.subscribe("acc.x").await.unwrap();
+        let mut feed = sb.subscribe("feed.>").await.unwrap();
+        sync(&sa).await;
+        sync(&sb).await;
+        until_received(&pa, &mut in_a, "acc.x").await;
+        until_received(&pb, &mut in_b, "acc.x").await;
+        until_received(&pa, &mut feed, "feed.1").await;
+        // Settled: each message reaches its own account's subscriber only, once.
+        pa.publish("acc.x", "A".into()).await.unwrap();
+        pb.publish("acc.x", "B".into()).await.unwrap();
+        pa.publish("feed.2", "news".into()).await.unwrap();
+        pa.flush().await.unwrap();
+        pb.flush().await.unwrap();
+        assert_eq!(next_msg(&mut in_a).await.payload, Bytes::from("A"));
+        assert_eq!(next_msg(&mut in_b).await.payload, Bytes::from("B"));
+        let m = next_msg(&mut feed).await;
+        assert_eq!(
+            (m.subject.as_str(), &m.payload[..]),
+            ("feed.2", &b"news"[..])
+        );
+        expect_no_msg(&mut in_a).await;
+        expect_no_msg(&mut in_b).await;
+        expect_no_msg(&mut feed).await;
+
+        // B's service, answered on the other server, asked from A.
+        let mut svc = sb.subscribe("svc.echo").await.unwrap();
+        sync(&sb).await;
+        let r = sb.clone();
+        let serve = tokio::spawn(async move {
+            while let Some(m) = svc.next().await {
+                if let Some(reply) = m.reply {
+                    r.publish(reply, m.payload).await.unwrap();
+                }
+            }
+        });
+        within("the responder's interest crosses the route", async {
+            while !matches!(
+                tokio::time::timeout(
+                    Duration::from_millis(200),
+                    pa.request("svc.echo", "p".into())
+                )
+                .await,
+                Ok(Ok(_))
+            ) {}
+        })
+        .await;
+        let resp = within("request", pa.request("svc.echo", "ping".into()))
+            .await
+            .expect("answered across the route");
+        assert_eq!(resp.payload, Bytes::from("ping"));
+        serve.abort();
+    }
+    for node in [k, n] {
+        node.shutdown().await;
+    }
+}

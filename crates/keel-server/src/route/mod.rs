@@ -164,6 +164,42 @@ impl Cluster {
         }
     }
 
+    /// Tells each account's interest which streams it imports (from the links that the
+    /// accounts' exports and imports made). Call whenever the links change: subscriptions
+    /// made from then on make interest in the exporters' accounts.
+    pub fn refresh_imports(&self, server: &Server) {
+        use crate::sublist::{LinkKind, SubjectMap};
+        use interest::{Rename, StreamImport};
+        let interest = self
+            .interest
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut per: HashMap<String, Vec<StreamImport>> = HashMap::new();
+        for exporter in server.accounts.all() {
+            let Some(ei) = interest.iter().find(|i| i.account == exporter.name) else {
+                continue;
+            };
+            for l in exporter.sublist.links().iter() {
+                if let LinkKind::Stream { to, map } = &l.kind {
+                    let rename = match map {
+                        SubjectMap::Same => Rename::Same,
+                        SubjectMap::Prefix(p) => Rename::Prefix(Bytes::from(p.clone())),
+                        SubjectMap::Transform(_) => Rename::Other,
+                    };
+                    per.entry(to.name.clone()).or_default().push(StreamImport {
+                        exporter: ei.clone(),
+                        pattern: l.pattern.clone(),
+                        rename,
+                    });
+                }
+            }
+        }
+        for i in interest.iter() {
+            i.set_imports(per.remove(&i.account).unwrap_or_default());
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
