@@ -111,6 +111,10 @@ pub struct ClusterOpts {
     pub ping_max: Option<u32>,
     /// `write_deadline`; None: the server's.
     pub write_deadline: Option<Duration>,
+    /// `tls { }` as written, and as loaded once the options are finished (see
+    /// [`crate::tls::RouteTls`]).
+    pub tls_opts: Option<crate::tls::TlsOpts>,
+    pub tls: Option<std::sync::Arc<crate::tls::RouteTls>>,
 }
 
 impl Default for ClusterOpts {
@@ -130,6 +134,8 @@ impl Default for ClusterOpts {
             ping_interval: None,
             ping_max: None,
             write_deadline: None,
+            tls_opts: None,
+            tls: None,
         }
     }
 }
@@ -347,7 +353,9 @@ users, permissions }, accounts { NAME: { users, jetstream, exports, imports,
 default_permissions } }, no_auth_user, system_account, no_system_account, operator, resolver:
 MEMORY, resolver_preload, trusted_keys, cluster { name, listen, host, port, routes,
 advertise, no_advertise, connect_retries, connect_backoff, pool_size (-1), compression (off),
-authorization { user, password, timeout }, ping_interval, ping_max, write_deadline }.
+authorization { user, password, timeout }, tls { cert_file, key_file, ca_file, insecure,
+timeout, cipher_suites, curve_preferences, min_version }, ping_interval, ping_max,
+write_deadline }.
 Other nats-server flags and keys are refused as not supported yet.
 ";
 
@@ -649,6 +657,12 @@ struct TlsFlags {
 /// Loads the TLS certificates (a bad file is a configuration error, as with the reference)
 /// and checks the options that need TLS.
 pub fn finish_tls(opts: &mut Opts) -> Result<(), String> {
+    opts.cluster.tls = match opts.cluster.tls_opts.clone() {
+        Some(t) => Some(std::sync::Arc::new(
+            crate::tls::RouteTls::build(t).map_err(|e| format!("cluster tls: {e}"))?,
+        )),
+        None => None,
+    };
     opts.tls = match opts.tls_opts.clone() {
         Some(t) => Some(std::sync::Arc::new(crate::tls::Tls::build(
             t,
@@ -845,9 +859,23 @@ fn apply_cluster(opts: &mut Opts, key: &str, v: &Value) -> Result<(), String> {
             "ping_max" => c.ping_max = Some(int(k, v)?.max(1) as u32),
             "write_deadline" => c.write_deadline = Some(duration(k, v)?),
             "tls" => {
-                return Err(not_supported(
-                    "cluster configuration key \"tls\" (TLS on routes)",
-                ))
+                let t = crate::tls::parse_block(v)?;
+                // What the client listener's block has that routes do not use here.
+                for (set, key) in [
+                    (t.map, "verify_and_map (route users from certificates)"),
+                    (!t.pinned.is_empty(), "pinned_certs"),
+                    (
+                        t.handshake_first,
+                        "handshake_first (routes always start with TLS)",
+                    ),
+                    (t.rate_limit > 0, "connection_rate_limit"),
+                    (!t.certs.is_empty(), "certs (one certificate serves routes)"),
+                ] {
+                    if set {
+                        return Err(not_supported(&format!("cluster tls key {key}")));
+                    }
+                }
+                c.tls_opts = Some(t);
             }
             "permissions" => {
                 return Err(not_supported(
@@ -1138,7 +1166,7 @@ mod tests {
         assert_eq!(o.write_deadline, Duration::from_secs(2));
         assert!(o.jetstream);
         assert_eq!(o.max_file_store, Some(1 << 30));
-        let bad = conf::parse("cluster { port: 1, tls { } }").unwrap();
+        let bad = conf::parse("gateway { port: 1 }").unwrap();
         assert!(apply_config(&mut Opts::default(), &bad)
             .unwrap_err()
             .contains("does not support yet"));
@@ -1224,6 +1252,11 @@ mod tests {
         assert_eq!(c.ping_max, Some(3));
         assert_eq!(c.write_deadline, Some(Duration::from_secs(3)));
         assert_eq!(c.advertise.as_deref(), Some("10.1.1.1:4248"));
+        let c = apply("cluster { port: 1, tls { cert_file: c.pem, key_file: k.pem, timeout: 3 } }")
+            .unwrap();
+        let t = c.tls_opts.expect("route TLS");
+        assert_eq!(t.cert_file, Some(PathBuf::from("c.pem")));
+        assert_eq!(t.timeout, Some(Duration::from_secs(3)));
         let c = apply("cluster { port: -1, host: 0.0.0.0, compression: false }").unwrap();
         assert_eq!((c.listen_host(), c.port), ("0.0.0.0", -1));
         for (text, want) in [
@@ -1234,6 +1267,14 @@ mod tests {
             ),
             ("cluster { port: 1, compression: accept }", "not compressed"),
             ("cluster { port: 1, accounts: [A] }", "does not support yet"),
+            (
+                "cluster { port: 1, tls { cert_file: c, key_file: k, verify_and_map: true } }",
+                "verify_and_map",
+            ),
+            (
+                "cluster { port: 1, tls { cert_file: c, key_file: k, handshake_first: true } }",
+                "handshake_first",
+            ),
             (
                 "cluster { port: 1, permissions { } }",
                 "does not support yet",

@@ -70,6 +70,8 @@ pub fn opts_from_config(conf: &str) -> Result<Opts, String> {
     let map = crate::conf::parse(conf).map_err(|e| e.to_string())?;
     let mut o = opts();
     crate::config::apply_config(&mut o, &map)?;
+    // Loads the certificates a `tls { }` block names, as the command line does.
+    crate::config::finish_tls(&mut o)?;
     Ok(o)
 }
 

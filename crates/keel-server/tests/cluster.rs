@@ -1140,3 +1140,60 @@ async fn imports_and_exports_work_across_routes() {
         n.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_over_tls_verify_both_ends() {
+    let certs = common::TestCerts::new();
+    let tls = format!("tls {{ {}, {} }}", certs.server_keys(), certs.ca_key());
+    let a = Node::start_cluster(&conf("t", "127.0.0.1:-1", &[], &tls)).await;
+    let b = Node::start_cluster(&conf("t", "127.0.0.1:-1", &[a.route_url()], &tls)).await;
+    a.wait_remotes(1).await;
+    b.wait_remotes(1).await;
+    let (ca, cb) = (a.client().await, b.client().await);
+    let mut sub = cb.subscribe("tls.x").await.unwrap();
+    sync(&cb).await;
+    a.wait_route_interest("tls.x", true).await;
+    ca.publish("tls.x", "hi".into()).await.unwrap();
+    ca.flush().await.unwrap();
+    assert_eq!(next_msg(&mut sub).await.payload, Bytes::from("hi"));
+    let v = a.varz().await;
+    assert_eq!(v["cluster"]["tls_required"], true, "{}", v["cluster"]);
+    assert_eq!(v["cluster"]["tls_verify"], true);
+    assert_eq!(v["cluster"]["tls_timeout"], 2);
+
+    // The handshake comes first: a plain connection is sent nothing.
+    let mut plain = tokio::net::TcpStream::connect(route_addr(&a))
+        .await
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let got = tokio::time::timeout(
+        Duration::from_millis(500),
+        tokio::io::AsyncReadExt::read(&mut plain, &mut buf),
+    )
+    .await;
+    assert!(
+        !matches!(got, Ok(Ok(n)) if n > 0),
+        "plain text on a TLS route port: {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    drop(plain);
+
+    // A peer whose certificate another CA signed is refused.
+    let bad = format!(
+        "tls {{ cert_file: {:?}, key_file: {:?}, {} }}",
+        certs.path("other-client-cert.pem").display().to_string(),
+        certs.path("other-client-key.pem").display().to_string(),
+        certs.ca_key()
+    );
+    let c = Node::start_cluster(&conf("t", "127.0.0.1:-1", &[a.route_url()], &bad)).await;
+    within("the other CA's certificate refused", async {
+        while !a.log().contains("TLS route handshake error") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(a.varz().await["remotes"], 1);
+    for n in [a, b, c] {
+        n.shutdown().await;
+    }
+}

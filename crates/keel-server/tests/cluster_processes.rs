@@ -381,3 +381,58 @@ async fn accounts_across_a_keel_server_and_a_nats_server() {
         node.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keel_server_and_a_nats_server_route_over_tls() {
+    let certs = common::TestCerts::new();
+    let tls = format!("tls {{ {}, {} }}", certs.server_keys(), certs.ca_key());
+    let start = |bin: &Path, name: &str, routes: &[String]| {
+        let routes: Vec<String> = routes.iter().map(|r| format!("\"{r}\"")).collect();
+        let conf = format!(
+            "server_name: {name}\nhttp_port: -1\ncluster {{\n  name: mix\n  \
+             listen: \"127.0.0.1:-1\"\n  routes: [{}]\n  {tls}\n}}\n",
+            routes.join(", ")
+        );
+        Node::Process(Server::start_binary(bin, &conf, &[]))
+    };
+    // Each dials the other: both the accepting and the dialing side of each are used.
+    let k = start(&keel(), "k1", &[]);
+    let n = start(&reference_binary(), "n2", &[k.route_url()]);
+    let k2 = start(&keel(), "k3", &[n.route_url()]);
+    for node in [&k, &n, &k2] {
+        node.wait_remotes(2).await;
+    }
+    let clients = [k.client().await, n.client().await, k2.client().await];
+    let mut subs = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        subs.push(c.subscribe(format!("tls.{i}")).await.unwrap());
+        sync(c).await;
+    }
+    for (i, node) in [&k, &n, &k2].iter().enumerate() {
+        for j in 0..3 {
+            if i != j {
+                node.wait_route_interest(&format!("tls.{j}"), true).await;
+            }
+        }
+    }
+    for (i, c) in clients.iter().enumerate() {
+        for j in 0..3 {
+            c.publish(format!("tls.{j}"), format!("{i}").into())
+                .await
+                .unwrap();
+        }
+        c.flush().await.unwrap();
+    }
+    for s in subs.iter_mut() {
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            got.push(String::from_utf8(next_msg(s).await.payload.to_vec()).unwrap());
+        }
+        got.sort();
+        assert_eq!(got, ["0", "1", "2"]);
+        expect_no_msg(s).await;
+    }
+    for node in [k, n, k2] {
+        node.shutdown().await;
+    }
+}

@@ -871,7 +871,14 @@ fn varz_cluster(s: &Server) -> Value {
         let urls: Vec<Value> = c.opts.routes.iter().map(|u| u.host_port().into()).collect();
         m.insert("urls".into(), urls.into());
     }
-    m.insert("tls_timeout".into(), 2.into());
+    let tls = c.opts.tls.as_ref();
+    let t = tls.map_or(crate::tls::DEFAULT_TIMEOUT, |t| t.timeout());
+    m.insert("tls_timeout".into(), go_float(t.as_secs_f64()));
+    if tls.is_some() {
+        // Routes always verify the peer's certificate.
+        m.insert("tls_required".into(), true.into());
+        m.insert("tls_verify".into(), true.into());
+    }
     // One connection per peer: the reference's value for "no pool".
     m.insert("pool_size".into(), (-1).into());
     Value::Object(m)

@@ -21,7 +21,7 @@ use keel_protocol::route::{
 };
 use keel_protocol::subject;
 use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use super::{Cluster, Origin, RemoteSubInfo};
@@ -344,7 +344,8 @@ pub(crate) struct Outcome {
     pub remote_id: Option<String>,
 }
 
-/// Runs one route connection until it closes.
+/// Runs one route connection until it closes: with cluster TLS, the handshake first (as
+/// the reference: nothing is sent in plain text), then the route protocol.
 pub(crate) async fn run(
     server: Arc<Server>,
     cluster: Arc<Cluster>,
@@ -354,6 +355,66 @@ pub(crate) async fn run(
     let _ = stream.set_nodelay(true);
     let addr = stream.peer_addr().ok();
     let rid = server.next_client_id();
+    let Some(tls) = cluster.opts.tls.clone() else {
+        let (rd, wr) = stream.into_split();
+        return run_on(server, cluster, rd, wr, addr, rid, origin).await;
+    };
+    let shake = async {
+        match &origin {
+            Origin::Accepted => tokio_rustls::TlsAcceptor::from(tls.server.clone())
+                .accept(stream)
+                .await
+                .map(tokio_rustls::TlsStream::from),
+            Origin::Solicited { url, .. } => {
+                let name = rustls_pki_types::ServerName::try_from(url.host.clone())
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+                tokio_rustls::TlsConnector::from(tls.client.clone())
+                    .connect(name, stream)
+                    .await
+                    .map(tokio_rustls::TlsStream::from)
+            }
+        }
+    };
+    let tag = match addr {
+        Some(a) => format!("{a} - rid:{rid}"),
+        None => format!("rid:{rid}"),
+    };
+    let failed = |why: String| {
+        error!(server.log, "{tag} - TLS route handshake error: {why}");
+        info!(
+            server.log,
+            "{tag} - Router connection closed: TLS Handshake Failure"
+        );
+        Outcome {
+            reconnect: !matches!(origin, Origin::Accepted),
+            ..Outcome::default()
+        }
+    };
+    let stream = match tokio::time::timeout(tls.timeout(), shake).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return failed("EOF".into()),
+        Ok(Err(e)) => return failed(e.to_string()),
+        Err(_) => return failed("timeout".into()),
+    };
+    debug!(server.log, "{tag} - TLS handshake complete");
+    let (rd, wr) = tokio::io::split(stream);
+    run_on(server, cluster, rd, wr, addr, rid, origin).await
+}
+
+/// The route protocol on a connection (plain or TLS).
+async fn run_on<R, W>(
+    server: Arc<Server>,
+    cluster: Arc<Cluster>,
+    rd: R,
+    wr: W,
+    addr: Option<SocketAddr>,
+    rid: u64,
+    origin: Origin,
+) -> Outcome
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let handle = ClientHandle::for_route(
         &server,
         rid,
@@ -367,7 +428,6 @@ pub(crate) async fn run(
     }
     let route = Arc::new(Route::new(rid, handle.clone(), addr, &origin));
     cluster.track(&route);
-    let (rd, wr) = stream.into_split();
     let deadline = cluster
         .opts
         .write_deadline
@@ -390,6 +450,7 @@ pub(crate) async fn run(
             name: server.server_id.clone(),
             cluster: cluster.name(),
             cluster_dynamic: cluster.is_dynamic(),
+            tls_required: cluster.opts.tls.is_some(),
             user: url.user.clone().unwrap_or_default(),
             pass: url.pass.clone().unwrap_or_default(),
             ..RouteConnect::default()
@@ -445,7 +506,7 @@ struct Conn {
 }
 
 impl Conn {
-    async fn read_loop(&mut self, mut rd: OwnedReadHalf) -> RouteClose {
+    async fn read_loop<R: AsyncRead + Unpin>(&mut self, mut rd: R) -> RouteClose {
         let mut buf = BytesMut::new();
         let handle = self.route.handle.clone();
         let mut closed = handle.closed_rx();

@@ -289,6 +289,8 @@ impl Cluster {
             port,
             headers: true,
             auth_required: self.opts.user.is_some(),
+            tls_required: self.opts.tls.is_some(),
+            tls_verify: self.opts.tls.is_some(),
             max_payload: i32::try_from(server.opts.max_payload).unwrap_or(i32::MAX),
             ip,
             nonce: if nonce {
