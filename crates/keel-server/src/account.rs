@@ -214,6 +214,9 @@ pub fn random_token(n: usize) -> String {
         .collect()
 }
 
+/// What is told about an account made after start.
+pub type OnNewAccount = Box<dyn Fn(&Arc<Account>) + Send + Sync>;
+
 /// The server's accounts: `$G`, the system account, and the configured ones (by name; in
 /// operator mode by public key). An account, once made, lives as long as the server: a
 /// reload changes its settings and links, never its subject space.
@@ -223,7 +226,7 @@ pub struct Accounts {
     others: RwLock<BTreeMap<String, Arc<Account>>>,
     /// Told about each account made after start (the cluster watches every account's
     /// interest from its creation).
-    on_new: std::sync::OnceLock<Box<dyn Fn(&Arc<Account>) + Send + Sync>>,
+    on_new: std::sync::OnceLock<OnNewAccount>,
 }
 
 impl Default for Accounts {
@@ -331,7 +334,7 @@ impl Accounts {
 
     /// Sets what is told about each account made from now on (once: false if set). The
     /// accounts made before are in [`all`](Self::all).
-    pub fn set_on_new(&self, f: Box<dyn Fn(&Arc<Account>) + Send + Sync>) -> bool {
+    pub fn set_on_new(&self, f: OnNewAccount) -> bool {
         self.on_new.set(f).is_ok()
     }
 
