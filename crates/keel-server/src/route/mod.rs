@@ -26,6 +26,17 @@
 //! compression (`"compression":"off"`), announces neither `lnoc` nor `ln` (so leaf interest
 //! arrives as plain `RS+`), and refuses a pinned-account connection with the reference's
 //! error. JetStream is not clustered: its in-process subscriptions stay on their server.
+//!
+//! Accounts: every `RS+`/`RS-`/`RMSG` names its account, and a peer's interest lives in that
+//! account's sublist, so a message reaches the other servers' subscribers of its own account
+//! only. Imports follow the reference's split: a service import is followed on the server
+//! where the request is published (the request crosses in the exporter's account, and the
+//! exporter's `_R_.<prefix>.>` reply subjects are announced so the response comes back); a
+//! stream import is followed on the subscriber's server (its subscribers make interest in the
+//! exporter's account, the reference's shadow subscriptions, see `interest`).
+//!
+//! TLS (`cluster { tls }`): the handshake comes first on the connection, both ends present the
+//! one route certificate and verify the other's, as the reference does (`conn::run`).
 
 pub(crate) mod conn;
 pub(crate) mod interest;
