@@ -104,8 +104,10 @@ pub struct ClusterOpts {
     /// this server sends to peers that require it, for routes learned by gossip).
     pub user: Option<String>,
     pub password: Option<String>,
-    /// `authorization { timeout }`: how long an accepted route may take to send CONNECT.
+    /// `authorization { timeout }`: how long an accepted route may take to send CONNECT
+    /// (default 2 s; with TLS the handshake's timeout plus 1 s, as the reference).
     pub auth_timeout: Duration,
+    pub auth_timeout_set: bool,
     /// `ping_interval` (at most 30 s for routes) and `ping_max`; None: the server's.
     pub ping_interval: Option<Duration>,
     pub ping_max: Option<u32>,
@@ -131,6 +133,7 @@ impl Default for ClusterOpts {
             user: None,
             password: None,
             auth_timeout: Duration::from_secs(2),
+            auth_timeout_set: false,
             ping_interval: None,
             ping_max: None,
             write_deadline: None,
@@ -663,6 +666,9 @@ pub fn finish_tls(opts: &mut Opts) -> Result<(), String> {
         )),
         None => None,
     };
+    if let (Some(t), false) = (&opts.cluster.tls, opts.cluster.auth_timeout_set) {
+        opts.cluster.auth_timeout = t.timeout() + Duration::from_secs(1);
+    }
     opts.tls = match opts.tls_opts.clone() {
         Some(t) => Some(std::sync::Arc::new(crate::tls::Tls::build(
             t,
@@ -793,6 +799,7 @@ fn apply_cluster(opts: &mut Opts, key: &str, v: &Value) -> Result<(), String> {
                         "user" | "username" => c.user = Some(string(ak, av)?),
                         "pass" | "password" => c.password = Some(string(ak, av)?),
                         "timeout" => {
+                            c.auth_timeout_set = true;
                             c.auth_timeout = match av {
                                 Value::Int(n) => Duration::from_secs((*n).max(0) as u64),
                                 Value::Float(f) if *f >= 0.0 => Duration::from_secs_f64(*f),

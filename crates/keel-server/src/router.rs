@@ -50,6 +50,18 @@ struct RouteTarget {
     queues: Vec<Bytes>,
 }
 
+/// Whom a match result's message may reach.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// Local subscribers and route peers (a message published here).
+    Everyone,
+    /// Local subscribers only (past a stream import: peers follow it themselves).
+    Local,
+    /// Local clients only, not JetStream's in-process subscribers, whose interest stays on
+    /// this server (a message a peer sent).
+    LocalClients,
+}
+
 /// How many accounts deep a message may travel through imports and exports.
 const MAX_HOPS: usize = 4;
 /// Accounts whose match caches a router keeps for forwarded messages.
@@ -123,16 +135,17 @@ impl Router {
         skip: Option<u64>,
     ) -> bool {
         let result = self.cache.lookup(&self.account.sublist, target);
-        let mut delivered = self.deliver_all(server, None, false, &result, target, msg, skip);
+        let mut delivered =
+            self.deliver_all(server, None, Reach::Everyone, &result, target, msg, skip);
         if !result.forwards.is_empty() {
             let from = self.account.clone();
-            delivered |= self.forward(server, &from, false, &result, target, msg, 1);
+            delivered |= self.forward(server, &from, Reach::Everyone, &result, target, msg, 1);
         }
         delivered
     }
 
     /// Delivers to the subscriptions of one match result (one member per queue group), and
-    /// once to each route peer with interest unless `local_only`. `other` is the account the
+    /// once to each route peer with interest if `reach` says so. `other` is the account the
     /// result is in, when an import led out of the router's own; `target` is what it matched
     /// there.
     #[allow(clippy::too_many_arguments)]
@@ -140,7 +153,7 @@ impl Router {
         &mut self,
         server: &Server,
         other: Option<&Arc<Account>>,
-        local_only: bool,
+        reach: Reach,
         result: &MatchResult,
         target: &[u8],
         msg: &Outgoing,
@@ -151,9 +164,12 @@ impl Router {
             if sub.client.is_route() {
                 // A peer with interest gets the message once, however many of its
                 // subscriptions match.
-                if !local_only {
+                if reach == Reach::Everyone {
                     self.add_route_target(sub, None);
                 }
+                continue;
+            }
+            if reach == Reach::LocalClients && sub.client.internal_queue().is_some() {
                 continue;
             }
             if skip == Some(sub.client.id) {
@@ -169,7 +185,7 @@ impl Router {
             for i in 0..group.len() {
                 let sub = &group[(start + i) % group.len()];
                 if sub.client.is_route() {
-                    if local_only || sub.client.is_closed() {
+                    if reach != Reach::Everyone || sub.client.is_closed() {
                         continue;
                     }
                     self.add_route_target(sub, sub.queue.as_ref());
@@ -195,7 +211,7 @@ impl Router {
     /// match fell under. A message whose subject is its target is renamed with it; a
     /// delivery to an inbox (JetStream's) keeps its stored subject.
     ///
-    /// A stream import is followed to this server's subscribers only (`local_only` from
+    /// A stream import is followed to this server's subscribers only (`Reach::Local` from
     /// there on): a peer with subscribers of the importer announced interest in the
     /// exporter's subject and follows the import itself, as the reference's shadow
     /// subscriptions do, so the message crosses the route once, in the exporter's account.
@@ -205,7 +221,7 @@ impl Router {
         &mut self,
         server: &Server,
         from: &Arc<Account>,
-        local_only: bool,
+        reach: Reach,
         result: &MatchResult,
         target: &[u8],
         msg: &Outgoing,
@@ -217,7 +233,10 @@ impl Router {
         let renamed = msg.subject.as_ref() == target;
         let mut delivered = false;
         for f in &result.forwards {
-            let local_only = local_only || matches!(f, Forward::Stream { .. });
+            let reach = match f {
+                Forward::Stream { .. } if reach == Reach::Everyone => Reach::Local,
+                _ => reach,
+            };
             let (to, new_target, reply) = match f {
                 Forward::Stream { to, subject } => {
                     (to.clone(), subject.clone(), msg.reply.cloned())
@@ -254,25 +273,10 @@ impl Router {
                 data: msg.data,
             };
             let result = self.other_cache(&to).lookup(&to.sublist, &new_target);
-            delivered |= self.deliver_all(
-                server,
-                Some(&to),
-                local_only,
-                &result,
-                &new_target,
-                &out,
-                None,
-            );
+            delivered |=
+                self.deliver_all(server, Some(&to), reach, &result, &new_target, &out, None);
             if !result.forwards.is_empty() {
-                delivered |= self.forward(
-                    server,
-                    &to,
-                    local_only,
-                    &result,
-                    &new_target,
-                    &out,
-                    hops + 1,
-                );
+                delivered |= self.forward(server, &to, reach, &result, &new_target, &out, hops + 1);
             }
         }
         delivered
@@ -343,7 +347,15 @@ impl Router {
                     .collect(),
                 ..MatchResult::default()
             };
-            delivered |= self.forward(server, &from, true, &only, msg.subject, &local, 1);
+            delivered |= self.forward(
+                server,
+                &from,
+                Reach::LocalClients,
+                &only,
+                msg.subject,
+                &local,
+                1,
+            );
         }
         if queues.is_empty() {
             return delivered;

@@ -1713,6 +1713,8 @@ pub struct RouteTls {
     /// For routes this server dials (presents its certificate, verifies the peer's unless
     /// `insecure`).
     pub client: Arc<rustls::ClientConfig>,
+    /// Unix seconds of the certificate's `notAfter` (`/varz` `cluster`).
+    pub cert_not_after: Option<i64>,
 }
 
 impl std::fmt::Debug for RouteTls {
@@ -1728,7 +1730,8 @@ impl RouteTls {
     pub fn build(mut opts: TlsOpts) -> Result<RouteTls, String> {
         // Routes always verify the peer (the reference forces it).
         opts.verify = true;
-        let server = Tls::build(opts.clone(), false)?.client;
+        let built = Tls::build(opts.clone(), false)?;
+        let (server, cert_not_after) = (built.client, built.cert_not_after);
         let (cert, key) = match (&opts.cert_file, &opts.key_file) {
             (Some(c), Some(k)) => (c.clone(), k.clone()),
             _ => return Err("cluster TLS needs 'cert_file' and 'key_file'".into()),
@@ -1776,6 +1779,7 @@ impl RouteTls {
             opts,
             server,
             client: Arc::new(client),
+            cert_not_after,
         })
     }
 

@@ -1160,6 +1160,13 @@ async fn routes_over_tls_verify_both_ends() {
     assert_eq!(v["cluster"]["tls_required"], true, "{}", v["cluster"]);
     assert_eq!(v["cluster"]["tls_verify"], true);
     assert_eq!(v["cluster"]["tls_timeout"], 2);
+    // Without its own, the authorization timeout is the handshake's plus a second.
+    assert_eq!(v["cluster"]["auth_timeout"], 3);
+    assert!(
+        v["cluster"]["tls_cert_not_after"].is_string(),
+        "{}",
+        v["cluster"]
+    );
 
     // The handshake comes first: a plain connection is sent nothing.
     let mut plain = tokio::net::TcpStream::connect(route_addr(&a))
@@ -1194,6 +1201,49 @@ async fn routes_over_tls_verify_both_ends() {
     .await;
     assert_eq!(a.varz().await["remotes"], 1);
     for n in [a, b, c] {
+        n.shutdown().await;
+    }
+}
+
+/// JetStream stays local with imports too: a stream in the importing account stores what is
+/// published on its own server, not what a peer sent because a client subscribed there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_does_not_store_what_a_peer_sent_through_an_import() {
+    if is_reference() {
+        // The reference clusters JetStream; Keel's is per server for now.
+        return;
+    }
+    let accounts = ACCOUNTS.replace("B: { users", "B: { jetstream: enabled, users");
+    let a = Node::start_cluster(&format!("{accounts}{}", conf("t", "127.0.0.1:-1", &[], ""))).await;
+    let routes = [a.route_url()];
+    let b = Node::start_jetstream(&format!(
+        "{accounts}{}",
+        conf("t", "127.0.0.1:-1", &routes, "")
+    ))
+    .await;
+    a.wait_remotes(1).await;
+    b.wait_remotes(1).await;
+    let in_b = user(&b, "b").await;
+    let (_, created) = common::json_request(
+        &in_b,
+        "$JS.API.STREAM.CREATE.S",
+        r#"{"name":"S","subjects":["feed.>"],"storage":"memory"}"#,
+    )
+    .await;
+    assert!(created.get("error").is_none(), "{created}");
+    let mut feed = in_b.subscribe("feed.>").await.unwrap();
+    sync(&in_b).await;
+    let far = user(&a, "a").await;
+    until_received(&far, &mut feed, "feed.1", "probe").await;
+    drain(&mut feed).await;
+    // Published on b by A: the stream has it.
+    let near = user(&b, "a").await;
+    near.publish("feed.2", "here".into()).await.unwrap();
+    near.flush().await.unwrap();
+    assert_eq!(next_msg(&mut feed).await.payload, Bytes::from("here"));
+    let (_, info) = common::json_request(&in_b, "$JS.API.STREAM.INFO.S", "").await;
+    assert_eq!(info["state"]["messages"], 1, "{info}");
+    for n in [a, b] {
         n.shutdown().await;
     }
 }

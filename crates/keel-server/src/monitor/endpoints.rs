@@ -881,6 +881,12 @@ fn varz_cluster(s: &Server) -> Value {
     }
     // One connection per peer: the reference's value for "no pool".
     m.insert("pool_size".into(), (-1).into());
+    if let Some(t) = tls.and_then(|t| t.cert_not_after) {
+        m.insert(
+            "tls_cert_not_after".into(),
+            crate::time::rfc3339_secs(t).into(),
+        );
+    }
     Value::Object(m)
 }
 
