@@ -152,6 +152,13 @@ impl Account {
         threshold: Duration,
     ) -> Option<Bytes> {
         let n = self.next_reply.fetch_add(1, Ordering::Relaxed);
+        if n == 1 {
+            // The first reply subject (they start at 1). A responder on another server of the cluster must be able to answer: the
+            // prefix is this server's own, so its replies route back here (as the
+            // reference's response wildcard subscription does).
+            self.sublist
+                .announce(&Bytes::from(format!("_R_.{}.>", self.reply_prefix)));
+        }
         let subject = Bytes::from(format!("_R_.{}.{n:x}", self.reply_prefix));
         let mut r = self.responses.lock().unwrap_or_else(|e| e.into_inner());
         if r.len() >= RESPONSES_SWEEP {
@@ -207,6 +214,9 @@ pub fn random_token(n: usize) -> String {
         .collect()
 }
 
+/// What is told about an account made after start.
+pub type OnNewAccount = Box<dyn Fn(&Arc<Account>) + Send + Sync>;
+
 /// The server's accounts: `$G`, the system account, and the configured ones (by name; in
 /// operator mode by public key). An account, once made, lives as long as the server: a
 /// reload changes its settings and links, never its subject space.
@@ -214,6 +224,9 @@ pub struct Accounts {
     global: Arc<Account>,
     system: Option<Arc<Account>>,
     others: RwLock<BTreeMap<String, Arc<Account>>>,
+    /// Told about each account made after start (the cluster watches every account's
+    /// interest from its creation).
+    on_new: std::sync::OnceLock<OnNewAccount>,
 }
 
 impl Default for Accounts {
@@ -225,6 +238,7 @@ impl Default for Accounts {
             global: Account::new(GLOBAL),
             system: Some(system),
             others: RwLock::new(others),
+            on_new: std::sync::OnceLock::new(),
         }
     }
 }
@@ -260,6 +274,7 @@ impl Accounts {
             global,
             system,
             others: RwLock::new(others),
+            on_new: std::sync::OnceLock::new(),
         }
     }
 
@@ -298,12 +313,29 @@ impl Accounts {
         if name == GLOBAL {
             return self.global.clone();
         }
-        self.others
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(name.to_string())
-            .or_insert_with(|| Account::new(name))
-            .clone()
+        let (acc, new) = {
+            let mut others = self.others.write().unwrap_or_else(|e| e.into_inner());
+            match others.get(name) {
+                Some(a) => (a.clone(), false),
+                None => {
+                    let a = Account::new(name);
+                    others.insert(name.to_string(), a.clone());
+                    (a, true)
+                }
+            }
+        };
+        if new {
+            if let Some(f) = self.on_new.get() {
+                f(&acc);
+            }
+        }
+        acc
+    }
+
+    /// Sets what is told about each account made from now on (once: false if set). The
+    /// accounts made before are in [`all`](Self::all).
+    pub fn set_on_new(&self, f: OnNewAccount) -> bool {
+        self.on_new.set(f).is_ok()
     }
 
     /// Every account, the global one first.

@@ -69,6 +69,18 @@ pub struct ClientHandle {
     /// Why the connection closed: the first reason given wins (monitoring's closed list).
     close_reason: std::sync::OnceLock<CloseReason>,
     log: Log,
+    /// Set for a route connection's handle (`route::conn`): its subscriptions in account
+    /// sublists are the peer's interest, and messages for it are written as RMSG.
+    route: Option<RouteSide>,
+    /// The client may be sent INFO updates (it sent `protocol` >= 1 and got the INFO that
+    /// follows its first PONG), as the reference's async INFO with new `connect_urls`.
+    pub async_info: AtomicBool,
+}
+
+/// What a route connection's handle holds besides a client's.
+pub struct RouteSide {
+    /// The cluster's count of routes cut as slow consumers (`/varz` slow_consumer_stats).
+    pub slow_consumers: Arc<AtomicU64>,
 }
 
 /// A message delivered to an in-process subscriber.
@@ -182,7 +194,61 @@ impl ClientHandle {
             close_reason: std::sync::OnceLock::new(),
             internal: None,
             log,
+            route: None,
+            async_info: AtomicBool::new(false),
         })
+    }
+
+    /// The handle of a route connection of `server` (its account is unused: every op on a
+    /// route names its own).
+    pub fn for_route(
+        server: &Server,
+        id: u64,
+        max_pending: usize,
+        slow_consumers: Arc<AtomicU64>,
+    ) -> Arc<Self> {
+        let h = Self::new(
+            id,
+            max_pending,
+            server.accounts.global().clone(),
+            server.log.clone(),
+        );
+        let mut h = Arc::into_inner(h).expect("fresh handle");
+        h.route = Some(RouteSide { slow_consumers });
+        Arc::new(h)
+    }
+
+    /// Whether this is a route connection's handle.
+    #[inline]
+    pub fn is_route(&self) -> bool {
+        self.route.is_some()
+    }
+
+    /// Whether messages keep their headers (the client's, or the route peer's, CONNECT).
+    pub fn set_headers(&self, on: bool) {
+        self.headers.store(on, Ordering::Relaxed);
+    }
+
+    /// Counts this connection as cut for being slow: in its account, or for a route in the
+    /// cluster's route count.
+    fn count_slow(&self) {
+        match &self.route {
+            Some(r) => r.slow_consumers.fetch_add(1, Ordering::Relaxed),
+            None => self
+                .account()
+                .stats
+                .slow_consumers
+                .fetch_add(1, Ordering::Relaxed),
+        };
+    }
+
+    /// How log lines name this connection: its id, or `rid:<id>` for a route.
+    fn tag(&self) -> String {
+        if self.is_route() {
+            format!("rid:{}", self.id)
+        } else {
+            self.id.to_string()
+        }
     }
 
     /// An in-process subscriber of `server`, in `account` (the account it serves), whose
@@ -315,6 +381,16 @@ impl ClientHandle {
         self.lock_out().buf.len()
     }
 
+    /// Takes what is queued for the socket (unit tests of what a connection is sent).
+    #[cfg(test)]
+    pub(crate) fn take_outbound(&self) -> String {
+        let mut o = self.lock_out();
+        let text = String::from_utf8_lossy(&o.buf).into_owned();
+        o.buf.clear();
+        o.flush_scheduled = false;
+        text
+    }
+
     /// Queues one message for a socket (in-process subscribers are fed by the router
     /// through [`internal_queue`](Self::internal_queue)). Returns true when the caller must
     /// [`signal`](Self::signal) this handle after its current batch (it is the first to
@@ -339,26 +415,81 @@ impl ClientHandle {
             Some(h) => encode::msg(&mut o.buf, subject, sid, reply, &data[h.min(data.len())..]),
             None => encode::msg(&mut o.buf, subject, sid, reply, data),
         }
+        self.queued(o, data.len())
+    }
+
+    /// Queues one message for a route peer: `RMSG`, or `HMSG` with headers (the payload
+    /// alone to a peer that takes no headers), with the queue groups it was picked for.
+    /// Returns true when the caller must [`signal`](Self::signal) this handle.
+    #[allow(clippy::too_many_arguments)]
+    pub fn queue_routed(
+        &self,
+        account: Option<&[u8]>,
+        subject: &[u8],
+        reply: Option<&Bytes>,
+        queues: &[Bytes],
+        hdr_len: Option<usize>,
+        data: &Bytes,
+    ) -> bool {
+        use keel_protocol::route::encode as renc;
+        let reply = reply.map(|r| &r[..]);
+        let mut o = self.lock_out();
+        if o.closing {
+            return false;
+        }
+        match hdr_len {
+            Some(h) if self.headers.load(Ordering::Relaxed) => {
+                renc::hmsg(&mut o.buf, account, subject, reply, queues, h, data)
+            }
+            Some(h) => renc::rmsg(
+                &mut o.buf,
+                account,
+                subject,
+                reply,
+                queues,
+                &data[h.min(data.len())..],
+            ),
+            None => renc::rmsg(&mut o.buf, account, subject, reply, queues, data),
+        }
+        self.queued(o, data.len())
+    }
+
+    /// Queues protocol bytes (a route's interest lines) under the max_pending limit, which
+    /// cuts the connection when it does not drain. Returns true when the caller must
+    /// [`signal`](Self::signal) this handle.
+    pub(crate) fn queue_bounded(&self, bytes: &[u8]) -> bool {
+        let mut o = self.lock_out();
+        if o.closing {
+            return false;
+        }
+        o.buf.extend_from_slice(bytes);
+        self.enforce_pending(o)
+    }
+
+    /// After a message went into the outbound buffer: counts it and enforces max_pending.
+    fn queued(&self, o: MutexGuard<'_, Outbound>, len: usize) -> bool {
         self.stats.out_msgs.fetch_add(1, Ordering::Relaxed);
         self.stats
             .out_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+            .fetch_add(len as u64, Ordering::Relaxed);
+        self.enforce_pending(o)
+    }
+
+    fn enforce_pending(&self, mut o: MutexGuard<'_, Outbound>) -> bool {
         if o.buf.len() > self.max_pending {
             // The reference closes a client whose pending bytes pass the limit, without
-            // flushing and without -ERR: the socket is not draining anyway.
+            // flushing and without -ERR: the socket is not draining anyway. A route is cut
+            // the same way (and its peer reconnects).
             o.buf = BytesMut::new();
             o.closing = true;
             drop(o);
             crate::info!(
                 self.log,
                 "{} - Slow Consumer Detected: MaxPending of {} Exceeded",
-                self.id,
+                self.tag(),
                 self.max_pending
             );
-            self.account()
-                .stats
-                .slow_consumers
-                .fetch_add(1, Ordering::Relaxed);
+            self.count_slow();
             self.abort_writer.notify_one();
             self.close(CloseReason::SlowConsumerPendingBytes);
             return false;
@@ -369,8 +500,8 @@ impl ClientHandle {
         schedule(&mut o)
     }
 
-    /// Queues raw protocol bytes (PONG, +OK, INFO, -ERR).
-    fn queue_raw(&self, bytes: &[u8]) -> bool {
+    /// Queues raw protocol bytes (PONG, +OK, INFO, -ERR; RS+ and RS- on a route).
+    pub(crate) fn queue_raw(&self, bytes: &[u8]) -> bool {
         let mut o = self.lock_out();
         if o.closing {
             return false;
@@ -403,12 +534,15 @@ impl ClientHandle {
             if *c {
                 false
             } else {
-                crate::debug!(
-                    self.log,
-                    "{} - Client connection closed: {:?}",
-                    self.id,
-                    reason
-                );
+                // A route logs its own close, in the reference's words.
+                if !self.is_route() {
+                    crate::debug!(
+                        self.log,
+                        "{} - Client connection closed: {:?}",
+                        self.id,
+                        reason
+                    );
+                }
                 *c = true;
                 true
             }
@@ -970,6 +1104,8 @@ impl Conn {
                             .addr;
                         let line = self.server.info_line(&self.handle, addr, true);
                         self.send_raw(&line);
+                        // From now on it may get INFO updates (cluster connect_urls).
+                        self.handle.async_info.store(true, Ordering::Relaxed);
                     }
                 }
                 ClientOp::Pong => {
@@ -1309,7 +1445,11 @@ const BUF_IDLE: Duration = Duration::from_secs(1);
 const IDLE_BUF: usize = 64 * 1024;
 
 /// Writes whatever is queued, in one write per wake-up, until the connection closes.
-async fn write_loop<W: AsyncWrite + Unpin>(h: Arc<ClientHandle>, mut wr: W, deadline: Duration) {
+pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
+    h: Arc<ClientHandle>,
+    mut wr: W,
+    deadline: Duration,
+) {
     let mut spare = BytesMut::new();
     loop {
         let taken = {
@@ -1351,9 +1491,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(h: Arc<ClientHandle>, mut wr: W, dead
                     crate::info!(
                         h.log,
                         "{} - Slow Consumer Detected: WriteDeadline of {:?} exceeded with {} total bytes",
-                        h.id, deadline, data.len()
+                        h.tag(), deadline, data.len()
                     );
-                    h.account().stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
+                    h.count_slow();
                     h.close(CloseReason::SlowConsumerWriteDeadline);
                     break;
                 }

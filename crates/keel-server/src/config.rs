@@ -78,6 +78,170 @@ pub struct Opts {
     /// Authentication, accounts and the system account (`authorization`, `accounts`,
     /// `no_auth_user`, `system_account`, `operator`, `resolver`..., `--user --pass --auth`).
     pub auth: crate::auth::conf::AuthOpts,
+    /// `cluster { ... }` and the cluster flags: routes to other servers (see `route`).
+    pub cluster: ClusterOpts,
+}
+
+/// The route (cluster) options, as the reference's `cluster {}` block and flags.
+#[derive(Debug, Clone)]
+pub struct ClusterOpts {
+    /// `name` / `--cluster_name`; None: generated at start (a dynamic name, which a peer
+    /// with a configured name replaces).
+    pub name: Option<String>,
+    /// Where routes are accepted; None: `0.0.0.0`.
+    pub host: Option<String>,
+    /// 0: no cluster; -1: a free port.
+    pub port: i64,
+    /// `advertise` / `--cluster_advertise`: the `host:port` peers are told to dial.
+    pub advertise: Option<String>,
+    /// `no_advertise` / `--no_advertise`: clients are not told about the other servers.
+    pub no_advertise: bool,
+    /// `routes` / `--routes`: the servers to dial (explicit routes, retried forever).
+    pub routes: Vec<RouteUrl>,
+    /// How often a route learned by gossip (implicit) is retried; 0: one attempt.
+    pub connect_retries: u32,
+    /// `connect_backoff`: explicit routes retry with a doubling delay (up to 30 s) instead
+    /// of every second.
+    pub connect_backoff: bool,
+    /// `authorization { user, password }`: what a peer must send in its CONNECT (and what
+    /// this server sends to peers that require it, for routes learned by gossip).
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// `authorization { timeout }`: how long an accepted route may take to send CONNECT
+    /// (default 2 s; with TLS the handshake's timeout plus 1 s, as the reference).
+    pub auth_timeout: Duration,
+    pub auth_timeout_set: bool,
+    /// `ping_interval` (at most 30 s for routes) and `ping_max`; None: the server's.
+    pub ping_interval: Option<Duration>,
+    pub ping_max: Option<u32>,
+    /// `write_deadline`; None: the server's.
+    pub write_deadline: Option<Duration>,
+    /// `tls { }` as written, and as loaded once the options are finished (see
+    /// [`crate::tls::RouteTls`]).
+    pub tls_opts: Option<crate::tls::TlsOpts>,
+    pub tls: Option<std::sync::Arc<crate::tls::RouteTls>>,
+}
+
+impl Default for ClusterOpts {
+    fn default() -> Self {
+        ClusterOpts {
+            name: None,
+            host: None,
+            port: 0,
+            advertise: None,
+            no_advertise: false,
+            routes: Vec::new(),
+            connect_retries: 0,
+            connect_backoff: false,
+            user: None,
+            password: None,
+            auth_timeout: Duration::from_secs(2),
+            auth_timeout_set: false,
+            ping_interval: None,
+            ping_max: None,
+            write_deadline: None,
+            tls_opts: None,
+            tls: None,
+        }
+    }
+}
+
+impl ClusterOpts {
+    /// Whether this server takes part in a cluster (a cluster port is set).
+    pub fn enabled(&self) -> bool {
+        self.port != 0
+    }
+
+    /// The listen host (the reference's default: every interface).
+    pub fn listen_host(&self) -> &str {
+        self.host.as_deref().unwrap_or("0.0.0.0")
+    }
+}
+
+/// A route URL: `nats://[user:pass@]host:port` (also `nats-route://` and `route://`). Its
+/// `Display` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RouteUrl {
+    pub host: String,
+    pub port: u16,
+    pub user: Option<String>,
+    pub pass: Option<String>,
+}
+
+impl RouteUrl {
+    /// Parses a route URL the way the reference's flags and config take one.
+    pub fn parse(s: &str) -> Result<RouteUrl, String> {
+        let bad = |why: &str| format!("invalid route URL {:?}: {why}", redact(s));
+        let rest = match s.split_once("://") {
+            Some((scheme, rest)) => {
+                if !matches!(
+                    scheme.to_ascii_lowercase().as_str(),
+                    "nats" | "nats-route" | "route" | "tls"
+                ) {
+                    return Err(bad("unknown scheme"));
+                }
+                rest
+            }
+            None => s,
+        };
+        let rest = rest.trim_end_matches('/');
+        let (userinfo, hostport) = match rest.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, rest),
+        };
+        let (host, port) = hostport
+            .rsplit_once(':')
+            .ok_or_else(|| bad("expected host:port"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(bad("missing host"));
+        }
+        let port: u16 = port.parse().map_err(|_| bad("invalid port"))?;
+        let (user, pass) = match userinfo {
+            Some(u) => match u.split_once(':') {
+                Some((user, pass)) => (Some(user.to_string()), Some(pass.to_string())),
+                None => (Some(u.to_string()), None),
+            },
+            None => (None, None),
+        };
+        Ok(RouteUrl {
+            host: host.to_string(),
+            port,
+            user,
+            pass,
+        })
+    }
+
+    /// `host:port` (IPv6 in brackets), as the reference compares and lists route URLs.
+    pub fn host_port(&self) -> String {
+        crate::server::host_port(&self.host, self.port)
+    }
+}
+
+/// A URL with its password replaced, for error messages.
+fn redact(s: &str) -> String {
+    match (s.find("://"), s.rfind('@')) {
+        (Some(a), Some(at)) if at > a => match s[a + 3..at].split_once(':') {
+            Some((user, _)) => format!("{}{user}:[REDACTED]{}", &s[..a + 3], &s[at..]),
+            None => s.to_string(),
+        },
+        _ => s.to_string(),
+    }
+}
+
+impl std::fmt::Display for RouteUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.user {
+            Some(u) => write!(f, "nats://{u}:[REDACTED]@{}", self.host_port()),
+            None => write!(f, "nats://{}", self.host_port()),
+        }
+    }
+}
+
+impl std::fmt::Debug for RouteUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 impl Default for Opts {
@@ -113,6 +277,7 @@ impl Default for Opts {
             check_config: false,
             max_closed_clients: 10_000,
             http_dashboard: true,
+            cluster: ClusterOpts::default(),
             https_port: None,
             tls_opts: None,
             allow_non_tls: false,
@@ -155,6 +320,14 @@ Logging Options:
     -V, --trace[=bool]               Trace the raw protocol
     -DV                              Debug and trace
 
+Cluster Options:
+        --routes <rurl-1, rurl-2>    Routes to solicit and connect
+        --cluster <cluster-url>      Cluster URL for solicited routes (nats://[user:pass@]host:port;
+                                     also --cluster_listen)
+        --cluster_name <string>      Cluster name (default: generated)
+        --cluster_advertise <string> Cluster URL to advertise to other servers
+        --no_advertise <bool>        Do not advertise known cluster information to clients
+        --connect_retries <number>   For implicit routes, number of connect retries
 TLS Options:
         --tls[=bool]                 Enable TLS (--tls=false turns off the config's TLS)
         --tlscert <file>             Server certificate file
@@ -185,7 +358,11 @@ connection_rate_limit }, jetstream { store_dir, max_memory_store, max_file_store
 sync_interval, index_cache_size, strict, domain, enabled }, authorization { user, password, token, timeout,
 users, permissions }, accounts { NAME: { users, jetstream, exports, imports,
 default_permissions } }, no_auth_user, system_account, no_system_account, operator, resolver:
-MEMORY, resolver_preload, trusted_keys.
+MEMORY, resolver_preload, trusted_keys, cluster { name, listen, host, port, routes,
+advertise, no_advertise, connect_retries, connect_backoff, pool_size (-1), compression (off),
+authorization { user, password, timeout }, tls { cert_file, key_file, ca_file, insecure,
+timeout, cipher_suites, curve_preferences, min_version }, ping_interval, ping_max,
+write_deadline }.
 Other nats-server flags and keys are refused as not supported yet.
 ";
 
@@ -220,6 +397,12 @@ const FLAGS: &[(&[&str], Kind, &str)] = &[
     (&["DVV"], Kind::Bool, "DVV"),
     (&["js", "jetstream"], Kind::Bool, "js"),
     (&["sd", "store_dir"], Kind::Value, "store_dir"),
+    (&["cluster", "cluster_listen"], Kind::Value, "cluster"),
+    (&["routes"], Kind::Value, "routes"),
+    (&["cluster_name"], Kind::Value, "cluster_name"),
+    (&["cluster_advertise"], Kind::Value, "cluster_advertise"),
+    (&["no_advertise"], Kind::Bool, "no_advertise"),
+    (&["connect_retries"], Kind::Value, "connect_retries"),
     (&["user"], Kind::Value, "user"),
     (&["pass"], Kind::Value, "pass"),
     (&["auth"], Kind::Value, "auth"),
@@ -231,13 +414,6 @@ const FLAGS: &[(&[&str], Kind, &str)] = &[
 /// Reference flags we know but do not implement: refused by name rather than "unknown".
 const UNSUPPORTED: &[&str] = &[
     "help_tls",
-    "routes",
-    "cluster",
-    "cluster_name",
-    "cluster_advertise",
-    "cluster_listen",
-    "no_advertise",
-    "connect_retries",
     "s",
     "syslog",
     "r",
@@ -263,7 +439,6 @@ const UNSUPPORTED_KEYS: &[&str] = &[
     "no_sublist_cache",
     "default_sentinel",
     "http_base_path",
-    "cluster",
     "gateway",
     "leaf",
     "leafnodes",
@@ -393,6 +568,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, St
         opts.config_file = Some(path.clone());
         apply_config(&mut opts, &map).map_err(|e| format!("{}: {e}", path.display()))?;
     }
+    let mut routes_flag = false;
     for (canon, value) in flags {
         let v = value.unwrap_or_default();
         match canon {
@@ -431,6 +607,24 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, St
             }
             "js" => opts.jetstream = parse_bool(canon, &v)?,
             "store_dir" => opts.store_dir = Some(v.into()),
+            "cluster" => cluster_listen_flag(&mut opts.cluster, &v)?,
+            "routes" => {
+                opts.cluster.routes = v
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|r| !r.is_empty())
+                    .map(RouteUrl::parse)
+                    .collect::<Result<_, _>>()?;
+                routes_flag = true;
+            }
+            "cluster_name" => opts.cluster.name = Some(cluster_name(&v)?),
+            "cluster_advertise" => opts.cluster.advertise = Some(v),
+            "no_advertise" => opts.cluster.no_advertise = parse_bool(canon, &v)?,
+            "connect_retries" => {
+                opts.cluster.connect_retries = v
+                    .parse()
+                    .map_err(|_| format!("invalid value {v:?} for flag --connect_retries"))?
+            }
             // Flags override the config file, as the reference's do.
             "user" => opts.auth.user = Some(v),
             "pass" => opts.auth.password = Some(v),
@@ -438,6 +632,9 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, St
             "signal" => return Ok(Command::Signal(v)),
             _ => unreachable!("flag table and match agree"),
         }
+    }
+    if routes_flag && !opts.cluster.enabled() {
+        return Err("solicited routes require cluster capabilities, e.g. --cluster".into());
     }
     if tls_flags.disabled {
         opts.tls_opts = None;
@@ -467,6 +664,15 @@ struct TlsFlags {
 /// Loads the TLS certificates (a bad file is a configuration error, as with the reference)
 /// and checks the options that need TLS.
 pub fn finish_tls(opts: &mut Opts) -> Result<(), String> {
+    opts.cluster.tls = match opts.cluster.tls_opts.clone() {
+        Some(t) => Some(std::sync::Arc::new(
+            crate::tls::RouteTls::build(t).map_err(|e| format!("cluster tls: {e}"))?,
+        )),
+        None => None,
+    };
+    if let (Some(t), false) = (&opts.cluster.tls, opts.cluster.auth_timeout_set) {
+        opts.cluster.auth_timeout = t.timeout() + Duration::from_secs(1);
+    }
     opts.tls = match opts.tls_opts.clone() {
         Some(t) => Some(std::sync::Arc::new(crate::tls::Tls::build(
             t,
@@ -513,6 +719,192 @@ fn boolean(key: &str, v: &Value) -> Result<bool, String> {
 fn int(key: &str, v: &Value) -> Result<i64, String> {
     v.as_i64()
         .ok_or_else(|| format!("{key}: expected an integer"))
+}
+
+/// `--cluster nats://[user:pass@]host:port` (`:-1` picks a free port): the listen address,
+/// and the credentials peers must present.
+fn cluster_listen_flag(c: &mut ClusterOpts, v: &str) -> Result<(), String> {
+    if v.is_empty() {
+        c.port = 0;
+        return Ok(());
+    }
+    let (text, random) = match v.strip_suffix(":-1") {
+        Some(t) => (format!("{t}:0"), true),
+        None => (v.to_string(), false),
+    };
+    let u = RouteUrl::parse(&text).map_err(|e| format!("--cluster: {e}"))?;
+    c.host = Some(u.host);
+    c.port = if random { -1 } else { i64::from(u.port) };
+    match u.user {
+        Some(user) => {
+            let pass = u.pass.ok_or("expected cluster password to be set")?;
+            c.user = Some(user);
+            c.password = Some(pass);
+        }
+        None => {
+            c.user = None;
+            c.password = None;
+        }
+    }
+    Ok(())
+}
+
+fn cluster_name(n: &str) -> Result<String, String> {
+    if n.contains(' ') {
+        return Err("cluster name cannot contain spaces".into());
+    }
+    Ok(n.to_string())
+}
+
+/// The `cluster {}` block.
+fn apply_cluster(opts: &mut Opts, key: &str, v: &Value) -> Result<(), String> {
+    let Value::Map(m) = v else {
+        return Err(format!("{key}: expected a block"));
+    };
+    let c = &mut opts.cluster;
+    for (k, v) in &m.0 {
+        match k.to_ascii_lowercase().as_str() {
+            "name" => c.name = Some(cluster_name(&string(k, v)?)?),
+            "listen" => {
+                let (h, p) = host_port(k, &string(k, v)?)?;
+                if h.is_some() {
+                    c.host = h;
+                }
+                c.port = p;
+            }
+            "port" => c.port = int(k, v)?,
+            "host" | "net" => c.host = Some(string(k, v)?),
+            "advertise" | "cluster_advertise" => c.advertise = Some(string(k, v)?),
+            "no_advertise" => c.no_advertise = boolean(k, v)?,
+            "routes" => {
+                let Value::Array(list) = v else {
+                    return Err(format!("{k}: expected an array of route URLs"));
+                };
+                let mut routes: Vec<RouteUrl> = Vec::new();
+                for r in list {
+                    let u = RouteUrl::parse(&string(k, r)?)?;
+                    // The reference warns about a duplicate and keeps one.
+                    if !routes.contains(&u) {
+                        routes.push(u);
+                    }
+                }
+                c.routes = routes;
+            }
+            "connect_retries" => {
+                c.connect_retries = u32::try_from(int(k, v)?.max(0)).unwrap_or(u32::MAX)
+            }
+            "connect_backoff" => c.connect_backoff = boolean(k, v)?,
+            "authorization" => {
+                let Value::Map(a) = v else {
+                    return Err(format!("{k}: expected a block"));
+                };
+                for (ak, av) in &a.0 {
+                    match ak.to_ascii_lowercase().as_str() {
+                        "user" | "username" => c.user = Some(string(ak, av)?),
+                        "pass" | "password" => c.password = Some(string(ak, av)?),
+                        "timeout" => {
+                            c.auth_timeout_set = true;
+                            c.auth_timeout = match av {
+                                Value::Int(n) => Duration::from_secs((*n).max(0) as u64),
+                                Value::Float(f) if *f >= 0.0 => Duration::from_secs_f64(*f),
+                                other => duration(ak, other)?,
+                            }
+                        }
+                        "users" => {
+                            return Err("Cluster authorization does not allow multiple users".into())
+                        }
+                        "token" => {
+                            return Err("Cluster authorization does not support tokens".into())
+                        }
+                        "auth_callout" | "callout" => {
+                            return Err("Cluster authorization does not support callouts".into())
+                        }
+                        "permissions" => {
+                            return Err(not_supported(
+                                "cluster authorization key \"permissions\" (route permissions)",
+                            ))
+                        }
+                        _ => return Err(format!("unknown cluster authorization key {ak:?}")),
+                    }
+                }
+            }
+            // Keel's routes are one connection per peer, which is what the reference's
+            // `pool_size: -1` means (a nats-server peer then treats the route as "no pool").
+            "pool_size" => match int(k, v)? {
+                -1 | 0 => {}
+                n => {
+                    return Err(format!(
+                        "cluster pool_size {n}: keel-server does not pool routes (one connection \
+                         per peer, as pool_size: -1); remove the key or set it to -1"
+                    ))
+                }
+            },
+            // Keel cannot compress routes (S2), so it declines what a peer proposes; the only
+            // mode it can honour is off.
+            "compression" => {
+                let mode = match v {
+                    Value::Bool(false) => "off".to_string(),
+                    Value::Bool(true) => "s2_fast".to_string(),
+                    Value::Str(s) => s.to_ascii_lowercase(),
+                    Value::Map(cm) => match cm.get("mode") {
+                        Some(m) => string("mode", m)?.to_ascii_lowercase(),
+                        None => return Err(format!("{k}: expected a mode")),
+                    },
+                    _ => return Err(format!("{k}: expected a boolean, a mode or a block")),
+                };
+                if !matches!(
+                    mode.as_str(),
+                    "off" | "disabled" | "false" | "not_supported" | "not supported"
+                ) {
+                    return Err(format!(
+                        "cluster compression {mode:?}: keel-server routes are not compressed \
+                         (it declines compression with peers); use compression: off"
+                    ));
+                }
+            }
+            "ping_interval" => {
+                let d = duration(k, v)?;
+                // As the reference: routes ping at least every 30 s.
+                c.ping_interval = Some(d.min(Duration::from_secs(30)));
+            }
+            "ping_max" => c.ping_max = Some(int(k, v)?.max(1) as u32),
+            "write_deadline" => c.write_deadline = Some(duration(k, v)?),
+            "tls" => {
+                let t = crate::tls::parse_block(v)?;
+                // What the client listener's block has that routes do not use here.
+                for (set, key) in [
+                    (t.map, "verify_and_map (route users from certificates)"),
+                    (!t.pinned.is_empty(), "pinned_certs"),
+                    (
+                        t.handshake_first,
+                        "handshake_first (routes always start with TLS)",
+                    ),
+                    (t.rate_limit > 0, "connection_rate_limit"),
+                    (!t.certs.is_empty(), "certs (one certificate serves routes)"),
+                ] {
+                    if set {
+                        return Err(not_supported(&format!("cluster tls key {key}")));
+                    }
+                }
+                c.tls_opts = Some(t);
+            }
+            "permissions" => {
+                return Err(not_supported(
+                    "cluster configuration key \"permissions\" (route permissions)",
+                ))
+            }
+            "accounts" => {
+                return Err(not_supported(
+                    "cluster configuration key \"accounts\" (pinned-account routes)",
+                ))
+            }
+            "write_timeout" | "compression_rtt" => {
+                return Err(not_supported(&format!("cluster configuration key {k:?}")))
+            }
+            _ => return Err(format!("unknown cluster configuration key {k:?}")),
+        }
+    }
+    Ok(())
 }
 
 /// Splits `host:port` (or `[v6]:port`, or a bare port) into its parts.
@@ -587,6 +979,7 @@ pub fn apply_config(opts: &mut Opts, map: &Map) -> Result<(), String> {
             "pid_file" => opts.pid_file = Some(string(key, v)?.into()),
             "store_dir" | "storedir" => set_store_dir(opts, key, v)?,
             "jetstream" => apply_jetstream(opts, key, v)?,
+            "cluster" => apply_cluster(opts, key, v)?,
             _ if {
                 let dir = opts
                     .config_file
@@ -604,6 +997,9 @@ pub fn apply_config(opts: &mut Opts, map: &Map) -> Result<(), String> {
     }
     if opts.max_payload > 64 * 1024 * 1024 {
         return Err("max_payload cannot exceed 64MB".into());
+    }
+    if !opts.cluster.routes.is_empty() && !opts.cluster.enabled() {
+        return Err("cluster routes require a cluster port (cluster { listen } or port)".into());
     }
     Ok(())
 }
@@ -762,10 +1158,8 @@ mod tests {
             parse_args(["--signal".to_string(), "reload=12".to_string()]),
             Ok(Command::Signal(s)) if s == "reload=12"
         ));
-        for flag in ["--cluster_listen", "--cluster", "--routes", "--profile"] {
-            let e = run(&[flag, "x"]).unwrap_err();
-            assert!(e.contains("does not support yet"), "{flag}: {e}");
-        }
+        let e = run(&["--profile", "x"]).unwrap_err();
+        assert!(e.contains("does not support yet"), "{e}");
         assert!(run(&["-p"]).unwrap_err().contains("needs a value"));
         assert!(run(&["-p", "x"]).unwrap_err().contains("invalid port"));
         assert!(run(&["stray"]).unwrap_err().contains("unexpected argument"));
@@ -788,7 +1182,7 @@ mod tests {
         assert_eq!(o.write_deadline, Duration::from_secs(2));
         assert!(o.jetstream);
         assert_eq!(o.max_file_store, Some(1 << 30));
-        let bad = conf::parse("cluster { port: 1 }").unwrap();
+        let bad = conf::parse("gateway { port: 1 }").unwrap();
         assert!(apply_config(&mut Opts::default(), &bad)
             .unwrap_err()
             .contains("does not support yet"));
@@ -796,6 +1190,126 @@ mod tests {
         assert!(apply_config(&mut Opts::default(), &bogus)
             .unwrap_err()
             .contains("unknown configuration key"));
+    }
+
+    #[test]
+    fn cluster_flags() {
+        let o = run(&[
+            "--cluster",
+            "nats://ruser:rpass@127.0.0.1:6222",
+            "--routes",
+            "nats://a:1,nats-route://u:p@b:2",
+            "--cluster_name",
+            "c1",
+            "--no_advertise",
+            "--connect_retries",
+            "3",
+            "--cluster_advertise",
+            "10.0.0.1:6222",
+        ])
+        .unwrap();
+        let c = &o.cluster;
+        assert!(c.enabled());
+        assert_eq!((c.listen_host(), c.port), ("127.0.0.1", 6222));
+        assert_eq!(c.user.as_deref(), Some("ruser"));
+        assert_eq!(c.password.as_deref(), Some("rpass"));
+        assert_eq!(c.name.as_deref(), Some("c1"));
+        assert!(c.no_advertise);
+        assert_eq!(c.connect_retries, 3);
+        assert_eq!(c.advertise.as_deref(), Some("10.0.0.1:6222"));
+        assert_eq!(c.routes.len(), 2);
+        assert_eq!(c.routes[0].host_port(), "a:1");
+        assert_eq!(c.routes[1].user.as_deref(), Some("u"));
+        // The password never shows.
+        assert_eq!(c.routes[1].to_string(), "nats://u:[REDACTED]@b:2");
+        assert_eq!(
+            run(&["--cluster_listen", "nats://0.0.0.0:-1"])
+                .unwrap()
+                .cluster
+                .port,
+            -1
+        );
+        assert_eq!(
+            run(&["--routes", "nats://a:1"]).unwrap_err(),
+            "solicited routes require cluster capabilities, e.g. --cluster"
+        );
+        assert!(run(&["--cluster", "nats://u@h:1"])
+            .unwrap_err()
+            .contains("password"));
+        assert!(run(&["--cluster_name", "a b"])
+            .unwrap_err()
+            .contains("spaces"));
+        let e = run(&["--cluster", "nats://h:1", "--routes", "nats://x:y:z"]).unwrap_err();
+        assert!(e.contains("invalid route URL"), "{e}");
+    }
+
+    #[test]
+    fn cluster_keys() {
+        let apply = |text: &str| {
+            let mut o = Opts::default();
+            apply_config(&mut o, &conf::parse(text).unwrap()).map(|_| o.cluster)
+        };
+        let c = apply(
+            "cluster { name: ref, listen: 127.0.0.1:4248, routes: [nats://a:1, nats://a:1, \
+             nats://b:2], no_advertise: true, connect_retries: 2, connect_backoff: true, \
+             pool_size: -1, compression: off, authorization { user: r, password: p, \
+             timeout: 0.5 }, ping_interval: 2m, ping_max: 3, write_deadline: 3s, \
+             advertise: \"10.1.1.1:4248\" }",
+        )
+        .unwrap();
+        assert_eq!(c.name.as_deref(), Some("ref"));
+        assert_eq!((c.listen_host(), c.port), ("127.0.0.1", 4248));
+        assert_eq!(c.routes.len(), 2, "a duplicate route is kept once");
+        assert!(c.no_advertise && c.connect_backoff);
+        assert_eq!(c.connect_retries, 2);
+        assert_eq!(c.user.as_deref(), Some("r"));
+        assert_eq!(c.auth_timeout, Duration::from_millis(500));
+        assert_eq!(c.ping_interval, Some(Duration::from_secs(30)), "capped");
+        assert_eq!(c.ping_max, Some(3));
+        assert_eq!(c.write_deadline, Some(Duration::from_secs(3)));
+        assert_eq!(c.advertise.as_deref(), Some("10.1.1.1:4248"));
+        let c = apply("cluster { port: 1, tls { cert_file: c.pem, key_file: k.pem, timeout: 3 } }")
+            .unwrap();
+        let t = c.tls_opts.expect("route TLS");
+        assert_eq!(t.cert_file, Some(PathBuf::from("c.pem")));
+        assert_eq!(t.timeout, Some(Duration::from_secs(3)));
+        let c = apply("cluster { port: -1, host: 0.0.0.0, compression: false }").unwrap();
+        assert_eq!((c.listen_host(), c.port), ("0.0.0.0", -1));
+        for (text, want) in [
+            ("cluster { port: 1, pool_size: 3 }", "does not pool routes"),
+            (
+                "cluster { port: 1, compression: s2_fast }",
+                "not compressed",
+            ),
+            ("cluster { port: 1, compression: accept }", "not compressed"),
+            ("cluster { port: 1, accounts: [A] }", "does not support yet"),
+            (
+                "cluster { port: 1, tls { cert_file: c, key_file: k, verify_and_map: true } }",
+                "verify_and_map",
+            ),
+            (
+                "cluster { port: 1, tls { cert_file: c, key_file: k, handshake_first: true } }",
+                "handshake_first",
+            ),
+            (
+                "cluster { port: 1, permissions { } }",
+                "does not support yet",
+            ),
+            (
+                "cluster { port: 1, bogus: 1 }",
+                "unknown cluster configuration key",
+            ),
+            ("cluster { port: 1, authorization { token: x } }", "tokens"),
+            (
+                "cluster { port: 1, authorization { users: [] } }",
+                "multiple users",
+            ),
+            ("cluster { name: \"a b\", port: 1 }", "spaces"),
+            ("cluster { routes: [nats://a:1] }", "require a cluster port"),
+        ] {
+            let e = apply(text).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -12,6 +12,19 @@
 //! b.shutdown().await;
 //! # }
 //! ```
+//!
+//! A cluster: each server gets a cluster port ([`cluster_opts`], or a `cluster {}` block
+//! through [`opts_from_config`]) and the others' [`route_url`](TestServer::route_url)s as
+//! routes; [`wait_peers`](TestServer::wait_peers) waits for the mesh.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use keel_server::harness::{cluster_opts, start};
+//! let a = start(cluster_opts("c", &[])).await.unwrap();
+//! let b = start(cluster_opts("c", &[a.route_url()])).await.unwrap();
+//! a.wait_peers(1).await.unwrap();
+//! # }
+//! ```
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -34,12 +47,31 @@ pub fn opts() -> Opts {
     }
 }
 
+/// [`opts`] without JetStream, in cluster `name`, with a free loopback cluster port and
+/// `routes` (`nats://host:port` URLs) to dial. Routes ping every second here, so a dead
+/// peer is found fast.
+pub fn cluster_opts(name: &str, routes: &[String]) -> Opts {
+    let mut o = opts();
+    o.jetstream = false;
+    o.cluster.name = Some(name.to_string());
+    o.cluster.host = Some("127.0.0.1".into());
+    o.cluster.port = -1;
+    o.cluster.ping_interval = Some(std::time::Duration::from_secs(1));
+    o.cluster.routes = routes
+        .iter()
+        .map(|r| crate::config::RouteUrl::parse(r).expect("route URL"))
+        .collect();
+    o
+}
+
 /// [`opts`] with `conf` (the nats-server config-file syntax) applied on top, as the binary
 /// applies `-c`.
 pub fn opts_from_config(conf: &str) -> Result<Opts, String> {
     let map = crate::conf::parse(conf).map_err(|e| e.to_string())?;
     let mut o = opts();
     crate::config::apply_config(&mut o, &map)?;
+    // Loads the certificates a `tls { }` block names, as the command line does.
+    crate::config::finish_tls(&mut o)?;
     Ok(o)
 }
 
@@ -112,6 +144,43 @@ impl TestServer {
     /// The monitoring listener's address, when monitoring was asked for.
     pub fn monitor_addr(&self) -> Option<SocketAddr> {
         self.running().monitor_addr
+    }
+
+    /// Where routes are accepted (in a cluster).
+    pub fn cluster_addr(&self) -> Option<SocketAddr> {
+        self.server().cluster.get().and_then(|c| c.listen_addr())
+    }
+
+    /// `nats://127.0.0.1:<cluster port>`, for the other servers' routes.
+    pub fn route_url(&self) -> String {
+        format!(
+            "nats://{}",
+            self.cluster_addr().expect("the server has a cluster port")
+        )
+    }
+
+    /// How many other servers it has a route to.
+    pub fn num_peers(&self) -> usize {
+        self.server().cluster.get().map_or(0, |c| c.num_peers())
+    }
+
+    /// Waits (at most 10 s) until it has routes to exactly `n` other servers.
+    pub async fn wait_peers(&self, n: usize) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let have = self.num_peers();
+            if have == n {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "{} has {have} peers, not {n}; log:\n{}",
+                    self.server().server_name,
+                    self.log()
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 
     /// Everything the server has logged so far.

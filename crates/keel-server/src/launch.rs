@@ -56,6 +56,10 @@ pub async fn start(opts: Opts, log: Log) -> Result<Running, ()> {
         server.shutdown();
         server.seal_internal();
     };
+    // Before anything subscribes: the cluster counts every subscription for its peers.
+    if server.opts.cluster.enabled() {
+        let _ = server.cluster.set(crate::route::Cluster::install(&server));
+    }
     let auth_opts = server.opts.auth.clone();
     if let Err(e) = server.apply_auth(&auth_opts) {
         error!(log, "Error configuring authorization: {e}");
@@ -178,6 +182,12 @@ pub async fn start(opts: Opts, log: Log) -> Result<Running, ()> {
         }
     }
     info!(log, "Server is ready");
+    if let Some(cluster) = server.cluster.get().cloned() {
+        if cluster.start(&server).await.is_err() {
+            stop_early(&server);
+            return Err(());
+        }
+    }
 
     crate::memtrim::spawn(server.clone());
     let accept = {

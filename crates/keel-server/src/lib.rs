@@ -26,6 +26,7 @@ pub mod log;
 pub mod memtrim;
 pub mod monitor;
 pub mod permissions;
+pub mod route;
 pub mod router;
 pub mod server;
 pub mod sublist;

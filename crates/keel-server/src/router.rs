@@ -35,8 +35,31 @@ pub struct Router {
     client: bool,
     /// In-process queues this batch left full; the client waits for each before reading on.
     blocked: Vec<Arc<InQueue>>,
+    /// The routes the current message goes to (the first `nroutes`; the entries are kept
+    /// for reuse so a routed message allocates nothing).
+    routes: Vec<RouteTarget>,
+    nroutes: usize,
     /// Match caches for the accounts this router's messages cross into (imports/exports).
     others: Vec<(Arc<Account>, MatchCache)>,
+}
+
+/// A route connection a message goes to, once, with the queue groups it was picked for
+/// there (the peer delivers to one member of each, and to its plain subscribers).
+struct RouteTarget {
+    handle: Arc<ClientHandle>,
+    queues: Vec<Bytes>,
+}
+
+/// Whom a match result's message may reach.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// Local subscribers and route peers (a message published here).
+    Everyone,
+    /// Local subscribers only (past a stream import: peers follow it themselves).
+    Local,
+    /// Local clients only, not JetStream's in-process subscribers, whose interest stays on
+    /// this server (a message a peer sent).
+    LocalClients,
 }
 
 /// How many accounts deep a message may travel through imports and exports.
@@ -66,6 +89,8 @@ impl Router {
             rng: 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xA24B_AED4_963E_E407) | 1,
             client: false,
             blocked: Vec::new(),
+            routes: Vec::new(),
+            nroutes: 0,
             others: Vec::new(),
         }
     }
@@ -110,24 +135,43 @@ impl Router {
         skip: Option<u64>,
     ) -> bool {
         let result = self.cache.lookup(&self.account.sublist, target);
-        let mut delivered = self.deliver_all(server, &result, msg, skip);
+        let mut delivered =
+            self.deliver_all(server, None, Reach::Everyone, &result, target, msg, skip);
         if !result.forwards.is_empty() {
             let from = self.account.clone();
-            delivered |= self.forward(server, &from, &result, target, msg, 1);
+            delivered |= self.forward(server, &from, Reach::Everyone, &result, target, msg, 1);
         }
         delivered
     }
 
-    /// Delivers to the subscriptions of one match result (one member per queue group).
+    /// Delivers to the subscriptions of one match result (one member per queue group), and
+    /// once to each route peer with interest if `reach` says so. `other` is the account the
+    /// result is in, when an import led out of the router's own; `target` is what it matched
+    /// there.
+    #[allow(clippy::too_many_arguments)]
     fn deliver_all(
         &mut self,
         server: &Server,
+        other: Option<&Arc<Account>>,
+        reach: Reach,
         result: &MatchResult,
+        target: &[u8],
         msg: &Outgoing,
         skip: Option<u64>,
     ) -> bool {
         let mut delivered = false;
         for sub in &result.psubs {
+            if sub.client.is_route() {
+                // A peer with interest gets the message once, however many of its
+                // subscriptions match.
+                if reach == Reach::Everyone {
+                    self.add_route_target(sub, None);
+                }
+                continue;
+            }
+            if reach == Reach::LocalClients && sub.client.internal_queue().is_some() {
+                continue;
+            }
             if skip == Some(sub.client.id) {
                 continue;
             }
@@ -135,9 +179,19 @@ impl Router {
         }
         for group in &result.qsubs {
             // Start at a random member; fall through to the next if one cannot take it.
+            // A route's member stands for the peer's members (listed by their number), so
+            // a peer is picked in proportion, as the reference does for a client's publish.
             let start = self.next_rand() as usize % group.len();
             for i in 0..group.len() {
                 let sub = &group[(start + i) % group.len()];
+                if sub.client.is_route() {
+                    if reach != Reach::Everyone || sub.client.is_closed() {
+                        continue;
+                    }
+                    self.add_route_target(sub, sub.queue.as_ref());
+                    delivered = true;
+                    break;
+                }
                 if skip == Some(sub.client.id) {
                     continue;
                 }
@@ -147,16 +201,27 @@ impl Router {
                 }
             }
         }
+        if self.nroutes > 0 {
+            delivered |= self.send_to_routes(other, target, msg);
+        }
         delivered
     }
 
     /// Routes `msg` (matched on `target` in `from`) through the imports and exports its
     /// match fell under. A message whose subject is its target is renamed with it; a
     /// delivery to an inbox (JetStream's) keeps its stored subject.
+    ///
+    /// A stream import is followed to this server's subscribers only (`Reach::Local` from
+    /// there on): a peer with subscribers of the importer announced interest in the
+    /// exporter's subject and follows the import itself, as the reference's shadow
+    /// subscriptions do, so the message crosses the route once, in the exporter's account.
+    /// Service imports and their responses are followed to route peers too.
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &mut self,
         server: &Server,
         from: &Arc<Account>,
+        reach: Reach,
         result: &MatchResult,
         target: &[u8],
         msg: &Outgoing,
@@ -168,6 +233,10 @@ impl Router {
         let renamed = msg.subject.as_ref() == target;
         let mut delivered = false;
         for f in &result.forwards {
+            let reach = match f {
+                Forward::Stream { .. } if reach == Reach::Everyone => Reach::Local,
+                _ => reach,
+            };
             let (to, new_target, reply) = match f {
                 Forward::Stream { to, subject } => {
                     (to.clone(), subject.clone(), msg.reply.cloned())
@@ -204,12 +273,183 @@ impl Router {
                 data: msg.data,
             };
             let result = self.other_cache(&to).lookup(&to.sublist, &new_target);
-            delivered |= self.deliver_all(server, &result, &out, None);
+            delivered |=
+                self.deliver_all(server, Some(&to), reach, &result, &new_target, &out, None);
             if !result.forwards.is_empty() {
-                delivered |= self.forward(server, &to, &result, &new_target, &out, hops + 1);
+                delivered |= self.forward(server, &to, reach, &result, &new_target, &out, hops + 1);
             }
         }
         delivered
+    }
+
+    /// Delivers a message that came from a route peer: to the local plain subscribers, and
+    /// to one local member of each queue group in `queues` (the groups the sender picked
+    /// this server for; none without them). Never to another route (every server has a
+    /// route to every other), and never to JetStream's in-process subscribers, whose
+    /// interest is this server's own (JetStream is not clustered yet).
+    pub fn route_from_peer(
+        &mut self,
+        server: &Server,
+        msg: &Outgoing,
+        queues: &keel_protocol::route::Queues,
+    ) -> bool {
+        let result = self.cache.lookup(&self.account.sublist, msg.subject);
+        if result.is_empty() {
+            return false;
+        }
+        // A JetStream push delivery crosses a route on its deliver subject, with the stored
+        // subject after an `@` in its `$JS.ACK` reply (the reference's encoding).
+        let remapped = msg.reply.and_then(|r| js_ack_deliver(r).map(|at| (r, at)));
+        let (subject, reply);
+        let local = match remapped {
+            Some((r, at)) => {
+                subject = r.slice(at + 1..);
+                reply = r.slice(..at);
+                Outgoing {
+                    subject: &subject,
+                    reply: Some(&reply),
+                    hdr_len: msg.hdr_len,
+                    data: msg.data,
+                }
+            }
+            None => Outgoing { ..*msg },
+        };
+        let mut delivered = false;
+        for sub in &result.psubs {
+            if sub.client.is_route() || sub.client.internal_queue().is_some() {
+                continue;
+            }
+            delivered |= self.deliver(server, sub, &local);
+        }
+        if result
+            .forwards
+            .iter()
+            .any(|f| !matches!(f, Forward::Service { .. }))
+        {
+            // Stream imports, to this server's subscribers of the importers (the peer sent
+            // the message in the exporter's account because of the interest they made, see
+            // `forward`); and a service's response from a responder on the peer, whose
+            // pending reply route is on this server. Service imports were followed where
+            // the request was published, so they are not followed twice.
+            let from = self.account.clone();
+            let only = MatchResult {
+                forwards: result
+                    .forwards
+                    .iter()
+                    .filter_map(|f| match f {
+                        Forward::Stream { to, subject } => Some(Forward::Stream {
+                            to: to.clone(),
+                            subject: subject.clone(),
+                        }),
+                        Forward::Responses => Some(Forward::Responses),
+                        Forward::Service { .. } => None,
+                    })
+                    .collect(),
+                ..MatchResult::default()
+            };
+            delivered |= self.forward(
+                server,
+                &from,
+                Reach::LocalClients,
+                &only,
+                msg.subject,
+                &local,
+                1,
+            );
+        }
+        if queues.is_empty() {
+            return delivered;
+        }
+        for group in &result.qsubs {
+            if !group[0].queue.as_ref().is_some_and(|q| queues.contains(q)) {
+                continue;
+            }
+            let start = self.next_rand() as usize % group.len();
+            for i in 0..group.len() {
+                let sub = &group[(start + i) % group.len()];
+                if sub.client.is_route() || sub.client.internal_queue().is_some() {
+                    continue;
+                }
+                if self.deliver(server, sub, &local) {
+                    delivered = true;
+                    break;
+                }
+            }
+        }
+        delivered
+    }
+
+    fn add_route_target(&mut self, sub: &Arc<Sub>, queue: Option<&Bytes>) {
+        for t in &mut self.routes[..self.nroutes] {
+            if Arc::ptr_eq(&t.handle, &sub.client) {
+                if let Some(q) = queue {
+                    t.queues.push(q.clone());
+                }
+                return;
+            }
+        }
+        if self.nroutes == self.routes.len() {
+            self.routes.push(RouteTarget {
+                handle: sub.client.clone(),
+                queues: Vec::new(),
+            });
+        } else {
+            let t = &mut self.routes[self.nroutes];
+            t.handle = sub.client.clone();
+            t.queues.clear();
+        }
+        if let Some(q) = queue {
+            self.routes[self.nroutes].queues.push(q.clone());
+        }
+        self.nroutes += 1;
+    }
+
+    /// Writes the current message once into each target route's buffer. `target` is the
+    /// subject it was matched on, which is what the peer matches too.
+    fn send_to_routes(
+        &mut self,
+        other: Option<&Arc<Account>>,
+        target: &[u8],
+        msg: &Outgoing,
+    ) -> bool {
+        let account = other.unwrap_or(&self.account).name.as_bytes();
+        // A JetStream delivery (matched on its deliver subject) keeps the stored subject
+        // after an `@` in its `$JS.ACK` reply, as the reference sends it.
+        let joined;
+        let reply = match msg.reply {
+            Some(r)
+                if target != &msg.subject[..] && is_js_ack(r) && js_ack_deliver(r).is_none() =>
+            {
+                let mut b = bytes::BytesMut::with_capacity(r.len() + 1 + msg.subject.len());
+                b.extend_from_slice(r);
+                b.extend_from_slice(b"@");
+                b.extend_from_slice(msg.subject);
+                joined = b.freeze();
+                Some(&joined)
+            }
+            r => r,
+        };
+        let mut sent = false;
+        for i in 0..self.nroutes {
+            let t = &self.routes[i];
+            let h = &t.handle;
+            if h.queue_routed(
+                Some(account),
+                target,
+                reply,
+                &t.queues,
+                msg.hdr_len,
+                msg.data,
+            ) {
+                self.to_signal.push(h.clone());
+            }
+            sent = true;
+            if h.congested.load(Ordering::Relaxed) && self.congested.is_none() {
+                self.congested = Some(h.clone());
+            }
+        }
+        self.nroutes = 0;
+        sent
     }
 
     fn other_cache(&mut self, account: &Arc<Account>) -> &mut MatchCache {
@@ -361,5 +601,47 @@ impl Router {
         x ^= x >> 27;
         self.rng = x;
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+const JS_ACK: &[u8] = b"$JS.ACK.";
+
+fn is_js_ack(reply: &[u8]) -> bool {
+    reply.starts_with(JS_ACK)
+}
+
+/// Where the `@` of a `$JS.ACK.<8 tokens>@<subject>` reply is (the reference's encoding of
+/// a JetStream delivery's subject across a route): the first `@` after the eighth dot.
+fn js_ack_deliver(reply: &[u8]) -> Option<usize> {
+    if !is_js_ack(reply) {
+        return None;
+    }
+    let mut dots = 0;
+    for (i, &b) in reply.iter().enumerate() {
+        match b {
+            b'.' => dots += 1,
+            b'@' if dots >= 8 => return (i + 1 < reply.len()).then_some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn js_ack_subjects_across_routes() {
+        let r = b"$JS.ACK.S.C.1.2.3.1700000000.0@orders.eu";
+        let at = js_ack_deliver(r).unwrap();
+        assert_eq!(&r[at + 1..], b"orders.eu");
+        assert_eq!(js_ack_deliver(b"$JS.ACK.S.C.1.2.3.4.0"), None);
+        assert_eq!(
+            js_ack_deliver(b"$JS.ACK.S@x.C.1.2.3.4.0"),
+            None,
+            "@ in a token"
+        );
+        assert_eq!(js_ack_deliver(b"_INBOX.a@b"), None);
     }
 }

@@ -49,6 +49,8 @@ pub struct Server {
     /// The queues of in-process clients (JetStream's), sealed at shutdown so their tasks
     /// finish what is queued and end.
     internal_queues: Mutex<QueueRegistry>,
+    /// Routes to the other servers of its cluster, when it has a cluster port.
+    pub cluster: std::sync::OnceLock<Arc<crate::route::Cluster>>,
     /// Who may connect (replaced whole on reload).
     auth: std::sync::RwLock<Arc<crate::auth::Auth>>,
     /// The auth options in force (the reload compares against them).
@@ -122,6 +124,14 @@ struct Info<'a> {
     client_id: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     client_ip: Option<String>,
+    /// In a cluster: its name, and the client URLs of this server and its peers (the
+    /// servers a client may fail over to), unless `no_advertise`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    cluster_dynamic: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    connect_urls: Vec<String>,
     /// What an nkey or JWT user signs (not repeated in the connect_info INFO).
     #[serde(skip_serializing_if = "Option::is_none")]
     nonce: Option<&'a str>,
@@ -255,6 +265,7 @@ impl Server {
                 done: tokio::sync::Mutex::new(done),
             },
             internal_queues: Mutex::new(QueueRegistry::default()),
+            cluster: std::sync::OnceLock::new(),
             auth: std::sync::RwLock::new(Arc::new(crate::auth::Auth::default())),
             auth_opts: std::sync::RwLock::new(auth_opts),
             auth_failures: AtomicU64::new(0),
@@ -422,6 +433,9 @@ impl Server {
                 ));
             }
         }
+        if let Some(c) = self.cluster.get() {
+            c.refresh_imports(self);
+        }
         *self.auth.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(auth);
         *self.auth_opts.write().unwrap_or_else(|e| e.into_inner()) = opts.clone();
         *self
@@ -513,6 +527,7 @@ impl Server {
         tls_first: bool,
     ) -> Vec<u8> {
         let addr = *self.client_addr.lock().unwrap_or_else(|e| e.into_inner());
+        let cluster = self.cluster.get();
         let tls = self.tls();
         let tls = tls.as_deref();
         let info = Info {
@@ -537,6 +552,9 @@ impl Server {
             jetstream: self.jetstream.get().is_some(),
             client_id: client.id,
             client_ip: peer.map(|p| p.ip().to_string()),
+            cluster: cluster.map(|c| c.name()),
+            cluster_dynamic: cluster.is_some_and(|c| c.is_dynamic()),
+            connect_urls: self.connect_urls(),
             nonce: client.nonce().filter(|_| !connect_info),
             connect_info,
             remote_account: connect_info.then_some(client.account().name.as_str()),
@@ -550,6 +568,62 @@ impl Server {
         let mut b = bytes::BytesMut::with_capacity(json.len() + 8);
         keel_protocol::encode::info(&mut b, &json);
         b.to_vec()
+    }
+
+    /// This server's client URLs (`host:port`), as it advertises them in a cluster: the
+    /// listen address, or for the wildcard host every non-loopback interface address (the
+    /// reference's rule).
+    pub fn own_client_urls(&self) -> Vec<String> {
+        let Some(addr) = *self.client_addr.lock().unwrap_or_else(|e| e.into_inner()) else {
+            return Vec::new();
+        };
+        let port = addr.port();
+        match self.opts.host.as_str() {
+            "0.0.0.0" | "" | "::" | "[::]" => {
+                let ips = crate::route::interface_ips();
+                if ips.is_empty() {
+                    vec![host_port(&self.opts.host, port)]
+                } else {
+                    ips.iter()
+                        .map(|ip| host_port(&ip.to_string(), port))
+                        .collect()
+                }
+            }
+            h => vec![host_port(h, port)],
+        }
+    }
+
+    /// The `connect_urls` of client INFO: in a cluster (unless `no_advertise`), this
+    /// server's URLs then its peers'; in lame duck mode the peers' only.
+    fn connect_urls(&self) -> Vec<String> {
+        let Some(c) = self.cluster.get() else {
+            return Vec::new();
+        };
+        if c.opts.no_advertise {
+            return Vec::new();
+        }
+        let mut urls = if self.lame_duck.load(std::sync::atomic::Ordering::Relaxed) {
+            Vec::new()
+        } else {
+            self.own_client_urls()
+        };
+        for u in c.peer_client_urls() {
+            if !urls.contains(&u) {
+                urls.push(u);
+            }
+        }
+        urls
+    }
+
+    /// Sends an INFO with the current `connect_urls` to every client that takes INFO
+    /// updates (the cluster gained or lost a server).
+    pub fn send_async_info(&self) {
+        for h in self.clients() {
+            if h.async_info.load(Ordering::Relaxed) {
+                let addr = h.meta.lock().unwrap_or_else(|e| e.into_inner()).addr;
+                h.send_info(&self.info_line(&h, addr, false));
+            }
+        }
     }
 
     /// A fresh id for a connection or an in-process client.
@@ -722,6 +796,9 @@ impl Server {
             "Entering lame duck mode, stop accepting new clients"
         );
         self.stop_accepting.send_replace(true);
+        if let Some(c) = self.cluster.get() {
+            c.enter_lame_duck(self);
+        }
         for h in self.clients() {
             let meta_addr = h.meta.lock().unwrap_or_else(|e| e.into_inner()).addr;
             h.send_info(&self.info_line(&h, meta_addr, false));

@@ -109,7 +109,28 @@ pub enum Forward {
 struct Node {
     next: Option<Box<Level>>,
     psubs: Vec<Arc<Sub>>,
-    qsubs: Vec<(Bytes, Vec<Arc<Sub>>)>,
+    /// Each group's members with their weight: 1 for a local subscriber; a route's queue
+    /// subscription stands for the peer's members and is listed that many times in match
+    /// results, so a publisher picks the peer in proportion (as the reference).
+    qsubs: Vec<(Bytes, Members)>,
+}
+
+/// A queue group's members in one node, each with its weight.
+type Members = Vec<(Arc<Sub>, u32)>;
+
+/// Most times one route's queue subscription is listed in a match result. A peer's
+/// weight is its member count; past this the peer is picked as if it had this many (it
+/// bounds what a peer's number can make a match result cost).
+pub const MAX_QUEUE_WEIGHT: u32 = 1024;
+
+/// Told about every subscription entering or leaving a sublist, after the change. Cluster
+/// routes use it to keep the account's interest known to the peers (`route::interest`).
+pub trait SubHook: Send + Sync {
+    fn added(&self, sub: &Arc<Sub>);
+    fn removed(&self, sub: &Arc<Sub>);
+    /// Interest this server keeps for as long as it runs without a subscription (the
+    /// replies of the service imports it routed).
+    fn announce(&self, _subject: &Bytes) {}
 }
 
 impl Node {
@@ -146,6 +167,8 @@ pub struct Sublist {
     insert_waiters: AtomicUsize,
     /// The connections' match caches (for `/subsz`), and what the dropped ones counted.
     caches: std::sync::Mutex<CacheRegistry>,
+    /// Installed once, before the first subscription, when the server is in a cluster.
+    hook: std::sync::OnceLock<Arc<dyn SubHook>>,
     /// Imports and exports (read on cache misses only; replaced as a whole).
     links: RwLock<Arc<Vec<Link>>>,
 }
@@ -230,8 +253,67 @@ impl Sublist {
         self.count.load(Ordering::Relaxed)
     }
 
+    /// Installs the hook told about every later insert and remove; false if one is set.
+    pub fn set_hook(&self, hook: Arc<dyn SubHook>) -> bool {
+        self.hook.set(hook).is_ok()
+    }
+
     /// Adds `sub`; its subject must already be valid for subscribing.
     pub fn insert(&self, sub: Arc<Sub>) {
+        let hook = self.hook.get().map(|_| sub.clone());
+        self.insert_weighted(sub, 1);
+        if let (Some(h), Some(sub)) = (self.hook.get(), hook) {
+            h.added(&sub);
+        }
+    }
+
+    /// Tells the hook, if any, of lasting interest in `subject` (see [`SubHook::announce`]).
+    pub fn announce(&self, subject: &Bytes) {
+        if let Some(h) = self.hook.get() {
+            h.announce(subject);
+        }
+    }
+
+    /// Adds a route's subscription; a queue subscription counts `weight` times (capped at
+    /// [`MAX_QUEUE_WEIGHT`]). The hook is not told: it is about local interest.
+    pub fn insert_remote(&self, sub: Arc<Sub>, weight: u32) {
+        self.insert_weighted(sub, weight);
+    }
+
+    /// A route's queue subscription changed weight (the peer's member count changed).
+    pub fn set_weight(&self, sub: &Arc<Sub>, weight: u32) {
+        let Some(q) = &sub.queue else { return };
+        let mut root = self.root.write().unwrap_or_else(|e| e.into_inner());
+        let tokens: Vec<&[u8]> = sub.subject.split(|&b| b == b'.').collect();
+        let mut level: &mut Level = &mut root;
+        for (i, tok) in tokens.iter().enumerate() {
+            let node = match *tok {
+                b"*" => level.pwc.as_deref_mut(),
+                b">" => level.fwc.as_deref_mut(),
+                t => level.literal.get_mut(t),
+            };
+            let Some(node) = node else { return };
+            if i + 1 == tokens.len() {
+                let member = node
+                    .qsubs
+                    .iter_mut()
+                    .find(|(name, _)| name == q)
+                    .and_then(|(_, m)| m.iter_mut().find(|(s, _)| Arc::ptr_eq(s, sub)));
+                if let Some((_, w)) = member {
+                    *w = weight.clamp(1, MAX_QUEUE_WEIGHT);
+                    self.generation.fetch_add(1, Ordering::Release);
+                }
+                return;
+            }
+            match node.next.as_deref_mut() {
+                Some(next) => level = next,
+                None => return,
+            }
+        }
+    }
+
+    fn insert_weighted(&self, sub: Arc<Sub>, weight: u32) {
+        let weight = weight.clamp(1, MAX_QUEUE_WEIGHT);
         let mut root = self.root.write().unwrap_or_else(|e| e.into_inner());
         let mut level: &mut Level = &mut root;
         let mut tokens = sub.subject.split(|&b| b == b'.').peekable();
@@ -250,8 +332,8 @@ impl Sublist {
                 match &sub.queue {
                     None => node.psubs.push(sub),
                     Some(q) => match node.qsubs.iter_mut().find(|(name, _)| name == q) {
-                        Some((_, members)) => members.push(sub),
-                        None => node.qsubs.push((q.clone(), vec![sub])),
+                        Some((_, members)) => members.push((sub, weight)),
+                        None => node.qsubs.push((q.clone(), vec![(sub, weight)])),
                     },
                 }
                 break;
@@ -339,7 +421,39 @@ impl Sublist {
             self.removes.fetch_add(1, Ordering::Relaxed);
             self.generation.fetch_add(1, Ordering::Release);
         }
+        drop(root);
+        if removed {
+            if let Some(h) = self.hook.get() {
+                h.removed(sub);
+            }
+        }
         removed
+    }
+
+    /// Every subscription, for monitoring (`/routez?subs=1` lists a route's this way).
+    pub fn all(&self) -> Vec<Arc<Sub>> {
+        fn walk(level: &Level, out: &mut Vec<Arc<Sub>>) {
+            let nodes = level
+                .literal
+                .values()
+                .chain(level.pwc.as_deref())
+                .chain(level.fwc.as_deref());
+            for node in nodes {
+                out.extend(node.psubs.iter().cloned());
+                for (_, members) in &node.qsubs {
+                    out.extend(members.iter().map(|(s, _)| s.clone()));
+                }
+                if let Some(next) = &node.next {
+                    walk(next, out);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(
+            &self.root.read().unwrap_or_else(|e| e.into_inner()),
+            &mut out,
+        );
+        out
     }
 
     /// Everything that `subject` (a literal) matches.
@@ -386,6 +500,11 @@ impl Sublist {
     pub fn set_links(&self, links: Vec<Link>) {
         *self.links.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(links);
         self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// The links installed now.
+    pub fn links(&self) -> Arc<Vec<Link>> {
+        self.links.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The patterns of the links installed now, with their kind (monitoring, tests).
@@ -442,7 +561,7 @@ fn remove_sub(node: &mut Node, sub: &Arc<Sub>) -> bool {
                 return false;
             };
             let members = &mut node.qsubs[gi].1;
-            let Some(i) = members.iter().position(|s| Arc::ptr_eq(s, sub)) else {
+            let Some(i) = members.iter().position(|(s, _)| Arc::ptr_eq(s, sub)) else {
                 return false;
             };
             members.swap_remove(i);
@@ -458,13 +577,21 @@ fn add_node(node: &Node, r: &mut MatchResult) {
     r.psubs.extend(node.psubs.iter().cloned());
     // A group subscribed through several patterns is still one group: merge by name.
     for (name, members) in &node.qsubs {
-        match r
+        let i = match r
             .qsubs
-            .iter_mut()
-            .find(|g| g[0].queue.as_ref() == Some(name))
+            .iter()
+            .position(|g| g[0].queue.as_ref() == Some(name))
         {
-            Some(g) => g.extend(members.iter().cloned()),
-            None => r.qsubs.push(members.clone()),
+            Some(i) => i,
+            None => {
+                r.qsubs.push(Vec::with_capacity(members.len()));
+                r.qsubs.len() - 1
+            }
+        };
+        for (sub, weight) in members {
+            for _ in 0..*weight {
+                r.qsubs[i].push(sub.clone());
+            }
         }
     }
 }
@@ -682,6 +809,67 @@ mod tests {
         // None never completes.
         let never = tokio::time::timeout(Duration::from_millis(20), sl.subscribed(None));
         assert!(never.await.is_err());
+    }
+
+    /// A route's queue subscription is listed as many times as its weight (the peer's
+    /// member count), and a new weight shows in the next match (the caches see it too).
+    #[test]
+    fn remote_queue_members_count_their_weight() {
+        let sl = Sublist::new();
+        let local = sub("w", Some("g"));
+        let remote = sub("w", Some("g"));
+        sl.insert(local.clone());
+        sl.insert_remote(remote.clone(), 3);
+        let mut cache = MatchCache::default();
+        let members = |c: &mut MatchCache| {
+            let r = c.lookup(&sl, b"w");
+            assert_eq!(r.qsubs.len(), 1);
+            let n = r.qsubs[0]
+                .iter()
+                .filter(|s| Arc::ptr_eq(s, &remote))
+                .count();
+            (r.qsubs[0].len(), n)
+        };
+        assert_eq!(members(&mut cache), (4, 3));
+        sl.set_weight(&remote, 1);
+        assert_eq!(members(&mut cache), (2, 1));
+        sl.set_weight(&remote, u32::MAX);
+        assert_eq!(
+            members(&mut cache),
+            (1 + MAX_QUEUE_WEIGHT as usize, MAX_QUEUE_WEIGHT as usize)
+        );
+        assert!(sl.remove(&remote));
+        assert_eq!(members(&mut cache), (1, 0));
+        assert_eq!(sl.all().len(), 1);
+    }
+
+    /// The hook hears about every insert and remove that changed the index, once.
+    #[test]
+    fn the_hook_hears_each_change_once() {
+        #[derive(Default)]
+        struct Count(std::sync::Mutex<(usize, usize)>);
+        impl SubHook for Count {
+            fn added(&self, _: &Arc<Sub>) {
+                self.0.lock().unwrap().0 += 1;
+            }
+            fn removed(&self, _: &Arc<Sub>) {
+                self.0.lock().unwrap().1 += 1;
+            }
+        }
+        let sl = Sublist::new();
+        let hook = Arc::new(Count::default());
+        assert!(sl.set_hook(hook.clone()));
+        assert!(!sl.set_hook(hook.clone()), "one hook");
+        let a = sub("a.b", None);
+        sl.insert(a.clone());
+        sl.insert_remote(sub("a.b", None), 1);
+        assert!(sl.remove(&a));
+        assert!(!sl.remove(&a));
+        assert_eq!(
+            *hook.0.lock().unwrap(),
+            (1, 1),
+            "remote inserts are not told"
+        );
     }
 
     #[test]

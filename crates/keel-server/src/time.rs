@@ -161,9 +161,61 @@ pub fn go_duration(ns: i64) -> String {
     format!("{sign}{text}")
 }
 
+/// Nanoseconds in a duration as Go prints it (`464µs`, `1.5s`, `1h2m3s`) or as the
+/// reference's uptime reads (`7d13h49m13s`, `1y2d...`, a year being 365 days).
+pub fn parse_go_duration(s: &str) -> Option<i64> {
+    if s.is_empty() {
+        return None;
+    }
+    let (neg, mut rest) = match s.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, s),
+    };
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let value: f64 = rest[..num_end].parse().ok()?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_end] {
+            "ns" => 1.0,
+            "us" | "µs" | "μs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            "d" => 86400e9,
+            "y" => 365.0 * 86400e9,
+            _ => return None,
+        };
+        rest = &rest[unit_end..];
+        total += value * scale;
+    }
+    let ns = total.round() as i64;
+    Some(if neg { -ns } else { ns })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn go_durations_parse() {
+        assert_eq!(parse_go_duration("448µs"), Some(448_000));
+        assert_eq!(parse_go_duration("1.5s"), Some(1_500_000_000));
+        assert_eq!(parse_go_duration("1h2m3s"), Some(3_723_000_000_000));
+        assert_eq!(parse_go_duration("2d1s"), Some(172_801_000_000_000));
+        assert_eq!(parse_go_duration("0s"), Some(0));
+        assert_eq!(parse_go_duration("x"), None);
+        assert_eq!(parse_go_duration(""), None);
+        for ns in [0, 999, 1_234_567, 61_000_000_000, 3_700_000_000_000] {
+            assert_eq!(parse_go_duration(&go_duration(ns)), Some(ns));
+        }
+    }
 
     #[test]
     fn go_durations() {

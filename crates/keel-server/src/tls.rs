@@ -501,6 +501,33 @@ impl ResolvesServerCert for CertChooser {
     }
 }
 
+/// The cipher suites and key exchange groups `cipher_suites` and `curve_preferences` allow.
+fn crypto_provider(opts: &TlsOpts) -> Arc<CryptoProvider> {
+    let ciphers: Vec<SupportedCipherSuite> = {
+        let tls13 = TLS13_SUITES.iter();
+        let tls12: Vec<SupportedCipherSuite> = match &opts.ciphers {
+            None => TLS12_SUITES.iter().map(|(_, s)| *s).collect(),
+            Some(names) => names
+                .iter()
+                .filter_map(|n| TLS12_SUITES.iter().find(|(g, _)| g == n).map(|(_, s)| *s))
+                .collect(),
+        };
+        tls13.copied().chain(tls12).collect()
+    };
+    let kx_groups: Vec<&'static dyn SupportedKxGroup> = match &opts.curves {
+        None => provider::ALL_KX_GROUPS.to_vec(),
+        Some(names) => names
+            .iter()
+            .filter_map(|n| CURVES.iter().find(|(g, _)| g == n).map(|(_, k)| *k))
+            .collect(),
+    };
+    Arc::new(CryptoProvider {
+        cipher_suites: ciphers,
+        kx_groups,
+        ..provider::default_provider()
+    })
+}
+
 impl Tls {
     /// Loads the certificates and builds the rustls configs; errors are the config's errors.
     pub fn build(opts: TlsOpts, allow_non_tls: bool) -> Result<Tls, String> {
@@ -516,29 +543,7 @@ impl Tls {
             // configured"); refusing is clearer.
             return Err("TLS configuration needs 'cert_file' and 'key_file' (or 'certs')".into());
         }
-        let ciphers: Vec<SupportedCipherSuite> = {
-            let tls13 = TLS13_SUITES.iter();
-            let tls12: Vec<SupportedCipherSuite> = match &opts.ciphers {
-                None => TLS12_SUITES.iter().map(|(_, s)| *s).collect(),
-                Some(names) => names
-                    .iter()
-                    .filter_map(|n| TLS12_SUITES.iter().find(|(g, _)| g == n).map(|(_, s)| *s))
-                    .collect(),
-            };
-            tls13.copied().chain(tls12).collect()
-        };
-        let kx_groups: Vec<&'static dyn SupportedKxGroup> = match &opts.curves {
-            None => provider::ALL_KX_GROUPS.to_vec(),
-            Some(names) => names
-                .iter()
-                .filter_map(|n| CURVES.iter().find(|(g, _)| g == n).map(|(_, k)| *k))
-                .collect(),
-        };
-        let provider = Arc::new(CryptoProvider {
-            cipher_suites: ciphers,
-            kx_groups,
-            ..provider::default_provider()
-        });
+        let provider = crypto_provider(&opts);
         let versions: &[&'static rustls::SupportedProtocolVersion] = match opts.min_version {
             Some(ProtocolVersion::TLSv1_3) => &[&rustls::version::TLS13],
             _ => &[&rustls::version::TLS13, &rustls::version::TLS12],
@@ -1694,5 +1699,142 @@ mod tests {
         assert!(!r.allow());
         assert_eq!(r.take_blocked(), 1);
         assert_eq!(r.take_blocked(), 0);
+    }
+}
+
+/// TLS on routes (`cluster { tls { } }`): every route is mutual TLS, as in the reference:
+/// the same certificate serves as the server's when a peer dials in and as the client's when
+/// this server dials out, and the peer's is always verified (against `ca_file`, else the
+/// system roots). The handshake comes first on a route connection, before any INFO.
+pub struct RouteTls {
+    pub opts: TlsOpts,
+    /// For routes that peers dial in (requires and verifies their certificate).
+    pub server: Arc<ServerConfig>,
+    /// For routes this server dials (presents its certificate, verifies the peer's unless
+    /// `insecure`).
+    pub client: Arc<rustls::ClientConfig>,
+    /// Unix seconds of the certificate's `notAfter` (`/varz` `cluster`).
+    pub cert_not_after: Option<i64>,
+}
+
+impl std::fmt::Debug for RouteTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteTls")
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RouteTls {
+    /// Loads the route certificates; `opts` is the cluster's `tls { }` block.
+    pub fn build(mut opts: TlsOpts) -> Result<RouteTls, String> {
+        // Routes always verify the peer (the reference forces it).
+        opts.verify = true;
+        let built = Tls::build(opts.clone(), false)?;
+        let (server, cert_not_after) = (built.client, built.cert_not_after);
+        let (cert, key) = match (&opts.cert_file, &opts.key_file) {
+            (Some(c), Some(k)) => (c.clone(), k.clone()),
+            _ => return Err("cluster TLS needs 'cert_file' and 'key_file'".into()),
+        };
+        let (chain, key) = load_pair(&cert, &key)
+            .map_err(|e| format!("error parsing X509 certificate/key pair: {e}"))?;
+        let provider = crypto_provider(&opts);
+        let versions: &[&'static rustls::SupportedProtocolVersion] = match opts.min_version {
+            Some(ProtocolVersion::TLSv1_3) => &[&rustls::version::TLS13],
+            _ => &[&rustls::version::TLS13, &rustls::version::TLS12],
+        };
+        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(versions)
+            .map_err(|e| format!("TLS configuration: {e}"))?;
+        let builder = if opts.insecure {
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NoServerVerification(provider)))
+        } else {
+            let mut roots = rustls::RootCertStore::empty();
+            match &opts.ca_file {
+                Some(ca) => {
+                    for c in read_certs(ca)? {
+                        let _ = roots.add(c);
+                    }
+                    if roots.is_empty() {
+                        return Err("failed to parse root ca certificate".into());
+                    }
+                }
+                None => {
+                    for c in rustls_native_certs::load_native_certs().certs {
+                        let _ = roots.add(c);
+                    }
+                }
+            }
+            builder.with_root_certificates(roots)
+        };
+        let client = builder.with_client_auth_cert(chain, key).map_err(|e| {
+            format!(
+                "error parsing X509 certificate/key pair: {}",
+                rustls_text(&e)
+            )
+        })?;
+        Ok(RouteTls {
+            opts,
+            server,
+            client: Arc::new(client),
+            cert_not_after,
+        })
+    }
+
+    /// The handshake's time limit (`timeout`, default 2 s).
+    pub fn timeout(&self) -> Duration {
+        self.opts.timeout()
+    }
+}
+
+/// `insecure: true` on a cluster's TLS: the peer's certificate is not checked when dialing
+/// (its signatures still are, so the session is encrypted to whoever answered).
+#[derive(Debug)]
+struct NoServerVerification(Arc<CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoServerVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls_pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }

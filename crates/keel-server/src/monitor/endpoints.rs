@@ -92,6 +92,11 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
     let cores = proc::cores();
     let slow = s.accounts.slow_consumers();
     let conns = s.num_clients();
+    let cluster = s.cluster.get();
+    let rt = cluster.map(|c| c.totals()).unwrap_or_default();
+    let (routes, remotes) = cluster.map_or((0, 0), |c| (c.routes().len(), c.num_peers()));
+    let slow_routes = cluster.map_or(0, |c| c.slow_consumers.load(Ordering::Relaxed));
+    let stale_routes = cluster.map_or(0, |c| c.stale.load(Ordering::Relaxed));
     let auth = s.auth();
     let jetstream = match s.jetstream.get() {
         Some(js) => {
@@ -155,7 +160,7 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         "max_control_line": keel_protocol::MAX_CONTROL_LINE,
         "max_payload": o.max_payload,
         "max_pending": o.max_pending,
-        "cluster": {},
+        "cluster": varz_cluster(s),
         "gateway": {},
         "leaf": {},
         "mqtt": {},
@@ -178,19 +183,19 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         "cpu": cpu,
         "connections": conns,
         "total_connections": s.total_connections(),
-        "routes": 0,
-        "remotes": 0,
+        "routes": routes,
+        "remotes": remotes,
         "leafnodes": 0,
-        "in_msgs": t.in_msgs,
-        "in_bytes": t.in_bytes,
+        "in_msgs": t.in_msgs + rt.in_msgs,
+        "in_bytes": t.in_bytes + rt.in_bytes,
         "in_client_msgs": t.in_msgs,
         "in_client_bytes": t.in_bytes,
-        "out_msgs": t.out_msgs,
-        "out_bytes": t.out_bytes,
+        "out_msgs": t.out_msgs + rt.out_msgs,
+        "out_bytes": t.out_bytes + rt.out_bytes,
         "out_client_msgs": t.out_msgs,
         "out_client_bytes": t.out_bytes,
-        "slow_consumers": slow,
-        "stale_connections": 0,
+        "slow_consumers": slow + slow_routes,
+        "stale_connections": stale_routes,
         "stalled_clients": 0,
         // Keel's own: failed authentications since start (the reference has no counter).
         "auth_failures": s.auth_failures.load(Ordering::Relaxed),
@@ -205,8 +210,8 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
             "js_snapshot_sources": false,
         },
         "system_account": s.accounts.system_name(),
-        "slow_consumer_stats": {"clients": slow, "routes": 0, "gateways": 0, "leafs": 0},
-        "stale_connection_stats": {"clients": 0, "routes": 0, "gateways": 0, "leafs": 0},
+        "slow_consumer_stats": {"clients": slow, "routes": slow_routes, "gateways": 0, "leafs": 0},
+        "stale_connection_stats": {"clients": 0, "routes": stale_routes, "gateways": 0, "leafs": 0},
         "disk_io_wait_stats": {"waiters": 0, "waits": 0, "wait_time": 0, "max_wait_time": 0},
     });
     let not_after = o.tls.as_ref().and_then(|t| t.cert_not_after);
@@ -733,18 +738,156 @@ fn sublist_stats(sublist: &crate::sublist::Sublist) -> Value {
 }
 
 // ---------------------------------------------------------------------------
-// /routez, /leafz, /gatewayz: no clustering yet, so always empty.
+// /routez (the registered routes), /leafz, /gatewayz (none: no leaf nodes or gateways yet).
 // ---------------------------------------------------------------------------
 
 pub fn routez(ctx: &Ctx, q: &Query) -> Result<Value, String> {
-    subs_mode(q)?;
+    let (subs, detail) = subs_mode(q)?;
+    let s = &ctx.server;
+    let now_ns = now_nanos();
+    let routes: Vec<Value> = s
+        .cluster
+        .get()
+        .map(|c| c.routes())
+        .unwrap_or_default()
+        .iter()
+        .map(|r| {
+            let st = &r.handle.stats;
+            let start = nanos(r.start);
+            let last = st.last_activity.load(Ordering::Relaxed).max(start);
+            let mut m = Map::new();
+            m.insert("rid".into(), r.rid.into());
+            m.insert("remote_id".into(), r.remote_id().into());
+            m.insert("remote_name".into(), r.remote_name().into());
+            m.insert("did_solicit".into(), r.solicited().into());
+            m.insert("is_configured".into(), r.configured().into());
+            m.insert(
+                "ip".into(),
+                r.addr
+                    .map(|a| a.ip().to_string())
+                    .unwrap_or_default()
+                    .into(),
+            );
+            m.insert("port".into(), r.addr.map_or(0, |a| a.port()).into());
+            m.insert("start".into(), rfc3339(start).into());
+            m.insert("last_activity".into(), rfc3339(last).into());
+            m.insert(
+                "rtt".into(),
+                crate::time::go_duration(st.rtt_nanos.load(Ordering::Relaxed) as i64).into(),
+            );
+            let age = Duration::from_nanos((now_ns - start).max(0) as u64);
+            let idle = Duration::from_nanos((now_ns - last).max(0) as u64);
+            m.insert("uptime".into(), proc::uptime(age).into());
+            m.insert("idle".into(), proc::uptime(idle).into());
+            m.insert("pending_size".into(), r.handle.pending_bytes().into());
+            m.insert("in_msgs".into(), st.in_msgs.load(Ordering::Relaxed).into());
+            m.insert(
+                "out_msgs".into(),
+                st.out_msgs.load(Ordering::Relaxed).into(),
+            );
+            m.insert(
+                "in_bytes".into(),
+                st.in_bytes.load(Ordering::Relaxed).into(),
+            );
+            m.insert(
+                "out_bytes".into(),
+                st.out_bytes.load(Ordering::Relaxed).into(),
+            );
+            m.insert("subscriptions".into(), r.num_subs().into());
+            if subs {
+                let list = r.subs_info();
+                if !list.is_empty() {
+                    let key = if detail {
+                        "subscriptions_list_detail"
+                    } else {
+                        "subscriptions_list"
+                    };
+                    let v: Vec<Value> = list
+                        .iter()
+                        .map(|sub| {
+                            let subject = String::from_utf8_lossy(&sub.subject).into_owned();
+                            if !detail {
+                                return subject.into();
+                            }
+                            // The reference's fields: the account is in the sid.
+                            let mut d = Map::new();
+                            d.insert("subject".into(), subject.into());
+                            if let Some(q) = &sub.queue {
+                                d.insert("qgroup".into(), String::from_utf8_lossy(q).into());
+                            }
+                            // The reference's sid of a routed subscription: `R <acc> <subject>[ <queue>]`.
+                            let sid = String::from_utf8_lossy(&sub.sid);
+                            let sid = if sid.starts_with("L ") {
+                                sid.into_owned()
+                            } else {
+                                format!("R {sid}")
+                            };
+                            d.insert("sid".into(), sid.into());
+                            d.insert("msgs".into(), sub.msgs.into());
+                            d.insert("cid".into(), r.rid.into());
+                            Value::Object(d)
+                        })
+                        .collect();
+                    m.insert(key.into(), v.into());
+                }
+            }
+            m.insert("compression".into(), "off".into());
+            Value::Object(m)
+        })
+        .collect();
     Ok(json!({
-        "server_id": ctx.server.server_id,
-        "server_name": ctx.server.server_name,
+        "server_id": s.server_id,
+        "server_name": s.server_name,
         "now": now(),
-        "num_routes": 0,
-        "routes": [],
+        "num_routes": routes.len(),
+        "routes": routes,
     }))
+}
+
+/// `/varz` `cluster`: empty without one, as the reference.
+fn varz_cluster(s: &Server) -> Value {
+    let Some(c) = s.cluster.get() else {
+        return json!({});
+    };
+    let mut m = Map::new();
+    m.insert("name".into(), c.name().into());
+    m.insert("addr".into(), c.opts.listen_host().into());
+    m.insert(
+        "cluster_port".into(),
+        c.listen_addr().map_or(0, |a| a.port()).into(),
+    );
+    // Seconds, as the reference's float (whole numbers print without a fraction).
+    let t = c.opts.auth_timeout;
+    let timeout: Value = if t.subsec_nanos() == 0 {
+        t.as_secs().into()
+    } else {
+        t.as_secs_f64().into()
+    };
+    m.insert("auth_timeout".into(), timeout);
+    if let Some(a) = &c.opts.advertise {
+        m.insert("advertise".into(), a.clone().into());
+    }
+    if !c.opts.routes.is_empty() {
+        let urls: Vec<Value> = c.opts.routes.iter().map(|u| u.host_port().into()).collect();
+        m.insert("urls".into(), urls.into());
+    }
+    let tls = c.opts.tls.as_ref();
+    let t = tls.map_or(crate::tls::DEFAULT_TIMEOUT, |t| t.timeout());
+    m.insert("tls_timeout".into(), go_float(t.as_secs_f64()));
+    if tls.is_some() {
+        // Routes always verify the peer's certificate.
+        m.insert("tls_required".into(), true.into());
+        m.insert("tls_verify".into(), true.into());
+    }
+    // One connection per peer: the reference's value for "no pool".
+    m.insert("pool_size".into(), (-1).into());
+    if let Some(t) = tls.and_then(|t| t.cert_not_after) {
+        m.insert(
+            "tls_cert_not_after".into(),
+            crate::time::rfc3339_secs(t).into(),
+        );
+    }
+    Value::Object(m)
 }
 
 pub fn leafz(ctx: &Ctx, q: &Query) -> Result<Value, String> {

@@ -8,7 +8,8 @@
 //! | prefix | from | how |
 //! |---|---|---|
 //! | `gnatsd_varz_*` [`-varz`] | `/varz` | every number, nested keys joined with `_` (`gnatsd_varz_jetstream_stats_memory`, `gnatsd_varz_cpu`, `gnatsd_varz_http_req_stats_varz`); `start` and `config_load_time` as epoch milliseconds; `server_id`, `server_name`, `version` as a `value` label on a sample of 1. Label `server_id`. |
-//! | `gnatsd_subsz_*` [`-subz`], `gnatsd_routez_*` [`-routez`] | `/subsz`, `/routez` | every number, as for varz |
+//! | `gnatsd_subsz_*` [`-subz`], `gnatsd_routez_*` [`-routez`] | `/subsz`, `/routez` | every number, as for varz (`gnatsd_routez_num_routes`, `gnatsd_routez_server_id{value}`, ...) |
+//! | `gnatsd_routez_route_*` | `/routez` `routes` | one series per route connection, with the names and labels of the exporter's route collector (nats-io/prometheus-nats-exporter PR "feat(routez): add metrics for route monitoring"): `route_info` (1, labels add `is_configured did_solicit compression`), `route_pending_bytes`, `route_rtt_seconds`, `route_in_msgs`, `route_out_msgs`, `route_in_bytes`, `route_out_bytes`, `route_subscriptions`, `route_uptime_seconds`, `route_idle_seconds`, `route_start_time_seconds`, `route_last_activity_seconds`; labels `server_id rid remote_id remote_name account ip port` |
 //! | `gnatsd_connz_*` [`-connz`] | `/connz` | `num_connections`, `total`, `offset`, `limit`, and the sums of `pending_bytes`, `subscriptions`, `in_msgs`, `out_msgs`, `in_bytes`, `out_bytes` over the listed connections |
 //! | `gnatsd_healthz_status`, `gnatsd_healthz_js_enabled_only_status`, `gnatsd_healthz_js_server_only_status` [`-healthz*`] | `/healthz` (and its two variants) | 0 when ok, 1 otherwise; `..._status_value{value="ok"}` 1 when ok |
 //! | `gnatsd_accstatz_*` [`-accstatz`] | `/accstatz` | `current_connections`, `total_connections`, `subscriptions`, `leaf_nodes`, `sent_messages`, `sent_bytes`, `received_messages`, `received_bytes`, `slow_consumers`; labels `server_id`, `account`, `account_id`, `account_name` |
@@ -118,7 +119,18 @@ impl Families {
             "start",
             "config_load_time",
         ];
-        const SKIP: [&str; 2] = ["leaf", "trusted_operators_claim"];
+        // As the exporter's collector, which leaves these out.
+        const SKIP: [&str; 9] = [
+            "leaf",
+            "trusted_operators_claim",
+            "cluster_tls_timeout",
+            "cluster_cluster_port",
+            "cluster_auth_timeout",
+            "gateway_port",
+            "gateway_auth_timeout",
+            "gateway_tls_timeout",
+            "gateway_connect_retries",
+        ];
         let Value::Object(m) = v else { return };
         for (k, x) in m {
             path.push(k.clone());
@@ -165,12 +177,111 @@ impl Families {
         }
         if let Ok(v) = endpoints::routez(ctx, &none) {
             f.flatten("gnatsd_routez", &mut Vec::new(), &v, id);
+            f.routes(&v, id);
         }
         f.connz(ctx, id);
         f.healthz(ctx, id);
         f.accstatz(ctx, id);
         f.jsz(ctx, id);
         f
+    }
+
+    /// One series per route connection of `/routez`.
+    fn routes(&mut self, v: &Value, id: &str) {
+        let text = |x: &Value| match x {
+            Value::String(s) => s.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        };
+        let secs = |x: &Value| {
+            crate::time::parse_go_duration(x.as_str().unwrap_or_default())
+                .map_or(Num::Int(0), |ns| Num::Float(ns as f64 / 1e9))
+        };
+        let epoch = |x: &Value| {
+            parse_rfc3339(x.as_str().unwrap_or_default())
+                .map_or(Num::Int(0), |ns| Num::Int(ns / 1_000_000_000))
+        };
+        for r in v["routes"].as_array().into_iter().flatten() {
+            let base: Labels = vec![
+                ("server_id".into(), id.into()),
+                ("rid".into(), text(&r["rid"])),
+                ("remote_id".into(), text(&r["remote_id"])),
+                ("remote_name".into(), text(&r["remote_name"])),
+                ("account".into(), text(&r["account"])),
+                ("ip".into(), text(&r["ip"])),
+                ("port".into(), text(&r["port"])),
+            ];
+            let mut info = base.clone();
+            info.push(("is_configured".into(), text(&r["is_configured"])));
+            info.push(("did_solicit".into(), text(&r["did_solicit"])));
+            info.push(("compression".into(), text(&r["compression"])));
+            self.add(
+                "gnatsd_routez_route_info",
+                "Route connection information.",
+                info,
+                Num::Int(1),
+            );
+            let n = |x: &Value| Num::of(x).unwrap_or(Num::Int(0));
+            for (name, help, value) in [
+                (
+                    "route_pending_bytes",
+                    "Bytes pending on the route connection.",
+                    n(&r["pending_size"]),
+                ),
+                (
+                    "route_rtt_seconds",
+                    "Round-trip time of the route connection in seconds.",
+                    secs(&r["rtt"]),
+                ),
+                (
+                    "route_in_msgs",
+                    "Messages received from the route connection.",
+                    n(&r["in_msgs"]),
+                ),
+                (
+                    "route_out_msgs",
+                    "Messages sent to the route connection.",
+                    n(&r["out_msgs"]),
+                ),
+                (
+                    "route_in_bytes",
+                    "Bytes received from the route connection.",
+                    n(&r["in_bytes"]),
+                ),
+                (
+                    "route_out_bytes",
+                    "Bytes sent to the route connection.",
+                    n(&r["out_bytes"]),
+                ),
+                (
+                    "route_subscriptions",
+                    "Subscriptions on the route connection.",
+                    n(&r["subscriptions"]),
+                ),
+                (
+                    "route_uptime_seconds",
+                    "Uptime of the route connection in seconds.",
+                    secs(&r["uptime"]),
+                ),
+                (
+                    "route_idle_seconds",
+                    "Idle time of the route connection in seconds.",
+                    secs(&r["idle"]),
+                ),
+                (
+                    "route_start_time_seconds",
+                    "Start time of the route connection in Unix seconds.",
+                    epoch(&r["start"]),
+                ),
+                (
+                    "route_last_activity_seconds",
+                    "Last activity time of the route connection in Unix seconds.",
+                    epoch(&r["last_activity"]),
+                ),
+            ] {
+                self.add(&format!("gnatsd_routez_{name}"), help, base.clone(), value);
+            }
+        }
     }
 
     fn connz(&mut self, ctx: &Ctx, id: &str) {

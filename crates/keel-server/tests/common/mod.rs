@@ -35,9 +35,28 @@ pub fn is_reference() -> bool {
 
 fn server_binary() -> PathBuf {
     if is_reference() {
-        PathBuf::from("nats-server")
+        reference_binary()
     } else {
-        PathBuf::from(env!("CARGO_BIN_EXE_keel-server"))
+        keel_binary()
+    }
+}
+
+/// The keel-server binary cargo built.
+pub fn keel_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_keel-server"))
+}
+
+/// The reference nats-server: from PATH, else the project's venv (tests that mix the two
+/// servers in one cluster run it even without KEEL_TEST_REFERENCE).
+pub fn reference_binary() -> PathBuf {
+    let venv = PathBuf::from("/work/venv/bin/nats-server");
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("nats-server").is_file()))
+        .unwrap_or(false);
+    if !on_path && venv.is_file() {
+        venv
+    } else {
+        PathBuf::from("nats-server")
     }
 }
 
@@ -104,6 +123,8 @@ pub fn dir_fingerprint(dir: &Path) -> DirFingerprint {
 /// A running server process; killed (and its temp dir removed) on drop.
 pub struct Server {
     child: Child,
+    /// The binary it runs (keel-server or the reference), kept for `restart`.
+    bin: PathBuf,
     port: u16,
     log_path: PathBuf,
     /// Command-line arguments after `-a 127.0.0.1 -p <port>` (kept for `restart`).
@@ -121,21 +142,22 @@ fn listening_lines(log: &Path) -> usize {
         .unwrap_or(0)
 }
 
-fn free_port() -> u16 {
+/// A port nothing listens on right now (picked by binding port 0).
+pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local_addr").port()
 }
 
 /// Spawns the server binary on `port` with `args`, appending its output to
 /// `log_path`.
-fn spawn_server(port: u16, args: &[String], log_path: &Path) -> Result<Child, String> {
+fn spawn_server(bin: &Path, port: u16, args: &[String], log_path: &Path) -> Result<Child, String> {
     let log = fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log_path)
         .map_err(|e| format!("open log: {e}"))?;
     let log_out = log.try_clone().map_err(|e| format!("clone log: {e}"))?;
-    Command::new(server_binary())
+    Command::new(bin)
         .arg("-a")
         .arg("127.0.0.1")
         .arg("-p")
@@ -145,7 +167,7 @@ fn spawn_server(port: u16, args: &[String], log_path: &Path) -> Result<Child, St
         .stdout(Stdio::from(log_out))
         .stderr(Stdio::from(log))
         .spawn()
-        .map_err(|e| format!("spawn {}: {e}", server_binary().display()))
+        .map_err(|e| format!("spawn {}: {e}", bin.display()))
 }
 
 fn read_log(path: &Path) -> String {
@@ -207,7 +229,23 @@ impl Server {
         Server::launch_at(conf, jetstream, None, extra)
     }
 
+    /// Starts `bin` (keel-server or the reference, whatever KEEL_TEST_REFERENCE says) with a
+    /// configuration file and extra flags.
+    pub fn start_binary(bin: &Path, conf: &str, extra: &[&str]) -> Server {
+        Server::launch_bin(bin, Some(conf), false, None, extra)
+    }
+
     fn launch_at(
+        conf: Option<&str>,
+        jetstream: bool,
+        store: Option<&Path>,
+        extra: &[&str],
+    ) -> Server {
+        Server::launch_bin(&server_binary(), conf, jetstream, store, extra)
+    }
+
+    fn launch_bin(
+        bin: &Path,
         conf: Option<&str>,
         jetstream: bool,
         store: Option<&Path>,
@@ -215,7 +253,7 @@ impl Server {
     ) -> Server {
         let mut last_error = String::new();
         for _ in 0..STARTUP_ATTEMPTS {
-            match Server::try_launch(conf, jetstream, store, extra) {
+            match Server::try_launch(bin, conf, jetstream, store, extra) {
                 Ok(server) => return server,
                 // Most likely the free port was taken between probe and bind.
                 Err(e) => last_error = e,
@@ -223,11 +261,12 @@ impl Server {
         }
         panic!(
             "server {} did not start after {STARTUP_ATTEMPTS} attempts: {last_error}",
-            server_binary().display()
+            bin.display()
         );
     }
 
     fn try_launch(
+        bin: &Path,
         conf: Option<&str>,
         jetstream: bool,
         store: Option<&Path>,
@@ -254,11 +293,12 @@ impl Server {
             store_dir = Some(store);
         }
         args.extend(extra.iter().map(|a| a.to_string()));
-        let child = spawn_server(port, &args, &log_path)?;
+        let child = spawn_server(bin, port, &args, &log_path)?;
         let listening_before = 0;
 
         let mut server = Server {
             child,
+            bin: bin.to_path_buf(),
             port,
             log_path,
             args,
@@ -289,7 +329,8 @@ impl Server {
     pub fn run_to_exit(args: &[String]) -> (Option<i32>, String) {
         let dir = TempDir::new("keel-server-run");
         let log = dir.path().join("out.log");
-        let mut child = spawn_server(free_port(), args, &log).expect("spawn server");
+        let mut child =
+            spawn_server(&server_binary(), free_port(), args, &log).expect("spawn server");
         let deadline = Instant::now() + STARTUP_DEADLINE;
         let status = loop {
             if let Ok(Some(st)) = child.try_wait() {
@@ -323,7 +364,7 @@ impl Server {
         let deadline = Instant::now() + STARTUP_DEADLINE;
         loop {
             let before = listening_lines(&self.log_path);
-            let last_error = match spawn_server(self.port, &self.args, &self.log_path) {
+            let last_error = match spawn_server(&self.bin, self.port, &self.args, &self.log_path) {
                 Ok(child) => {
                     self.child = child;
                     match self.wait_ready(before) {
@@ -492,6 +533,32 @@ impl Server {
             assert!(
                 Instant::now() < deadline,
                 "no monitoring line in the log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The route port, from the "Listening for route connections on <host>:<port>" line both
+    /// servers log once they accept routes.
+    pub fn route_port(&self) -> u16 {
+        let deadline = Instant::now() + STEP;
+        loop {
+            let log = self.full_log();
+            if let Some(line) = log
+                .lines()
+                .rev()
+                .find(|l| l.contains("Listening for route connections on"))
+            {
+                return line
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| p.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("no port in {line:?}"));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no route listener in the log:\n{}",
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -1032,6 +1099,138 @@ impl Node {
         )
     }
 
+    /// A cluster member (no JetStream) with monitoring on a free port; `conf` holds its
+    /// `cluster {}` block.
+    pub async fn start_cluster(conf: &str) -> Node {
+        let conf = format!("http_port: -1\n{conf}");
+        if is_reference() {
+            return Node::Process(Server::start_with_config(&conf));
+        }
+        let mut opts = keel_server::harness::opts_from_config(&conf).expect("test config");
+        opts.jetstream = false;
+        Node::InProcess(
+            keel_server::harness::start(opts)
+                .await
+                .expect("in-process server"),
+        )
+    }
+
+    /// `nats://127.0.0.1:<route port>`.
+    pub fn route_url(&self) -> String {
+        match self {
+            Node::InProcess(s) => s.route_url(),
+            Node::Process(s) => format!("nats://127.0.0.1:{}", s.route_port()),
+        }
+    }
+
+    /// `/varz`, parsed.
+    pub async fn varz(&self) -> serde_json::Value {
+        let r = http_get(self.monitor_port(), "/varz").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        serde_json::from_str(&r.body).expect("varz JSON")
+    }
+
+    /// `/routez` with `query`, parsed.
+    pub async fn routez(&self, query: &str) -> serde_json::Value {
+        let r = http_get(self.monitor_port(), &format!("/routez?{query}")).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        serde_json::from_str(&r.body).expect("routez JSON")
+    }
+
+    /// Waits until the server has routes to exactly `n` other servers (`/varz` `remotes`,
+    /// which counts servers whatever the reference's pool of connections per server).
+    pub async fn wait_remotes(&self, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let v = self.varz().await;
+            if v["remotes"].as_u64() == Some(n) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} has remotes {} (want {n}); log:\n{}",
+                v["server_name"],
+                v["remotes"],
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until a route of this server carries the peers' interest in `subject` (or,
+    /// with `present` false, no longer does).
+    pub async fn wait_route_interest(&self, subject: &str, present: bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.route_subjects().await.iter().any(|s| s == subject) == present {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "route interest in {subject} never became {present}; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until `count` routes carry interest in `subject` (one per peer with interest).
+    pub async fn wait_route_interest_count(&self, subject: &str, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let v = self.routez("subs=1").await;
+            let n = v["routes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|r| {
+                    r["subscriptions_list"]
+                        .as_array()
+                        .is_some_and(|l| l.iter().any(|s| s == subject))
+                })
+                .count();
+            if n == count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{n} routes with interest in {subject}, not {count}; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Every subject the peers' routes have interest in.
+    pub async fn route_subjects(&self) -> Vec<String> {
+        let v = self.routez("subs=1").await;
+        v["routes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|r| {
+                r["subscriptions_list"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect()
+    }
+
+    /// Messages received over the routes from the server named `peer` (over all of its
+    /// connections, as the reference pools them).
+    pub async fn route_in_msgs(&self, peer: &str) -> u64 {
+        let v = self.routez("").await;
+        v["routes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["remote_name"] == peer)
+            .map(|r| r["in_msgs"].as_u64().unwrap_or(0))
+            .sum()
+    }
+
     pub fn addr(&self) -> SocketAddr {
         match self {
             Node::InProcess(s) => s.client_addr(),
@@ -1068,6 +1267,107 @@ impl Node {
         match self {
             Node::InProcess(s) => s.shutdown().await,
             Node::Process(mut s) => s.stop(),
+        }
+    }
+}
+
+/// A TCP proxy the test controls, to make a route's partition real: `cut` closes its
+/// connections and refuses new ones, `stall` stops moving bytes while the sockets stay open
+/// (a silent partition), `restore` lets traffic through again.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    mode: std::sync::Arc<tokio::sync::watch::Sender<ProxyMode>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ProxyMode {
+    Open,
+    Cut,
+    Stall,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port and forwards to `target`.
+    pub async fn start(target: SocketAddr) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("proxy bind");
+        let addr = listener.local_addr().expect("proxy addr");
+        let mode = std::sync::Arc::new(tokio::sync::watch::channel(ProxyMode::Open).0);
+        let m = mode.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if *m.borrow() == ProxyMode::Cut {
+                    drop(inbound);
+                    continue;
+                }
+                let rx = m.subscribe();
+                tokio::spawn(async move {
+                    let Ok(outbound) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let (ri, wi) = inbound.into_split();
+                    let (ro, wo) = outbound.into_split();
+                    tokio::select! {
+                        _ = pipe(ri, wo, rx.clone()) => {}
+                        _ = pipe(ro, wi, rx) => {}
+                    }
+                });
+            }
+        });
+        Proxy { addr, mode, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://{}", self.addr)
+    }
+
+    pub fn set(&self, mode: ProxyMode) {
+        self.mode.send_replace(mode);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.set(ProxyMode::Cut);
+        self.task.abort();
+    }
+}
+
+/// Copies `from` to `to` while the proxy is open; holds the bytes while it stalls; ends
+/// (dropping both sockets) once it is cut.
+async fn pipe(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut mode: tokio::sync::watch::Receiver<ProxyMode>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let now = *mode.borrow();
+        match now {
+            ProxyMode::Cut => return,
+            ProxyMode::Stall => {
+                if mode.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            ProxyMode::Open => {}
+        }
+        tokio::select! {
+            r = from.read(&mut buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            },
+            r = mode.changed() => if r.is_err() { return },
         }
     }
 }
