@@ -286,7 +286,8 @@ impl Router {
     /// to one local member of each queue group in `queues` (the groups the sender picked
     /// this server for; none without them). Never to another route (every server has a
     /// route to every other), and never to JetStream's in-process subscribers, whose
-    /// interest is this server's own (JetStream is not clustered yet).
+    /// interest is this server's own (JetStream is not clustered yet); the system services'
+    /// server and account requests do serve peers.
     pub fn route_from_peer(
         &mut self,
         server: &Server,
@@ -316,7 +317,9 @@ impl Router {
         };
         let mut delivered = false;
         for sub in &result.psubs {
-            if sub.client.is_route() || sub.client.internal_queue().is_some() {
+            if sub.client.is_route()
+                || sub.client.internal_queue().is_some() && !crate::system::serves_peers(sub)
+            {
                 continue;
             }
             delivered |= self.deliver(server, sub, &local);

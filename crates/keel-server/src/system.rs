@@ -44,6 +44,21 @@ pub struct System {
     ctx: crate::monitor::Ctx,
 }
 
+/// The sid of the system services' subscriptions (routes tell peers about the server and
+/// account requests among them).
+pub(crate) const SERVICE_SID: &[u8] = b"sys";
+
+/// Whether `sub` is one of the system services' server or account requests, which (as
+/// with the reference) serve the whole cluster: `$SYS.REQ.SERVER.PING` from any node
+/// reaches every server, `$SYS.REQ.SERVER.<id>.*` the one it names. `$SYS.REQ.USER.INFO`
+/// is about the requester's own connection, so it stays local.
+pub(crate) fn serves_peers(sub: &crate::sublist::Sub) -> bool {
+    sub.client.internal_queue().is_some()
+        && sub.sid == SERVICE_SID
+        && (sub.subject.starts_with(b"$SYS.REQ.SERVER.")
+            || sub.subject.starts_with(b"$SYS.REQ.ACCOUNT."))
+}
+
 /// Queue in front of the system services: requests are small and rare.
 const QUEUE_BYTES: usize = 1024 * 1024;
 
@@ -67,7 +82,7 @@ impl System {
         ] {
             account.sublist.insert(Arc::new(Sub {
                 client: handle.clone(),
-                sid: Bytes::from_static(b"sys"),
+                sid: Bytes::from_static(SERVICE_SID),
                 subject: Bytes::from(subject),
                 queue: None,
                 max: AtomicU64::new(0),
@@ -92,6 +107,9 @@ impl System {
         m.insert("name".into(), server.server_name.clone().into());
         m.insert("host".into(), server.opts.host.clone().into());
         m.insert("id".into(), server.server_id.clone().into());
+        if let Some(c) = server.cluster.get() {
+            m.insert("cluster".into(), c.name().into());
+        }
         if let Some(d) = crate::jetstream::domain(server) {
             m.insert("domain".into(), d.into());
         }

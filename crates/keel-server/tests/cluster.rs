@@ -1247,3 +1247,57 @@ async fn a_stream_does_not_store_what_a_peer_sent_through_an_import() {
         n.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn system_requests_reach_every_server_of_the_cluster() {
+    // `server list` / `server ping` ask every server: a PING from a system user on one node
+    // is answered by both, and a request naming the other server's id is answered by it.
+    let sys = "accounts { SYS: { users: [{user: sys, password: sys}] } }\nsystem_account: SYS\n";
+    let a = Node::start_cluster(&format!("{sys}{}", conf("t", "127.0.0.1:-1", &[], ""))).await;
+    let b = Node::start_cluster(&format!(
+        "{sys}{}",
+        conf("t", "127.0.0.1:-1", &[a.route_url()], "")
+    ))
+    .await;
+    a.wait_remotes(1).await;
+    b.wait_remotes(1).await;
+    let b_id = b.varz().await["server_id"].as_str().unwrap().to_string();
+    let nc = user(&a, "sys").await;
+    let inbox = nc.new_inbox();
+    let mut replies = nc.subscribe(inbox.clone()).await.unwrap();
+    nc.flush().await.unwrap();
+    let mut ids = std::collections::BTreeSet::new();
+    within("both servers answer a PING", async {
+        while ids.len() < 2 {
+            nc.publish_with_reply("$SYS.REQ.SERVER.PING", inbox.clone(), "".into())
+                .await
+                .unwrap();
+            nc.flush().await.unwrap();
+            while let Ok(Some(m)) =
+                tokio::time::timeout(Duration::from_millis(200), replies.next()).await
+            {
+                let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+                // The statsz of a clustered server names its cluster and routes.
+                assert_eq!(v["server"]["cluster"], "t", "{v}");
+                // (The reference counts the servers it has heard from, so 1 at first.)
+                let active = v["statsz"]["active_servers"].as_u64().unwrap_or(0);
+                assert!((1..=2).contains(&active), "{v}");
+                // (The reference pools several connections per peer: at least one.)
+                let routes = v["statsz"]["routes"].as_array().map_or(0, Vec::len);
+                assert!(routes >= 1, "{v}");
+                ids.insert(v["server"]["id"].as_str().unwrap().to_string());
+            }
+        }
+    })
+    .await;
+    assert!(ids.contains(&b_id), "{ids:?}");
+    let m = within(
+        "VARZ of the other server",
+        nc.request(format!("$SYS.REQ.SERVER.{b_id}.VARZ"), "".into()),
+    )
+    .await
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+    assert_eq!(v["server"]["id"], b_id.as_str(), "{v}");
+    assert_eq!(v["data"]["server_id"], b_id.as_str(), "{v}");
+}

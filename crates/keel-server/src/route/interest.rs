@@ -134,8 +134,11 @@ impl AccountInterest {
     }
 
     /// Whether a subscription is this server's own interest, to tell peers about.
+    /// In-process clients stay local (JetStream is per server), but for the system
+    /// services that serve the cluster (`system::serves_peers`).
     fn local(sub: &Sub) -> bool {
-        !sub.client.is_route() && sub.client.internal_queue().is_none()
+        !sub.client.is_route()
+            && (sub.client.internal_queue().is_none() || crate::system::serves_peers(sub))
     }
 
     /// A newly registered route: it gets everything counted so far, then every change.
