@@ -43,7 +43,10 @@ use crate::ranges::{to_ranges, Ranges};
 use crate::record::{
     self, Head, HeadParse, Kind, Ledger, Parse, HDR, HEADS_LEN, HEAD_LEN, MAX_RECORD,
 };
-use crate::{file_msg_size, Limits, Lost, Purge, Result, State, Store, StoreError, StoredMsg};
+use crate::{
+    file_msg_size, Limits, Lost, Purge, Result, Snapshot, State, Store, StoreError, StoredMsg,
+    SyncJob,
+};
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -253,6 +256,9 @@ pub struct FileStore {
     emptied: Vec<u32>,
     failed: Option<String>,
     closed: bool,
+    /// Between `begin_sync` and `finish_sync`: what that sync covers. Writes are refused
+    /// meanwhile (what the sync records must be what it made durable).
+    in_flight: Option<SyncPlan>,
     /// The ledger: sequences of deleted segments, and lost ones with their bytes.
     gone: Ranges,
     lost: RefCell<Ranges>,
@@ -319,6 +325,17 @@ enum Read {
     Damaged,
 }
 
+/// What one sync covers, between its two halves.
+struct SyncPlan {
+    /// Segments whose writes it fdatasyncs.
+    ids: Vec<u32>,
+    /// Segments it deletes once the rest is durable.
+    dead: Vec<u32>,
+    active: Option<u32>,
+    /// It fsyncs the directory.
+    dir: bool,
+}
+
 impl FileStore {
     /// Opens (or creates) the store in `dir`, recovering what is there.
     pub fn open(dir: &Path, limits: Limits) -> Result<(FileStore, RecoveryReport)> {
@@ -371,6 +388,9 @@ impl FileStore {
     fn writable(&self) -> Result<()> {
         if self.closed {
             return Err(StoreError::Io("store is closed".into()));
+        }
+        if self.in_flight.is_some() {
+            return Err(StoreError::Io("a sync is in progress".into()));
         }
         if let Some(e) = &self.failed {
             return Err(StoreError::Io(e.clone()));
@@ -636,6 +656,14 @@ impl FileStore {
     }
 
     fn do_sync(&mut self) -> io::Result<()> {
+        let (plan, mut job) = self.sync_prepare()?;
+        job.run();
+        self.sync_complete(plan, job)
+    }
+
+    /// A sync up to its fsyncs: what must be written is written (buffers, markers, the
+    /// ledger, segment heads); returns what the sync covers and the fsyncs still to do.
+    fn sync_prepare(&mut self) -> io::Result<(SyncPlan, SyncJob)> {
         self.settle_evicted();
         // Deletion candidates: emptied, still empty, and not the active segment (which
         // stays a candidate until a newer one takes over).
@@ -697,24 +725,68 @@ impl FileStore {
                 }
             }
         }
-        for id in std::mem::take(&mut self.dirty) {
-            if let Some(i) = self.seg_by_id(id) {
-                if let Err(e) = self.with_file(id, |f| f.sync()) {
-                    self.dirty.push(id);
-                    return Err(e);
+        // The descriptors that wrote the data go with the job (its fsyncs must see their
+        // write-back errors), so the fsyncs can run while readers use the store; a reader
+        // that needs one of these segments meanwhile opens it again.
+        let ids = std::mem::take(&mut self.dirty);
+        let mut files = Vec::with_capacity(ids.len());
+        for &id in &ids {
+            if self.seg_by_id(id).is_none() {
+                continue;
+            }
+            if let Err(e) = self.with_file(id, |_| Ok(())) {
+                for (id, f) in files {
+                    self.files.get_mut().put(id, f);
                 }
+                self.dirty = ids;
+                return Err(e);
+            }
+            if let Some(f) = self.files.get_mut().take(id) {
+                files.push((id, f));
+            }
+        }
+        // New segments' directory entries are part of their data being durable; so is
+        // what justifies the unlinks below (unlinks can reach the disk in any order).
+        let dir = self.dir_dirty.then(|| (self.fs.clone(), self.dir.clone()));
+        let plan = SyncPlan {
+            ids,
+            dead: dead.iter().map(|&i| self.segs[i].id).collect(),
+            active,
+            dir: dir.is_some(),
+        };
+        Ok((plan, SyncJob::new(files, dir)))
+    }
+
+    /// The bookkeeping after a sync's fsyncs (`r`) completed.
+    fn sync_complete(&mut self, plan: SyncPlan, job: SyncJob) -> io::Result<()> {
+        let (files, r) = job.finish();
+        for (id, f) in files {
+            if self.seg_by_id(id).is_some() {
+                self.files.get_mut().put(id, f);
+            }
+        }
+        if let Err(e) = r {
+            self.dirty.extend(plan.ids);
+            return Err(e);
+        }
+        let active = plan.active;
+        for id in plan.ids {
+            if let Some(i) = self.seg_by_id(id) {
                 self.segs[i].dirty = false;
                 if Some(id) != active {
                     self.files.get_mut().unpin(id);
                 }
             }
         }
-        if self.dir_dirty {
-            // New segments' directory entries are part of their data being durable; so is
-            // what justifies the unlinks below (unlinks can reach the disk in any order).
-            self.fs.sync_dir(&self.dir)?;
+        if plan.dir {
             self.dir_dirty = false;
         }
+        let mut dead: Vec<usize> = plan
+            .dead
+            .iter()
+            .filter_map(|&id| self.seg_by_id(id))
+            .collect();
+        dead.sort_unstable();
         // Everything written so far is durable.
         self.syncs_done += 1;
         self.marker_done = self.marker;
@@ -745,11 +817,21 @@ impl FileStore {
             for s in &mut self.segs {
                 s.ext_tombs.retain(|&(t, _)| t >= marker && exists(t));
             }
-            if self.fs.sync_dir(&self.dir).is_ok() {
-                self.dir_dirty = false;
-            }
+            // The unlinks become durable with the next sync's directory fsync (until then a
+            // power failure only leaves files the next recovery deletes again): no fsync
+            // here, where the store is held.
         }
         Ok(())
+    }
+
+    /// A sync's failure: the store rolls back to the last completed sync.
+    fn sync_failed(&mut self, e: io::Error) -> StoreError {
+        let msg = e.to_string();
+        self.failed = Some(msg.clone());
+        let _ = self.rollback();
+        StoreError::Io(format!(
+            "{msg} (writes since the last sync were rolled back)"
+        ))
     }
 
     /// After a failed write or sync: truncates every segment back to its length at the
@@ -1069,8 +1151,21 @@ impl Store for FileStore {
     /// (none of them may be acknowledged). If the rollback works the store takes writes
     /// again; otherwise the next `sync` tries again.
     fn sync(&mut self) -> Result<()> {
+        match self.begin_sync()? {
+            Some(mut job) => {
+                job.run();
+                self.finish_sync(job)
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn begin_sync(&mut self) -> Result<Option<SyncJob>> {
         if self.closed {
             return Err(StoreError::Io("store is closed".into()));
+        }
+        if self.in_flight.is_some() {
+            return Err(StoreError::Io("a sync is in progress".into()));
         }
         if let Some(e) = self.failed.clone() {
             self.rollback()?;
@@ -1078,16 +1173,58 @@ impl Store for FileStore {
                 "{e} (writes since the last sync were rolled back)"
             )));
         }
-        match self.do_sync() {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let msg = e.to_string();
-                self.failed = Some(msg.clone());
-                let _ = self.rollback();
-                Err(StoreError::Io(format!(
-                    "{msg} (writes since the last sync were rolled back)"
-                )))
+        match self.sync_prepare() {
+            Ok((plan, job)) => {
+                self.in_flight = Some(plan);
+                Ok(Some(job))
             }
+            Err(e) => Err(self.sync_failed(e)),
+        }
+    }
+
+    fn finish_sync(&mut self, job: SyncJob) -> Result<()> {
+        let Some(plan) = self.in_flight.take() else {
+            return Err(StoreError::Io("no sync in progress".into()));
+        };
+        self.sync_complete(plan, job)
+            .map_err(|e| self.sync_failed(e))
+    }
+
+    fn store_at(
+        &mut self,
+        seq: u64,
+        subject: &[u8],
+        hdr: &[u8],
+        data: &[u8],
+        ts: i64,
+    ) -> Result<()> {
+        let last = self.core.get_mut().last_seq;
+        if seq <= last {
+            return Err(StoreError::Sequence { seq, last });
+        }
+        self.skip_to(seq)?;
+        self.store_msg(subject, hdr, data, ts).map(|_| ())
+    }
+
+    fn truncate(&mut self, after: u64) -> Result<u64> {
+        if after >= self.core.get_mut().last_seq {
+            return Ok(0);
+        }
+        // Recovery never lets last_seq go below what the segment heads prove was handed
+        // out (that is what keeps a sequence from being reused), so a lowered last
+        // sequence needs a record of its own in the on-disk format first.
+        Err(StoreError::Unsupported(
+            "the file store cannot truncate yet (its recovery keeps every sequence handed out)",
+        ))
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let c = self.core.borrow();
+        Snapshot {
+            first_seq: c.first_seq,
+            last_seq: c.last_seq,
+            last_ts: c.last_ts,
+            deleted: c.deleted_ranges(),
         }
     }
 
@@ -1190,11 +1327,15 @@ impl Store for FileStore {
             return Ok(());
         }
         let had_msgs = core.msgs > 0;
+        let from = core.last_seq + 1;
         core.skip_to(next);
         // A tombstone for the new last sequence is what recovery restores last_seq from
-        // (an emptied store gets its marker at the next sync instead).
+        // (an emptied store gets its marker at the next sync instead); the ledger accounts
+        // for the skipped sequences, as for a deleted segment's.
         let ts = core.last_ts;
         let r = if had_msgs {
+            self.gone.insert(from, next - 1);
+            self.ledger_dirty.set(true);
             self.write_tomb(next - 1, ts)
         } else {
             Ok(())
@@ -2160,6 +2301,7 @@ fn recover(
         emptied,
         failed: None,
         closed: false,
+        in_flight: None,
         gone: rp.gone,
         lost: RefCell::new(lost),
         lost_bytes: Cell::new(rp.lost_bytes),

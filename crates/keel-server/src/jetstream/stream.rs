@@ -1371,6 +1371,9 @@ pub fn store_error(e: StoreError) -> ApiError {
         }
         StoreError::NotFound => ApiError::no_message_found(),
         StoreError::Io(t) => ApiError::new(503, 10077, t),
+        e @ (StoreError::Sequence { .. } | StoreError::Unsupported(_)) => {
+            ApiError::new(503, 10077, e.to_string())
+        }
     }
 }
 

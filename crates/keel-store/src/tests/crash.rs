@@ -229,6 +229,34 @@ impl Case {
         }
     }
 
+    /// A sync in its two halves with reads in between (what the server's stream actor
+    /// does), the reads checked against what was stored.
+    fn split_sync(&mut self) -> Result<()> {
+        let Some(mut job) = self.s().begin_sync()? else {
+            return Ok(());
+        };
+        let live: Vec<u64> = live(self.s()).into_iter().collect();
+        for _ in 0..3 {
+            if live.is_empty() {
+                break;
+            }
+            let q = live[self.rng.below(live.len() as u64) as usize];
+            if let Ok(m) = self.s().load(q) {
+                if !self.flipped {
+                    let got = (m.subject.to_vec(), m.hdr.to_vec(), m.data.to_vec(), m.ts);
+                    assert_eq!(
+                        self.all.get(&q),
+                        Some(&got),
+                        "seed {}: read of {q}",
+                        self.seed
+                    );
+                }
+            }
+        }
+        job.run();
+        self.s().finish_sync(job)
+    }
+
     fn crash(&mut self, stats: &mut Stats) {
         let now = self.store.as_ref().map(live).unwrap_or_default();
         if let Some(s) = self.store.take() {
@@ -428,9 +456,19 @@ impl Case {
                 };
                 let data = payload(subj[0], dlen, salt);
                 let ts = self.rng.below(1000) as i64;
-                let seq = self.s().state().last_seq + 1;
+                // Now and then at a given sequence past the next (a replica's store_at).
+                let gap = if self.rng.chance(8) {
+                    1 + self.rng.below(3)
+                } else {
+                    0
+                };
+                let seq = self.s().state().last_seq + 1 + gap;
                 let content = (subj.to_vec(), hdr.clone(), data.clone(), ts);
-                let r = self.s().store_msg(subj, &hdr, &data, ts);
+                let r = if gap > 0 {
+                    self.s().store_at(seq, subj, &hdr, &data, ts).map(|_| seq)
+                } else {
+                    self.s().store_msg(subj, &hdr, &data, ts)
+                };
                 self.trace(format_args!(
                     "store {} len {} => {r:?}",
                     String::from_utf8_lossy(subj),
@@ -515,7 +553,11 @@ impl Case {
             }
             68..=84 => {
                 let now = live(self.s());
-                let r = self.s().sync();
+                let r = if self.rng.chance(2) {
+                    self.split_sync()
+                } else {
+                    self.s().sync()
+                };
                 self.trace(format_args!("sync => {r:?}"));
                 if self.io(r).is_some() {
                     self.synced = now;
