@@ -881,7 +881,7 @@ impl Consumer {
         let config = meta.config;
         let durable = config.durable_name.is_some();
         let saved = dir.as_deref().map_or(Loaded::Fresh, |d| {
-            load_state(d, &stream.name, &name, &server.log)
+            load_state(&stream.meta, d, &stream.name, &name, &server.log)
         });
         let now = Instant::now();
         let mut st = State {
@@ -1065,7 +1065,7 @@ impl Consumer {
             config: self.config(),
             created: self.created,
         };
-        super::files::write(
+        self.stream.meta.write(
             &dir.join("meta.json"),
             &serde_json::to_vec_pretty(&meta)?,
             true,
@@ -1187,7 +1187,11 @@ impl Consumer {
             redelivered: st.redelivered.iter().map(|(s, n)| (*s, *n)).collect(),
         };
         let bytes = serde_json::to_vec(&saved).expect("state serializes");
-        if let Err(e) = super::files::write(&dir.join("state.json"), &bytes, sync) {
+        if let Err(e) = self
+            .stream
+            .meta
+            .write(&dir.join("state.json"), &bytes, sync)
+        {
             crate::error!(
                 self.handle.log(),
                 "Consumer {} > {}: could not save state: {e}",
@@ -2713,9 +2717,15 @@ enum Loaded {
     Untrusted,
 }
 
-fn load_state(dir: &Path, stream: &str, name: &str, log: &crate::log::Log) -> Loaded {
+fn load_state(
+    meta: &keel_store::MetaFiles,
+    dir: &Path,
+    stream: &str,
+    name: &str,
+    log: &crate::log::Log,
+) -> Loaded {
     let what = format!("Consumer {stream} > {name}: state");
-    let why = match super::files::read(&dir.join("state.json"), &what, log) {
+    let why = match super::files::read(meta, &dir.join("state.json"), &what, log) {
         Ok(None) => return Loaded::Fresh,
         Ok(Some(b)) => match serde_json::from_slice::<SavedState>(&b) {
             Ok(s) if s.consistent() => return Loaded::Saved(s),
@@ -2739,8 +2749,12 @@ impl SavedState {
     }
 }
 
-pub fn read_meta(dir: &Path, log: &crate::log::Log) -> Result<ConsumerMeta, String> {
-    let b = super::files::read(&dir.join("meta.json"), "Consumer config", log)?
+pub fn read_meta(
+    meta: &keel_store::MetaFiles,
+    dir: &Path,
+    log: &crate::log::Log,
+) -> Result<ConsumerMeta, String> {
+    let b = super::files::read(meta, &dir.join("meta.json"), "Consumer config", log)?
         .ok_or("no consumer config (meta.json)")?;
     serde_json::from_slice(&b).map_err(|e| e.to_string())
 }

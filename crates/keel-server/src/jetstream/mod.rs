@@ -63,6 +63,9 @@ pub struct JetStream {
     /// The server's name (stream info's `cluster.leader`).
     pub server_name: String,
     log: Log,
+    /// This instance's metadata files (no process-wide instance: each remembers which files
+    /// it made durable).
+    pub meta: keel_store::MetaFiles,
 }
 
 const NAMES_LIMIT: usize = 1024;
@@ -112,6 +115,7 @@ impl JetStream {
             account,
             server_name: server.server_name.clone(),
             log: server.log.clone(),
+            meta: keel_store::MetaFiles::new(),
         });
         js.recover(server)?;
 
@@ -145,7 +149,7 @@ impl JetStream {
             if !dir.is_dir() {
                 continue;
             }
-            let meta = match stream::read_meta(&dir, &self.log) {
+            let meta = match stream::read_meta(&self.meta, &dir, &self.log) {
                 Ok(m) => m,
                 Err(e) => {
                     // Damage never deletes a stream: it stays on disk for an operator.
@@ -169,6 +173,7 @@ impl JetStream {
                 &dir,
                 meta,
                 self.sync_interval.is_none(),
+                &self.meta,
             ) {
                 Ok(s) => {
                     let st = s.state();
@@ -712,9 +717,9 @@ fn stream_create(
         config: cfg,
         created: now_nanos(),
     };
-    if let Err(e) = stream::write_meta(&dir, &meta) {
+    if let Err(e) = stream::write_meta(&js.meta, &dir, &meta) {
         // Nothing half-made stays behind (a full disk, say) to be found at every start.
-        let _ = files::meta().remove_dir_all(&dir);
+        let _ = js.meta.remove_dir_all(&dir);
         return Err(ApiError::new(
             500,
             10049,
@@ -722,8 +727,15 @@ fn stream_create(
         ));
     }
     let first_seq = meta.config.first_seq;
-    let s = Stream::open(server, &js.account, &dir, meta, js.sync_interval.is_none())
-        .map_err(|e| ApiError::new(500, 10049, e))?;
+    let s = Stream::open(
+        server,
+        &js.account,
+        &dir,
+        meta,
+        js.sync_interval.is_none(),
+        &js.meta,
+    )
+    .map_err(|e| ApiError::new(500, 10049, e))?;
     if first_seq > 1 {
         let mut inner = s.lock();
         inner
@@ -943,7 +955,7 @@ fn stream_delete(
             crate::error!(server.log, "Stream {name}: could not remove its data: {e}");
         }
     }
-    if let Err(e) = files::meta().remove_dir_all(&s.dir) {
+    if let Err(e) = js.meta.remove_dir_all(&s.dir) {
         crate::error!(
             server.log,
             "Stream {name}: could not remove {}: {e}",
@@ -1497,7 +1509,7 @@ fn create_consumer(
         // A create that fails (a full disk) leaves nothing behind.
         c.stop(server, router);
         if let Some(d) = cdir {
-            if let Err(e) = files::meta().remove_dir_all(&d) {
+            if let Err(e) = js.meta.remove_dir_all(&d) {
                 crate::error!(
                     server.log,
                     "Could not remove consumer data {}: {e}",

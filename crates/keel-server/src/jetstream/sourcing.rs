@@ -595,7 +595,7 @@ pub fn start(
     // back from the end of the target), the saved position, the previous generation's; the
     // furthest of those that name the same origin identity.
     let found = scan_positions(target, &sources);
-    let saved: Positions = load_positions(&target.dir, target.handle_log())
+    let saved: Positions = load_positions(&target.meta, &target.dir, target.handle_log())
         .into_iter()
         .map(|(k, p)| (k, (p.seq, p.ident)))
         .collect();
@@ -710,8 +710,12 @@ const POSITIONS_FILE: &str = "sources.json";
 /// The saved positions (checksummed like every metadata file; a damaged file counts as
 /// none: the scan of the target's own `Nats-Stream-Source` headers still finds where each
 /// source stopped).
-fn load_positions(dir: &Path, log: &crate::log::Log) -> HashMap<String, SavedPosition> {
-    super::files::read(&dir.join(POSITIONS_FILE), "Source positions", log)
+fn load_positions(
+    meta: &keel_store::MetaFiles,
+    dir: &Path,
+    log: &crate::log::Log,
+) -> HashMap<String, SavedPosition> {
+    super::files::read(meta, &dir.join(POSITIONS_FILE), "Source positions", log)
         .ok()
         .flatten()
         .and_then(|b| serde_json::from_slice(&b).ok())
@@ -720,6 +724,7 @@ fn load_positions(dir: &Path, log: &crate::log::Log) -> HashMap<String, SavedPos
 
 /// Rewrites the saved positions (write, rename; `durable` also fsyncs).
 pub fn save_positions(
+    meta: &keel_store::MetaFiles,
     log: &crate::log::Log,
     dir: &Path,
     sourcing: &Sourcing,
@@ -741,7 +746,7 @@ pub fn save_positions(
         .collect();
     let body = serde_json::to_vec(&map).expect("positions serialize");
     // Through keel-store's MetaFiles (the Fs seam): checksummed, atomically replaced.
-    if let Err(e) = super::files::write(&dir.join(POSITIONS_FILE), &body, durable) {
+    if let Err(e) = meta.write(&dir.join(POSITIONS_FILE), &body, durable) {
         crate::warn!(
             log,
             "Could not save source positions in {}: {e}",

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use keel_protocol::{headers, subject};
-use keel_store::{Discard, Limits, Purge, State, Store, StoreError};
+use keel_store::{Discard, Limits, MetaFiles, Purge, State, Store, StoreError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -586,6 +586,8 @@ pub struct Stream {
     pub dir: PathBuf,
     /// Fixed at creation (an update may not change it), so readable without the lock.
     pub storage: StorageType,
+    /// The JetStream instance's metadata files (configs, consumer state, source positions).
+    pub meta: MetaFiles,
     inner: Mutex<StreamInner>,
     handle: Arc<ClientHandle>,
     subs: Mutex<Vec<Arc<Sub>>>,
@@ -629,6 +631,7 @@ impl Stream {
         dir: &Path,
         meta: StreamMeta,
         sync_always: bool,
+        files: &MetaFiles,
     ) -> Result<Arc<Stream>, String> {
         let config = meta.config;
         let store: Box<dyn Store> = match config.storage {
@@ -683,6 +686,7 @@ impl Stream {
             created: meta.created,
             dir: dir.to_path_buf(),
             storage: inner.config.storage,
+            meta: files.clone(),
             inner: Mutex::new(inner),
             handle,
             subs: Mutex::new(Vec::new()),
@@ -710,7 +714,7 @@ impl Stream {
         };
         for e in entries.flatten() {
             let cdir = e.path();
-            match super::consumer::read_meta(&cdir, &server.log) {
+            match super::consumer::read_meta(&self.meta, &cdir, &server.log) {
                 Ok(meta) => {
                     let name = e.file_name().to_string_lossy().into_owned();
                     let c = super::consumer::Consumer::start(
@@ -729,7 +733,7 @@ impl Stream {
                         "Removing {}: a consumer directory with no config in it",
                         cdir.display()
                     );
-                    let _ = super::files::meta().remove_dir_all(&cdir);
+                    let _ = self.meta.remove_dir_all(&cdir);
                 }
                 Err(err) => {
                     crate::error!(server.log, "Skipping consumer in {}: {err}", cdir.display())
@@ -807,7 +811,7 @@ impl Stream {
             config: self.config(),
             created: self.created,
         };
-        write_meta(&self.dir, &meta)
+        write_meta(&self.meta, &self.dir, &meta)
     }
 
     pub fn state(&self) -> State {
@@ -1378,13 +1382,17 @@ pub fn store_error(e: StoreError) -> ApiError {
 }
 
 /// Writes the stream's config durably (checksummed, replaced atomically).
-pub fn write_meta(dir: &Path, meta: &StreamMeta) -> std::io::Result<()> {
+pub fn write_meta(files: &MetaFiles, dir: &Path, meta: &StreamMeta) -> std::io::Result<()> {
     let body = serde_json::to_vec_pretty(meta).map_err(std::io::Error::other)?;
-    super::files::write(&dir.join("keel-meta.json"), &body, true)
+    files.write(&dir.join("keel-meta.json"), &body, true)
 }
 
-pub fn read_meta(dir: &Path, log: &crate::log::Log) -> Result<StreamMeta, String> {
-    let b = super::files::read(&dir.join("keel-meta.json"), "Stream config", log)?
+pub fn read_meta(
+    files: &MetaFiles,
+    dir: &Path,
+    log: &crate::log::Log,
+) -> Result<StreamMeta, String> {
+    let b = super::files::read(files, &dir.join("keel-meta.json"), "Stream config", log)?
         .ok_or("no stream config (keel-meta.json)")?;
     serde_json::from_slice(&b).map_err(|e| e.to_string())
 }
@@ -1568,7 +1576,14 @@ impl Stream {
         };
         let slot = self.sourcing.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = slot.as_ref() {
-            sourcing::save_positions(self.handle.log(), &self.dir, s, &idents, durable);
+            sourcing::save_positions(
+                &self.meta,
+                self.handle.log(),
+                &self.dir,
+                s,
+                &idents,
+                durable,
+            );
         }
     }
 
