@@ -82,9 +82,6 @@ impl Stream {
         };
         if marked {
             self.after_commit(server, router);
-            for c in self.consumer_list() {
-                c.notify();
-            }
         }
     }
 }

@@ -10,16 +10,17 @@ pub mod consumer;
 pub mod counter;
 pub mod expiry;
 pub mod files;
+pub mod registry;
 pub mod republish;
 pub mod schema;
 pub mod sourcing;
 pub mod stream;
 pub mod transform;
 
-use std::collections::BTreeMap;
+use crate::jetstream::api::ErrorKind;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
@@ -42,7 +43,8 @@ use stream::{StorageType, Stream, StreamConfig, StreamMeta};
 pub struct JetStream {
     pub streams_dir: PathBuf,
     pub store_dir: PathBuf,
-    streams: RwLock<BTreeMap<String, Arc<Stream>>>,
+    /// Account -> streams -> consumers: their lifecycle.
+    pub registry: registry::Registry,
     api_total: AtomicU64,
     api_errors: AtomicU64,
     /// Server-wide limits (`jetstream { max_memory_store, max_file_store }`); -1 = none.
@@ -100,10 +102,11 @@ impl JetStream {
             .max_file_store
             .filter(|m| *m >= 0)
             .unwrap_or_else(|| crate::monitor::proc::default_max_store(&store_dir));
+        let (requests, requests_rx) = tokio::sync::mpsc::channel(registry::REQUEST_QUEUE);
         let js = Arc::new(JetStream {
             streams_dir,
             store_dir,
-            streams: RwLock::new(BTreeMap::new()),
+            registry: registry::Registry::new(requests),
             api_total: AtomicU64::new(0),
             api_errors: AtomicU64::new(0),
             max_memory,
@@ -137,6 +140,7 @@ impl JetStream {
             }));
         }
         server.spawn(api_loop(js.clone(), server.clone(), rx));
+        server.spawn(registry_loop(js.clone(), server.clone(), requests_rx));
         server.spawn(maintenance_loop(js.clone(), server.clone()));
         Ok(js)
     }
@@ -185,7 +189,8 @@ impl JetStream {
                         st.first_seq,
                         st.last_seq
                     );
-                    self.streams_write().insert(name, s);
+                    self.registry.insert_stream(&self.account.name, s.clone());
+                    self.recover_consumers(server, &s);
                 }
                 Err(e) => crate::error!(server.log, "Could not restore stream {name}: {e}"),
             }
@@ -193,20 +198,59 @@ impl JetStream {
         Ok(())
     }
 
-    fn streams_write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Arc<Stream>>> {
-        self.streams.write().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn streams_read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Stream>>> {
-        self.streams.read().unwrap_or_else(|e| e.into_inner())
+    /// Restarts the durable consumers saved under a recovered stream's directory.
+    fn recover_consumers(&self, server: &Arc<Server>, stream: &Arc<Stream>) {
+        let dir = stream.dir.join("consumers");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let cdir = e.path();
+            match consumer::read_meta(&self.meta, &cdir, &server.log) {
+                Ok(meta) => {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let (c, task) = consumer::Consumer::start(
+                        server,
+                        stream,
+                        name,
+                        meta,
+                        Some(cdir),
+                        self.registry.requests(),
+                    );
+                    self.registry
+                        .insert_consumer(&self.account.name, &stream.name, c, task);
+                }
+                Err(_) if stream::leftover(&cdir) => {
+                    // An interrupted create (an older Keel left these on a full disk).
+                    crate::warn!(
+                        server.log,
+                        "Removing {}: a consumer directory with no config in it",
+                        cdir.display()
+                    );
+                    let _ = self.meta.remove_dir_all(&cdir);
+                }
+                Err(err) => {
+                    crate::error!(server.log, "Skipping consumer in {}: {err}", cdir.display())
+                }
+            }
+        }
     }
 
     pub fn stream(&self, name: &str) -> Option<Arc<Stream>> {
-        self.streams_read().get(name).cloned()
+        self.registry.stream(&self.account.name, name)
     }
 
     pub fn streams(&self) -> Vec<Arc<Stream>> {
-        self.streams_read().values().cloned().collect()
+        self.registry.streams(&self.account.name)
+    }
+
+    /// A stream's consumers (by name).
+    pub fn consumers_of(&self, stream: &str) -> Vec<Arc<consumer::Consumer>> {
+        self.registry.consumers(&self.account.name, stream)
+    }
+
+    pub fn consumer(&self, stream: &str, name: &str) -> Option<Arc<consumer::Consumer>> {
+        self.registry.consumer(&self.account.name, stream, name)
     }
 
     /// How many bytes `stream` may hold under the server-wide memory or file store limit
@@ -265,7 +309,7 @@ impl JetStream {
         for s in self.streams() {
             s.save_source_positions(true);
             s.stop_sourcing();
-            for c in s.consumer_list() {
+            for c in self.consumers_of(&s.name) {
                 c.flush_state();
             }
             let mut inner = s.lock();
@@ -282,7 +326,43 @@ async fn api_loop(js: Arc<JetStream>, server: Arc<Server>, mut rx: crate::inqueu
     // Handle a batch of what is queued, then wake the writers once.
     while rx.recv_many(&mut batch, 256, 1024 * 1024).await > 0 {
         for m in batch.drain(..) {
-            handle_request(&js, &server, &mut router, m);
+            handle_request(&js, &server, &mut router, m).await;
+        }
+        router.flush();
+    }
+}
+
+/// The registry's task: what consumers ask of it (their removal once inactive).
+async fn registry_loop(
+    js: Arc<JetStream>,
+    server: Arc<Server>,
+    mut rx: tokio::sync::mpsc::Receiver<registry::Request>,
+) {
+    let mut router = Router::new(js.account.clone(), 0x5247);
+    let mut shutdown = server.shutdown_rx();
+    loop {
+        let req = tokio::select! {
+            r = rx.recv() => match r {
+                Some(r) => r,
+                None => return,
+            },
+            _ = crate::client::until_true(&mut shutdown) => return,
+        };
+        match req {
+            registry::Request::DeleteConsumer {
+                account,
+                stream,
+                name,
+                created,
+            } => {
+                if account != js.account.name {
+                    continue;
+                }
+                if let Some(s) = js.stream(&stream) {
+                    js.delete_consumer(&server, &mut router, &s, &name, Some(created))
+                        .await;
+                }
+            }
         }
         router.flush();
     }
@@ -382,7 +462,7 @@ fn relay_domain_request(js: &JetStream, server: &Server, m: &InMsg) {
     router.flush();
 }
 
-fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router, m: InMsg) {
+async fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router, m: InMsg) {
     let Ok(subject) = std::str::from_utf8(&m.subject) else {
         return;
     };
@@ -427,7 +507,10 @@ fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router
         ["STREAM", "LIST"] => ("stream_list", stream_list(js, body)),
         ["STREAM", "DELETE", name] => (
             "stream_delete",
-            expect_empty(body).and_then(|_| stream_delete(js, server, router, name)),
+            match expect_empty(body) {
+                Ok(()) => stream_delete(js, server, router, name).await,
+                Err(e) => Err(e),
+            },
         ),
         ["STREAM", "PURGE", name] => ("stream_purge", stream_purge(js, name, body)),
         ["STREAM", "MSG", "GET", name] => ("stream_msg_get", msg_get(js, name, body)),
@@ -459,16 +542,15 @@ fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut Router
         ["CONSUMER", "LIST", stream] => ("consumer_list", consumer_list(js, server, stream, body)),
         ["CONSUMER", "DELETE", stream, name] => (
             "consumer_delete",
-            expect_empty(body).and_then(|_| consumer_delete(js, server, router, stream, name)),
+            match expect_empty(body) {
+                Ok(()) => consumer_delete(js, server, router, stream, name).await,
+                Err(e) => Err(e),
+            },
         ),
         ["CONSUMER", "MSG", "NEXT", stream, name] => {
             // A live consumer takes its pull requests on its own subscription; one that
             // does not exist answers like nobody is there, as the reference does.
-            if js
-                .stream(stream)
-                .and_then(|s| s.consumers_lock().get(*name).cloned())
-                .is_none()
-            {
+            if js.consumer(stream, name).is_none() {
                 let hdr = encode::status_headers("503", &[("Nats-Subject", m.subject.as_ref())]);
                 reply_headers(server, router, &reply_to, hdr.to_vec(), b"");
             }
@@ -548,7 +630,7 @@ fn account_info(js: &JetStream) -> Fields {
         "consumers".into(),
         streams
             .iter()
-            .map(|s| s.consumer_list().len())
+            .map(|s| s.consumers.len())
             .sum::<usize>()
             .into(),
     );
@@ -595,7 +677,7 @@ fn stream_fields(
         "state".into(),
         Stream::state_json(
             &state,
-            s.consumer_list().len(),
+            s.consumers.len(),
             subjects.as_ref(),
             deleted.as_deref(),
         ),
@@ -619,12 +701,12 @@ fn stream_fields(
 
 fn parse_config(js: &JetStream, name: &str, body: &[u8]) -> Result<StreamConfig, ApiError> {
     if body.iter().all(|b| b.is_ascii_whitespace()) {
-        return Err(ApiError::stream_mismatch());
+        return Err(ErrorKind::StreamMismatch.err());
     }
     let cfg: StreamConfig = parse_request(body, &schema::STREAM_CONFIG, js.strict)?;
     refuse_pedantic(body)?;
     if cfg.name != name {
-        return Err(ApiError::stream_mismatch());
+        return Err(ErrorKind::StreamMismatch.err());
     }
     cfg.normalize()
 }
@@ -653,7 +735,7 @@ fn check_overlap(js: &JetStream, cfg: &StreamConfig) -> Result<(), ApiError> {
         let oc = other.config();
         for a in &cfg.subjects {
             if oc.subjects.iter().any(|b| stream::subjects_overlap(a, b)) {
-                return Err(ApiError::subjects_overlap());
+                return Err(ErrorKind::SubjectsOverlap.err());
             }
         }
     }
@@ -667,8 +749,8 @@ fn check_resources(
     except: Option<&str>,
 ) -> Result<(), ApiError> {
     let (limit, err) = match cfg.storage {
-        StorageType::Memory => (js.max_memory, ApiError::insufficient_memory()),
-        StorageType::File => (js.max_store, ApiError::insufficient_storage()),
+        StorageType::Memory => (js.max_memory, ErrorKind::InsufficientMemory.err()),
+        StorageType::File => (js.max_store, ErrorKind::InsufficientStorage.err()),
     };
     if limit < 0 {
         return Ok(());
@@ -692,9 +774,9 @@ fn stream_create(
 ) -> Result<Fields, ApiError> {
     let mut cfg = parse_config(js, name, body)?;
     if cfg.mirror_direct && cfg.mirror.is_none() {
-        return Err(ApiError::invalid_config(
-            "stream has no mirror but does have mirror direct",
-        ));
+        return Err(
+            ErrorKind::InvalidConfig.with("stream has no mirror but does have mirror direct")
+        );
     }
     sourcing::check_with_streams(js, &mut cfg)?;
     if let Some(existing) = js.stream(name) {
@@ -703,7 +785,7 @@ fn stream_create(
         let mut wanted = cfg.clone();
         wanted.metadata.remove(stream::REQ_LEVEL_KEY);
         if current != wanted {
-            return Err(ApiError::name_in_use());
+            return Err(ErrorKind::StreamNameInUse.err());
         }
         let mut f = stream_fields(&existing, true, None, None, false);
         f.insert("did_create".into(), true.into());
@@ -720,11 +802,7 @@ fn stream_create(
     if let Err(e) = stream::write_meta(&js.meta, &dir, &meta) {
         // Nothing half-made stays behind (a full disk, say) to be found at every start.
         let _ = js.meta.remove_dir_all(&dir);
-        return Err(ApiError::new(
-            500,
-            10049,
-            format!("could not create stream: {e}"),
-        ));
+        return Err(ErrorKind::StreamCreate.with(format!("could not create stream: {e}")));
     }
     let first_seq = meta.config.first_seq;
     let s = Stream::open(
@@ -735,16 +813,16 @@ fn stream_create(
         js.sync_interval.is_none(),
         &js.meta,
     )
-    .map_err(|e| ApiError::new(500, 10049, e))?;
+    .map_err(|e| ErrorKind::StreamCreate.with(e))?;
     if first_seq > 1 {
         let mut inner = s.lock();
         inner
             .store
             .skip_to(first_seq)
             .and_then(|_| inner.store.sync())
-            .map_err(|e| ApiError::new(500, 10049, format!("could not create stream: {e}")))?;
+            .map_err(|e| ErrorKind::StreamCreate.with(format!("could not create stream: {e}")))?;
     }
-    js.streams_write().insert(name.to_string(), s.clone());
+    js.registry.insert_stream(&js.account.name, s.clone());
     advisory::stream_action(server, router, name, advisory::Action::Create);
     let mut f = stream_fields(&s, true, None, None, false);
     f.insert("did_create".into(), true.into());
@@ -759,16 +837,18 @@ fn stream_update(
     body: &[u8],
 ) -> Result<Fields, ApiError> {
     let mut cfg = parse_config(js, name, body)?;
-    let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
+    let s = js
+        .stream(name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
     let old = s.config();
     old.check_update(&cfg)?;
     if cfg.mirror_direct && cfg.mirror.is_none() {
-        return Err(ApiError::invalid_config(
-            "stream has no mirror but does have mirror direct",
-        ));
+        return Err(
+            ErrorKind::InvalidConfig.with("stream has no mirror but does have mirror direct")
+        );
     }
     sourcing::check_with_streams(js, &mut cfg)?;
-    check_consumer_limits(&s, &old, &cfg)?;
+    check_consumer_limits(js, &s, &old, &cfg)?;
     check_overlap(js, &cfg)?;
     check_resources(js, &cfg, Some(name))?;
     {
@@ -776,7 +856,7 @@ fn stream_update(
         inner
             .store
             .set_limits(cfg.limits())
-            .map_err(|e| ApiError::update_failed(e.to_string()))?;
+            .map_err(|e| ErrorKind::UpdateFailed.with(e.to_string()))?;
         inner.config = cfg.clone();
         inner.compile();
         s.refresh_bytes(&inner);
@@ -788,7 +868,7 @@ fn stream_update(
         s.restart_sourcing(server);
     }
     s.persist_meta()
-        .map_err(|e| ApiError::update_failed(format!("could not save stream config: {e}")))?;
+        .map_err(|e| ErrorKind::UpdateFailed.with(format!("could not save stream config: {e}")))?;
     advisory::stream_action(server, router, name, advisory::Action::Update);
     Ok(stream_fields(&s, true, None, None, false))
 }
@@ -796,6 +876,7 @@ fn stream_update(
 /// Lowering a stream's `consumer_limits` below what an existing consumer uses is refused,
 /// naming the consumers (the reference's check and text).
 fn check_consumer_limits(
+    js: &JetStream,
     s: &Stream,
     old: &StreamConfig,
     new: &StreamConfig,
@@ -811,8 +892,8 @@ fn check_consumer_limits(
     if !((ni > 0 && ni != oi) || (nm > 0 && nm != om)) {
         return Ok(());
     }
-    let violating: Vec<String> = s
-        .consumer_list()
+    let violating: Vec<String> = js
+        .consumers_of(&s.name)
         .iter()
         .filter(|c| {
             let cfg = c.config();
@@ -823,7 +904,7 @@ fn check_consumer_limits(
     if violating.is_empty() {
         return Ok(());
     }
-    Err(ApiError::update_failed(format!(
+    Err(ErrorKind::UpdateFailed.with(format!(
         "change to limits violates consumers: {}",
         violating.join(", ")
     )))
@@ -839,7 +920,9 @@ struct InfoRequest {
 
 fn stream_info(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
     let req: InfoRequest = parse_request(body, &schema::STREAM_INFO, js.strict)?;
-    let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
+    let s = js
+        .stream(name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
     let mut f = Fields::new();
     let mut inner_fields = stream_fields(
         &s,
@@ -925,24 +1008,33 @@ fn stream_list(js: &JetStream, body: &[u8]) -> Result<Fields, ApiError> {
     }))
 }
 
-fn stream_delete(
+async fn stream_delete(
     js: &Arc<JetStream>,
     server: &Arc<Server>,
     router: &mut Router,
     name: &str,
 ) -> Result<Fields, ApiError> {
-    let s = js
-        .streams_write()
-        .remove(name)
-        .ok_or_else(ApiError::stream_not_found)?;
+    let (s, consumers) = js
+        .registry
+        .remove_stream(&js.account.name, name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
     s.stop_sourcing();
     s.unsubscribe();
-    // Its consumers go with it: subscriptions removed, tasks ended, waiting pulls told
-    // `409 Consumer Deleted` (the reference). Their state is under the stream's directory.
-    let consumers = std::mem::take(&mut *s.consumers_lock());
-    for c in consumers.values() {
-        c.stop(server, router);
-        advisory::consumer_action(server, router, name, &c.name, advisory::Action::Delete);
+    // Its consumers go with it: subscriptions removed, tasks ended (waited for), waiting
+    // pulls told `409 Consumer Deleted` (the reference). Their state is under the stream's
+    // directory.
+    for r in &consumers {
+        r.consumer.stop(server, router);
+        advisory::consumer_action(
+            server,
+            router,
+            name,
+            &r.consumer.name,
+            advisory::Action::Delete,
+        );
+    }
+    for r in consumers {
+        r.join().await;
     }
     {
         let mut inner = s.lock();
@@ -978,20 +1070,22 @@ struct PurgeRequest {
 
 fn stream_purge(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
     let req: PurgeRequest = parse_request(body, &schema::STREAM_PURGE, js.strict)?;
-    let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
+    let s = js
+        .stream(name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
     let mut inner = s.lock();
     if inner.config.sealed {
-        return Err(ApiError::sealed());
+        return Err(ErrorKind::Sealed.err());
     }
     if inner.config.deny_purge {
-        return Err(ApiError::purge_failed("stream purge not permitted"));
+        return Err(ErrorKind::PurgeFailed.with("stream purge not permitted"));
     }
     if req.seq.is_some() && req.keep.is_some() {
-        return Err(ApiError::bad_request());
+        return Err(ErrorKind::BadRequest.err());
     }
     if let Some(f) = &req.filter {
         if !f.is_empty() && !keel_protocol::subject::valid_subscribe(f.as_bytes()) {
-            return Err(ApiError::purge_failed("invalid subject filter"));
+            return Err(ErrorKind::PurgeFailed.with("invalid subject filter"));
         }
     }
     let purged = inner
@@ -1001,7 +1095,7 @@ fn stream_purge(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiEr
             seq: req.seq,
             keep: req.keep,
         })
-        .map_err(|e| ApiError::purge_failed(e.to_string()))?;
+        .map_err(|e| ErrorKind::PurgeFailed.with(e.to_string()))?;
     let _ = inner.store.sync();
     s.refresh_bytes(&inner);
     let mut f = Fields::new();
@@ -1032,7 +1126,9 @@ fn load_for_get(
 
 fn msg_get(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
     let req: MsgGetRequest = parse_request(body, &schema::MSG_GET, js.strict)?;
-    let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
+    let s = js
+        .stream(name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
     let valid = matches!(
         (
             req.seq.is_some(),
@@ -1042,11 +1138,11 @@ fn msg_get(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> 
         (true, false, false) | (false, true, false) | (_, false, true)
     );
     if !valid {
-        return Err(ApiError::bad_request());
+        return Err(ErrorKind::BadRequest.err());
     }
     let msg = {
         let inner = s.lock();
-        load_for_get(&inner, &req).map_err(|_| ApiError::no_message_found())?
+        load_for_get(&inner, &req).map_err(|_| ErrorKind::NoMessageFound.err())?
     };
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut m = Map::new();
@@ -1076,20 +1172,22 @@ struct MsgDeleteRequest {
 
 fn msg_delete(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
     let req: MsgDeleteRequest = parse_request(body, &schema::MSG_DELETE, js.strict)?;
-    let s = js.stream(name).ok_or_else(ApiError::stream_not_found)?;
+    let s = js
+        .stream(name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
     let mut inner = s.lock();
     if inner.config.sealed {
-        return Err(ApiError::sealed());
+        return Err(ErrorKind::Sealed.err());
     }
     if inner.config.deny_delete {
-        return Err(ApiError::msg_delete_failed("message delete not permitted"));
+        return Err(ErrorKind::MsgDeleteFailed.with("message delete not permitted"));
     }
     let removed = inner
         .store
         .remove(req.seq, !req.no_erase)
-        .map_err(|e| ApiError::msg_delete_failed(e.to_string()))?;
+        .map_err(|e| ErrorKind::MsgDeleteFailed.with(e.to_string()))?;
     if !removed {
-        return Err(ApiError::sequence_not_found(req.seq));
+        return Err(ErrorKind::SequenceNotFound.with(req.seq));
     }
     let _ = inner.store.sync();
     s.refresh_bytes(&inner);
@@ -1191,26 +1289,25 @@ fn direct_get(
 }
 
 impl JetStream {
-    /// The consumers of a stream (for retention decisions).
-    pub fn consumers_of(&self, stream: &str) -> Vec<Arc<consumer::Consumer>> {
-        self.stream(stream)
-            .map(|s| s.consumer_list())
-            .unwrap_or_default()
-    }
-
-    /// Removes a consumer: stops it and deletes its saved state.
-    pub fn remove_consumer(
+    /// Removes a consumer (with `created`, only that incarnation): stops it, waits for its
+    /// task, deletes its saved state. False when there is no such consumer.
+    pub async fn delete_consumer(
         &self,
         server: &Server,
+        router: &mut Router,
         stream: &Stream,
         name: &str,
-        router: &mut Router,
+        created: Option<i64>,
     ) -> bool {
-        let Some(c) = stream.consumers_lock().remove(name) else {
+        let Some(r) =
+            self.registry
+                .remove_consumer(&self.account.name, &stream.name, name, created)
+        else {
             return false;
         };
-        c.stop(server, router);
+        r.consumer.stop(server, router);
         advisory::consumer_action(server, router, &stream.name, name, advisory::Action::Delete);
+        r.join().await;
         let dir = stream.dir.join("consumers").join(name);
         if dir.exists() {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
@@ -1231,7 +1328,7 @@ impl JetStream {
 /// Interest retention after a consumer left: messages that no remaining consumer still
 /// needs go, as with the reference. A rare admin operation, so a scan is fine.
 fn release_interest(stream: &Stream) {
-    let consumers = stream.consumer_list();
+    let consumers = stream.consumers.views();
     let mut seq = stream.state().first_seq.max(1);
     loop {
         let next = stream.lock().store.load_next(seq, ">");
@@ -1261,20 +1358,15 @@ fn check_duration_fields(body: &[u8]) -> Result<(), ApiError> {
         "max_expires",
     ] {
         if cfg.get(field).is_some_and(Value::is_string) {
-            return Err(ApiError::new(
-                400,
-                10025,
-                format!(
-                    "invalid JSON: json: cannot unmarshal string into Go struct field CreateConsumerRequest.config.{field} of type time.Duration"
-                ),
-            ));
+            return Err(ErrorKind::InvalidJson.with(format!("json: cannot unmarshal string into Go struct field CreateConsumerRequest.config.{field} of type time.Duration"
+                )));
         }
     }
     Ok(())
 }
 
 fn consumer_not_found() -> ApiError {
-    ApiError::new(404, 10014, "consumer not found")
+    ErrorKind::ConsumerNotFound.err()
 }
 
 /// An ephemeral consumer's generated name (the reference uses 8 random characters).
@@ -1298,24 +1390,12 @@ fn consumer_create_durable(
         parse_request(body, &schema::CONSUMER_CREATE, js.strict)?;
     refuse_pedantic(body)?;
     if req.stream_name != stream {
-        return Err(ApiError::stream_mismatch());
+        return Err(ErrorKind::StreamMismatch.err());
     }
     let cfg = req.config.get_or_insert_with(Default::default);
     match cfg.durable_name.as_deref() {
-        None | Some("") => {
-            return Err(ApiError::new(
-                400,
-                10018,
-                "consumer expected to be durable but a durable name was not set",
-            ))
-        }
-        Some(d) if d != durable => {
-            return Err(ApiError::new(
-                400,
-                10017,
-                "consumer name in subject does not match durable name in request",
-            ))
-        }
+        None | Some("") => return Err(ErrorKind::ConsumerDurableNotSet.err()),
+        Some(d) if d != durable => return Err(ErrorKind::ConsumerDurableMismatch.err()),
         _ => {}
     }
     create_consumer(js, server, router, stream, Some(durable), req)
@@ -1335,18 +1415,14 @@ fn consumer_create(
         parse_request(body, &schema::CONSUMER_CREATE, js.strict)?;
     refuse_pedantic(body)?;
     if req.stream_name != stream {
-        return Err(ApiError::stream_mismatch());
+        return Err(ErrorKind::StreamMismatch.err());
     }
     // A request without a config gets Go's zero config (ack none), as with the reference.
     let cfg = req.config.get_or_insert_with(Default::default);
     match name {
         None => {
             if cfg.durable_name.as_deref().is_some_and(|d| !d.is_empty()) {
-                return Err(ApiError::new(
-                    400,
-                    10020,
-                    "consumer expected to be ephemeral but a durable name was set in request",
-                ));
+                return Err(ErrorKind::ConsumerEphemeralWithDurable.err());
             }
         }
         Some(n) => {
@@ -1356,31 +1432,19 @@ fn consumer_create(
                 .as_deref()
                 .is_some_and(|d| !d.is_empty() && d != n)
             {
-                return Err(ApiError::new(
-                    400,
-                    10017,
-                    "consumer name in subject does not match durable name in request",
-                ));
+                return Err(ErrorKind::ConsumerDurableMismatch.err());
             }
             cfg.name = Some(n.to_string());
         }
     }
     if let Some(f) = filter {
         if !cfg.filter_subjects.is_empty() {
-            return Err(ApiError::new(
-                400,
-                10137,
-                "consumer with multiple subject filters cannot use subject based API",
-            ));
+            return Err(ErrorKind::ConsumerMultipleFilters.err());
         }
         let cf = cfg.filters();
         let matches = (cf.len() == 1 && cf[0] == f) || (cf.is_empty() && f == ">");
         if !matches {
-            return Err(ApiError::new(
-                400,
-                10131,
-                "Consumer create request did not match filtered subject from create subject",
-            ));
+            return Err(ErrorKind::ConsumerFilterMismatch.err());
         }
     }
     create_consumer(js, server, router, stream, name, req)
@@ -1395,15 +1459,13 @@ fn create_consumer(
     req: consumer::CreateRequest,
 ) -> Result<Fields, ApiError> {
     if !matches!(req.action.as_str(), "" | "create" | "update") {
-        return Err(ApiError::new(
-            400,
-            10025,
-            format!("invalid JSON: unknown consumer action: {:?}", req.action),
-        ));
+        return Err(
+            ErrorKind::InvalidJson.with(format!("unknown consumer action: {:?}", req.action))
+        );
     }
     let s = js
         .stream(stream_name)
-        .ok_or_else(ApiError::stream_not_found)?;
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
     let scfg = s.config();
     let mut cfg = req.config.expect("checked by callers");
     if let Some(n) = name {
@@ -1422,11 +1484,7 @@ fn create_consumer(
             .iter()
             .any(|s| stream::subjects_overlap(s, ds))
         {
-            return Err(ApiError::new(
-                400,
-                10081,
-                "consumer deliver subject forms a cycle",
-            ));
+            return Err(ErrorKind::ConsumerDeliverCycle.err());
         }
     }
     let name = cfg.name.clone().unwrap_or_else(random_name);
@@ -1435,7 +1493,7 @@ fn create_consumer(
     if !durable && name.len() == 8 && cfg.name.is_none() {
         stored_cfg.name = None;
     }
-    let existing = s.consumers_lock().get(&name).cloned();
+    let existing = js.consumer(stream_name, &name);
     if let Some(c) = existing {
         let mut current = c.config();
         // An update never changes the pause (that is what CONSUMER.PAUSE is for).
@@ -1448,34 +1506,30 @@ fn create_consumer(
             return Ok(c.info(server, true));
         }
         if req.action == "create" {
-            return Err(ApiError::new(400, 10148, "consumer already exists"));
+            return Err(ErrorKind::ConsumerAlreadyExists.err());
         }
         current.check_update(&wanted)?;
         wanted.check_supported()?;
         c.set_config(stored_cfg);
         c.persist_meta()
-            .map_err(|e| ApiError::new(500, 10012, format!("could not save consumer: {e}")))?;
+            .map_err(|e| ErrorKind::ConsumerCreate.with(format!("could not save consumer: {e}")))?;
         c.notify();
         return Ok(c.info(server, true));
     }
     if req.action == "update" {
-        return Err(ApiError::new(400, 10149, "consumer does not exist"));
+        return Err(ErrorKind::ConsumerDoesNotExist.err());
     }
     cfg.check_supported()?;
-    let consumers = s.consumer_list();
+    let consumers = js.consumers_of(stream_name);
     if scfg.max_consumers > 0 && consumers.len() as i64 >= scfg.max_consumers {
-        return Err(ApiError::new(400, 10026, "maximum consumers limit reached"));
+        return Err(ErrorKind::MaxConsumers.err());
     }
     if scfg.retention == stream::Retention::Workqueue {
         let mine = cfg.filters();
         for o in &consumers {
             let theirs = o.config().filters();
             if mine.is_empty() && theirs.is_empty() {
-                return Err(ApiError::new(
-                    400,
-                    10099,
-                    "multiple non-filtered consumers not allowed on workqueue stream",
-                ));
+                return Err(ErrorKind::WorkqueueMultipleUnfiltered.err());
             }
             let all = [">".to_string()];
             let mine = if mine.is_empty() { &all[..] } else { &mine[..] };
@@ -1488,11 +1542,7 @@ fn create_consumer(
                 .iter()
                 .any(|a| theirs.iter().any(|b| stream::subjects_overlap(a, b)))
             {
-                return Err(ApiError::new(
-                    400,
-                    10100,
-                    "filtered consumer not unique on workqueue stream",
-                ));
+                return Err(ErrorKind::WorkqueueNotUnique.err());
             }
         }
     }
@@ -1504,10 +1554,12 @@ fn create_consumer(
         created: now_nanos(),
     };
     let cdir = dir.clone();
-    let c = consumer::Consumer::start(server, &s, name.clone(), meta, dir);
+    let (c, task) =
+        consumer::Consumer::start(server, &s, name.clone(), meta, dir, js.registry.requests());
     if let Err(e) = c.persist_meta() {
         // A create that fails (a full disk) leaves nothing behind.
         c.stop(server, router);
+        drop(task);
         if let Some(d) = cdir {
             if let Err(e) = js.meta.remove_dir_all(&d) {
                 crate::error!(
@@ -1517,13 +1569,15 @@ fn create_consumer(
                 );
             }
         }
-        return Err(ApiError::new(
-            500,
-            10104,
-            format!("error creating store for consumer: {e}"),
-        ));
+        return Err(ErrorKind::ConsumerStore.with(e));
     }
-    s.consumers_lock().insert(name.clone(), c.clone());
+    if !js
+        .registry
+        .insert_consumer(&js.account.name, stream_name, c.clone(), task)
+    {
+        c.stop(server, router);
+        return Err(ErrorKind::StreamNotFound.err());
+    }
     advisory::consumer_action(server, router, stream_name, &name, advisory::Action::Create);
     Ok(c.info(server, true))
 }
@@ -1533,9 +1587,10 @@ fn find_consumer(
     stream: &str,
     name: &str,
 ) -> Result<Arc<consumer::Consumer>, ApiError> {
-    let s = js.stream(stream).ok_or_else(ApiError::stream_not_found)?;
-    let c = s.consumers_lock().get(name).cloned();
-    c.ok_or_else(consumer_not_found)
+    js.stream(stream)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    js.consumer(stream, name)
+        .ok_or_else(|| ErrorKind::ConsumerNotFound.err())
 }
 
 fn consumer_info(
@@ -1549,8 +1604,9 @@ fn consumer_info(
 
 fn consumer_names(js: &JetStream, stream: &str, body: &[u8]) -> Result<Fields, ApiError> {
     let req: ListRequest = parse_request(body, &schema::CONSUMER_NAMES, js.strict)?;
-    let s = js.stream(stream).ok_or_else(ApiError::stream_not_found)?;
-    let all = s.consumer_list();
+    js.stream(stream)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    let all = js.consumers_of(stream);
     Ok(page(
         &all,
         req.offset,
@@ -1568,8 +1624,9 @@ fn consumer_list(
     body: &[u8],
 ) -> Result<Fields, ApiError> {
     let req: ListRequest = parse_request(body, &schema::CONSUMER_NAMES, js.strict)?;
-    let s = js.stream(stream).ok_or_else(ApiError::stream_not_found)?;
-    let all = s.consumer_list();
+    js.stream(stream)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    let all = js.consumers_of(stream);
     Ok(page(
         &all,
         req.offset,
@@ -1635,13 +1692,8 @@ fn consumer_pause(
     cfg.pause_until = until.as_ref().map(|(_, text)| text.clone());
     cfg.set_req_level();
     c.set_config(cfg);
-    c.persist_meta().map_err(|e| {
-        ApiError::new(
-            500,
-            10104,
-            format!("error creating store for consumer: {e}"),
-        )
-    })?;
+    c.persist_meta()
+        .map_err(|e| ErrorKind::ConsumerStore.with(e))?;
     let (paused, remaining) = c.pause_state();
     let mut m = api::response("consumer_pause");
     m.insert("paused".into(), paused.into());
@@ -1668,44 +1720,33 @@ fn consumer_unpin(
         #[serde(default)]
         group: String,
     }
-    let req: UnpinRequest = serde_json::from_slice(body).map_err(|e| {
-        ApiError::new(
-            400,
-            10025,
-            format!("invalid JSON: {}", api::go_json_error(body, &e, false)),
-        )
-    })?;
+    let req: UnpinRequest = serde_json::from_slice(body)
+        .map_err(|e| ErrorKind::InvalidJson.with(api::go_json_error(body, &e, false)))?;
     if req.group.is_empty() {
-        return Err(ApiError::new(
-            400,
-            10025,
-            "invalid JSON: consumer group not specified",
-        ));
+        return Err(ErrorKind::InvalidJson.with("consumer group not specified"));
     }
     if !consumer::valid_group_name(&req.group) {
         return Err(consumer::invalid_group_name());
     }
     let c = find_consumer(js, stream, name)?;
     if !c.config().priority_groups.contains(&req.group) {
-        return Err(ApiError::new(
-            400,
-            10160,
-            "Provided priority group does not exist for this consumer",
-        ));
+        return Err(ErrorKind::ConsumerPriorityGroupUnknown.err());
     }
     c.unpin();
     Ok(Fields::new())
 }
 
-fn consumer_delete(
+async fn consumer_delete(
     js: &JetStream,
     server: &Server,
     router: &mut Router,
     stream: &str,
     name: &str,
 ) -> Result<Fields, ApiError> {
-    let s = js.stream(stream).ok_or_else(ApiError::stream_not_found)?;
-    if !js.remove_consumer(server, &s, name, router) {
+    let s = js
+        .stream(stream)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    if !js.delete_consumer(server, router, &s, name, None).await {
         return Err(consumer_not_found());
     }
     let mut f = Fields::new();

@@ -25,7 +25,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::api::ApiError;
+use super::api::{ApiError, ErrorKind};
 use super::stream::{null_default, subjects_overlap, valid_name, Stream, StreamConfig};
 use super::transform::{validate_mapping, Transform};
 use super::JetStream;
@@ -146,13 +146,9 @@ impl StreamSource {
 }
 
 fn bad_time(s: &str) -> ApiError {
-    ApiError::new(
-        400,
-        10025,
-        format!(
-            "invalid JSON: parsing time {s:?} as \"2006-01-02T15:04:05Z07:00\": cannot parse {s:?} as \"2006\""
-        ),
-    )
+    ErrorKind::InvalidJson.with(format!(
+        "parsing time {s:?} as \"2006-01-02T15:04:05Z07:00\": cannot parse {s:?} as \"2006\""
+    ))
 }
 
 /// The checks of the reference's stream config validation that need no other stream, in
@@ -167,61 +163,36 @@ pub fn check_config(cfg: &StreamConfig) -> Result<(), ApiError> {
     }
     if let Some(m) = &cfg.mirror {
         if cfg.first_seq > 0 {
-            return Err(ApiError::new(
-                400,
-                10143,
-                "stream mirrors can not have first sequence configured",
-            ));
+            return Err(ErrorKind::MirrorWithFirstSeq.err());
         }
         if !cfg.subjects.is_empty() {
             return Err(mirror_with_subjects());
         }
         if !cfg.sources.is_empty() {
-            return Err(ApiError::new(
-                400,
-                10031,
-                "stream mirrors can not also contain other sources",
-            ));
+            return Err(ErrorKind::MirrorWithSources.err());
         }
         if cfg.allow_msg_counter {
-            return Err(ApiError::new(
-                400,
-                10173,
-                "stream mirrors can not also calculate counters",
-            ));
+            return Err(ErrorKind::MirrorWithCounters.err());
         }
         if m.consumer.as_ref().is_some_and(|c| !c.is_null()) {
             return Err(ApiError::not_supported("durable mirror consumers"));
         }
         if !m.filter_subject.is_empty() && !m.subject_transforms.is_empty() {
-            return Err(ApiError::new(
-                400,
-                10150,
-                "mirror with multiple subject transforms cannot also have a single subject filter",
-            ));
+            return Err(ErrorKind::MirrorTransformsAndFilter.err());
         }
         if cfg.subject_delete_marker_ttl > 0 {
-            return Err(ApiError::invalid_config(
-                "subject delete markers forbidden on mirrors",
-            ));
+            return Err(
+                ErrorKind::InvalidConfig.with("subject delete markers forbidden on mirrors")
+            );
         }
         for (i, t) in m.subject_transforms.iter().enumerate() {
             if !t.src.is_empty() && !valid_subject(&t.src) {
-                return Err(ApiError::new(
-                    400,
-                    10151,
-                    format!("mirror transform source: invalid subject {}", t.src),
-                ));
+                return Err(ErrorKind::MirrorTransformSource.with(&t.src));
             }
-            validate_mapping(&t.src, &t.dest)
-                .map_err(|e| ApiError::new(400, 10154, format!("mirror transform: {e}")))?;
+            validate_mapping(&t.src, &t.dest).map_err(|e| ErrorKind::MirrorTransform.with(e))?;
             for (j, u) in m.subject_transforms.iter().enumerate() {
                 if i != j && subjects_overlap(&t.src, &u.src) {
-                    return Err(ApiError::new(
-                        400,
-                        10152,
-                        "mirror subject filters can not overlap",
-                    ));
+                    return Err(ErrorKind::MirrorFiltersOverlap.err());
                 }
             }
         }
@@ -229,43 +200,30 @@ pub fn check_config(cfg: &StreamConfig) -> Result<(), ApiError> {
             return Err(external_not_supported());
         }
         if !valid_name(&m.name) {
-            return Err(ApiError::new(400, 10142, "mirrored stream name is invalid"));
+            return Err(ErrorKind::MirrorNameInvalid.err());
         }
     }
     let mut inames = std::collections::HashSet::new();
     for s in &cfg.sources {
         if !valid_name(&s.name) {
-            return Err(ApiError::new(400, 10141, "sourced stream name is invalid"));
+            return Err(ErrorKind::SourceNameInvalid.err());
         }
         if !inames.insert(s.iname()) {
-            return Err(ApiError::new(
-                400,
-                10140,
-                "duplicate source configuration detected",
-            ));
+            return Err(ErrorKind::DuplicateSource.err());
         }
         if !s.filter_subject.is_empty() && !s.subject_transforms.is_empty() {
-            return Err(ApiError::new(
-                400,
-                10144,
-                "source with multiple subject transforms cannot also have a single subject filter",
-            ));
+            return Err(ErrorKind::SourceTransformsAndFilter.err());
         }
         for t in &s.subject_transforms {
             if !t.src.is_empty() && !valid_subject(&t.src) {
-                return Err(ApiError::new(
-                    400,
-                    10145,
-                    format!("source transform source: invalid subject {}", t.src),
-                ));
+                return Err(ErrorKind::SourceTransformSource.with(&t.src));
             }
-            validate_mapping(&t.src, &t.dest)
-                .map_err(|e| ApiError::new(400, 10146, format!("source transform: {e}")))?;
+            validate_mapping(&t.src, &t.dest).map_err(|e| ErrorKind::SourceTransform.with(e))?;
         }
         for (i, t) in s.subject_transforms.iter().enumerate() {
             for (j, u) in s.subject_transforms.iter().enumerate() {
                 if i != j && subset_match(&t.src, &u.src) {
-                    return Err(ApiError::new(400, 10147, "source filters can not overlap"));
+                    return Err(ErrorKind::SourceFiltersOverlap.err());
                 }
             }
         }
@@ -284,7 +242,7 @@ fn external_not_supported() -> ApiError {
 }
 
 pub fn mirror_with_subjects() -> ApiError {
-    ApiError::new(400, 10034, "stream mirrors can not contain subjects")
+    ErrorKind::MirrorWithSubjects.err()
 }
 
 fn valid_subject(s: &str) -> bool {
@@ -325,11 +283,7 @@ pub fn check_with_streams(js: &JetStream, cfg: &mut StreamConfig) -> Result<(), 
         if let Some(o) = js.stream(&m.name) {
             let oc = o.config();
             if cfg.max_msg_size > 0 && oc.max_msg_size > 0 && cfg.max_msg_size < oc.max_msg_size {
-                return Err(ApiError::new(
-                    400,
-                    10030,
-                    "stream mirror must have max message size >= source",
-                ));
+                return Err(ErrorKind::MirrorMaxMessageSize.err());
             }
             cfg.mirror_direct = oc.allow_direct;
         }
@@ -338,16 +292,12 @@ pub fn check_with_streams(js: &JetStream, cfg: &mut StreamConfig) -> Result<(), 
         if let Some(o) = js.stream(&s.name) {
             let oc = o.config();
             if cfg.max_msg_size > 0 && oc.max_msg_size > 0 && cfg.max_msg_size < oc.max_msg_size {
-                return Err(ApiError::new(
-                    400,
-                    10046,
-                    "stream source must have max message size >= target",
-                ));
+                return Err(ErrorKind::SourceMaxMessageSize.err());
             }
         }
     }
     // Cycles: walk what this stream sources (and mirrors) through the existing streams.
-    let cycle = || ApiError::invalid_config("detected cycle");
+    let cycle = || ErrorKind::InvalidConfig.with("detected cycle");
     let mut visited = std::collections::HashSet::new();
     let mut queue = vec![cfg.clone()];
     while let Some(c) = (!queue.is_empty()).then(|| queue.remove(0)) {
@@ -388,7 +338,7 @@ fn lookup(js: &JetStream, cfg: &StreamConfig, name: &str) -> Option<StreamConfig
 /// Creation-time filter checks (the reference makes them when it adds the stream, with its
 /// stream-create error 10049).
 pub fn check_filters(cfg: &StreamConfig) -> Result<(), ApiError> {
-    let create_err = |t: String| ApiError::new(500, 10049, t);
+    let create_err = |t: String| ErrorKind::StreamCreate.with(t);
     if let Some(m) = &cfg.mirror {
         if m.subject_transforms.is_empty()
             && !m.filter_subject.is_empty()
@@ -818,7 +768,7 @@ async fn run(
         let found = js.stream(&state.cfg.name);
         match &found {
             None => {
-                state.set_error(Some(ApiError::stream_not_found()));
+                state.set_error(Some(ErrorKind::StreamNotFound.err()));
                 origin = None;
                 committed = None;
             }

@@ -14,7 +14,7 @@ use keel_store::{Discard, Limits, MetaFiles, Purge, State, Store, StoreError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::api::ApiError;
+use super::api::{ApiError, ErrorKind};
 use super::counter;
 use super::republish::{self, RePublish, Republisher};
 use super::sourcing::{self, SourcedBatch, StreamSource, SubjectTransformConfig, Taken};
@@ -231,12 +231,11 @@ impl StreamConfig {
     /// Applies defaults and checks the config the way the reference's create does.
     pub fn normalize(mut self) -> Result<StreamConfig, ApiError> {
         if !valid_name(&self.name) {
-            return Err(ApiError::invalid_config(
-                "stream name is required and can not contain '.', '*', '>', '\\', '/'",
-            ));
+            return Err(ErrorKind::InvalidConfig
+                .with("stream name is required and can not contain '.', '*', '>', '\\', '/'"));
         }
         if self.name.len() > MAX_NAME_LEN {
-            return Err(ApiError::invalid_config(format!(
+            return Err(ErrorKind::InvalidConfig.with(format!(
                 "stream name is too long, maximum allowed is {MAX_NAME_LEN}"
             )));
         }
@@ -259,31 +258,25 @@ impl StreamConfig {
         match self.compression.as_str() {
             "" | "none" => self.compression = "none".into(),
             "s2" => return Err(ApiError::not_supported("s2 compression")),
-            _ => return Err(ApiError::invalid_config("invalid compression")),
+            _ => return Err(ErrorKind::InvalidConfig.with("invalid compression")),
         }
         if self.num_replicas == 0 {
             self.num_replicas = 1;
         }
         if self.num_replicas < 0 {
-            return Err(ApiError::new(
-                400,
-                10133,
-                "replicas count cannot be negative",
-            ));
+            return Err(ErrorKind::ReplicasNegative.err());
         }
         if self.num_replicas > 1 {
-            return Err(ApiError::replicas_not_supported());
+            return Err(ErrorKind::ReplicasNotSupported.err());
         }
         if self.max_age < 0 {
-            return Err(ApiError::invalid_config("max age can not be negative"));
+            return Err(ErrorKind::InvalidConfig.with("max age can not be negative"));
         }
         if self.max_age > 0 && self.max_age < 100_000_000 {
-            return Err(ApiError::invalid_config("max age needs to be >= 100ms"));
+            return Err(ErrorKind::InvalidConfig.with("max age needs to be >= 100ms"));
         }
         if self.duplicate_window < 0 {
-            return Err(ApiError::invalid_config(
-                "duplicates window can not be negative",
-            ));
+            return Err(ErrorKind::InvalidConfig.with("duplicates window can not be negative"));
         }
         let sourcing = self.mirror.is_some() || !self.sources.is_empty();
         if self.duplicate_window == 0 && !sourcing {
@@ -294,30 +287,24 @@ impl StreamConfig {
             };
         }
         if self.max_age > 0 && self.duplicate_window > self.max_age {
-            return Err(ApiError::invalid_config(
-                "duplicates window can not be larger then max age",
-            ));
+            return Err(
+                ErrorKind::InvalidConfig.with("duplicates window can not be larger then max age")
+            );
         }
         if self.duplicate_window > 0 && self.duplicate_window < 100_000_000 {
-            return Err(ApiError::invalid_config(
-                "duplicates window needs to be >= 100ms",
-            ));
+            return Err(ErrorKind::InvalidConfig.with("duplicates window needs to be >= 100ms"));
         }
         if self.allow_rollup_hdrs && self.deny_purge {
-            return Err(ApiError::invalid_config(
-                "roll-ups require the purge permission",
-            ));
+            return Err(ErrorKind::InvalidConfig.with("roll-ups require the purge permission"));
         }
         if self.discard_new_per_subject {
             if self.discard != DiscardPolicy::New {
-                return Err(ApiError::invalid_config(
-                    "discard new per subject requires discard new policy to be set",
-                ));
+                return Err(ErrorKind::InvalidConfig
+                    .with("discard new per subject requires discard new policy to be set"));
             }
             if self.max_msgs_per_subject <= 0 {
-                return Err(ApiError::invalid_config(
-                    "discard new per subject requires max msgs per subject > 0",
-                ));
+                return Err(ErrorKind::InvalidConfig
+                    .with("discard new per subject requires max msgs per subject > 0"));
             }
         }
         if self.allow_msg_counter {
@@ -333,15 +320,14 @@ impl StreamConfig {
                 None
             };
             if let Some(text) = bad {
-                return Err(ApiError::invalid_config(text));
+                return Err(ErrorKind::InvalidConfig.with(text));
             }
         }
         // Markers are stored with a TTL and roll up their subject, so both get enabled.
         if self.subject_delete_marker_ttl > 0 {
             if self.subject_delete_marker_ttl < 1_000_000_000 {
-                return Err(ApiError::invalid_config(
-                    "subject delete marker TTL must be at least 1 second",
-                ));
+                return Err(ErrorKind::InvalidConfig
+                    .with("subject delete marker TTL must be at least 1 second"));
             }
             self.allow_msg_ttl = true;
             if !self.allow_rollup_hdrs {
@@ -349,9 +335,9 @@ impl StreamConfig {
                 self.deny_purge = false;
             }
         } else if self.subject_delete_marker_ttl < 0 {
-            return Err(ApiError::invalid_config(
-                "subject delete marker TTL must not be negative",
-            ));
+            return Err(
+                ErrorKind::InvalidConfig.with("subject delete marker TTL must not be negative")
+            );
         }
         sourcing::check_config(&self)?;
         for v in [
@@ -373,41 +359,34 @@ impl StreamConfig {
         let mut seen = std::collections::HashSet::new();
         for s in &self.subjects {
             if !subject::valid_subscribe(s.as_bytes()) {
-                return Err(ApiError::invalid_config("invalid subject"));
+                return Err(ErrorKind::InvalidConfig.with("invalid subject"));
             }
             if !seen.insert(s.as_str()) {
-                return Err(ApiError::invalid_config("duplicate subjects detected"));
+                return Err(ErrorKind::InvalidConfig.with("duplicate subjects detected"));
             }
             if s == ">" && !self.no_ack {
-                return Err(ApiError::invalid_config(
-                    "capturing all subjects requires no-ack to be true",
-                ));
+                return Err(ErrorKind::InvalidConfig
+                    .with("capturing all subjects requires no-ack to be true"));
             }
             if (subjects_overlap(s, "$JS.API.>") || subjects_overlap(s, "$SYS.>")) && !self.no_ack {
-                return Err(ApiError::invalid_config(
-                    "subjects that overlap with jetstream api require no-ack to be true",
-                ));
+                return Err(ErrorKind::InvalidConfig
+                    .with("subjects that overlap with jetstream api require no-ack to be true"));
             }
         }
         for (i, a) in self.subjects.iter().enumerate() {
             for b in &self.subjects[i + 1..] {
                 if subjects_overlap(a, b) {
-                    return Err(ApiError::invalid_config(format!(
-                        "subject {a:?} overlaps with {b:?}"
-                    )));
+                    return Err(
+                        ErrorKind::InvalidConfig.with(format!("subject {a:?} overlaps with {b:?}"))
+                    );
                 }
             }
         }
         if let Some(t) = &self.subject_transform {
             if !t.src.is_empty() && !subject::valid_subscribe(t.src.as_bytes()) {
-                return Err(ApiError::new(
-                    400,
-                    10155,
-                    format!("stream transform source: invalid subject {}", t.src),
-                ));
+                return Err(ErrorKind::StreamTransformSource.with(&t.src));
             }
-            validate_mapping(&t.src, &t.dest)
-                .map_err(|e| ApiError::new(400, 10156, format!("stream transform: {e}")))?;
+            validate_mapping(&t.src, &t.dest).map_err(|e| ErrorKind::StreamTransform.with(e))?;
         }
         republish::check(&mut self)?;
         for k in DYNAMIC_META {
@@ -427,53 +406,42 @@ impl StreamConfig {
     /// Checks what an update may change (the reference's rules).
     pub fn check_update(&self, new: &StreamConfig) -> Result<(), ApiError> {
         if new.name != self.name {
-            return Err(ApiError::invalid_config(
-                "stream configuration name must match original",
-            ));
+            return Err(
+                ErrorKind::InvalidConfig.with("stream configuration name must match original")
+            );
         }
         if new.storage != self.storage {
-            return Err(ApiError::invalid_config(
-                "stream configuration update can not change storage type",
-            ));
+            return Err(ErrorKind::InvalidConfig
+                .with("stream configuration update can not change storage type"));
         }
         if new.retention != self.retention
             && (new.retention == Retention::Workqueue || self.retention == Retention::Workqueue)
         {
-            return Err(ApiError::invalid_config(
+            return Err(ErrorKind::InvalidConfig.with(
                 "stream configuration update can not change retention policy to/from workqueue",
             ));
         }
         if self.sealed && !new.sealed {
-            return Err(ApiError::invalid_config(
-                "stream configuration update can not unseal a sealed stream",
-            ));
+            return Err(ErrorKind::InvalidConfig
+                .with("stream configuration update can not unseal a sealed stream"));
         }
         if self.deny_delete && !new.deny_delete {
-            return Err(ApiError::invalid_config(
-                "stream configuration update can not cancel deny message deletes",
-            ));
+            return Err(ErrorKind::InvalidConfig
+                .with("stream configuration update can not cancel deny message deletes"));
         }
         if self.deny_purge && !new.deny_purge {
-            return Err(ApiError::invalid_config(
-                "stream configuration update can not cancel deny purge",
-            ));
+            return Err(ErrorKind::InvalidConfig
+                .with("stream configuration update can not cancel deny purge"));
         }
         if new.mirror.is_some() && new.mirror != self.mirror {
-            return Err(ApiError::new(
-                400,
-                10055,
-                "stream mirror configuration can not be updated",
-            ));
+            return Err(ErrorKind::MirrorConfigUpdate.err());
         }
         if self.allow_msg_counter != new.allow_msg_counter {
-            return Err(ApiError::invalid_config(
-                "stream configuration update can not change message counter setting",
-            ));
+            return Err(ErrorKind::InvalidConfig
+                .with("stream configuration update can not change message counter setting"));
         }
         if self.allow_msg_ttl && !new.allow_msg_ttl {
-            return Err(ApiError::invalid_config(
-                "message TTL status can not be disabled",
-            ));
+            return Err(ErrorKind::InvalidConfig.with("message TTL status can not be disabled"));
         }
         Ok(())
     }
@@ -595,7 +563,8 @@ pub struct Stream {
     pub bytes: AtomicU64,
     /// Sync before acknowledging (the default); otherwise a timer syncs.
     sync_always: bool,
-    pub consumers: Mutex<BTreeMap<String, Arc<super::consumer::Consumer>>>,
+    /// Its consumers as the registry lists them (read-only views of their state).
+    pub consumers: super::registry::ConsumerSet,
     /// The last sequence whose batch is committed, watched by streams that source this one.
     committed: tokio::sync::watch::Sender<u64>,
     /// Batches from this stream's sources or mirror, taken by its writer.
@@ -692,7 +661,7 @@ impl Stream {
             subs: Mutex::new(Vec::new()),
             bytes: AtomicU64::new(bytes),
             sync_always,
-            consumers: Mutex::new(BTreeMap::new()),
+            consumers: Default::default(),
             committed,
             sourced_tx,
             sourcing: Mutex::new(None),
@@ -700,56 +669,9 @@ impl Stream {
             sourcing_gen: AtomicU64::new(0),
         });
         stream.subscribe();
-        stream.recover_consumers(server);
         server.spawn(publish_loop(stream.clone(), server.clone(), rx, sourced_rx));
         stream.restart_sourcing(server);
         Ok(stream)
-    }
-
-    /// Restarts the durable consumers saved under this stream's directory.
-    fn recover_consumers(self: &Arc<Self>, server: &Arc<Server>) {
-        let dir = self.dir.join("consumers");
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let cdir = e.path();
-            match super::consumer::read_meta(&self.meta, &cdir, &server.log) {
-                Ok(meta) => {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    let c = super::consumer::Consumer::start(
-                        server,
-                        self,
-                        name.clone(),
-                        meta,
-                        Some(cdir),
-                    );
-                    self.consumers_lock().insert(name, c);
-                }
-                Err(_) if leftover(&cdir) => {
-                    // An interrupted create (an older Keel left these on a full disk).
-                    crate::warn!(
-                        server.log,
-                        "Removing {}: a consumer directory with no config in it",
-                        cdir.display()
-                    );
-                    let _ = self.meta.remove_dir_all(&cdir);
-                }
-                Err(err) => {
-                    crate::error!(server.log, "Skipping consumer in {}: {err}", cdir.display())
-                }
-            }
-        }
-    }
-
-    pub fn consumers_lock(
-        &self,
-    ) -> MutexGuard<'_, BTreeMap<String, Arc<super::consumer::Consumer>>> {
-        self.consumers.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn consumer_list(&self) -> Vec<Arc<super::consumer::Consumer>> {
-        self.consumers_lock().values().cloned().collect()
     }
 
     pub fn lock(&self) -> MutexGuard<'_, StreamInner> {
@@ -834,13 +756,8 @@ impl Stream {
         domain: Option<&str>,
     ) -> Vec<(Bytes, Vec<u8>)> {
         // Interest retention keeps a message only while some consumer wants its subject.
-        let interest: Option<Vec<Vec<String>>> =
-            (self.retention() == Retention::Interest).then(|| {
-                self.consumer_list()
-                    .iter()
-                    .map(|c| c.config().filters())
-                    .collect()
-            });
+        let interest: Option<Vec<Vec<String>>> = (self.retention() == Retention::Interest)
+            .then(|| self.consumers.views().iter().map(|c| c.filters()).collect());
         let mut inner = self.lock();
         let mut results = Vec::with_capacity(batch.len());
         let mut stored_any = false;
@@ -850,9 +767,9 @@ impl Stream {
                 // that crosses it is still taken).
                 Some(b) if inner.store.state().bytes >= b => {
                     PubResult::Error(if inner.store_is_memory() {
-                        ApiError::insufficient_memory()
+                        ErrorKind::InsufficientMemory.err()
                     } else {
-                        ApiError::insufficient_storage()
+                        ErrorKind::InsufficientStorage.err()
                     })
                 }
                 _ => inner.process(&m),
@@ -877,7 +794,7 @@ impl Stream {
             inner.storage_result(self.handle.log(), &self.name, r, n, |text| {
                 for (_, r) in results.iter_mut() {
                     if r.stored() {
-                        *r = PubResult::Error(ApiError::new(503, 10077, text.to_string()));
+                        *r = PubResult::Error(ErrorKind::StoreFailed.with(text.to_string()));
                     }
                 }
             });
@@ -1106,13 +1023,13 @@ impl StreamInner {
     ) -> PubResult {
         if let Some((until, why)) = &self.storage_down {
             if std::time::Instant::now() < *until {
-                return PubResult::Error(ApiError::new(503, 10077, why.clone()));
+                return PubResult::Error(ErrorKind::StoreFailed.with(why.clone()));
             }
         }
         let publish = intake == Intake::Publish;
         let cfg = &self.config;
         if cfg.sealed {
-            return PubResult::Error(ApiError::sealed());
+            return PubResult::Error(ErrorKind::Sealed.err());
         }
         let subject = self.stored_subject(subject);
         if let Intake::Mirrored { seq, .. } = intake {
@@ -1121,18 +1038,10 @@ impl StreamInner {
             }
         }
         if cfg.max_msg_size >= 0 && (hdr.len() + data.len()) as i64 > cfg.max_msg_size as i64 {
-            return PubResult::Error(ApiError::new(
-                400,
-                10054,
-                "message size exceeds maximum allowed",
-            ));
+            return PubResult::Error(ErrorKind::MessageTooLarge.err());
         }
         if hdr.len() > 64 * 1024 {
-            return PubResult::Error(ApiError::new(
-                400,
-                10097,
-                "header size exceeds maximum allowed of 64k",
-            ));
+            return PubResult::Error(ErrorKind::HeaderTooLarge.err());
         }
         let now = now_nanos();
         let mut msg_id = None;
@@ -1156,20 +1065,12 @@ impl StreamInner {
             if publish {
                 if let Some(exp) = headers::get(hdr, "Nats-Expected-Stream") {
                     if exp != cfg.name.as_bytes() {
-                        return PubResult::Error(ApiError::new(
-                            400,
-                            10060,
-                            "expected stream does not match",
-                        ));
+                        return PubResult::Error(ErrorKind::ExpectedStreamMismatch.err());
                     }
                 }
                 // Only the sourcing path may write this header (the reference's rule).
                 if headers::get(hdr, "Nats-Stream-Source").is_some_and(|v| !v.is_empty()) {
-                    return PubResult::Error(ApiError::new(
-                        400,
-                        10227,
-                        "message stream source header is not allowed",
-                    ));
+                    return PubResult::Error(ErrorKind::StreamSourceHeader.err());
                 }
             }
             // A mirror keeps every message of its origin: it does not deduplicate.
@@ -1191,11 +1092,7 @@ impl StreamInner {
                 }
                 if let Some(exp) = headers::get_str(hdr, "Nats-Expected-Last-Msg-Id") {
                     if exp != self.last_msg_id {
-                        return PubResult::Error(ApiError::new(
-                            400,
-                            10070,
-                            format!("wrong last msg ID: {}", self.last_msg_id),
-                        ));
+                        return PubResult::Error(ErrorKind::WrongLastMsgId.with(&self.last_msg_id));
                     }
                 }
                 if let Some(exp) = headers::get(hdr, "Nats-Expected-Last-Subject-Sequence") {
@@ -1210,33 +1107,21 @@ impl StreamInner {
             }
             if let Some(roll) = headers::get_str(hdr, "Nats-Rollup") {
                 if publish && !cfg.allow_rollup_hdrs {
-                    return PubResult::Error(ApiError::new(500, 10111, "rollup not permitted"));
+                    return PubResult::Error(ErrorKind::RollupFailed.with("rollup not permitted"));
                 }
                 if roll != "sub" && roll != "all" {
-                    return PubResult::Error(ApiError::new(
-                        500,
-                        10111,
-                        format!("rollup value invalid: {roll:?}"),
-                    ));
+                    return PubResult::Error(
+                        ErrorKind::RollupFailed.with(format!("rollup value invalid: {roll:?}")),
+                    );
                 }
             }
             if let Some(v) = headers::get_str(hdr, "Nats-TTL") {
                 if publish && !cfg.allow_msg_ttl {
-                    return PubResult::Error(ApiError::new(
-                        400,
-                        10166,
-                        "per-message TTL is disabled",
-                    ));
+                    return PubResult::Error(ErrorKind::MsgTtlDisabled.err());
                 }
                 match parse_ttl(v) {
                     Some(secs) => ttl = secs,
-                    None => {
-                        return PubResult::Error(ApiError::new(
-                            400,
-                            10165,
-                            "invalid per-message TTL",
-                        ))
-                    }
+                    None => return PubResult::Error(ErrorKind::MsgTtlInvalid.err()),
                 }
             }
         }
@@ -1259,11 +1144,7 @@ impl StreamInner {
                         if cfg.max_msg_size >= 0
                             && (counted.0.len() + counted.1.len()) as i64 > cfg.max_msg_size as i64
                         {
-                            return PubResult::Error(ApiError::new(
-                                400,
-                                10054,
-                                "message size exceeds maximum allowed",
-                            ));
+                            return PubResult::Error(ErrorKind::MessageTooLarge.err());
                         }
                         (&counted.0[..], &counted.1[..], Some(counted.2.clone()))
                     }
@@ -1357,7 +1238,7 @@ pub(super) fn parse_ttl(v: &str) -> Option<i64> {
 }
 
 fn wrong_last_seq(actual: u64) -> ApiError {
-    ApiError::new(400, 10071, format!("wrong last sequence: {actual}"))
+    ErrorKind::WrongLastSequence.with(actual)
 }
 
 fn parse_u64(b: &[u8]) -> Option<u64> {
@@ -1367,16 +1248,14 @@ fn parse_u64(b: &[u8]) -> Option<u64> {
 pub fn store_error(e: StoreError) -> ApiError {
     match e {
         StoreError::MaxMsgs | StoreError::MaxMsgsPerSubject => {
-            ApiError::new(503, 10077, e.to_string())
+            ErrorKind::StoreFailed.with(e.to_string())
         }
-        StoreError::MaxBytes => ApiError::new(503, 10077, e.to_string()),
-        StoreError::MsgTooLarge => {
-            ApiError::new(400, 10054, "message size exceeds maximum allowed")
-        }
-        StoreError::NotFound => ApiError::no_message_found(),
-        StoreError::Io(t) => ApiError::new(503, 10077, t),
+        StoreError::MaxBytes => ErrorKind::StoreFailed.with(e.to_string()),
+        StoreError::MsgTooLarge => ErrorKind::MessageTooLarge.err(),
+        StoreError::NotFound => ErrorKind::NoMessageFound.err(),
+        StoreError::Io(t) => ErrorKind::StoreFailed.with(t),
         e @ (StoreError::Sequence { .. } | StoreError::Unsupported(_)) => {
-            ApiError::new(503, 10077, e.to_string())
+            ErrorKind::StoreFailed.with(e.to_string())
         }
     }
 }
@@ -1402,7 +1281,7 @@ const BATCH_MSGS: usize = 4096;
 const BATCH_BYTES: usize = 8 * 1024 * 1024;
 /// A consumer directory holding nothing but temporary files: what a create that failed
 /// before writing its config leaves.
-fn leftover(dir: &Path) -> bool {
+pub(super) fn leftover(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|entries| {
         entries
             .flatten()
@@ -1443,10 +1322,8 @@ async fn publish_loop(
         } else {
             stream.process_batch(&mut batch, budget, super::domain(&server))
         };
+        // The committed watch wakes the consumers (and streams sourcing this one).
         stream.after_commit(&server, &mut router);
-        for c in stream.consumer_list() {
-            c.notify();
-        }
         for (reply, body) in acks {
             let body = Bytes::from(body);
             router.route(
@@ -1488,9 +1365,14 @@ impl Stream {
         republish::publish(server, router, pending);
     }
 
-    /// The last committed sequence, for streams that source this one.
+    /// The last committed sequence: consumers and streams sourcing this one wake on it,
+    /// and consumers deliver nothing past it.
     pub fn committed_watch(&self) -> tokio::sync::watch::Receiver<u64> {
         self.committed.subscribe()
+    }
+
+    pub fn committed_seq(&self) -> u64 {
+        *self.committed.borrow()
     }
 
     pub(super) fn sourced_queue(&self) -> &tokio::sync::mpsc::Sender<SourcedBatch> {
@@ -1600,9 +1482,6 @@ impl Stream {
         let _ = b.done.send(taken);
         if stored {
             self.after_commit(server, router);
-            for c in self.consumer_list() {
-                c.notify();
-            }
         }
     }
 
@@ -1613,26 +1492,19 @@ impl Stream {
         gen: u64,
     ) -> Vec<Taken> {
         // Interest retention keeps a message only while some consumer wants its subject.
-        let interest: Option<Vec<Vec<String>>> =
-            (self.retention() == Retention::Interest).then(|| {
-                self.consumer_list()
-                    .iter()
-                    .map(|c| c.config().filters())
-                    .collect()
-            });
+        let interest: Option<Vec<Vec<String>>> = (self.retention() == Retention::Interest)
+            .then(|| self.consumers.views().iter().map(|c| c.filters()).collect());
         let mut inner = self.lock();
         let mut out = Vec::with_capacity(msgs.len());
         if gen != self.sourcing_gen.load(Ordering::Acquire) {
-            return vec![Taken::Refused(ApiError::new(
-                503,
-                10077,
-                "sources restarted",
-            ))];
+            return vec![Taken::Refused(
+                ErrorKind::StoreFailed.with("sources restarted"),
+            )];
         }
         for m in msgs {
             if let Some(b) = budget {
                 if inner.store.state().bytes >= b {
-                    out.push(Taken::Refused(ApiError::insufficient_storage()));
+                    out.push(Taken::Refused(ErrorKind::InsufficientStorage.err()));
                     break;
                 }
             }
@@ -1670,7 +1542,7 @@ impl Stream {
             inner.storage_result(self.handle.log(), &self.name, r, n, |text| {
                 for t in out.iter_mut() {
                     if *t == Taken::Stored {
-                        *t = Taken::Refused(ApiError::new(503, 10077, text.to_string()));
+                        *t = Taken::Refused(ErrorKind::StoreFailed.with(text.to_string()));
                     }
                 }
             });

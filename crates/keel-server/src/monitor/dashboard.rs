@@ -149,7 +149,7 @@ pub fn take(server: &Server) -> Taken {
                 .streams
                 .push((st.name.clone(), [state.msgs, state.bytes, state.last_seq]));
         }
-        for c in st.consumer_list() {
+        for c in js.consumers_of(&st.name) {
             if taken.consumers.len() >= MAX_CONSUMERS {
                 break;
             }
@@ -305,7 +305,7 @@ pub fn data(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         for st in js.streams() {
             let state = st.state();
             let cfg = st.config();
-            let list = st.consumer_list();
+            let list = js.consumers_of(&st.name);
             match cfg.storage {
                 StorageType::Memory => mem += state.bytes,
                 StorageType::File => file += state.bytes,

@@ -878,7 +878,7 @@ pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), Box<HealthError>>
         e.stream = p.stream.into();
         return Err(Box::new(e));
     };
-    if !p.consumer.is_empty() && !stream.consumers_lock().contains_key(p.consumer) {
+    if !p.consumer.is_empty() && js.consumer(&stream.name, p.consumer).is_none() {
         let mut e = HealthError::new(
             404,
             "unavailable",

@@ -125,7 +125,7 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     let mut details = Vec::new();
     for st in &streams {
         let state = st.state();
-        let consumers = st.consumer_list();
+        let consumers = js.consumers_of(&st.name);
         n_consumers += consumers.len();
         messages += state.msgs;
         bytes += state.bytes;

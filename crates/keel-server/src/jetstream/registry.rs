@@ -1,0 +1,320 @@
+//! The registry: account -> streams -> consumers, and the only place that creates,
+//! recovers and deletes them. Everything else looks streams and consumers up here and gets
+//! `Arc`s cloned out of the lock; nothing is locked while the registry's lock is held.
+//!
+//! No `Arc` cycles: a stream does not hold its consumers (the registry does); a consumer
+//! holds its stream, never the registry. A consumer that must go (inactive threshold) sends
+//! a [`Request`] on the registry's channel and ends; the registry's task removes it.
+//! Deleting a stream stops each of its consumers and waits for their tasks before the
+//! stream itself goes.
+//!
+//! Streams are keyed by account: today JetStream serves `$G` only, and issue 13 adds the
+//! other accounts (with their limits next to [`JsUsage`]).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio::task::JoinHandle;
+
+use super::consumer::{self, Consumer};
+use super::stream::{StorageType, Stream};
+
+/// Bytes an account's streams hold, per storage type, kept up to date by the streams
+/// themselves (each adds the change of its own size), so the store budget and account info
+/// need not visit every stream.
+#[derive(Default)]
+pub struct JsUsage {
+    memory: AtomicU64,
+    file: AtomicU64,
+}
+
+impl JsUsage {
+    fn of(&self, storage: StorageType) -> &AtomicU64 {
+        match storage {
+            StorageType::Memory => &self.memory,
+            StorageType::File => &self.file,
+        }
+    }
+
+    /// A stream of `storage` went from `old` to `new` bytes.
+    pub fn change(&self, storage: StorageType, old: u64, new: u64) {
+        let a = self.of(storage);
+        if new >= old {
+            a.fetch_add(new - old, Ordering::Relaxed);
+        } else {
+            let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(old - new))
+            });
+        }
+    }
+
+    pub fn bytes(&self, storage: StorageType) -> u64 {
+        self.of(storage).load(Ordering::Relaxed)
+    }
+}
+
+/// What a stream may know of one of its consumers: its state, read-only, for retention
+/// decisions (interest and work-queue streams). Not the consumer (no cycle), and no lock of
+/// the stream is held while it is read.
+#[derive(Clone)]
+pub struct ConsumerView {
+    pub name: String,
+    state: Arc<Mutex<consumer::State>>,
+}
+
+impl ConsumerView {
+    pub fn new(name: String, state: Arc<Mutex<consumer::State>>) -> ConsumerView {
+        ConsumerView { name, state }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, consumer::State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The consumer's subject filters (empty: all).
+    pub fn filters(&self) -> Vec<String> {
+        self.lock().config.filters()
+    }
+
+    /// Has the consumer finished with `seq` (acked, or past it and not pending)? True when
+    /// the subject is not one it wants.
+    pub fn is_done_with(&self, seq: u64, subject: &[u8]) -> bool {
+        self.lock().is_done_with(seq, subject)
+    }
+
+    /// Does it want messages on `subject` at all?
+    pub fn wants(&self, subject: &[u8]) -> bool {
+        self.lock().matches(subject)
+    }
+}
+
+/// The consumers of one stream as the stream sees them, maintained by the registry.
+#[derive(Default)]
+pub struct ConsumerSet(RwLock<Arc<Vec<ConsumerView>>>);
+
+impl ConsumerSet {
+    pub fn views(&self) -> Arc<Vec<ConsumerView>> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn set(&self, views: Vec<ConsumerView>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(views);
+    }
+}
+
+/// Asked of the registry's task.
+pub enum Request {
+    /// A consumer's inactive threshold passed: remove it (`created` tells it from a newer
+    /// consumer of the same name).
+    DeleteConsumer {
+        account: String,
+        stream: String,
+        name: String,
+        created: i64,
+    },
+}
+
+/// How many requests may wait for the registry's task.
+pub const REQUEST_QUEUE: usize = 256;
+
+struct ConsumerSlot {
+    consumer: Arc<Consumer>,
+    task: Option<JoinHandle<()>>,
+}
+
+struct StreamSlot {
+    stream: Arc<Stream>,
+    consumers: BTreeMap<String, ConsumerSlot>,
+}
+
+impl StreamSlot {
+    fn publish_set(&self) {
+        self.stream
+            .consumers
+            .set(self.consumers.values().map(|c| c.consumer.view()).collect());
+    }
+}
+
+#[derive(Default)]
+struct AccountStreams {
+    usage: Arc<JsUsage>,
+    streams: BTreeMap<String, StreamSlot>,
+}
+
+/// A consumer taken out of the registry, to be stopped and waited for.
+pub struct Removed {
+    pub consumer: Arc<Consumer>,
+    pub task: Option<JoinHandle<()>>,
+}
+
+impl Removed {
+    /// Waits for the consumer's task to end (after [`Consumer::stop`]).
+    pub async fn join(self) {
+        if let Some(t) = self.task {
+            let _ = t.await;
+        }
+    }
+}
+
+pub struct Registry {
+    accounts: RwLock<BTreeMap<String, AccountStreams>>,
+    requests: tokio::sync::mpsc::Sender<Request>,
+}
+
+impl Registry {
+    pub fn new(requests: tokio::sync::mpsc::Sender<Request>) -> Registry {
+        Registry {
+            accounts: RwLock::new(BTreeMap::new()),
+            requests,
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, AccountStreams>> {
+        self.accounts.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, AccountStreams>> {
+        self.accounts.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where consumers send their requests.
+    pub fn requests(&self) -> tokio::sync::mpsc::Sender<Request> {
+        self.requests.clone()
+    }
+
+    /// The account's usage counters (created with the account's first stream).
+    pub fn usage(&self, account: &str) -> Arc<JsUsage> {
+        if let Some(a) = self.read().get(account) {
+            return a.usage.clone();
+        }
+        self.write()
+            .entry(account.to_string())
+            .or_default()
+            .usage
+            .clone()
+    }
+
+    pub fn stream(&self, account: &str, name: &str) -> Option<Arc<Stream>> {
+        self.read()
+            .get(account)?
+            .streams
+            .get(name)
+            .map(|s| s.stream.clone())
+    }
+
+    /// The account's streams, by name.
+    pub fn streams(&self, account: &str) -> Vec<Arc<Stream>> {
+        self.read().get(account).map_or_else(Vec::new, |a| {
+            a.streams.values().map(|s| s.stream.clone()).collect()
+        })
+    }
+
+    pub fn consumer(&self, account: &str, stream: &str, name: &str) -> Option<Arc<Consumer>> {
+        self.read()
+            .get(account)?
+            .streams
+            .get(stream)?
+            .consumers
+            .get(name)
+            .map(|c| c.consumer.clone())
+    }
+
+    /// A stream's consumers, by name.
+    pub fn consumers(&self, account: &str, stream: &str) -> Vec<Arc<Consumer>> {
+        let g = self.read();
+        let Some(s) = g.get(account).and_then(|a| a.streams.get(stream)) else {
+            return Vec::new();
+        };
+        s.consumers.values().map(|c| c.consumer.clone()).collect()
+    }
+
+    /// Lists a stream (created or recovered). False if the name is taken.
+    pub fn insert_stream(&self, account: &str, stream: Arc<Stream>) -> bool {
+        let mut g = self.write();
+        let a = g.entry(account.to_string()).or_default();
+        if a.streams.contains_key(&stream.name) {
+            return false;
+        }
+        a.streams.insert(
+            stream.name.clone(),
+            StreamSlot {
+                stream,
+                consumers: BTreeMap::new(),
+            },
+        );
+        true
+    }
+
+    /// Unlists a stream and its consumers (the caller stops and waits for them).
+    pub fn remove_stream(&self, account: &str, name: &str) -> Option<(Arc<Stream>, Vec<Removed>)> {
+        let slot = self.write().get_mut(account)?.streams.remove(name)?;
+        slot.stream.consumers.set(Vec::new());
+        let removed = slot
+            .consumers
+            .into_values()
+            .map(|c| Removed {
+                consumer: c.consumer,
+                task: c.task,
+            })
+            .collect();
+        Some((slot.stream, removed))
+    }
+
+    /// Lists a started consumer under its stream. False when the stream is gone or the
+    /// name is taken.
+    pub fn insert_consumer(
+        &self,
+        account: &str,
+        stream: &str,
+        consumer: Arc<Consumer>,
+        task: JoinHandle<()>,
+    ) -> bool {
+        let mut g = self.write();
+        let Some(s) = g.get_mut(account).and_then(|a| a.streams.get_mut(stream)) else {
+            return false;
+        };
+        if s.consumers.contains_key(&consumer.name) {
+            return false;
+        }
+        s.consumers.insert(
+            consumer.name.clone(),
+            ConsumerSlot {
+                consumer,
+                task: Some(task),
+            },
+        );
+        s.publish_set();
+        true
+    }
+
+    /// Unlists a consumer; with `created`, only that incarnation of the name.
+    pub fn remove_consumer(
+        &self,
+        account: &str,
+        stream: &str,
+        name: &str,
+        created: Option<i64>,
+    ) -> Option<Removed> {
+        let mut g = self.write();
+        let s = g.get_mut(account)?.streams.get_mut(stream)?;
+        let c = s.consumers.get(name)?;
+        if created.is_some_and(|t| t != c.consumer.created) {
+            return None;
+        }
+        let c = s.consumers.remove(name)?;
+        s.publish_set();
+        Some(Removed {
+            consumer: c.consumer,
+            task: c.task,
+        })
+    }
+}
