@@ -1351,6 +1351,10 @@ impl Store for FileStore {
         self.check_io(r)
     }
 
+    fn last_seq(&self) -> u64 {
+        self.core.borrow().last_seq
+    }
+
     fn state(&self) -> State {
         let mut st = self.core.borrow().state();
         let lost = self.lost.borrow();

@@ -353,6 +353,10 @@ pub trait Store: Send {
     fn set_limits(&mut self, limits: Limits) -> Result<()>;
 
     fn state(&self) -> State;
+    /// `state().last_seq`, without building the state.
+    fn last_seq(&self) -> u64 {
+        self.state().last_seq
+    }
     /// Deleted sequences between first and last (STREAM.INFO `deleted_details`).
     fn deleted(&self) -> Vec<u64>;
     /// Message count per subject matching `filter`.

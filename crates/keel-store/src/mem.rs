@@ -161,6 +161,10 @@ impl Store for MemStore {
         Ok(())
     }
 
+    fn last_seq(&self) -> u64 {
+        self.core.last_seq
+    }
+
     fn state(&self) -> State {
         self.core.state()
     }

@@ -858,7 +858,7 @@ impl Consumer {
             Loaded::Untrusted => st.safe_position(stream, meta.created),
         }
         if st.config.replay_policy == ReplayPolicy::Original {
-            st.replay_until = stream.lock().store.state().last_seq;
+            st.replay_until = stream.committed_seq();
         }
         let (handle, rx) = ClientHandle::internal(
             server,
@@ -1138,8 +1138,8 @@ impl State {
 
     /// Where a new consumer starts, by deliver policy.
     fn init_position(&mut self, stream: &Stream) {
-        let inner = stream.lock();
-        let state = inner.store.state();
+        let store = stream.read();
+        let state = store.state();
         let filters = self.config.filters();
         let last_matching = || -> u64 {
             if filters.is_empty() {
@@ -1147,7 +1147,7 @@ impl State {
             }
             filters
                 .iter()
-                .filter_map(|f| inner.store.load_last(f).ok().map(|m| m.seq))
+                .filter_map(|f| store.load_last(f).ok().map(|m| m.seq))
                 .max()
                 .unwrap_or(0)
         };
@@ -1172,7 +1172,7 @@ impl State {
                     .unwrap_or(0);
                 let mut seq = state.first_seq.max(1);
                 loop {
-                    match inner.store.load_next(seq, ">") {
+                    match store.load_next(seq, ">") {
                         Ok(m) if m.ts >= t => break m.seq,
                         Ok(m) => seq = m.seq + 1,
                         Err(_) => break state.last_seq + 1,
@@ -1187,8 +1187,8 @@ impl State {
                 };
                 let mut seqs: Vec<u64> = vec![];
                 for p in &pats {
-                    for subj in inner.store.subjects(p).keys() {
-                        if let Ok(m) = inner.store.load_last(subj) {
+                    for subj in store.subjects(p).keys() {
+                        if let Ok(m) = store.load_last(subj) {
                             seqs.push(m.seq);
                         }
                     }
@@ -1238,11 +1238,11 @@ impl State {
                 self.init_position(stream)
             }
             DeliverPolicy::New => {
-                let inner = stream.lock();
-                let state = inner.store.state();
+                let store = stream.read();
+                let state = store.state();
                 let mut seq = state.first_seq.max(1);
                 self.next_seq = loop {
-                    match inner.store.load_next(seq, ">") {
+                    match store.load_next(seq, ">") {
                         Ok(m) if m.ts >= created => break m.seq,
                         Ok(m) => seq = m.seq + 1,
                         Err(_) => break state.last_seq + 1,
@@ -1261,14 +1261,14 @@ impl State {
     }
 
     fn num_pending(&self, stream: &Stream) -> u64 {
-        let inner = stream.lock();
+        let store = stream.read();
         let filters = self.config.filters();
         let n = if filters.is_empty() {
-            inner.store.num_pending(self.next_seq, ">", false)
+            store.num_pending(self.next_seq, ">", false)
         } else {
             filters
                 .iter()
-                .map(|f| inner.store.num_pending(self.next_seq, f, false))
+                .map(|f| store.num_pending(self.next_seq, f, false))
                 .sum()
         };
         n + self.lps.len() as u64
@@ -1278,13 +1278,13 @@ impl State {
     /// stream's watermark), so nothing is delivered before it is durable.
     fn next_new(&mut self, stream: &Stream) -> Option<StoredMsg> {
         let committed = stream.committed_seq();
-        let inner = stream.lock();
+        let store = stream.read();
         while let Some(seq) = self.lps.front().copied() {
             if seq > committed {
                 return None;
             }
             self.lps.pop_front();
-            if let Ok(m) = inner.store.load(seq) {
+            if let Ok(m) = store.load(seq) {
                 self.from_lps = true;
                 return Some(m);
             }
@@ -1292,11 +1292,11 @@ impl State {
         self.from_lps = false;
         let filters = self.config.filters();
         let found = if filters.is_empty() {
-            inner.store.load_next(self.next_seq, ">").ok()
+            store.load_next(self.next_seq, ">").ok()
         } else {
             filters
                 .iter()
-                .filter_map(|f| inner.store.load_next(self.next_seq, f).ok())
+                .filter_map(|f| store.load_next(self.next_seq, f).ok())
                 .min_by_key(|m| m.seq)
         }
         .filter(|m| m.seq <= committed);
@@ -1522,6 +1522,8 @@ async fn run(
     let mut closed = c.handle.closed_rx();
     // The stream's committed watermark: new messages to deliver (nothing past it is).
     let mut committed = c.stream.committed_watch();
+    // For retention removals: the stream's actor waits for this sender to go at shutdown.
+    let commands = c.stream.commands();
     let mut batch = vec![];
     loop {
         let (deadline, unbound) = {
@@ -1596,7 +1598,8 @@ async fn run(
             );
         }
         if !done.is_empty() {
-            retention_check(&c, &server, &done);
+            // No lock is held here: the consumer may wait for room on its stream's queue.
+            retention_check(&c, &commands, std::mem::take(&mut done)).await;
         }
         let events = std::mem::take(&mut c.lock().events);
         super::advisory::consumer_events(&server, &mut router, &c.stream.name, &c.name, events);
@@ -1741,11 +1744,11 @@ impl State {
                         .as_deref()
                         .and_then(parse_rfc3339)
                         .unwrap_or(0);
-                    let inner = stream.lock();
-                    let state = inner.store.state();
+                    let store = stream.read();
+                    let state = store.state();
                     let mut s = state.first_seq.max(1);
                     let first = loop {
-                        match inner.store.load_next(s, ">") {
+                        match store.load_next(s, ">") {
                             Ok(m) if m.ts >= t => break m.seq,
                             Ok(m) => s = m.seq + 1,
                             Err(_) => break state.last_seq + 1,
@@ -1762,10 +1765,10 @@ impl State {
         .max(1);
         let old_floor = self.ack_floor.stream_seq;
         let skipped: Vec<u64> = if seq > old_floor + 1 {
-            let inner = stream.lock();
+            let store = stream.read();
             let mut v = vec![];
             let mut s = old_floor + 1;
-            while let Ok(m) = inner.store.load_next(s, ">") {
+            while let Ok(m) = store.load_next(s, ">") {
                 if m.seq >= seq {
                     break;
                 }
@@ -2342,7 +2345,7 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
                 st.update_floor();
                 continue;
             }
-            let loaded = c.stream.lock().store.load(seq);
+            let loaded = c.stream.read().load(seq);
             match loaded {
                 Ok(m) => (m, dc),
                 Err(_) => {
@@ -2595,26 +2598,20 @@ fn delivery_body(msg: &StoredMsg, headers_only: bool, pin: Option<&str>) -> (Opt
     (Some(hdr_len), Bytes::from(h))
 }
 
-/// Interest and work-queue streams drop a message once every interested consumer is done.
-fn retention_check(c: &Arc<Consumer>, server: &Server, done: &[u64]) {
-    let retention = c.stream.retention();
-    if retention == Retention::Limits {
+/// Interest and work-queue streams drop a message once every interested consumer is done:
+/// the stream's actor decides (with every consumer's view) and removes.
+async fn retention_check(
+    c: &Arc<Consumer>,
+    commands: &Option<tokio::sync::mpsc::Sender<super::stream::Command>>,
+    done: Vec<u64>,
+) {
+    if c.stream.retention() == Retention::Limits {
         return;
     }
-    let _ = server;
-    let consumers = c.stream.consumers.views();
-    for &seq in done {
-        let subject = match c.stream.lock().store.load(seq) {
-            Ok(m) => m.subject,
-            Err(_) => continue,
-        };
-        let all_done = retention == Retention::Workqueue
-            || consumers.iter().all(|o| o.is_done_with(seq, &subject));
-        if all_done {
-            let mut inner = c.stream.lock();
-            let _ = inner.store.remove(seq, false);
-            c.stream.refresh_bytes(&inner);
-        }
+    if let Some(tx) = commands {
+        let _ = tx
+            .send(super::stream::Command::Retention { seqs: done })
+            .await;
     }
 }
 

@@ -171,14 +171,7 @@ impl JetStream {
                 let _ = std::fs::remove_dir_all(&dir);
                 continue;
             }
-            match Stream::open(
-                server,
-                &self.account,
-                &dir,
-                meta,
-                self.sync_interval.is_none(),
-                &self.meta,
-            ) {
+            match Stream::open(server, &self.account, &dir, meta, &self.settings()) {
                 Ok(s) => {
                     let st = s.state();
                     crate::info!(
@@ -253,23 +246,16 @@ impl JetStream {
         self.registry.consumer(&self.account.name, stream, name)
     }
 
-    /// How many bytes `stream` may hold under the server-wide memory or file store limit
-    /// (`jetstream { max_memory_store, max_file_store }`), or None when unlimited.
-    pub fn store_budget(&self, stream: &Stream) -> Option<u64> {
-        let limit = match stream.storage {
-            StorageType::Memory => self.max_memory,
-            StorageType::File => self.max_store,
-        };
-        if limit < 0 {
-            return None;
+    /// What a stream of this JetStream is opened with.
+    pub fn settings(&self) -> stream::Settings {
+        stream::Settings {
+            sync_always: self.sync_interval.is_none(),
+            sync_interval: self.sync_interval,
+            max_memory: self.max_memory,
+            max_store: self.max_store,
+            usage: self.registry.usage(&self.account.name),
+            meta: self.meta.clone(),
         }
-        let others: u64 = self
-            .streams()
-            .iter()
-            .filter(|s| s.name != stream.name && s.storage == stream.storage)
-            .map(|s| s.bytes.load(Ordering::Relaxed))
-            .sum();
-        Some((limit as u64).saturating_sub(others))
     }
 
     /// The `max_bytes` that streams of this storage type reserve (all but `except`).
@@ -277,7 +263,7 @@ impl JetStream {
         self.streams()
             .iter()
             .filter(|s| s.storage == storage && Some(s.name.as_str()) != except)
-            .map(|s| s.lock().config.max_bytes)
+            .map(|s| s.config().max_bytes)
             .filter(|b| *b > 0)
             .sum()
     }
@@ -292,29 +278,18 @@ impl JetStream {
 
     /// Bytes used by memory and by file streams.
     pub fn usage(&self) -> (u64, u64) {
-        let mut mem = 0;
-        let mut file = 0;
-        for s in self.streams() {
-            let b = s.bytes.load(Ordering::Relaxed);
-            match s.storage {
-                StorageType::Memory => mem += b,
-                StorageType::File => file += b,
-            }
-        }
-        (mem, file)
+        let u = self.registry.usage(&self.account.name);
+        (u.bytes(StorageType::Memory), u.bytes(StorageType::File))
     }
 
-    /// Closes every store (saving indexes for a fast restart).
+    /// After every task ended: the consumers' state is written and synced. (Each stream's
+    /// actor closed its store, and saved its sources' positions, as it ended.)
     pub fn shutdown(&self) {
         for s in self.streams() {
             s.save_source_positions(true);
             s.stop_sourcing();
             for c in self.consumers_of(&s.name) {
                 c.flush_state();
-            }
-            let mut inner = s.lock();
-            if let Err(e) = inner.store.sync().and_then(|_| inner.store.close()) {
-                crate::error!(self.log, "Stream {}: error closing store: {e}", s.name);
             }
         }
     }
@@ -368,35 +343,17 @@ async fn registry_loop(
     }
 }
 
-/// Expires messages by age on a timer and, in lazy sync mode, syncs on the interval.
+/// Ticks every stream's actor: expiry, the sync interval, saving source positions.
 async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
     let mut shutdown = server.shutdown_rx();
     let tick = Duration::from_millis(100);
-    let mut last_sync = std::time::Instant::now();
-    let mut router = Router::new(js.account.clone(), 0x4d41);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
             _ = crate::client::until_true(&mut shutdown) => return,
         }
-        let now = now_nanos();
         for s in js.streams() {
-            s.run_expiry(&server, &mut router, now);
-            s.save_source_positions(false);
-            let mut inner = s.lock();
-            if inner.store.needs_sync() {
-                // Damage a read found is recorded durably (the loss is reported however the
-                // server stops next).
-                let _ = tokio::task::block_in_place(|| inner.store.sync());
-            }
-        }
-        if let Some(iv) = js.sync_interval {
-            if last_sync.elapsed() >= iv {
-                last_sync = std::time::Instant::now();
-                for s in js.streams() {
-                    tokio::task::block_in_place(|| s.sync());
-                }
-            }
+            s.tick();
         }
     }
 }
@@ -496,11 +453,11 @@ async fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut 
         ["INFO"] => ("account_info", Ok(account_info(js))),
         ["STREAM", "CREATE", name] => (
             "stream_create",
-            stream_create(js, server, router, name, body),
+            stream_create(js, server, router, name, body).await,
         ),
         ["STREAM", "UPDATE", name] => (
             "stream_update",
-            stream_update(js, server, router, name, body),
+            stream_update(js, server, router, name, body).await,
         ),
         ["STREAM", "INFO", name] => ("stream_info", stream_info(js, name, body)),
         ["STREAM", "NAMES"] => ("stream_names", stream_names(js, body)),
@@ -512,9 +469,11 @@ async fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut 
                 Err(e) => Err(e),
             },
         ),
-        ["STREAM", "PURGE", name] => ("stream_purge", stream_purge(js, name, body)),
+        ["STREAM", "PURGE", name] => ("stream_purge", stream_purge(js, name, body).await),
         ["STREAM", "MSG", "GET", name] => ("stream_msg_get", msg_get(js, name, body)),
-        ["STREAM", "MSG", "DELETE", name] => ("stream_msg_delete", msg_delete(js, name, body)),
+        ["STREAM", "MSG", "DELETE", name] => {
+            ("stream_msg_delete", msg_delete(js, name, body).await)
+        }
         ["CONSUMER", "CREATE", stream] => (
             "consumer_create",
             consumer_create(js, server, router, stream, None, None, body),
@@ -665,13 +624,16 @@ fn stream_fields(
     subjects_filter: Option<&str>,
     deleted_details: bool,
 ) -> Fields {
-    let inner = s.lock();
-    let state = inner.store.state();
-    let subjects = subjects_filter.map(|f| inner.store.subjects(f));
-    let deleted = deleted_details.then(|| inner.store.deleted());
+    let (state, subjects, deleted) = {
+        let store = s.read();
+        (
+            store.state(),
+            subjects_filter.map(|f| store.subjects(f)),
+            deleted_details.then(|| store.deleted()),
+        )
+    };
     let mut f = Fields::new();
-    f.insert("config".into(), inner.config.to_json(dynamic_meta));
-    drop(inner);
+    f.insert("config".into(), s.config().to_json(dynamic_meta));
     f.insert("created".into(), rfc3339(s.created).into());
     f.insert(
         "state".into(),
@@ -765,7 +727,7 @@ fn check_resources(
     Ok(())
 }
 
-fn stream_create(
+async fn stream_create(
     js: &Arc<JetStream>,
     server: &Arc<Server>,
     router: &mut Router,
@@ -780,7 +742,7 @@ fn stream_create(
     }
     sourcing::check_with_streams(js, &mut cfg)?;
     if let Some(existing) = js.stream(name) {
-        let mut current = existing.config();
+        let mut current = (*existing.config()).clone();
         current.metadata.remove(stream::REQ_LEVEL_KEY);
         let mut wanted = cfg.clone();
         wanted.metadata.remove(stream::REQ_LEVEL_KEY);
@@ -805,22 +767,22 @@ fn stream_create(
         return Err(ErrorKind::StreamCreate.with(format!("could not create stream: {e}")));
     }
     let first_seq = meta.config.first_seq;
-    let s = Stream::open(
-        server,
-        &js.account,
-        &dir,
-        meta,
-        js.sync_interval.is_none(),
-        &js.meta,
-    )
-    .map_err(|e| ErrorKind::StreamCreate.with(e))?;
+    let s = Stream::open(server, &js.account, &dir, meta, &js.settings())
+        .map_err(|e| ErrorKind::StreamCreate.with(e))?;
     if first_seq > 1 {
-        let mut inner = s.lock();
-        inner
-            .store
-            .skip_to(first_seq)
-            .and_then(|_| inner.store.sync())
-            .map_err(|e| ErrorKind::StreamCreate.with(format!("could not create stream: {e}")))?;
+        let r = s
+            .ask(|reply| stream::Command::SkipTo {
+                next: first_seq,
+                reply,
+            })
+            .await
+            .unwrap_or_else(|| Err(ErrorKind::StreamNotFound.err()));
+        if let Err(e) = r {
+            // Not listed: it goes again, with what it wrote.
+            s.destroy().await;
+            let _ = js.meta.remove_dir_all(&dir);
+            return Err(e);
+        }
     }
     js.registry.insert_stream(&js.account.name, s.clone());
     advisory::stream_action(server, router, name, advisory::Action::Create);
@@ -829,7 +791,7 @@ fn stream_create(
     Ok(f)
 }
 
-fn stream_update(
+async fn stream_update(
     js: &Arc<JetStream>,
     server: &Arc<Server>,
     router: &mut Router,
@@ -851,24 +813,13 @@ fn stream_update(
     check_consumer_limits(js, &s, &old, &cfg)?;
     check_overlap(js, &cfg)?;
     check_resources(js, &cfg, Some(name))?;
-    {
-        let mut inner = s.lock();
-        inner
-            .store
-            .set_limits(cfg.limits())
-            .map_err(|e| ErrorKind::UpdateFailed.with(e.to_string()))?;
-        inner.config = cfg.clone();
-        inner.compile();
-        s.refresh_bytes(&inner);
-    }
-    if old.subjects != cfg.subjects {
-        s.subscribe();
-    }
-    if old.mirror != cfg.mirror || old.sources != cfg.sources {
-        s.restart_sourcing(server);
-    }
-    s.persist_meta()
-        .map_err(|e| ErrorKind::UpdateFailed.with(format!("could not save stream config: {e}")))?;
+    // The actor writes the config first and only then makes it live.
+    s.ask(|reply| stream::Command::Update {
+        cfg: Box::new(cfg),
+        reply,
+    })
+    .await
+    .unwrap_or_else(|| Err(ErrorKind::StreamNotFound.err()))?;
     advisory::stream_action(server, router, name, advisory::Action::Update);
     Ok(stream_fields(&s, true, None, None, false))
 }
@@ -1018,6 +969,8 @@ async fn stream_delete(
         .registry
         .remove_stream(&js.account.name, name)
         .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    // Its actor keeps taking commands while the stream is torn down.
+    let tx = s.commands();
     s.stop_sourcing();
     s.unsubscribe();
     // Its consumers go with it: subscriptions removed, tasks ended (waited for), waiting
@@ -1036,17 +989,9 @@ async fn stream_delete(
     for r in consumers {
         r.join().await;
     }
-    {
-        let mut inner = s.lock();
-        // Replace the store so the old one can be destroyed by value.
-        let store = std::mem::replace(
-            &mut inner.store,
-            Box::new(keel_store::mem::MemStore::new(Default::default())),
-        );
-        if let Err(e) = store.destroy() {
-            crate::error!(server.log, "Stream {name}: could not remove its data: {e}");
-        }
-    }
+    // Then the stream: its actor destroys the store and ends.
+    s.destroy().await;
+    drop(tx);
     if let Err(e) = js.meta.remove_dir_all(&s.dir) {
         crate::error!(
             server.log,
@@ -1068,36 +1013,20 @@ struct PurgeRequest {
     keep: Option<u64>,
 }
 
-fn stream_purge(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
+async fn stream_purge(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
     let req: PurgeRequest = parse_request(body, &schema::STREAM_PURGE, js.strict)?;
     let s = js
         .stream(name)
         .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
-    let mut inner = s.lock();
-    if inner.config.sealed {
-        return Err(ErrorKind::Sealed.err());
-    }
-    if inner.config.deny_purge {
-        return Err(ErrorKind::PurgeFailed.with("stream purge not permitted"));
-    }
-    if req.seq.is_some() && req.keep.is_some() {
-        return Err(ErrorKind::BadRequest.err());
-    }
-    if let Some(f) = &req.filter {
-        if !f.is_empty() && !keel_protocol::subject::valid_subscribe(f.as_bytes()) {
-            return Err(ErrorKind::PurgeFailed.with("invalid subject filter"));
-        }
-    }
-    let purged = inner
-        .store
-        .purge(&Purge {
-            filter: req.filter.filter(|f| !f.is_empty()),
-            seq: req.seq,
-            keep: req.keep,
-        })
-        .map_err(|e| ErrorKind::PurgeFailed.with(e.to_string()))?;
-    let _ = inner.store.sync();
-    s.refresh_bytes(&inner);
+    let req = Purge {
+        filter: req.filter,
+        seq: req.seq,
+        keep: req.keep,
+    };
+    let purged = s
+        .ask(|reply| stream::Command::Purge { req, reply })
+        .await
+        .unwrap_or_else(|| Err(ErrorKind::StreamNotFound.err()))?;
     let mut f = Fields::new();
     f.insert("success".into(), true.into());
     f.insert("purged".into(), purged.into());
@@ -1113,13 +1042,13 @@ struct MsgGetRequest {
 }
 
 fn load_for_get(
-    inner: &stream::StreamInner,
+    store: &dyn keel_store::Store,
     req: &MsgGetRequest,
 ) -> Result<keel_store::StoredMsg, StoreError> {
     match (req.seq, &req.last_by_subj, &req.next_by_subj) {
-        (Some(seq), None, None) => inner.store.load(seq),
-        (seq, None, Some(subj)) => inner.store.load_next(seq.unwrap_or(0).max(1), subj),
-        (None, Some(subj), None) => inner.store.load_last(subj),
+        (Some(seq), None, None) => store.load(seq),
+        (seq, None, Some(subj)) => store.load_next(seq.unwrap_or(0).max(1), subj),
+        (None, Some(subj), None) => store.load_last(subj),
         _ => Err(StoreError::NotFound),
     }
 }
@@ -1140,10 +1069,7 @@ fn msg_get(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> 
     if !valid {
         return Err(ErrorKind::BadRequest.err());
     }
-    let msg = {
-        let inner = s.lock();
-        load_for_get(&inner, &req).map_err(|_| ErrorKind::NoMessageFound.err())?
-    };
+    let msg = load_for_get(&*s.read(), &req).map_err(|_| ErrorKind::NoMessageFound.err())?;
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut m = Map::new();
     m.insert(
@@ -1170,27 +1096,18 @@ struct MsgDeleteRequest {
     no_erase: bool,
 }
 
-fn msg_delete(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
+async fn msg_delete(js: &JetStream, name: &str, body: &[u8]) -> Result<Fields, ApiError> {
     let req: MsgDeleteRequest = parse_request(body, &schema::MSG_DELETE, js.strict)?;
     let s = js
         .stream(name)
         .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
-    let mut inner = s.lock();
-    if inner.config.sealed {
-        return Err(ErrorKind::Sealed.err());
-    }
-    if inner.config.deny_delete {
-        return Err(ErrorKind::MsgDeleteFailed.with("message delete not permitted"));
-    }
-    let removed = inner
-        .store
-        .remove(req.seq, !req.no_erase)
-        .map_err(|e| ErrorKind::MsgDeleteFailed.with(e.to_string()))?;
-    if !removed {
-        return Err(ErrorKind::SequenceNotFound.with(req.seq));
-    }
-    let _ = inner.store.sync();
-    s.refresh_bytes(&inner);
+    s.ask(|reply| stream::Command::DeleteMsg {
+        seq: req.seq,
+        erase: !req.no_erase,
+        reply,
+    })
+    .await
+    .unwrap_or_else(|| Err(ErrorKind::StreamNotFound.err()))?;
     let mut f = Fields::new();
     f.insert("success".into(), true.into());
     Ok(f)
@@ -1212,7 +1129,7 @@ fn direct_get(
     // A caught-up mirror with mirror_direct answers for its origin when the origin cannot.
     let s = js
         .stream(name)
-        .filter(|s| s.lock().config.allow_direct)
+        .filter(|s| s.config().allow_direct)
         .or_else(|| {
             js.streams()
                 .into_iter()
@@ -1255,10 +1172,7 @@ fn direct_get(
             }
         },
     };
-    let msg = {
-        let inner = s.lock();
-        load_for_get(&inner, &req)
-    };
+    let msg = load_for_get(&*s.read(), &req);
     let Ok(msg) = msg else {
         reply_headers(
             server,
@@ -1319,26 +1233,12 @@ impl JetStream {
             }
         }
         if stream.retention() == stream::Retention::Interest {
-            release_interest(stream);
+            // What no remaining consumer needs goes (the stream's actor decides).
+            if let Some(tx) = stream.commands() {
+                let _ = tx.send(stream::Command::ReleaseInterest).await;
+            }
         }
         true
-    }
-}
-
-/// Interest retention after a consumer left: messages that no remaining consumer still
-/// needs go, as with the reference. A rare admin operation, so a scan is fine.
-fn release_interest(stream: &Stream) {
-    let consumers = stream.consumers.views();
-    let mut seq = stream.state().first_seq.max(1);
-    loop {
-        let next = stream.lock().store.load_next(seq, ">");
-        let Ok(m) = next else { break };
-        seq = m.seq + 1;
-        if consumers.iter().all(|c| c.is_done_with(m.seq, &m.subject)) {
-            let mut inner = stream.lock();
-            let _ = inner.store.remove(m.seq, false);
-            stream.refresh_bytes(&inner);
-        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! takes the origin's lock only to read the next messages past its position (filtered),
 //! releases it, decides what the target stores (the subject transformed, the reference's
 //! `Nats-Stream-Source` header for a source; the origin's sequence and time for a mirror) and
-//! hands the batch to the target's writer through a bounded queue, then waits for the
+//! hands the batch to the target's actor (its only writer) through a bounded queue, then waits for the
 //! commit. No stream lock is ever taken inside another stream's lock; the origin wakes its
 //! readers with a watch of its last committed sequence.
 //!
@@ -332,7 +332,7 @@ fn lookup(js: &JetStream, cfg: &StreamConfig, name: &str) -> Option<StreamConfig
     if name == cfg.name {
         return Some(cfg.clone());
     }
-    js.stream(name).map(|s| s.config())
+    js.stream(name).map(|s| (*s.config()).clone())
 }
 
 /// Creation-time filter checks (the reference makes them when it adds the stream, with its
@@ -529,6 +529,7 @@ pub fn start(
     cfg: &StreamConfig,
     gen: u64,
     previous: &Positions,
+    tx: &tokio::sync::mpsc::Sender<SourcedBatch>,
 ) -> Option<(Sourcing, HashMap<String, String>)> {
     if cfg.mirror.is_none() && cfg.sources.is_empty() {
         return None;
@@ -583,6 +584,7 @@ pub fn start(
                 None,
                 gen,
                 stop_rx.clone(),
+                tx.clone(),
             ),
         );
     }
@@ -597,6 +599,7 @@ pub fn start(
                 idents.get(&s.iname).cloned(),
                 gen,
                 stop_rx.clone(),
+                tx.clone(),
             ),
         );
     }
@@ -630,12 +633,12 @@ fn scan_positions(target: &Stream, sources: &[Arc<SourceState>]) -> HashMap<Stri
     if sources.is_empty() {
         return found;
     }
-    let inner = target.lock();
-    let st = inner.store.state();
+    let store = target.read();
+    let st = store.state();
     let mut seq = st.last_seq;
     while seq >= st.first_seq.max(1) && found.len() < sources.len() {
-        if let Some((_, true)) = inner.store.peek(seq) {
-            if let Ok(m) = inner.store.load(seq) {
+        if let Some((_, true)) = store.peek(seq) {
+            if let Ok(m) = store.load(seq) {
                 if let Some(v) = keel_protocol::headers::get_str(&m.hdr, "Nats-Stream-Source") {
                     if let Some((iname, s, ident)) = parse_source_header(v) {
                         found.entry(iname).or_insert((s, ident));
@@ -736,6 +739,7 @@ fn spawn_until_shutdown(
     });
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run(
     server: Arc<Server>,
     target: std::sync::Weak<Stream>,
@@ -744,6 +748,7 @@ async fn run(
     mut ident: Option<String>,
     gen: u64,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    tx: tokio::sync::mpsc::Sender<SourcedBatch>,
 ) {
     let filters = state.cfg.filters();
     let transforms = state.cfg.transforms();
@@ -827,11 +832,9 @@ async fn run(
                     gen,
                 };
                 drop(t);
-                let Some(t) = target.upgrade() else { return };
-                if t.sourced_queue().send(batch).await.is_err() {
+                if tx.send(batch).await.is_err() {
                     return;
                 }
-                drop(t);
                 let Ok(taken) = rx.await else { return };
                 let mut refused = false;
                 for (seq, r) in last_seqs.iter().zip(taken.iter()) {
@@ -902,26 +905,26 @@ fn read_batch(
     transforms: &[Transform],
     ident: &str,
 ) -> (Vec<(u64, SourcedMsg)>, u64) {
-    let inner = origin.lock();
-    let st = inner.store.state();
+    let store = origin.read();
+    let st = store.state();
     // The first read of a fresh target honours opt_start_seq / opt_start_time.
     let mut next = start + 1;
     if start == 0 {
         if state.cfg.opt_start_seq > 0 {
             next = state.cfg.opt_start_seq;
         } else if let Some(t) = state.cfg.start_time() {
-            next = first_at_or_after(&*inner.store, st.first_seq.max(1), st.last_seq, t);
+            next = first_at_or_after(&*store, st.first_seq.max(1), st.last_seq, t);
         }
     }
     let mut out = vec![];
     let mut bytes = 0;
     while out.len() < BATCH_MSGS && bytes < BATCH_BYTES && next <= st.last_seq {
         let m = if filters.is_empty() {
-            inner.store.load_next(next, ">")
+            store.load_next(next, ">")
         } else {
             filters
                 .iter()
-                .filter_map(|f| inner.store.load_next(next, f).ok())
+                .filter_map(|f| store.load_next(next, f).ok())
                 .min_by_key(|m| m.seq)
                 .ok_or(keel_store::StoreError::NotFound)
         };
@@ -948,11 +951,11 @@ fn read_batch(
     }
     let pending_from = next.max(start + 1);
     let lag = if filters.is_empty() {
-        inner.store.num_pending(pending_from, ">", false)
+        store.num_pending(pending_from, ">", false)
     } else {
         filters
             .iter()
-            .map(|f| inner.store.num_pending(pending_from, f, false))
+            .map(|f| store.num_pending(pending_from, f, false))
             .sum()
     };
     (out, lag)
