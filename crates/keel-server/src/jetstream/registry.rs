@@ -12,13 +12,19 @@
 //! other accounts (with their limits next to [`JsUsage`]).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::task::JoinHandle;
 
+use super::api::{ApiError, ErrorKind};
 use super::consumer::{self, Consumer};
-use super::stream::{StorageType, Stream};
+use super::stream::{self, StorageType, Stream, StreamConfig, StreamMeta};
+use super::{advisory, JetStream};
+use crate::router::Router;
+use crate::server::Server;
+use crate::time::now_nanos;
 
 /// Bytes an account's streams hold, per storage type, kept up to date by the streams
 /// themselves (each adds the change of its own size), so the store budget and account info
@@ -316,5 +322,299 @@ impl Registry {
             consumer: c.consumer,
             task: c.task,
         })
+    }
+}
+
+// ---- lifecycle ------------------------------------------------------------------------
+
+/// Recovers every stream found in the JetStream's directory, and their durable consumers.
+/// Damage never deletes a stream: a directory that cannot be read stays for an operator.
+pub fn recover(js: &JetStream, server: &Arc<Server>) -> Result<(), String> {
+    let entries = std::fs::read_dir(&js.streams_dir)
+        .map_err(|e| format!("cannot read {}: {e}", js.streams_dir.display()))?;
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let meta = match stream::read_meta(&js.meta, &dir, &server.log) {
+            Ok(m) => m,
+            Err(e) => {
+                crate::error!(
+                    server.log,
+                    "Skipping stream directory {}: {e}",
+                    dir.display()
+                );
+                continue;
+            }
+        };
+        let name = meta.config.name.clone();
+        if meta.config.storage == StorageType::Memory {
+            // Memory streams do not outlive the process, as with the reference.
+            let _ = std::fs::remove_dir_all(&dir);
+            continue;
+        }
+        match Stream::open(server, &js.account, &dir, meta, &js.settings()) {
+            Ok(s) => {
+                let st = s.state();
+                crate::info!(
+                    server.log,
+                    "  Restored stream {name}: {} messages, {} bytes, seq {}..{}",
+                    st.msgs,
+                    st.bytes,
+                    st.first_seq,
+                    st.last_seq
+                );
+                js.registry.insert_stream(&js.account.name, s.clone());
+                recover_consumers(js, server, &s);
+                s.start_sources();
+            }
+            Err(e) => crate::error!(server.log, "Could not restore stream {name}: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// Restarts the durable consumers saved under a recovered stream's directory.
+fn recover_consumers(js: &JetStream, server: &Arc<Server>, stream: &Arc<Stream>) {
+    let dir = stream.dir.join("consumers");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let cdir = e.path();
+        match consumer::read_meta(&js.meta, &cdir, &server.log) {
+            Ok(meta) => {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let (c, task) = Consumer::start(
+                    server,
+                    stream,
+                    name,
+                    meta,
+                    Some(cdir),
+                    js.registry.requests(),
+                );
+                js.registry
+                    .insert_consumer(&js.account.name, &stream.name, c, task);
+            }
+            Err(_) if stream::leftover(&cdir) => {
+                // An interrupted create (an older Keel left these on a full disk).
+                crate::warn!(
+                    server.log,
+                    "Removing {}: a consumer directory with no config in it",
+                    cdir.display()
+                );
+                let _ = js.meta.remove_dir_all(&cdir);
+            }
+            Err(err) => {
+                crate::error!(server.log, "Skipping consumer in {}: {err}", cdir.display())
+            }
+        }
+    }
+}
+
+/// Creates a stream from a checked config: the config is written first (a create that
+/// fails, on a full disk say, leaves nothing behind), then the store is opened and its actor
+/// started, its first sequence set, and only then is it listed. Its sources start reading
+/// at `start_sources` (once the caller has shown the stream as created).
+pub async fn create_stream(
+    js: &Arc<JetStream>,
+    server: &Arc<Server>,
+    cfg: StreamConfig,
+) -> Result<Arc<Stream>, ApiError> {
+    let name = cfg.name.clone();
+    let dir = js.streams_dir.join(&name);
+    let meta = StreamMeta {
+        config: cfg,
+        created: now_nanos(),
+    };
+    if let Err(e) = stream::write_meta(&js.meta, &dir, &meta) {
+        let _ = js.meta.remove_dir_all(&dir);
+        return Err(ErrorKind::StreamCreate.with(format!("could not create stream: {e}")));
+    }
+    let first_seq = meta.config.first_seq;
+    let s = Stream::open(server, &js.account, &dir, meta, &js.settings())
+        .map_err(|e| ErrorKind::StreamCreate.with(e))?;
+    if first_seq > 1 {
+        let r = s
+            .ask(|reply| stream::Command::SkipTo {
+                next: first_seq,
+                reply,
+            })
+            .await
+            .unwrap_or_else(|| Err(ErrorKind::StreamNotFound.err()));
+        if let Err(e) = r {
+            s.destroy().await;
+            let _ = js.meta.remove_dir_all(&dir);
+            return Err(e);
+        }
+    }
+    if !js.registry.insert_stream(&js.account.name, s.clone()) {
+        s.destroy().await;
+        return Err(ErrorKind::StreamNameInUse.err());
+    }
+    Ok(s)
+}
+
+/// Updates a stream with a checked config: its actor writes the config first and only then
+/// makes it live (limits, subjects, sources); a failed write keeps the old one.
+pub async fn update_stream(s: &Stream, cfg: StreamConfig) -> Result<(), ApiError> {
+    s.ask(|reply| stream::Command::Update {
+        cfg: Box::new(cfg),
+        reply,
+    })
+    .await
+    .unwrap_or_else(|| Err(ErrorKind::StreamNotFound.err()))
+}
+
+/// Deletes a stream: unlisted, its sources stopped, each consumer stopped (waiting pulls
+/// told `409 Consumer Deleted`, as the reference) and its task waited for, then the actor
+/// destroys the store and ends, and the directory goes.
+pub async fn delete_stream(
+    js: &JetStream,
+    server: &Server,
+    router: &mut Router,
+    name: &str,
+) -> Result<(), ApiError> {
+    let (s, consumers) = js
+        .registry
+        .remove_stream(&js.account.name, name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    // The actor keeps taking commands while the stream is torn down.
+    let tx = s.commands();
+    s.stop_sourcing();
+    s.unsubscribe();
+    for r in &consumers {
+        r.consumer.stop(server, router);
+        advisory::consumer_action(
+            server,
+            router,
+            name,
+            &r.consumer.name,
+            advisory::Action::Delete,
+        );
+    }
+    for r in consumers {
+        r.join().await;
+    }
+    s.destroy().await;
+    drop(tx);
+    if let Err(e) = js.meta.remove_dir_all(&s.dir) {
+        crate::error!(
+            server.log,
+            "Stream {name}: could not remove {}: {e}",
+            s.dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Starts a consumer from a checked config and lists it; its config is written before it
+/// is listed (a create that fails leaves nothing behind).
+pub fn create_consumer(
+    js: &JetStream,
+    server: &Arc<Server>,
+    router: &mut Router,
+    s: &Arc<Stream>,
+    name: String,
+    meta: consumer::ConsumerMeta,
+    dir: Option<PathBuf>,
+) -> Result<Arc<Consumer>, ApiError> {
+    let cdir = dir.clone();
+    let (c, task) = Consumer::start(server, s, name, meta, dir, js.registry.requests());
+    if let Err(e) = c.persist_meta() {
+        c.stop(server, router);
+        drop(task);
+        if let Some(d) = cdir {
+            if let Err(e) = js.meta.remove_dir_all(&d) {
+                crate::error!(
+                    server.log,
+                    "Could not remove consumer data {}: {e}",
+                    d.display()
+                );
+            }
+        }
+        return Err(ErrorKind::ConsumerStore.with(e));
+    }
+    if !js
+        .registry
+        .insert_consumer(&js.account.name, &s.name, c.clone(), task)
+    {
+        c.stop(server, router);
+        return Err(ErrorKind::StreamNotFound.err());
+    }
+    Ok(c)
+}
+
+/// Removes a consumer (with `created`, only that incarnation): stops it, waits for its
+/// task, deletes its saved state; on an interest stream, what no remaining consumer needs
+/// goes. False when there is no such consumer.
+pub async fn delete_consumer(
+    js: &JetStream,
+    server: &Server,
+    router: &mut Router,
+    stream: &Stream,
+    name: &str,
+    created: Option<i64>,
+) -> bool {
+    let Some(r) = js
+        .registry
+        .remove_consumer(&js.account.name, &stream.name, name, created)
+    else {
+        return false;
+    };
+    r.consumer.stop(server, router);
+    advisory::consumer_action(server, router, &stream.name, name, advisory::Action::Delete);
+    r.join().await;
+    let dir = stream.dir.join("consumers").join(name);
+    if dir.exists() {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            crate::error!(
+                server.log,
+                "Could not remove consumer data {}: {e}",
+                dir.display()
+            );
+        }
+    }
+    if stream.retention() == stream::Retention::Interest {
+        if let Some(tx) = stream.commands() {
+            let _ = tx.send(stream::Command::ReleaseInterest).await;
+        }
+    }
+    true
+}
+
+/// The registry's task: what consumers ask of it (their removal once inactive).
+pub async fn run(
+    js: Arc<JetStream>,
+    server: Arc<Server>,
+    mut rx: tokio::sync::mpsc::Receiver<Request>,
+) {
+    let mut router = Router::new(js.account.clone(), 0x5247);
+    let mut shutdown = server.shutdown_rx();
+    loop {
+        let req = tokio::select! {
+            r = rx.recv() => match r {
+                Some(r) => r,
+                None => return,
+            },
+            _ = crate::client::until_true(&mut shutdown) => return,
+        };
+        match req {
+            Request::DeleteConsumer {
+                account,
+                stream,
+                name,
+                created,
+            } => {
+                if account != js.account.name {
+                    continue;
+                }
+                if let Some(s) = js.stream(&stream) {
+                    delete_consumer(&js, &server, &mut router, &s, &name, Some(created)).await;
+                }
+            }
+        }
+        router.flush();
     }
 }

@@ -436,6 +436,9 @@ pub struct Sourcing {
     mirror: Option<Arc<SourceState>>,
     sources: Vec<Arc<SourceState>>,
     stop: tokio::sync::watch::Sender<bool>,
+    /// The tasks wait for this before their first read (a new stream's create response
+    /// shows its sources before they first contact their origin, as the reference's).
+    go: tokio::sync::watch::Sender<bool>,
 }
 
 impl Sourcing {
@@ -463,6 +466,11 @@ impl Sourcing {
 
     pub fn stop(&self) {
         let _ = self.stop.send(true);
+    }
+
+    /// Lets the tasks start reading their origins.
+    pub fn go(&self) {
+        let _ = self.go.send(true);
     }
 }
 
@@ -535,6 +543,7 @@ pub fn start(
         return None;
     }
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let (go, go_rx) = tokio::sync::watch::channel(false);
     let mirror = cfg.mirror.clone().map(|m| Arc::new(SourceState::new(m)));
     let sources: Vec<Arc<SourceState>> = cfg
         .sources
@@ -583,7 +592,7 @@ pub fn start(
                 true,
                 None,
                 gen,
-                stop_rx.clone(),
+                (stop_rx.clone(), go_rx.clone()),
                 tx.clone(),
             ),
         );
@@ -598,7 +607,7 @@ pub fn start(
                 false,
                 idents.get(&s.iname).cloned(),
                 gen,
-                stop_rx.clone(),
+                (stop_rx.clone(), go_rx.clone()),
                 tx.clone(),
             ),
         );
@@ -608,6 +617,7 @@ pub fn start(
             mirror,
             sources,
             stop,
+            go,
         },
         idents,
     ))
@@ -747,9 +757,20 @@ async fn run(
     mirror: bool,
     mut ident: Option<String>,
     gen: u64,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    (mut stop, mut go): (
+        tokio::sync::watch::Receiver<bool>,
+        tokio::sync::watch::Receiver<bool>,
+    ),
     tx: tokio::sync::mpsc::Sender<SourcedBatch>,
 ) {
+    while !*go.borrow_and_update() {
+        tokio::select! {
+            r = go.changed() => if r.is_err() {
+                return;
+            },
+            _ = stop.changed() => return,
+        }
+    }
     let filters = state.cfg.filters();
     let transforms = state.cfg.transforms();
     let mut origin: Option<Arc<Stream>> = None;

@@ -83,7 +83,7 @@ pub fn error_response(kind: &str, e: &ApiError, extra: &[(&str, Value)]) -> Vec<
 }
 
 /// Compact JSON with `<`, `>` and `&` escaped as the reference's encoder does.
-pub fn to_bytes(v: &Value) -> Vec<u8> {
+pub fn to_bytes<T: serde::Serialize + ?Sized>(v: &T) -> Vec<u8> {
     let s = serde_json::to_string(v).expect("JSON values serialize");
     let mut out = String::with_capacity(s.len() + 8);
     for c in s.chars() {

@@ -3,10 +3,10 @@
 //! detail goes, as the reference's `{err}` and `{seq}` placeholders do). Nothing else in
 //! JetStream writes an error code: an [`ApiError`] is only made from an [`ErrorKind`].
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// An API error as the reference reports it: HTTP-like `code`, NATS `err_code`, text.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ApiError {
     pub code: u16,
     pub err_code: u32,
@@ -15,11 +15,7 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn to_json(&self) -> Value {
-        let mut m = Map::new();
-        m.insert("code".into(), self.code.into());
-        m.insert("err_code".into(), self.err_code.into());
-        m.insert("description".into(), self.description.clone().into());
-        Value::Object(m)
+        serde_json::to_value(self).expect("errors serialize")
     }
 
     /// A feature Keel refuses rather than ignores (an invalid-config error naming it).

@@ -594,7 +594,7 @@ impl<R: Replicator> Actor<R> {
                 if r.is_ok() && (old.mirror != cfg.mirror || old.sources != cfg.sources) {
                     self.core
                         .stream
-                        .restart_sourcing(&self.core.server, sourced_tx);
+                        .restart_sourcing(&self.core.server, sourced_tx, true);
                 }
                 let _ = reply.send(r);
             }

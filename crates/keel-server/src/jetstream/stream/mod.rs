@@ -166,8 +166,9 @@ impl Stream {
             sourcing_gen: AtomicU64::new(0),
         });
         stream.subscribe();
-        // Before the actor runs, so the first batches are of this generation.
-        stream.restart_sourcing(server, &sourced_tx);
+        // Before the actor runs, so the first batches are of this generation; they read
+        // once the stream is listed (`start_sources`).
+        stream.restart_sourcing(server, &sourced_tx, false);
         let a = actor::Actor::new(
             stream.clone(),
             server.clone(),
@@ -295,7 +296,12 @@ impl Stream {
     /// (Re)starts the sources or mirror for the current config: at open (before the actor
     /// runs) and, by the actor, after an update, so a restart is ordered with the batches
     /// it stores.
-    fn restart_sourcing(self: &Arc<Self>, server: &Arc<Server>, tx: &mpsc::Sender<SourcedBatch>) {
+    fn restart_sourcing(
+        self: &Arc<Self>,
+        server: &Arc<Server>,
+        tx: &mpsc::Sender<SourcedBatch>,
+        go: bool,
+    ) {
         let cfg = self.config();
         let mut slot = self.sourcing.lock().unwrap_or_else(|e| e.into_inner());
         let mut previous = sourcing::Positions::new();
@@ -309,8 +315,23 @@ impl Stream {
         *slot = sourcing::start(server, self, &cfg, gen, &previous, tx).map(|(s, idents)| {
             let mut g = self.source_idents.lock().unwrap_or_else(|e| e.into_inner());
             g.0 = idents;
+            if go {
+                s.go();
+            }
             s
         });
+    }
+
+    /// Lets the sources (or mirror) of a newly opened stream start reading.
+    pub fn start_sources(&self) {
+        if let Some(s) = self
+            .sourcing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            s.go();
+        }
     }
 
     fn sourcing_gen(&self) -> u64 {
