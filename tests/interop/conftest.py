@@ -48,8 +48,10 @@ def server_factory():
     Teardown fails the test if a server process died on its own (crash/panic)."""
     started: list[ServerProcess] = []
 
-    def start(config: dict | None = None, jetstream: bool = False) -> ServerProcess:
-        srv = ServerProcess(config, jetstream=jetstream).start()
+    def start(
+        config: dict | str | None = None, jetstream: bool = False, config_text: str | None = None
+    ) -> ServerProcess:
+        srv = ServerProcess(config, jetstream=jetstream, config_text=config_text).start()
         started.append(srv)
         return srv
 

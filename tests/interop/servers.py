@@ -81,10 +81,18 @@ class ServerProcess:
 
     stdout+stderr go to a temp file (never an undrained pipe)."""
 
-    def __init__(self, config: dict | None = None, jetstream: bool = False):
+    def __init__(
+        self,
+        config: dict | str | None = None,
+        jetstream: bool = False,
+        config_text: str | None = None,
+    ):
         self.binary = server_binary()
         self.kind = server_kind()
-        self.config = dict(config or {})
+        # A dict is rendered as `key: value` lines; a str is a config file's text as is.
+        self.config = config if isinstance(config, str) else dict(config or {})
+        # Config text appended after those lines (blocks such as authorization).
+        self.config_text = config_text or ""
         self.jetstream = jetstream
         self.host = "127.0.0.1"
         self.port = 0
@@ -101,9 +109,10 @@ class ServerProcess:
 
     def args(self) -> list[str]:
         args = [self.binary, "-a", self.host, "-p", str(self.port)]
-        if self.config:
+        if self.config or self.config_text:
             conf = Path(self._dir.name) / "server.conf"
-            conf.write_text(render_config(self.config))
+            text = self.config if isinstance(self.config, str) else render_config(self.config)
+            conf.write_text(text + self.config_text)
             args += ["-c", str(conf)]
         if self.jetstream:
             args += ["-js", "-sd", str(self.store_dir)]
@@ -176,6 +185,21 @@ class ServerProcess:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)  # the port can linger briefly after the old process died
+
+    def reload(self, config_text: str) -> None:
+        """Rewrite the config text and reload it (SIGHUP); waits for the server to say so."""
+        import signal
+
+        self.config_text = config_text
+        conf = Path(self._dir.name) / "server.conf"
+        before = self.log_text(10**9).count("Reloaded server configuration")
+        conf.write_text(render_config(self.config) + self.config_text)
+        self.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + START_TIMEOUT
+        while self.log_text(10**9).count("Reloaded server configuration") <= before:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no reload logged:\n{self.log_text()}")
+            time.sleep(0.01)  # polling the log file for the reload line
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

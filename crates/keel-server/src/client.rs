@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use keel_protocol::{encode, subject, ClientOp, ParseError, Parser};
 use serde::Deserialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
@@ -31,12 +31,22 @@ use crate::sublist::Sub;
 /// The part of a connection other tasks touch: its outbound buffer and subscriptions.
 pub struct ClientHandle {
     pub id: u64,
-    /// Where its subscriptions live and its publishes are routed. Set when the handle is
-    /// made: `$G` for every connection today (issue 13 binds users to their accounts).
-    account: Arc<Account>,
+    /// Where its subscriptions live and its publishes are routed: bound once, at CONNECT
+    /// (to the authenticated user's account; `$G` without accounts). Until then
+    /// `default_account` (in-process clients are bound when made).
+    account: std::sync::OnceLock<Arc<Account>>,
+    default_account: Arc<Account>,
     /// What it may publish, subscribe to and receive; None: everything (see `permissions`).
-    /// Next to `internal`, which every delivery reads too.
-    perms: Option<Arc<dyn Permissions>>,
+    /// Replaced on reload, so behind a lock; `perm_flags` says whether a delivery needs to
+    /// look at all, so a connection without rules costs one load per delivery.
+    perms: std::sync::RwLock<Option<Arc<dyn Permissions>>>,
+    perm_flags: std::sync::atomic::AtomicU8,
+    /// Bumped when `perms` changes: the reader refreshes its copy and publish cache.
+    perms_gen: AtomicU64,
+    /// The nonce its INFO carried (nkey and JWT users sign it).
+    nonce: std::sync::OnceLock<String>,
+    /// The credentials it authenticated with, checked again on reload. Never logged.
+    pub(crate) creds: Mutex<Option<crate::auth::Creds>>,
     out: Mutex<Outbound>,
     wake_writer: Notify,
     /// Stops a write in progress: a slow consumer's socket is not draining.
@@ -105,7 +115,17 @@ pub struct ClientMeta {
     pub lang: String,
     pub version: String,
     pub start: Option<std::time::SystemTime>,
+    /// The TLS session, once its handshake is done (`/connz` `tls_*`, `verify_and_map`).
+    pub tls: Option<Arc<crate::tls::PeerTls>>,
+    /// The authenticated user (a name or a public nkey; empty without auth).
+    pub user: String,
+    /// Whether it sent a CONNECT that was accepted (events are only sent for those).
+    pub connected: bool,
 }
+
+/// `perm_flags` bits.
+const CHECKS_DELIVERY: u8 = 1;
+const TRACKS_REPLIES: u8 = 2;
 
 #[derive(Default)]
 struct Outbound {
@@ -128,6 +148,12 @@ pub enum CloseReason {
     MaxConnections,
     WriteError,
     ReadError,
+    TlsHandshakeError,
+    AuthenticationFailure,
+    AuthenticationTimeout,
+    AuthenticationExpired,
+    MaxAccountConnections,
+    MaxPayload,
 }
 
 impl ClientHandle {
@@ -135,8 +161,13 @@ impl ClientHandle {
         let (closed, _) = watch::channel(false);
         Arc::new(ClientHandle {
             id,
-            account,
-            perms: None,
+            account: std::sync::OnceLock::new(),
+            default_account: account,
+            perms: std::sync::RwLock::new(None),
+            perm_flags: std::sync::atomic::AtomicU8::new(0),
+            perms_gen: AtomicU64::new(0),
+            nonce: std::sync::OnceLock::new(),
+            creds: Mutex::new(None),
             out: Mutex::new(Outbound::default()),
             wake_writer: Notify::new(),
             abort_writer: Notify::new(),
@@ -172,19 +203,74 @@ impl ClientHandle {
             server.log.clone(),
         );
         let mut h = Arc::into_inner(h).expect("fresh handle");
+        let _ = h.account.set(account.clone());
         h.internal = Some(q.clone());
         h.headers.store(true, Ordering::Relaxed);
         (Arc::new(h), Receiver::new(q))
     }
 
     /// The account the client is in.
+    #[inline]
     pub fn account(&self) -> &Arc<Account> {
-        &self.account
+        self.account.get().unwrap_or(&self.default_account)
+    }
+
+    /// Binds the client to `account` (once: false if it already was).
+    pub fn bind_account(&self, account: Arc<Account>) -> bool {
+        self.account.set(account).is_ok()
     }
 
     /// Its permissions; None: it may do anything.
-    pub fn permissions(&self) -> Option<&Arc<dyn Permissions>> {
-        self.perms.as_ref()
+    pub fn permissions(&self) -> Option<Arc<dyn Permissions>> {
+        self.perms.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces its permissions (at CONNECT, and when a reload changes them).
+    pub fn set_permissions(&self, perms: Option<Arc<dyn Permissions>>) {
+        let flags = perms.as_ref().map_or(0, |p| {
+            let subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+            let deliveries =
+                p.checks_delivery() && subs.values().any(|s| p.delivery_check_needed(&s.subject));
+            (if deliveries { CHECKS_DELIVERY } else { 0 })
+                | (if p.tracks_replies() {
+                    TRACKS_REPLIES
+                } else {
+                    0
+                })
+        });
+        *self.perms.write().unwrap_or_else(|e| e.into_inner()) = perms;
+        self.perm_flags.store(flags, Ordering::Release);
+        self.perms_gen.fetch_add(1, Ordering::Release);
+    }
+
+    /// Its permissions as configured (None: no rules, or rules without a configuration).
+    pub fn permissions_opts(&self) -> Option<crate::auth::conf::PermOpts> {
+        self.permissions().and_then(|p| p.opts().cloned())
+    }
+
+    /// A subscription to `subject` is being added: deliveries are checked from now on if it
+    /// could receive what the deny rules forbid (as the reference, only a wildcard
+    /// subscription overlapping a deny rule turns the check on).
+    fn note_subscription(&self, subject: &[u8]) {
+        if self.perm_flags() & CHECKS_DELIVERY != 0 {
+            return;
+        }
+        if let Some(p) = self.permissions() {
+            if p.checks_delivery() && p.delivery_check_needed(subject) {
+                self.perm_flags.fetch_or(CHECKS_DELIVERY, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Whether deliveries to it must ask its permissions (deny rules, tracked replies).
+    #[inline]
+    pub fn perm_flags(&self) -> u8 {
+        self.perm_flags.load(Ordering::Acquire)
+    }
+
+    /// The nonce its INFO carried, if any.
+    pub fn nonce(&self) -> Option<&str> {
+        self.nonce.get().map(String::as_str)
     }
 
     /// The log of the server it belongs to.
@@ -269,7 +355,7 @@ impl ClientHandle {
                 self.id,
                 self.max_pending
             );
-            self.account
+            self.account()
                 .stats
                 .slow_consumers
                 .fetch_add(1, Ordering::Relaxed);
@@ -353,6 +439,8 @@ struct ConnectOpts {
     name: Option<String>,
     lang: Option<String>,
     version: Option<String>,
+    #[serde(flatten)]
+    creds: crate::auth::Creds,
 }
 
 /// Reader-side state of one connection.
@@ -373,16 +461,28 @@ struct Conn {
     rtt_known: bool,
     /// When the outstanding server PING went out, to measure the round trip.
     ping_sent: Option<Instant>,
-    /// The handle's permissions (a copy, read on every publish) and their answers so far.
+    /// The handle's permissions (a copy, read on every publish) and their answers so far,
+    /// as of the handle's `perms_gen`.
     perms: Option<Arc<dyn Permissions>>,
     pub_perms: PublishCache,
+    perms_gen: u64,
+    /// Auth is required and no CONNECT was accepted yet.
+    awaiting_auth: bool,
+    /// Until when it may take to authenticate.
+    auth_deadline: Option<Instant>,
+    /// When its credentials expire (a user JWT): it is then disconnected.
+    expires: Option<Instant>,
+    /// A CONNECT was accepted (later ones change options, not who it is).
+    connected: bool,
+    /// Limits from its user and account (-1: none).
+    max_subs: i64,
+    max_payload: i64,
 }
 
 /// Serves one accepted connection until it closes.
-pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
+pub async fn serve(server: Arc<Server>, mut stream: TcpStream, id: u64) {
     let _ = stream.set_nodelay(true);
     let addr = stream.peer_addr().ok();
-    let (rd, wr) = stream.into_split();
     let handle = ClientHandle::new(
         id,
         server.opts.max_pending,
@@ -394,21 +494,91 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
         meta.addr = addr;
         meta.start = Some(std::time::SystemTime::now());
     }
-    handle.queue_raw(&server.info_line(&handle, addr, false));
-    let writer = tokio::spawn(write_loop(handle.clone(), wr, server.opts.write_deadline));
-
+    if server.auth().nonce {
+        let _ = handle.nonce.set(crate::auth::new_nonce());
+    }
+    let tls = server.opts.tls.clone();
     if !server.register(&handle) {
+        // INFO (unless the client is to start with a TLS handshake), then the error.
         let mut b = BytesMut::new();
+        if !tls.as_ref().is_some_and(|t| t.opts.handshake_first) {
+            b.extend_from_slice(&server.info_line(&handle, addr, false));
+        }
         encode::err(&mut b, "maximum connections exceeded");
-        handle.queue_raw(&b);
+        let _ = tokio::time::timeout(server.opts.write_deadline, stream.write_all(&b)).await;
+        let _ = stream.shutdown().await;
         handle.close(CloseReason::MaxConnections);
         server.closed.record(&handle);
         crate::warn!(server.log, "{id} - Maximum connections exceeded");
-        let _ = writer.await;
         return;
     }
     crate::debug!(server.log, "{id} - Client connection created from {addr:?}");
+    let Some(tls) = tls else {
+        // The plain path: nothing TLS-related on it.
+        handle.queue_raw(&server.info_line(&handle, addr, false));
+        let (rd, wr) = stream.into_split();
+        return run(server, handle, rd, wr).await;
+    };
+    let info = |tls_first: bool| server.info_line_with(&handle, addr, false, tls_first);
+    let opening = crate::tls::Opening {
+        tls: &tls,
+        log: &server.log,
+        id,
+        addr,
+        info: &info,
+        write_deadline: server.opts.write_deadline,
+    };
+    match crate::tls::negotiate(&opening, stream).await {
+        Ok((crate::tls::Opened::Plain(stream), _)) => {
+            let (rd, wr) = stream.into_split();
+            run(server, handle, rd, wr).await
+        }
+        Ok((crate::tls::Opened::Tls(stream), tls_first)) => {
+            let peer = crate::tls::PeerTls::of(stream.get_ref().1, tls_first, tls.opts.map);
+            crate::debug!(
+                server.log,
+                "{}TLS version {}, cipher suite {}",
+                crate::tls::log_prefix(addr, id),
+                peer.version,
+                peer.cipher
+            );
+            handle.meta.lock().unwrap_or_else(|e| e.into_inner()).tls = Some(Arc::new(peer));
+            if tls_first {
+                handle.queue_raw(&info(true));
+            }
+            let (rd, wr) = tokio::io::split(*stream);
+            run(server, handle, rd, wr).await
+        }
+        Err(failed) => {
+            let reason = match failed {
+                crate::tls::Failed::Throttled => CloseReason::MaxConnections,
+                crate::tls::Failed::Write => CloseReason::WriteError,
+                crate::tls::Failed::Handshake => CloseReason::TlsHandshakeError,
+            };
+            crate::debug!(
+                server.log,
+                "{}Client connection closed: {}",
+                crate::tls::log_prefix(addr, id),
+                crate::monitor::reason_text(Some(reason))
+            );
+            handle.close(reason);
+            server.closed.record(&handle);
+            server.unregister(id);
+        }
+    }
+}
 
+/// Runs a registered connection whose INFO is queued (or sent): the writer task, then the
+/// reader until the connection ends. Generic over the stream, so the plain path is
+/// monomorphized on TCP halves and pays nothing for TLS.
+async fn run<R: ConnRead, W: AsyncWrite + Unpin + Send + 'static>(
+    server: Arc<Server>,
+    handle: Arc<ClientHandle>,
+    rd: R,
+    wr: W,
+) {
+    let id = handle.id;
+    let writer = tokio::spawn(write_loop(handle.clone(), wr, server.opts.write_deadline));
     let mut conn = Conn::new(server.clone(), handle.clone());
     let reason = conn.read_loop(rd).await;
     crate::debug!(server.log, "{id} - Client connection closed: {reason:?}");
@@ -417,7 +587,73 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, id: u64) {
     server.closed.record(&handle);
     conn.remove_all_subs();
     server.unregister(id);
+    if conn.connected {
+        let acc = handle.account();
+        acc.conns.fetch_sub(1, Ordering::Relaxed);
+        let st = &acc.stats;
+        let hs = &handle.stats;
+        st.closed_in_msgs
+            .fetch_add(hs.in_msgs.load(Ordering::Relaxed), Ordering::Relaxed);
+        st.closed_in_bytes
+            .fetch_add(hs.in_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+        st.closed_out_msgs
+            .fetch_add(hs.out_msgs.load(Ordering::Relaxed), Ordering::Relaxed);
+        st.closed_out_bytes
+            .fetch_add(hs.out_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+        if let Some(sys) = server.system.get() {
+            sys.client_event(&server, &handle, false);
+        }
+    }
     let _ = writer.await;
+}
+
+/// The read side of a connection: a TCP half, or a TLS stream's.
+pub(crate) trait ConnRead: AsyncRead + Unpin + Send + 'static {
+    /// Waits for input, reserves `want` bytes in `buf` and reads once: `(read, room)`, or
+    /// None when the readiness was stale and nothing was read.
+    fn read_some(
+        &mut self,
+        buf: &mut BytesMut,
+        want: usize,
+    ) -> impl Future<Output = std::io::Result<Option<(usize, usize)>>> + Send;
+}
+
+impl ConnRead for OwnedReadHalf {
+    async fn read_some(
+        &mut self,
+        buf: &mut BytesMut,
+        want: usize,
+    ) -> std::io::Result<Option<(usize, usize)>> {
+        // The buffer is reserved only once the socket is readable: a connection that never
+        // sends anything holds none.
+        self.readable().await?;
+        buf.reserve(want);
+        let room = buf.capacity() - buf.len();
+        // One poll of read_buf rather than try_read_buf: after a short read it knows the
+        // socket is drained and skips the extra read that would only say EAGAIN.
+        let polled = {
+            let mut read = std::pin::pin!(self.read_buf(buf));
+            std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await
+        };
+        match polled {
+            Poll::Pending => Ok(None),
+            Poll::Ready(r) => r.map(|n| Some((n, room))),
+        }
+    }
+}
+
+impl ConnRead for tokio::io::ReadHalf<tokio_rustls::server::TlsStream<TcpStream>> {
+    async fn read_some(
+        &mut self,
+        buf: &mut BytesMut,
+        want: usize,
+    ) -> std::io::Result<Option<(usize, usize)>> {
+        // Decrypted bytes may already wait inside rustls, where socket readiness cannot see
+        // them: read directly.
+        buf.reserve(want);
+        let room = buf.capacity() - buf.len();
+        self.read_buf(buf).await.map(|n| Some((n, room)))
+    }
 }
 
 impl Conn {
@@ -435,14 +671,74 @@ impl Conn {
             last_in: Instant::now(),
             rtt_known: false,
             ping_sent: None,
-            perms: handle.permissions().cloned(),
+            perms: handle.permissions(),
             pub_perms: PublishCache::default(),
+            perms_gen: handle.perms_gen.load(Ordering::Acquire),
+            awaiting_auth: false,
+            auth_deadline: None,
+            expires: None,
+            connected: false,
+            max_subs: -1,
+            max_payload: -1,
             handle,
             server,
         }
+        .with_auth()
     }
 
-    async fn read_loop(&mut self, mut rd: OwnedReadHalf) -> CloseReason {
+    fn with_auth(mut self) -> Conn {
+        let auth = self.server.auth();
+        if auth.required {
+            self.awaiting_auth = true;
+            self.auth_deadline = Some(Instant::now() + auth.timeout);
+        }
+        self
+    }
+
+    /// The next time something must end the connection (the auth timeout, expiry).
+    fn deadline(&self) -> Option<Instant> {
+        let auth = self.auth_deadline.filter(|_| self.awaiting_auth);
+        match (auth, self.expires) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn check_deadlines(&mut self) -> Option<CloseReason> {
+        let now = Instant::now();
+        if self.awaiting_auth && self.auth_deadline.is_some_and(|d| now >= d) {
+            crate::error!(
+                self.server.log,
+                "{} - authentication timeout",
+                self.handle.id
+            );
+            self.server.auth_failures.fetch_add(1, Ordering::Relaxed);
+            self.send_err("Authentication Timeout");
+            return Some(CloseReason::AuthenticationTimeout);
+        }
+        if self.expires.is_some_and(|d| now >= d) {
+            crate::info!(
+                self.server.log,
+                "{} - user authentication expired",
+                self.handle.id
+            );
+            self.send_err("User Authentication Expired");
+            return Some(CloseReason::AuthenticationExpired);
+        }
+        None
+    }
+
+    /// Takes the handle's permissions again if a reload changed them.
+    fn refresh_perms(&mut self) {
+        let gen = self.handle.perms_gen.load(Ordering::Acquire);
+        if gen != self.perms_gen {
+            self.perms_gen = gen;
+            self.perms = self.handle.permissions();
+            self.pub_perms.clear();
+        }
+    }
+
+    async fn read_loop<R: ConnRead>(&mut self, mut rd: R) -> CloseReason {
         // The read size adapts like the reference's: small for idle connections (memory per
         // connection matters), doubling while reads fill it, up to 64 KiB. The buffer is
         // only reserved once the socket is readable (a connection that never sent anything
@@ -461,35 +757,26 @@ impl Conn {
         let mut buf_held = false;
         loop {
             // (A partial message keeps its buffer: no early wake-up for it.)
-            let wake_at = if buf_held && buf.is_empty() {
+            let mut wake_at = if buf_held && buf.is_empty() {
                 next_ping.min(self.last_in + BUF_IDLE)
             } else {
                 next_ping
             };
+            if let Some(d) = self.deadline() {
+                wake_at = wake_at.min(d);
+            }
+            let want = self
+                .parser
+                .wanted()
+                .saturating_sub(buf.len())
+                .max(read_size);
             tokio::select! {
-                r = rd.readable() => {
-                    if r.is_err() {
-                        return CloseReason::ReadError;
-                    }
-                    let want = self
-                        .parser
-                        .wanted()
-                        .saturating_sub(buf.len())
-                        .max(read_size);
-                    buf.reserve(want);
-                    let room = buf.capacity() - buf.len();
-                    // One poll of read_buf rather than try_read_buf: after a short read it
-                    // knows the socket is drained and skips the extra read that would only
-                    // say EAGAIN.
-                    let polled = {
-                        let mut read = std::pin::pin!(rd.read_buf(&mut buf));
-                        std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await
-                    };
-                    let n = match polled {
-                        Poll::Pending => continue, // stale readiness: wait again
-                        Poll::Ready(Ok(0)) => return CloseReason::ClientClosed,
-                        Poll::Ready(Ok(n)) => n,
-                        Poll::Ready(Err(_)) => return CloseReason::ReadError,
+                r = rd.read_some(&mut buf, want) => {
+                    let (n, room) = match r {
+                        Ok(None) => continue, // stale readiness: wait again
+                        Ok(Some((0, _))) => return CloseReason::ClientClosed,
+                        Ok(Some(read)) => read,
+                        Err(_) => return CloseReason::ReadError,
                     };
                     if n == room && read_size < 64 * 1024 {
                         read_size *= 2;
@@ -530,6 +817,10 @@ impl Conn {
                         buf = BytesMut::new();
                         read_size = 512;
                         buf_held = false;
+                    }
+                    if let Some(reason) = self.check_deadlines() {
+                        self.flush_signals();
+                        return reason;
                     }
                     if Instant::now() < next_ping {
                         continue;
@@ -625,6 +916,7 @@ impl Conn {
 
     /// Handles every complete op in `buf`.
     fn process(&mut self, buf: &mut BytesMut) -> Result<(), CloseReason> {
+        self.refresh_perms();
         loop {
             let op = match self.parser.next(buf) {
                 Ok(Some(op)) => op,
@@ -643,6 +935,10 @@ impl Conn {
                     return Err(CloseReason::ProtocolError);
                 }
             };
+            if self.awaiting_auth && !matches!(op, ClientOp::Connect(_)) && !self.no_auth_user() {
+                // The reference: anything but CONNECT first, when auth is required.
+                return Err(self.auth_violation("no CONNECT before other operations".into()));
+            }
             match op {
                 ClientOp::Pub {
                     subject,
@@ -692,6 +988,87 @@ impl Conn {
         }
     }
 
+    /// A failed authentication: the reference's -ERR, logged (never with a secret),
+    /// counted; the connection closes.
+    fn auth_violation(&mut self, why: String) -> CloseReason {
+        crate::error!(
+            self.server.log,
+            "{} - authentication error - {why}",
+            self.handle.id
+        );
+        self.server.auth_failures.fetch_add(1, Ordering::Relaxed);
+        self.send_err("Authorization Violation");
+        CloseReason::AuthenticationFailure
+    }
+
+    /// With a `no_auth_user`, a client may skip CONNECT (telnet demos): it becomes that
+    /// user. False when there is none.
+    fn no_auth_user(&mut self) -> bool {
+        let auth = self.server.auth();
+        match auth.authenticate(&crate::auth::Creds::default(), None) {
+            Ok(a) => self.bind(a, crate::auth::Creds::default()).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// Binds the connection to who it authenticated as: its account (and a router and match
+    /// cache there), permissions and limits; then the connect event.
+    fn bind(
+        &mut self,
+        a: crate::auth::Authed,
+        creds: crate::auth::Creds,
+    ) -> Result<(), CloseReason> {
+        let Some(account) = self.server.accounts.get(&a.account) else {
+            return Err(self.auth_violation(format!("account {:?} is gone", a.account)));
+        };
+        let max_conns = account.config().max_connections;
+        let n = account.conns.fetch_add(1, Ordering::Relaxed) + 1;
+        if max_conns >= 0 && n as i64 > max_conns {
+            account.conns.fetch_sub(1, Ordering::Relaxed);
+            crate::error!(
+                self.server.log,
+                "{} - maximum account active connections exceeded",
+                self.handle.id
+            );
+            self.send_err("maximum account active connections exceeded");
+            return Err(CloseReason::MaxAccountConnections);
+        }
+        account.stats.total_conns.fetch_add(1, Ordering::Relaxed);
+        if !Arc::ptr_eq(self.handle.account(), &account)
+            && !self.handle.bind_account(account.clone())
+        {
+            account.conns.fetch_sub(1, Ordering::Relaxed);
+            return Err(self.auth_violation("account already bound".into()));
+        }
+        let _ = self.handle.bind_account(account.clone());
+        // The new router matches in the account; wake whoever the old one owes first.
+        self.router.flush();
+        self.router = Router::for_client(&self.handle);
+        if self.server.auth().required {
+            self.handle
+                .set_permissions(a.perms.clone().map(|p| p as Arc<dyn Permissions>));
+            self.refresh_perms();
+        }
+        self.expires = a.expires.map(|t| {
+            let left = t
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            Instant::now() + left
+        });
+        let acc_limits = account.config();
+        self.max_subs = min_limit(a.max_subs, acc_limits.max_subs);
+        self.max_payload = min_limit(a.max_payload, acc_limits.max_payload);
+        *self.handle.creds.lock().unwrap_or_else(|e| e.into_inner()) = Some(creds);
+        {
+            let mut meta = self.handle.meta.lock().unwrap_or_else(|e| e.into_inner());
+            meta.user = a.user;
+            meta.connected = true;
+        }
+        self.awaiting_auth = false;
+        self.connected = true;
+        Ok(())
+    }
+
     fn process_connect(&mut self, json: &[u8]) -> Result<(), CloseReason> {
         // Invalid JSON: the reference closes without -ERR.
         let c: ConnectOpts =
@@ -699,6 +1076,40 @@ impl Conn {
         if c.no_responders && !c.headers {
             self.send_err("no responders requires headers support");
             return Err(CloseReason::ProtocolError);
+        }
+        let first = !self.connected;
+        if first {
+            let auth = self.server.auth();
+            let identity = self
+                .handle
+                .meta
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .tls
+                .clone()
+                .filter(|t| t.identity.is_some());
+            let authed = if let (true, Some(t)) = (auth.required, identity) {
+                let id = t.identity.as_ref().expect("filtered");
+                match auth.authenticate_cert(id, &self.server.log) {
+                    Ok(a) => a,
+                    Err(why) => return Err(self.auth_violation(why)),
+                }
+            } else if auth.required {
+                match auth.authenticate(&c.creds, self.handle.nonce()) {
+                    Ok(a) => a,
+                    Err(why) => return Err(self.auth_violation(why)),
+                }
+            } else {
+                crate::auth::Authed {
+                    user: String::new(),
+                    account: crate::account::GLOBAL.into(),
+                    perms: None,
+                    expires: None,
+                    max_subs: -1,
+                    max_payload: -1,
+                }
+            };
+            self.bind(authed, c.creds.clone())?;
         }
         self.verbose = c.verbose;
         self.pedantic = c.pedantic;
@@ -714,6 +1125,11 @@ impl Conn {
             meta.version = c.version.unwrap_or_default();
         }
         self.ok();
+        if first {
+            if let Some(sys) = self.server.system.get() {
+                sys.client_event(&self.server, &self.handle, true);
+            }
+        }
         Ok(())
     }
 
@@ -726,6 +1142,12 @@ impl Conn {
     ) {
         if self.pedantic && !subject::valid_publish(&subject) {
             self.send_err("Invalid Publish Subject");
+            return;
+        }
+        if self.max_payload >= 0 && data.len() as i64 > self.max_payload {
+            // A user's or account's limit below the server's max_payload (JWT limits).
+            self.send_err("Maximum Payload Violation");
+            self.handle.close(CloseReason::MaxPayload);
             return;
         }
         let stats = &self.handle.stats;
@@ -768,6 +1190,16 @@ impl Conn {
         }
         {
             let mut subs = self.handle.subs.lock().unwrap_or_else(|e| e.into_inner());
+            if self.max_subs >= 0 && subs.len() as i64 >= self.max_subs && !subs.contains_key(sid) {
+                drop(subs);
+                crate::error!(
+                    self.server.log,
+                    "{} - maximum subscriptions exceeded",
+                    self.handle.id
+                );
+                self.send_err("maximum subscriptions exceeded");
+                return;
+            }
             // A repeated sid is ignored, as by the reference.
             if !subs.contains_key(sid) {
                 // Copies, so the subscription does not pin a whole read buffer.
@@ -781,7 +1213,11 @@ impl Conn {
                     delivered: AtomicU64::new(0),
                 });
                 subs.insert(sid, sub.clone());
-                self.handle.account.sublist.insert(sub);
+                drop(subs);
+                if self.perms.is_some() {
+                    self.handle.note_subscription(subj);
+                }
+                self.handle.account().sublist.insert(sub);
             }
         }
         self.ok();
@@ -816,7 +1252,36 @@ impl Conn {
             .map(|(_, s)| s)
             .collect();
         for s in subs {
-            self.handle.account.sublist.remove(&s);
+            self.handle.account().sublist.remove(&s);
+        }
+    }
+}
+
+/// The smaller of two limits where -1 (or any negative) means none.
+fn min_limit(a: i64, b: i64) -> i64 {
+    match (a < 0, b < 0) {
+        (true, true) => -1,
+        (true, false) => b,
+        (false, true) => a,
+        (false, false) => a.min(b),
+    }
+}
+
+impl ClientHandle {
+    /// Sends `-ERR '<text>'` and closes (a reload that revokes the client's access).
+    pub fn send_err_and_close(&self, text: &str, reason: CloseReason) {
+        let mut b = BytesMut::with_capacity(text.len() + 10);
+        encode::err(&mut b, text);
+        self.queue_raw(&b);
+        self.close(reason);
+    }
+
+    /// Sends `-ERR '<text>'`, keeping the connection.
+    pub fn send_err(&self, text: &str) {
+        let mut b = BytesMut::with_capacity(text.len() + 10);
+        encode::err(&mut b, text);
+        if self.queue_raw(&b) {
+            self.signal();
         }
     }
 }
@@ -826,7 +1291,7 @@ pub async fn until_true(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|v| *v).await;
 }
 
-async fn drain(rd: &mut OwnedReadHalf) {
+async fn drain<R: AsyncRead + Unpin>(rd: &mut R) {
     let mut scratch = [0u8; 4096];
     while let Ok(n) = rd.read(&mut scratch).await {
         if n == 0 {
@@ -844,7 +1309,7 @@ const BUF_IDLE: Duration = Duration::from_secs(1);
 const IDLE_BUF: usize = 64 * 1024;
 
 /// Writes whatever is queued, in one write per wake-up, until the connection closes.
-async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Duration) {
+async fn write_loop<W: AsyncWrite + Unpin>(h: Arc<ClientHandle>, mut wr: W, deadline: Duration) {
     let mut spare = BytesMut::new();
     loop {
         let taken = {
@@ -870,7 +1335,11 @@ async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Dura
             h.wake_writer.notified().await;
             continue;
         };
-        let write = tokio::time::timeout(deadline, wr.write_all(&data));
+        // The flush is free on TCP; TLS may hold encrypted records back until it.
+        let write = tokio::time::timeout(deadline, async {
+            wr.write_all(&data).await?;
+            wr.flush().await
+        });
         tokio::select! {
             r = write => match r {
                 Ok(Ok(())) => {}
@@ -884,7 +1353,7 @@ async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Dura
                         "{} - Slow Consumer Detected: WriteDeadline of {:?} exceeded with {} total bytes",
                         h.id, deadline, data.len()
                     );
-                    h.account.stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
+                    h.account().stats.slow_consumers.fetch_add(1, Ordering::Relaxed);
                     h.close(CloseReason::SlowConsumerWriteDeadline);
                     break;
                 }
@@ -900,7 +1369,9 @@ async fn write_loop(h: Arc<ClientHandle>, mut wr: OwnedWriteHalf, deadline: Dura
             spare = BytesMut::new();
         }
     }
-    let _ = wr.shutdown().await;
+    // Bounded: closing a TLS stream first sends close_notify, which a peer that stopped
+    // reading (a slow consumer) would never take.
+    let _ = tokio::time::timeout(Duration::from_secs(1), wr.shutdown()).await;
 }
 
 #[cfg(test)]
@@ -923,15 +1394,8 @@ mod tests {
     fn permission_hooks_deny_and_keep_the_connection() {
         let server = Server::new(Opts::default(), Log::capture(Default::default()));
         let account = server.accounts.global().clone();
-        let mut h = Arc::into_inner(ClientHandle::new(
-            1,
-            1 << 20,
-            account.clone(),
-            server.log.clone(),
-        ))
-        .unwrap();
-        h.perms = Some(Arc::new(Deny::new("secret.", "private.", "hidden.")));
-        let h = Arc::new(h);
+        let h = ClientHandle::new(1, 1 << 20, account.clone(), server.log.clone());
+        h.set_permissions(Some(Arc::new(Deny::new("secret.", "private.", "hidden."))));
         let mut conn = Conn::new(server.clone(), h.clone());
         let mut input = BytesMut::from(
             &b"CONNECT {\"verbose\":true}\r\nSUB > 1\r\nSUB private.> 2\r\n\

@@ -64,6 +64,17 @@ pub struct Opts {
     pub max_closed_clients: usize,
     /// `http_dashboard`: serve the live dashboard at `/dashboard` on the monitoring port.
     pub http_dashboard: bool,
+    /// `https_port` / `-ms`: monitoring over HTTPS with the `tls` block's certificates.
+    pub https_port: Option<i64>,
+    /// The `tls { }` block as written (the flags may replace it: see `tls`).
+    pub tls_opts: Option<crate::tls::TlsOpts>,
+    /// `allow_non_tls`: with TLS configured, plain clients are served too.
+    pub allow_non_tls: bool,
+    /// TLS as the server runs it, loaded once the config and the flags are merged.
+    pub tls: Option<std::sync::Arc<crate::tls::Tls>>,
+    /// Authentication, accounts and the system account (`authorization`, `accounts`,
+    /// `no_auth_user`, `system_account`, `operator`, `resolver`..., `--user --pass --auth`).
+    pub auth: crate::auth::conf::AuthOpts,
 }
 
 impl Default for Opts {
@@ -98,6 +109,11 @@ impl Default for Opts {
             check_config: false,
             max_closed_clients: 10_000,
             http_dashboard: true,
+            https_port: None,
+            tls_opts: None,
+            allow_non_tls: false,
+            tls: None,
+            auth: Default::default(),
         }
     }
 }
@@ -106,6 +122,8 @@ impl Default for Opts {
 #[derive(Debug)]
 pub enum Command {
     Run(Box<Opts>),
+    /// `--signal <command>[=<pid or pid file>]`: signal a running server and exit.
+    Signal(String),
     Help,
     Version,
 }
@@ -119,9 +137,12 @@ Server Options:
     -n, --name, --server_name <name> Server name (default: the server id)
     -P, --pid <file>                 File to store PID
     -m, --http_port <port>           Use port for http monitoring
+    -ms,--https_port <port>          Use port for https monitoring (with the TLS certificates)
     -c, --config <file>              Configuration file (nats-server format)
     -t                               Test configuration and exit
         --max_payload <size>         Maximum message payload (default: 1MB)
+    -sl,--signal <signal>[=<pid>]    Send signal to keel-server process (ldm, stop, quit, term,
+                                     reopen, reload); pid is a number or a pid file
 
 Logging Options:
     -l, --log <file>                 File to redirect log output
@@ -129,6 +150,18 @@ Logging Options:
     -D, --debug[=bool]               Enable debugging output
     -V, --trace[=bool]               Trace the raw protocol
     -DV                              Debug and trace
+
+TLS Options:
+        --tls[=bool]                 Enable TLS (--tls=false turns off the config's TLS)
+        --tlscert <file>             Server certificate file
+        --tlskey <file>              Private key for server certificate
+        --tlsverify[=bool]           Enable TLS, verify client certificates
+        --tlscacert <file>           Client certificate CA for verification
+
+Authorization Options:
+        --user <user>                User required for connections
+        --pass <password>            Password required for connections
+        --auth <token>               Authorization token required for connections
 
 JetStream Options:
     -js, --jetstream[=bool]          Enable JetStream functionality
@@ -141,8 +174,14 @@ Common Options:
 Config file keys: port, listen, host, server_name, http_port, http, max_payload,
 max_connections, max_pending, ping_interval, ping_max, write_deadline, lame_duck_duration,
 lame_duck_grace_period, max_closed_clients, http_dashboard, debug, trace, logtime,
-log_file, pid_file, store_dir, jetstream { store_dir, max_memory_store, max_file_store,
-sync_interval, strict, domain, enabled }.
+log_file, pid_file, store_dir, https_port, https, allow_non_tls, tls { cert_file, key_file,
+ca_file, certs, verify, verify_and_map, insecure, timeout, handshake_first, cipher_suites,
+curve_preferences, allow_insecure_cipher_suites, min_version, pinned_certs,
+connection_rate_limit }, jetstream { store_dir, max_memory_store, max_file_store,
+sync_interval, strict, domain, enabled }, authorization { user, password, token, timeout,
+users, permissions }, accounts { NAME: { users, jetstream, exports, imports,
+default_permissions } }, no_auth_user, system_account, no_system_account, operator, resolver:
+MEMORY, resolver_preload, trusted_keys.
 Other nats-server flags and keys are refused as not supported yet.
 ";
 
@@ -159,6 +198,12 @@ const FLAGS: &[(&[&str], Kind, &str)] = &[
     (&["n", "name", "server_name"], Kind::Value, "name"),
     (&["P", "pid"], Kind::Value, "pid"),
     (&["m", "http_port"], Kind::Value, "http_port"),
+    (&["ms", "https_port"], Kind::Value, "https_port"),
+    (&["tls"], Kind::Bool, "tls"),
+    (&["tlscert"], Kind::Value, "tlscert"),
+    (&["tlskey"], Kind::Value, "tlskey"),
+    (&["tlscacert"], Kind::Value, "tlscacert"),
+    (&["tlsverify"], Kind::Bool, "tlsverify"),
     (&["c", "config"], Kind::Value, "config"),
     (&["t"], Kind::Bool, "t"),
     (&["max_payload"], Kind::Value, "max_payload"),
@@ -171,20 +216,16 @@ const FLAGS: &[(&[&str], Kind, &str)] = &[
     (&["DVV"], Kind::Bool, "DVV"),
     (&["js", "jetstream"], Kind::Bool, "js"),
     (&["sd", "store_dir"], Kind::Value, "store_dir"),
+    (&["user"], Kind::Value, "user"),
+    (&["pass"], Kind::Value, "pass"),
+    (&["auth"], Kind::Value, "auth"),
+    (&["sl", "signal"], Kind::Value, "signal"),
     (&["h", "help"], Kind::Bool, "help"),
     (&["v", "version"], Kind::Bool, "version"),
 ];
 
 /// Reference flags we know but do not implement: refused by name rather than "unknown".
 const UNSUPPORTED: &[&str] = &[
-    "user",
-    "pass",
-    "auth",
-    "tls",
-    "tlscert",
-    "tlskey",
-    "tlsverify",
-    "tlscacert",
     "help_tls",
     "routes",
     "cluster",
@@ -193,14 +234,10 @@ const UNSUPPORTED: &[&str] = &[
     "cluster_listen",
     "no_advertise",
     "connect_retries",
-    "ms",
-    "https_port",
     "s",
     "syslog",
     "r",
     "remote_syslog",
-    "signal",
-    "sl",
     "client_advertise",
     "ports_file_dir",
     "max_traced_msg_len",
@@ -220,11 +257,7 @@ const UNSUPPORTED_KEYS: &[&str] = &[
     "maps",
     "disable_sublist_cache",
     "no_sublist_cache",
-    "accounts",
     "default_sentinel",
-    "authorization",
-    "https",
-    "https_port",
     "http_base_path",
     "cluster",
     "gateway",
@@ -246,31 +279,11 @@ const UNSUPPORTED_KEYS: &[&str] = &[
     "max_subs",
     "max_sub_tokens",
     "max_subscription_tokens",
-    "tls",
     "ocsp",
-    "allow_non_tls",
     "write_timeout",
-    "operator",
-    "operators",
-    "roots",
-    "root",
-    "root_operators",
-    "root_operator",
-    "resolver",
-    "account_resolver",
-    "accounts_resolver",
     "resolver_tls",
-    "resolver_preload",
     "resolver_pinned_accounts",
-    "no_auth_user",
-    "system_account",
-    "system",
-    "no_system_account",
-    "no_system",
-    "no_sys_acc",
     "no_header_support",
-    "trusted",
-    "trusted_keys",
     "connect_error_reports",
     "reconnect_error_reports",
     "websocket",
@@ -365,12 +378,16 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, St
     }
 
     let mut opts = Opts::default();
+    // The reference's --tls* flags: any of them replaces the config's TLS setup, and
+    // --tls=false turns TLS off whatever the others say.
+    let mut tls_flags = TlsFlags::default();
     // The config file goes first; flags override what it says.
     if let Some((_, Some(path))) = flags.iter().rev().find(|(c, _)| *c == "config") {
         let path = PathBuf::from(path);
         let map = conf::parse_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        // Set first: files the config names (operator JWTs) are relative to it.
+        opts.config_file = Some(path.clone());
         apply_config(&mut opts, &map).map_err(|e| format!("{}: {e}", path.display()))?;
-        opts.config_file = Some(path);
     }
     for (canon, value) in flags {
         let v = value.unwrap_or_default();
@@ -383,6 +400,16 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, St
             "name" => opts.server_name = Some(v),
             "pid" => opts.pid_file = Some(v.into()),
             "http_port" => opts.http_port = Some(parse_port("m", &v)?),
+            "https_port" => opts.https_port = Some(parse_port("ms", &v)?),
+            "tls" => {
+                let on = parse_bool(canon, &v)?;
+                tls_flags.disabled |= !on;
+                tls_flags.set = true;
+            }
+            "tlscert" => (tls_flags.cert, tls_flags.set) = (Some(v.into()), true),
+            "tlskey" => (tls_flags.key, tls_flags.set) = (Some(v.into()), true),
+            "tlscacert" => (tls_flags.ca, tls_flags.set) = (Some(v.into()), true),
+            "tlsverify" => (tls_flags.verify, tls_flags.set) = (parse_bool(canon, &v)?, true),
             "t" => opts.check_config = parse_bool(canon, &v)?,
             "max_payload" => {
                 opts.max_payload = positive_size("max_payload", &Value::Str(v.clone()))?
@@ -400,10 +427,58 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, St
             }
             "js" => opts.jetstream = parse_bool(canon, &v)?,
             "store_dir" => opts.store_dir = Some(v.into()),
+            // Flags override the config file, as the reference's do.
+            "user" => opts.auth.user = Some(v),
+            "pass" => opts.auth.password = Some(v),
+            "auth" => opts.auth.token = Some(v),
+            "signal" => return Ok(Command::Signal(v)),
             _ => unreachable!("flag table and match agree"),
         }
     }
+    if tls_flags.disabled {
+        opts.tls_opts = None;
+    } else if tls_flags.set {
+        opts.tls_opts = Some(crate::tls::from_flags(
+            opts.tls_opts.as_ref(),
+            tls_flags.cert,
+            tls_flags.key,
+            tls_flags.ca,
+            tls_flags.verify,
+        )?);
+    }
+    finish_tls(&mut opts)?;
     Ok(Command::Run(Box::new(opts)))
+}
+
+#[derive(Default)]
+struct TlsFlags {
+    set: bool,
+    disabled: bool,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    ca: Option<PathBuf>,
+    verify: bool,
+}
+
+/// Loads the TLS certificates (a bad file is a configuration error, as with the reference)
+/// and checks the options that need TLS.
+pub fn finish_tls(opts: &mut Opts) -> Result<(), String> {
+    opts.tls = match opts.tls_opts.clone() {
+        Some(t) => Some(std::sync::Arc::new(crate::tls::Tls::build(
+            t,
+            opts.allow_non_tls,
+        )?)),
+        None => None,
+    };
+    if let (Some(h), Some(hs)) = (opts.http_port, opts.https_port) {
+        return Err(format!(
+            "can't specify both HTTP ({h}) and HTTPs ({hs}) ports"
+        ));
+    }
+    if opts.https_port.is_some() && opts.tls.is_none() {
+        return Err("TLS cert and key required for HTTPS".into());
+    }
+    Ok(())
 }
 
 fn positive_size(key: &str, v: &Value) -> Result<usize, String> {
@@ -479,6 +554,14 @@ pub fn apply_config(opts: &mut Opts, map: &Map) -> Result<(), String> {
                 }
             }
             "http_dashboard" => opts.http_dashboard = boolean(key, v)?,
+            "https_port" => opts.https_port = Some(int(key, v)?),
+            "https" => {
+                let (h, p) = host_port(key, &string(key, v)?)?;
+                opts.http_host = h;
+                opts.https_port = Some(p);
+            }
+            "tls" => opts.tls_opts = Some(crate::tls::parse_block(v)?),
+            "allow_non_tls" => opts.allow_non_tls = boolean(key, v)?,
             "max_payload" => opts.max_payload = positive_size(key, v)?,
             "max_connections" | "max_conn" => opts.max_connections = positive_size(key, v)?,
             "max_pending" => opts.max_pending = positive_size(key, v)?,
@@ -500,6 +583,15 @@ pub fn apply_config(opts: &mut Opts, map: &Map) -> Result<(), String> {
             "pid_file" => opts.pid_file = Some(string(key, v)?.into()),
             "store_dir" | "storedir" => set_store_dir(opts, key, v)?,
             "jetstream" => apply_jetstream(opts, key, v)?,
+            _ if {
+                let dir = opts
+                    .config_file
+                    .as_deref()
+                    .and_then(std::path::Path::parent)
+                    .map(std::path::Path::to_path_buf)
+                    .unwrap_or_default();
+                crate::auth::conf::apply_key(&mut opts.auth, key, v, &dir)?
+            } => {}
             other if UNSUPPORTED_KEYS.contains(&other) => {
                 return Err(not_supported(&format!("configuration key {key:?}")))
             }
@@ -631,7 +723,34 @@ mod tests {
             Ok(Command::Version)
         ));
         assert!(run(&["--bogus"]).unwrap_err().contains("unknown flag"));
-        assert!(run(&["--tls"]).unwrap_err().contains("does not support"));
+        // TLS flags need the certificate and key, as with the reference.
+        assert_eq!(
+            run(&["--tls"]).unwrap_err(),
+            "TLS Server certificate must be present and valid"
+        );
+        assert_eq!(
+            run(&["--tlscert", "c.pem"]).unwrap_err(),
+            "TLS Server private key must be present and valid"
+        );
+        // --tls=false turns TLS off whatever the other flags say.
+        assert!(run(&["--tls=false", "--tlsverify"]).unwrap().tls.is_none());
+        assert_eq!(
+            run(&["-m", "8222", "-ms", "8443"]).unwrap_err(),
+            "can't specify both HTTP (8222) and HTTPs (8443) ports"
+        );
+        assert_eq!(
+            run(&["--https_port", "-1"]).unwrap_err(),
+            "TLS cert and key required for HTTPS"
+        );
+        let o = run(&["--user", "u", "--pass", "p", "--auth", "t"]).unwrap();
+        assert_eq!(o.auth.user.as_deref(), Some("u"));
+        assert_eq!(o.auth.password.as_deref(), Some("p"));
+        assert_eq!(o.auth.token.as_deref(), Some("t"));
+        assert!(!format!("{o:?}").contains("\"p\""), "no password in Debug");
+        assert!(matches!(
+            parse_args(["--signal".to_string(), "reload=12".to_string()]),
+            Ok(Command::Signal(s)) if s == "reload=12"
+        ));
         for flag in ["--cluster_listen", "--cluster", "--routes", "--profile"] {
             let e = run(&[flag, "x"]).unwrap_err();
             assert!(e.contains("does not support yet"), "{flag}: {e}");
@@ -666,6 +785,29 @@ mod tests {
         assert!(apply_config(&mut Opts::default(), &bogus)
             .unwrap_err()
             .contains("unknown configuration key"));
+    }
+
+    #[test]
+    fn tls_keys() {
+        let map = conf::parse(
+            "https: \"127.0.0.1:8443\"\nallow_non_tls: true\n\
+             tls { cert_file: c.pem, key_file: k.pem, verify: true }\n",
+        )
+        .unwrap();
+        let mut o = Opts::default();
+        apply_config(&mut o, &map).unwrap();
+        assert_eq!(o.http_host.as_deref(), Some("127.0.0.1"));
+        assert_eq!(o.https_port, Some(8443));
+        assert!(o.allow_non_tls);
+        let t = o.tls_opts.as_ref().unwrap();
+        assert!(t.verify);
+        assert_eq!(t.cert_file, Some(PathBuf::from("c.pem")));
+        // The files are read when the options are finished: a missing one is an error.
+        let e = finish_tls(&mut o).unwrap_err();
+        assert!(
+            e.starts_with("error parsing X509 certificate/key pair: open c.pem"),
+            "{e}"
+        );
     }
 
     #[test]

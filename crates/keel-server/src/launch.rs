@@ -56,6 +56,29 @@ pub async fn start(opts: Opts, log: Log) -> Result<Running, ()> {
         server.shutdown();
         server.seal_internal();
     };
+    let auth_opts = server.opts.auth.clone();
+    if let Err(e) = server.apply_auth(&auth_opts) {
+        error!(log, "Error configuring authorization: {e}");
+        stop_early(&server);
+        return Err(());
+    }
+    if auth_opts
+        .password
+        .as_deref()
+        .is_some_and(|p| !p.starts_with("$2"))
+        || auth_opts
+            .users
+            .iter()
+            .chain(auth_opts.accounts.iter().flat_map(|a| a.users.iter()))
+            .any(|u| u.password.as_deref().is_some_and(|p| !p.starts_with("$2")))
+    {
+        warn!(log, "Plaintext passwords detected, use nkeys or bcrypt");
+    }
+    if let Some(sys) = server.accounts.system_account().cloned() {
+        let _ = server
+            .system
+            .set(crate::system::System::start(&server, sys));
+    }
     if server.opts.jetstream {
         match crate::jetstream::JetStream::start(&server) {
             Ok(js) => {
@@ -71,7 +94,7 @@ pub async fn start(opts: Opts, log: Log) -> Result<Running, ()> {
     }
 
     let mut monitor_addr = None;
-    if server.opts.http_port.is_some() {
+    if server.opts.http_port.is_some() || server.opts.https_port.is_some() {
         match crate::monitor::bind(&server).await {
             Ok(l) => {
                 if let Ok(a) = l.local_addr() {
@@ -80,9 +103,14 @@ pub async fn start(opts: Opts, log: Log) -> Result<Running, ()> {
                         .http_host
                         .as_deref()
                         .unwrap_or(&server.opts.host);
+                    let scheme = if server.opts.https_port.is_some() {
+                        "https"
+                    } else {
+                        "http"
+                    };
                     info!(
                         log,
-                        "Starting http monitor on {}",
+                        "Starting {scheme} monitor on {}",
                         host_port(host, a.port())
                     );
                     monitor_addr = Some(a);
@@ -118,6 +146,37 @@ pub async fn start(opts: Opts, log: Log) -> Result<Running, ()> {
         "Listening for client connections on {}",
         host_port(&server.opts.host, client_addr.port())
     );
+    if let Some(tls) = &server.opts.tls {
+        if tls.required() || tls.first_only() {
+            info!(log, "TLS required for client connections");
+        } else {
+            info!(log, "TLS available for client connections");
+        }
+        if tls.first_only() {
+            warn!(
+                log,
+                "Clients that are not using \"TLS Handshake First\" option will fail to connect"
+            );
+        }
+        if tls.has_rate_limit() {
+            let (tls, srv) = (tls.clone(), server.clone());
+            server.spawn(async move {
+                let mut shutdown = srv.shutdown_rx();
+                let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {
+                            let n = tls.take_rejected();
+                            if n > 0 {
+                                warn!(srv.log, "Rejected {n} connections due to TLS rate limiting");
+                            }
+                        }
+                        _ = crate::client::until_true(&mut shutdown) => return,
+                    }
+                }
+            });
+        }
+    }
     info!(log, "Server is ready");
 
     crate::memtrim::spawn(server.clone());

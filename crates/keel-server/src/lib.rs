@@ -1,8 +1,9 @@
 //! keel-server: a message server that speaks the NATS client protocol.
 //!
 //! The library holds everything but `main`: options and the nats-server config format
-//! (`config`, `conf`), accounts and their subject indexes (`account`, `sublist`), the
-//! permission hook (`permissions`), one task pair per connection (`client`), the
+//! (`config`, `conf`), authentication (`auth`), accounts and their subject indexes (`account`,
+//! `sublist`), the permission rules (`permissions`), the system account's services
+//! (`system`), one task pair per connection (`client`), the
 //! byte-bounded queues in front of in-process subscribers (`inqueue`), the shared server
 //! state and listener (`server`), starting and stopping a whole server (`launch`, also
 //! used by the in-process test servers of `harness`), monitoring HTTP (`monitor`),
@@ -13,6 +14,7 @@
 //! buffers -> sockets.
 
 pub mod account;
+pub mod auth;
 pub mod client;
 pub mod conf;
 pub mod config;
@@ -27,4 +29,6 @@ pub mod permissions;
 pub mod router;
 pub mod server;
 pub mod sublist;
+pub mod system;
 pub mod time;
+pub mod tls;

@@ -70,6 +70,8 @@ enum Sink {
 enum Msg {
     Line(String),
     Flush(SyncSender<()>),
+    /// Write to this file from now on (log rotation: `--signal reopen`, SIGUSR1).
+    Reopen(std::fs::File),
 }
 
 /// What a captured log keeps: the newest lines, about this many bytes.
@@ -164,6 +166,13 @@ impl Log {
         }
     }
 
+    /// Writes to `file` from now on (the binary's log after its file was rotated).
+    pub fn reopen(&self, file: std::fs::File) {
+        if let Sink::Thread(tx) = &self.inner.sink {
+            let _ = tx.send(Msg::Reopen(file));
+        }
+    }
+
     /// Waits (briefly) until queued lines are written, e.g. before exiting.
     pub fn flush(&self) {
         if let Sink::Thread(tx) = &self.inner.sink {
@@ -189,6 +198,10 @@ fn writer(rx: Receiver<Msg>, file: Option<std::fs::File>) {
             Msg::Flush(done) => {
                 let _ = out.flush();
                 let _ = done.send(());
+            }
+            Msg::Reopen(f) => {
+                let _ = out.flush();
+                out = Box::new(f);
             }
         }
     }

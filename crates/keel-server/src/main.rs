@@ -10,8 +10,10 @@ use keel_server::server::Server;
 use keel_server::{error, info, warn};
 
 fn main() -> ExitCode {
-    let opts = match config::parse_args(std::env::args().skip(1)) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match config::parse_args(args.clone()) {
         Ok(Command::Run(o)) => *o,
+        Ok(Command::Signal(spec)) => return send_signal(&spec),
         Ok(Command::Help) => {
             print!("{}", config::USAGE);
             return ExitCode::SUCCESS;
@@ -67,7 +69,7 @@ fn main() -> ExitCode {
         let Ok(running) = launch::start(opts, log.clone()).await else {
             return ExitCode::from(1);
         };
-        tokio::spawn(signals(running.server.clone()));
+        tokio::spawn(signals(running.server.clone(), args));
         running.run_to_end().await;
         ExitCode::SUCCESS
     });
@@ -75,13 +77,75 @@ fn main() -> ExitCode {
     code
 }
 
-async fn signals(server: Arc<Server>) {
+/// `--signal <command>[=<pid or pid file>]`: the reference's signals to a running server.
+fn send_signal(spec: &str) -> ExitCode {
+    let (cmd, target) = spec.split_once('=').unwrap_or((spec, ""));
+    let sig = match cmd {
+        "stop" => libc::SIGKILL,
+        "quit" => libc::SIGINT,
+        "term" => libc::SIGTERM,
+        "reopen" => libc::SIGUSR1,
+        "reload" => libc::SIGHUP,
+        "ldm" => libc::SIGUSR2,
+        other => {
+            eprintln!(
+                "keel-server: unknown signal {other:?} (stop, quit, term, reopen, reload, ldm)"
+            );
+            return ExitCode::from(1);
+        }
+    };
+    let pid = match target.parse::<i32>() {
+        Ok(p) => p,
+        Err(_) if !target.is_empty() => match std::fs::read_to_string(target) {
+            Ok(text) => match text.trim().parse::<i32>() {
+                Ok(p) => p,
+                Err(_) => {
+                    eprintln!("keel-server: no PID in {target}");
+                    return ExitCode::from(1);
+                }
+            },
+            Err(e) => {
+                eprintln!("keel-server: cannot read PID file {target}: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        Err(_) => {
+            eprintln!("keel-server: --signal needs a PID: --signal {cmd}=<pid or pid file>");
+            return ExitCode::from(1);
+        }
+    };
+    // SAFETY: kill(2) with a plain pid and signal number touches no memory of ours.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        eprintln!(
+            "keel-server: signal {cmd} to {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
+}
+
+/// SIGHUP: the configuration file (and the same flags) again.
+fn reload(server: &Server, args: &[String]) {
+    match config::parse_args(args.to_vec()) {
+        Ok(Command::Run(opts)) => {
+            if let Err(e) = server.reload(&opts) {
+                error!(server.log, "Failed to reload server configuration: {e}");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => error!(server.log, "Failed to reload server configuration: {e}"),
+    }
+}
+
+async fn signals(server: Arc<Server>, args: Vec<String>) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup), Ok(mut usr2)) = (
+    let (Ok(mut term), Ok(mut int), Ok(mut hup), Ok(mut usr2), Ok(mut usr1)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
         signal(SignalKind::hangup()),
         signal(SignalKind::user_defined2()),
+        signal(SignalKind::user_defined1()),
     ) else {
         error!(server.log, "cannot install signal handlers");
         return;
@@ -90,7 +154,20 @@ async fn signals(server: Arc<Server>) {
         tokio::select! {
             _ = term.recv() => { info!(server.log, "Trapped \"terminated\" signal"); break; }
             _ = int.recv() => { info!(server.log, "Trapped \"interrupt\" signal"); break; }
-            _ = hup.recv() => warn!(server.log, "Configuration reload is not supported; SIGHUP ignored"),
+            _ = hup.recv() => {
+                info!(server.log, "Trapped \"hangup\" signal");
+                reload(&server, &args);
+            }
+            _ = usr1.recv() => match &server.opts.log_file {
+                Some(p) => match std::fs::OpenOptions::new().create(true).append(true).open(p) {
+                    Ok(f) => {
+                        server.log.reopen(f);
+                        info!(server.log, "File log re-opened");
+                    }
+                    Err(e) => error!(server.log, "Could not re-open log file {}: {e}", p.display()),
+                },
+                None => warn!(server.log, "File log re-open ignored, not a file logger"),
+            },
             _ = usr2.recv() => {
                 let s = server.clone();
                 tokio::spawn(async move { s.lame_duck().await });

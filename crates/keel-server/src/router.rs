@@ -19,7 +19,7 @@ use crate::account::Account;
 use crate::client::ClientHandle;
 use crate::inqueue::{InQueue, Pushed};
 use crate::server::Server;
-use crate::sublist::{MatchCache, Sub};
+use crate::sublist::{Forward, MatchCache, MatchResult, Sub};
 
 pub struct Router {
     /// The publisher's account: where subjects are looked up.
@@ -35,7 +35,14 @@ pub struct Router {
     client: bool,
     /// In-process queues this batch left full; the client waits for each before reading on.
     blocked: Vec<Arc<InQueue>>,
+    /// Match caches for the accounts this router's messages cross into (imports/exports).
+    others: Vec<(Arc<Account>, MatchCache)>,
 }
+
+/// How many accounts deep a message may travel through imports and exports.
+const MAX_HOPS: usize = 4;
+/// Accounts whose match caches a router keeps for forwarded messages.
+const OTHERS_MAX: usize = 16;
 
 /// One message to route. `data` holds the header block (first `hdr_len` bytes) then the
 /// payload, as on the wire.
@@ -59,6 +66,7 @@ impl Router {
             rng: 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xA24B_AED4_963E_E407) | 1,
             client: false,
             blocked: Vec::new(),
+            others: Vec::new(),
         }
     }
 
@@ -102,6 +110,22 @@ impl Router {
         skip: Option<u64>,
     ) -> bool {
         let result = self.cache.lookup(&self.account.sublist, target);
+        let mut delivered = self.deliver_all(server, &result, msg, skip);
+        if !result.forwards.is_empty() {
+            let from = self.account.clone();
+            delivered |= self.forward(server, &from, &result, target, msg, 1);
+        }
+        delivered
+    }
+
+    /// Delivers to the subscriptions of one match result (one member per queue group).
+    fn deliver_all(
+        &mut self,
+        server: &Server,
+        result: &MatchResult,
+        msg: &Outgoing,
+        skip: Option<u64>,
+    ) -> bool {
         let mut delivered = false;
         for sub in &result.psubs {
             if skip == Some(sub.client.id) {
@@ -124,6 +148,86 @@ impl Router {
             }
         }
         delivered
+    }
+
+    /// Routes `msg` (matched on `target` in `from`) through the imports and exports its
+    /// match fell under. A message whose subject is its target is renamed with it; a
+    /// delivery to an inbox (JetStream's) keeps its stored subject.
+    fn forward(
+        &mut self,
+        server: &Server,
+        from: &Arc<Account>,
+        result: &MatchResult,
+        target: &[u8],
+        msg: &Outgoing,
+        hops: usize,
+    ) -> bool {
+        if hops > MAX_HOPS {
+            return false;
+        }
+        let renamed = msg.subject.as_ref() == target;
+        let mut delivered = false;
+        for f in &result.forwards {
+            let (to, new_target, reply) = match f {
+                Forward::Stream { to, subject } => {
+                    (to.clone(), subject.clone(), msg.reply.cloned())
+                }
+                Forward::Service {
+                    to,
+                    subject,
+                    response,
+                    threshold,
+                } => {
+                    let reply = match msg.reply {
+                        Some(r) => match to.add_response(from, r, *response, *threshold) {
+                            Some(r) => Some(r),
+                            None => continue,
+                        },
+                        None => None,
+                    };
+                    (to.clone(), subject.clone(), reply)
+                }
+                Forward::Responses => match from.take_response(target) {
+                    Some((to, reply)) => (to, reply, msg.reply.cloned()),
+                    None => continue,
+                },
+            };
+            let subject = if renamed {
+                new_target.clone()
+            } else {
+                msg.subject.clone()
+            };
+            let out = Outgoing {
+                subject: &subject,
+                reply: reply.as_ref(),
+                hdr_len: msg.hdr_len,
+                data: msg.data,
+            };
+            let result = self.other_cache(&to).lookup(&to.sublist, &new_target);
+            delivered |= self.deliver_all(server, &result, &out, None);
+            if !result.forwards.is_empty() {
+                delivered |= self.forward(server, &to, &result, &new_target, &out, hops + 1);
+            }
+        }
+        delivered
+    }
+
+    fn other_cache(&mut self, account: &Arc<Account>) -> &mut MatchCache {
+        let i = match self
+            .others
+            .iter()
+            .position(|(a, _)| Arc::ptr_eq(a, account))
+        {
+            Some(i) => i,
+            None => {
+                if self.others.len() >= OTHERS_MAX {
+                    self.others.clear();
+                }
+                self.others.push((account.clone(), MatchCache::default()));
+                self.others.len() - 1
+            }
+        };
+        &mut self.others[i].1
     }
 
     /// A 503 no-responders status on `reply`, delivered only to `client`'s own
@@ -152,9 +256,17 @@ impl Router {
     /// Delivers to one subscription, honouring its auto-unsubscribe limit and the
     /// subscriber's delivery permissions.
     pub fn deliver(&mut self, server: &Server, sub: &Arc<Sub>, msg: &Outgoing) -> bool {
-        if let Some(p) = sub.client.permissions() {
-            if p.checks_delivery() && !p.can_deliver(msg.subject) {
-                return false;
+        let flags = sub.client.perm_flags();
+        if flags != 0 {
+            if let Some(p) = sub.client.permissions() {
+                if p.checks_delivery() && !p.can_deliver(msg.subject) {
+                    return false;
+                }
+                if let Some(r) = msg.reply {
+                    if p.tracks_replies() {
+                        p.track_reply(r);
+                    }
+                }
             }
         }
         let n = sub.delivered.fetch_add(1, Ordering::Relaxed) + 1;
@@ -217,10 +329,16 @@ impl Router {
         self.congested.take()
     }
 
-    /// Does anyone in the router's account subscribe to `subject`? (`_server`: the same
-    /// shape as [`route`](Self::route), for interest arriving through imports later.)
+    /// Does anyone in the router's account subscribe to `subject`, or does it leave the
+    /// account through an import or export (a pending reply route, for `_R_.` subjects)?
     pub fn has_interest(&mut self, _server: &Server, subject: &[u8]) -> bool {
-        !self.cache.lookup(&self.account.sublist, subject).is_empty()
+        let r = self.cache.lookup(&self.account.sublist, subject);
+        !r.psubs.is_empty()
+            || !r.qsubs.is_empty()
+            || r.forwards.iter().any(|f| match f {
+                Forward::Responses => self.account.has_response(subject),
+                _ => true,
+            })
     }
 
     /// Remembers that `h` has data queued and its writer must be woken at the batch end.

@@ -46,6 +46,16 @@ pub struct Server {
     /// The queues of in-process clients (JetStream's), sealed at shutdown so their tasks
     /// finish what is queued and end.
     internal_queues: Mutex<QueueRegistry>,
+    /// Who may connect (replaced whole on reload).
+    auth: std::sync::RwLock<Arc<crate::auth::Auth>>,
+    /// The auth options in force (the reload compares against them).
+    pub auth_opts: std::sync::RwLock<crate::auth::conf::AuthOpts>,
+    /// Failed authentications since start (monitoring).
+    pub auth_failures: AtomicU64,
+    /// The system account's services and events, once started.
+    pub system: std::sync::OnceLock<Arc<crate::system::System>>,
+    /// When the configuration was last loaded (`/varz config_load_time`).
+    pub config_load_time: Mutex<SystemTime>,
 }
 
 /// The server's background tasks (spawned with [`Server::spawn`]): each holds a clone of
@@ -94,16 +104,30 @@ struct Info<'a> {
     host: &'a str,
     port: u16,
     headers: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    auth_required: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    tls_required: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    tls_verify: bool,
+    /// TLS is configured but optional (`allow_non_tls`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    tls_available: bool,
     max_payload: usize,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     jetstream: bool,
     client_id: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     client_ip: Option<String>,
+    /// What an nkey or JWT user signs (not repeated in the connect_info INFO).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nonce: Option<&'a str>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     connect_info: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     remote_account: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    acc_is_sys: bool,
     /// Lame-duck mode: clients should move to another server.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     ldm: bool,
@@ -113,6 +137,24 @@ struct Info<'a> {
     /// The JetStream API level Keel implements (as `_nats.level` in stream metadata).
     api_lvl: u32,
     keel_version: &'a str,
+}
+
+/// What Keel cannot do yet with accounts, refused at start (and reload) instead of half
+/// working: JetStream in more than one account needs the JetStream registry keyed by account.
+fn check_accounts(opts: &crate::auth::conf::AuthOpts) -> Result<(), String> {
+    let js: Vec<&str> = opts
+        .accounts
+        .iter()
+        .filter(|a| a.jetstream.enabled)
+        .map(|a| a.name.as_str())
+        .collect();
+    if js.len() > 1 {
+        return Err(format!(
+            "JetStream enabled in more than one account ({}): keel-server serves JetStream in one account for now (use a shared JetStream account with imports)",
+            js.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// Binds a TCP listener on `host:port`. The wildcard host (`0.0.0.0`, the default, or `::`)
@@ -184,9 +226,11 @@ impl Server {
         let (shutdown, _) = watch::channel(false);
         let opts_max_closed = opts.max_closed_clients;
         let (token, done) = tokio::sync::mpsc::channel(1);
+        let accounts = Accounts::from_opts(&opts.auth);
+        let auth_opts = opts.auth.clone();
         Arc::new(Server {
             opts,
-            accounts: Accounts::default(),
+            accounts,
             log,
             server_id,
             server_name,
@@ -206,7 +250,164 @@ impl Server {
                 done: tokio::sync::Mutex::new(done),
             },
             internal_queues: Mutex::new(QueueRegistry::default()),
+            auth: std::sync::RwLock::new(Arc::new(crate::auth::Auth::default())),
+            auth_opts: std::sync::RwLock::new(auth_opts),
+            auth_failures: AtomicU64::new(0),
+            system: std::sync::OnceLock::new(),
+            config_load_time: Mutex::new(SystemTime::now()),
         })
+    }
+
+    /// Reloads users, permissions and accounts from `opts` (SIGHUP): connections whose
+    /// credentials no longer authenticate, or that would land in another account, are closed
+    /// with the reference's `-ERR 'Authorization Violation'`; the others get their new
+    /// permissions, and lose (with `-ERR 'Permissions Violation for Subscription to ...'`) the
+    /// subscriptions those no longer allow. Options that need a restart are reported.
+    pub fn reload(&self, opts: &Opts) -> Result<(), String> {
+        for (what, changed) in [
+            ("port", opts.port != self.opts.port && opts.port > 0),
+            ("host", opts.host != self.opts.host),
+            ("jetstream", opts.jetstream != self.opts.jetstream),
+            ("store_dir", opts.store_dir != self.opts.store_dir),
+            ("http_port", opts.http_port != self.opts.http_port),
+        ] {
+            if changed {
+                crate::warn!(
+                    self.log,
+                    "Reload: {what} changed; it takes effect at the next restart"
+                );
+            }
+        }
+        let old_system = self.accounts.system_name().to_string();
+        let new_system = if opts.auth.no_system_account {
+            String::new()
+        } else {
+            opts.auth
+                .system_account
+                .clone()
+                .unwrap_or_else(|| crate::account::SYSTEM.to_string())
+        };
+        if old_system != new_system {
+            return Err("config reload not supported for system_account".into());
+        }
+        self.apply_auth(&opts.auth)?;
+        let auth = self.auth();
+        for h in self.clients() {
+            let connected = h.meta.lock().unwrap_or_else(|e| e.into_inner()).connected;
+            if !connected {
+                continue;
+            }
+            let creds = h
+                .creds
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_default();
+            let authed = if auth.required {
+                auth.authenticate(&creds, h.nonce())
+            } else {
+                Ok(crate::auth::Authed {
+                    user: String::new(),
+                    account: crate::account::GLOBAL.into(),
+                    perms: None,
+                    expires: None,
+                    max_subs: -1,
+                    max_payload: -1,
+                })
+            };
+            let a = match authed {
+                Ok(a) if a.account == h.account().name => a,
+                Ok(_) | Err(_) => {
+                    // As the reference: closed without an -ERR.
+                    crate::info!(
+                        self.log,
+                        "{} - no longer authorized after reload - closing",
+                        h.id
+                    );
+                    h.close(crate::client::CloseReason::AuthenticationFailure);
+                    continue;
+                }
+            };
+            let perms = a
+                .perms
+                .map(|p| p as Arc<dyn crate::permissions::Permissions>);
+            if let Some(p) = &perms {
+                let subs: Vec<Arc<Sub>> = h
+                    .subs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .values()
+                    .cloned()
+                    .collect();
+                for sub in subs {
+                    if !p.can_subscribe(&sub.subject, sub.queue.as_deref()) {
+                        self.remove_sub(&sub);
+                        let sid = String::from_utf8_lossy(&sub.sid);
+                        let text = format!(
+                            "{} (sid {sid:?})",
+                            crate::permissions::subscribe_violation(
+                                &sub.subject,
+                                sub.queue.as_deref()
+                            )
+                        );
+                        crate::info!(
+                            self.log,
+                            "{} - Removed sub {:?} (sid {sid:?}) for User {:?} - not authorized",
+                            h.id,
+                            String::from_utf8_lossy(&sub.subject),
+                            a.user
+                        );
+                        h.send_err(&text);
+                    }
+                }
+            }
+            h.set_permissions(perms);
+        }
+        crate::info!(self.log, "Reloaded server configuration");
+        Ok(())
+    }
+
+    /// Who may connect now.
+    pub fn auth(&self) -> Arc<crate::auth::Auth> {
+        self.auth.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Applies `opts` (authentication and accounts): the accounts' settings and links, then
+    /// the users. At start and on reload; on error nothing changes but what was applied
+    /// to the accounts before the error (their settings are rebuilt by the next success).
+    pub fn apply_auth(&self, opts: &crate::auth::conf::AuthOpts) -> Result<(), String> {
+        check_accounts(opts)?;
+        self.accounts.configure(opts)?;
+        let mut auth = crate::auth::Auth::build(opts, &self.accounts)?;
+        // As the reference: with TLS and no `authorization { timeout }`, a client has the
+        // handshake's timeout plus a second to authenticate.
+        if let (None, Some(t)) = (opts.timeout, &self.opts.tls_opts) {
+            auth.timeout = t.timeout() + Duration::from_secs(1);
+        }
+        // Account JWTs can bring exports and imports: links again with them in place.
+        if opts.operator_mode() {
+            self.accounts.install_links()?;
+            let js: Vec<String> = self
+                .accounts
+                .all()
+                .iter()
+                .filter(|a| a.jetstream_enabled())
+                .map(|a| a.name.clone())
+                .collect();
+            if js.len() > 1 {
+                return Err(format!(
+                    "JetStream enabled in more than one account ({}): keel-server serves JetStream in one account for now",
+                    js.join(", ")
+                ));
+            }
+        }
+        *self.auth.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(auth);
+        *self.auth_opts.write().unwrap_or_else(|e| e.into_inner()) = opts.clone();
+        *self
+            .config_load_time
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = SystemTime::now();
+        Ok(())
     }
 
     /// Spawns a background task of this server; [`wait_tasks`](Self::wait_tasks) waits for
@@ -278,7 +479,20 @@ impl Server {
         peer: Option<SocketAddr>,
         connect_info: bool,
     ) -> Vec<u8> {
+        self.info_line_with(client, peer, connect_info, false)
+    }
+
+    /// [`info_line`](Self::info_line); `tls_first` is the INFO a client that did the TLS
+    /// handshake first gets, which says `tls_required` even where TLS is optional.
+    pub fn info_line_with(
+        &self,
+        client: &ClientHandle,
+        peer: Option<SocketAddr>,
+        connect_info: bool,
+        tls_first: bool,
+    ) -> Vec<u8> {
         let addr = *self.client_addr.lock().unwrap_or_else(|e| e.into_inner());
+        let tls = self.opts.tls.as_deref();
         let info = Info {
             server_id: &self.server_id,
             server_name: &self.server_name,
@@ -289,12 +503,22 @@ impl Server {
             host: &self.opts.host,
             port: addr.map_or(0, |a| a.port()),
             headers: true,
+            // With a no_auth_user a client need not authenticate: the first INFO says so.
+            auth_required: {
+                let auth = self.auth();
+                auth.required && (connect_info || !auth.has_no_auth_user())
+            },
+            tls_required: tls.is_some_and(|t| t.required() || tls_first),
+            tls_verify: tls.is_some_and(|t| t.opts.verify),
+            tls_available: tls.is_some_and(|t| !t.required()),
             max_payload: self.opts.max_payload,
             jetstream: self.jetstream.get().is_some(),
             client_id: client.id,
             client_ip: peer.map(|p| p.ip().to_string()),
+            nonce: client.nonce().filter(|_| !connect_info),
             connect_info,
             remote_account: connect_info.then_some(client.account().name.as_str()),
+            acc_is_sys: connect_info && self.accounts.is_system(client.account()),
             ldm: self.lame_duck.load(std::sync::atomic::Ordering::Relaxed),
             domain: self.jetstream.get().and_then(|js| js.domain.as_deref()),
             api_lvl: crate::jetstream::stream::API_LEVEL,

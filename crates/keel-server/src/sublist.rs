@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
+use crate::account::Account;
+use crate::auth::conf::ResponseType;
 use crate::client::ClientHandle;
 
 /// One subscription: whose, under which sid, on what subject, in which queue group.
@@ -22,18 +24,85 @@ pub struct Sub {
     pub delivered: AtomicU64,
 }
 
-/// What a literal subject matches: plain subscriptions, and one list per queue group (a
-/// message goes to one member of each group).
+/// What a literal subject matches: plain subscriptions, one list per queue group (a
+/// message goes to one member of each group), and where it crosses into other accounts.
 #[derive(Default)]
 pub struct MatchResult {
     pub psubs: Vec<Arc<Sub>>,
     pub qsubs: Vec<Vec<Arc<Sub>>>,
+    /// Imports and exports the subject falls under (see [`Link`]).
+    pub forwards: Vec<Forward>,
 }
 
 impl MatchResult {
     pub fn is_empty(&self) -> bool {
-        self.psubs.is_empty() && self.qsubs.is_empty()
+        self.psubs.is_empty() && self.qsubs.is_empty() && self.forwards.is_empty()
     }
+}
+
+/// A way out of an account, installed from its imports and exports (`account::install_links`):
+/// a message published here on a subject matching `pattern` is also routed in `to`.
+pub struct Link {
+    pub pattern: Bytes,
+    pub kind: LinkKind,
+}
+
+pub enum LinkKind {
+    /// A stream this account exports and `to` imports: a copy goes there, on `map(subject)`.
+    Stream { to: Arc<Account>, map: SubjectMap },
+    /// A service this account imports from `to`: the request goes there on `map(subject)`,
+    /// its reply subject replaced by one that leads back here.
+    Service {
+        to: Arc<Account>,
+        map: SubjectMap,
+        response: ResponseType,
+        threshold: std::time::Duration,
+    },
+    /// Replies of the services this account exports (`_R_.>`): looked up in the account's
+    /// table of pending responses and routed back to the requester's account.
+    Responses,
+}
+
+/// How an import renames subjects.
+pub enum SubjectMap {
+    Same,
+    /// `prefix.<subject>` (stream imports with `prefix`).
+    Prefix(String),
+    /// Wildcard positions carried over (`to`, or a service imported under another name).
+    Transform(Box<crate::jetstream::transform::Transform>),
+}
+
+impl SubjectMap {
+    pub fn apply(&self, subject: &[u8]) -> Option<Bytes> {
+        match self {
+            SubjectMap::Same => Some(Bytes::copy_from_slice(subject)),
+            SubjectMap::Prefix(p) => {
+                let mut b = Vec::with_capacity(p.len() + 1 + subject.len());
+                b.extend_from_slice(p.as_bytes());
+                b.push(b'.');
+                b.extend_from_slice(subject);
+                Some(Bytes::from(b))
+            }
+            SubjectMap::Transform(t) => {
+                t.apply(std::str::from_utf8(subject).ok()?).map(Bytes::from)
+            }
+        }
+    }
+}
+
+/// One link a subject matched, with the subject it has in the other account.
+pub enum Forward {
+    Stream {
+        to: Arc<Account>,
+        subject: Bytes,
+    },
+    Service {
+        to: Arc<Account>,
+        subject: Bytes,
+        response: ResponseType,
+        threshold: std::time::Duration,
+    },
+    Responses,
 }
 
 #[derive(Default)]
@@ -77,6 +146,8 @@ pub struct Sublist {
     insert_waiters: AtomicUsize,
     /// The connections' match caches (for `/subsz`), and what the dropped ones counted.
     caches: std::sync::Mutex<CacheRegistry>,
+    /// Imports and exports (read on cache misses only; replaced as a whole).
+    links: RwLock<Arc<Vec<Link>>>,
 }
 
 #[derive(Default)]
@@ -279,9 +350,47 @@ impl Sublist {
             return r;
         }
         self.matches.fetch_add(1, Ordering::Relaxed);
-        let root = self.root.read().unwrap_or_else(|e| e.into_inner());
-        match_level(&root, &tokens, &mut r);
+        {
+            let root = self.root.read().unwrap_or_else(|e| e.into_inner());
+            match_level(&root, &tokens, &mut r);
+        }
+        let links = self.links.read().unwrap_or_else(|e| e.into_inner()).clone();
+        for l in links.iter() {
+            if !keel_protocol::subject::matches(&l.pattern, subject) {
+                continue;
+            }
+            let f = match &l.kind {
+                LinkKind::Stream { to, map } => map.apply(subject).map(|s| Forward::Stream {
+                    to: to.clone(),
+                    subject: s,
+                }),
+                LinkKind::Service {
+                    to,
+                    map,
+                    response,
+                    threshold,
+                } => map.apply(subject).map(|s| Forward::Service {
+                    to: to.clone(),
+                    subject: s,
+                    response: *response,
+                    threshold: *threshold,
+                }),
+                LinkKind::Responses => Some(Forward::Responses),
+            };
+            r.forwards.extend(f);
+        }
         r
+    }
+
+    /// Replaces the account's imports and exports; every cached match is stale after it.
+    pub fn set_links(&self, links: Vec<Link>) {
+        *self.links.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(links);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// The patterns of the links installed now, with their kind (monitoring, tests).
+    pub fn link_count(&self) -> usize {
+        self.links.read().unwrap_or_else(|e| e.into_inner()).len()
     }
 }
 

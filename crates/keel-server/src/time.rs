@@ -60,6 +60,19 @@ pub fn rfc3339(ts: i64) -> String {
     s
 }
 
+/// RFC 3339 of whole Unix seconds (certificate dates, which may lie far beyond what
+/// nanoseconds in an i64 can hold).
+pub fn rfc3339_secs(secs: i64) -> String {
+    let (y, m, d) = civil_from_days(secs.div_euclid(86400));
+    let rem = secs.rem_euclid(86400);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 /// Parses RFC 3339 (`Z` or `±hh:mm` offsets, optional fraction). The zero time parses to 0.
 pub fn parse_rfc3339(s: &str) -> Option<i64> {
     let b = s.as_bytes();

@@ -1080,3 +1080,32 @@ async fn jetstream_domain() {
 fn keys_of(v: &Value) -> Vec<String> {
     v.as_object().unwrap().keys().cloned().collect()
 }
+
+/// `filter_subject: ">"` (what nats.js ordered consumers send) is kept and echoed as given,
+/// as the reference does, and still filters nothing.
+#[tokio::test]
+async fn filter_subject_all_is_echoed() {
+    let server = Server::start_jetstream();
+    let client = server.client().await;
+    create_stream(&client, json!({"name": "FA", "subjects": ["fa.>"]})).await;
+    let resp = request(
+        &client,
+        "CONSUMER.CREATE.FA.C",
+        json!({"stream_name": "FA", "config": {"name": "C", "filter_subject": ">", "ack_policy": "none"}}),
+    )
+    .await;
+    assert_eq!(ok(&resp)["config"]["filter_subject"], ">", "{resp}");
+    let info = request(&client, "CONSUMER.INFO.FA.C", json!({})).await;
+    assert_eq!(ok(&info)["config"]["filter_subject"], ">", "{info}");
+    client.publish("fa.x", "1".into()).await.unwrap();
+    client.flush().await.unwrap();
+    let deadline = std::time::Instant::now() + common::STEP;
+    loop {
+        let info = request(&client, "CONSUMER.INFO.FA.C", json!({})).await;
+        if info["num_pending"] == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{info}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}

@@ -265,8 +265,12 @@ impl ConsumerConfig {
             .is_some_and(|s| !s.is_empty())
     }
 
+    /// The effective filters: `filter_subject: ">"` is echoed as given (the reference keeps
+    /// it) but filters nothing.
     pub fn filters(&self) -> Vec<String> {
-        if !self.filter_subject.is_empty() {
+        if self.filter_subject == ">" {
+            vec![]
+        } else if !self.filter_subject.is_empty() {
             vec![self.filter_subject.clone()]
         } else {
             self.filter_subjects.clone()
@@ -303,9 +307,6 @@ impl ConsumerConfig {
         }
         if !self.filter_subject.is_empty() && !self.filter_subjects.is_empty() {
             return Err(ErrorKind::ConsumerFilterAndFilters.err());
-        }
-        if self.filter_subject == ">" {
-            self.filter_subject.clear();
         }
         for f in self.filters() {
             if f.is_empty() {

@@ -70,7 +70,8 @@ impl JetStream {
             .store_dir
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join("keel"));
-        let account = server.accounts.global().clone();
+        // The account with `jetstream: enabled` when accounts are configured, else `$G`.
+        let account = server.accounts.jetstream_account();
         let streams_dir = store_dir
             .join("jetstream")
             .join(&account.name)
@@ -157,8 +158,15 @@ impl JetStream {
             max_memory: self.max_memory,
             max_store: self.max_store,
             usage: self.registry.usage(&self.account.name),
+            account: self.account.clone(),
             meta: self.meta.clone(),
         }
+    }
+
+    /// The storage limit for `storage`: the server's, or the account's (`accounts { A: {
+    /// jetstream: { max_mem, max_file } } }`) where that is lower; -1 = none.
+    pub fn storage_limit(&self, storage: StorageType) -> i64 {
+        storage_limit(self.max_memory, self.max_store, &self.account, storage)
     }
 
     /// The `max_bytes` that streams of this storage type reserve (all but `except`).
@@ -210,6 +218,27 @@ async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
         for s in js.streams() {
             s.tick();
         }
+    }
+}
+
+/// The storage limit for `storage` of a stream in `account`: the server's
+/// (`max_memory`, `max_store`), or the account's where that is lower; -1 = none. Read at
+/// each use, so a reload that changes the account's limits applies at once.
+pub fn storage_limit(
+    max_memory: i64,
+    max_store: i64,
+    account: &Account,
+    storage: StorageType,
+) -> i64 {
+    let acc = account.jetstream_limits();
+    let (server, account) = match storage {
+        StorageType::Memory => (max_memory, acc.max_mem),
+        StorageType::File => (max_store, acc.max_file),
+    };
+    match (server < 0, account < 0) {
+        (true, _) => account,
+        (false, true) => server,
+        (false, false) => server.min(account),
     }
 }
 

@@ -45,6 +45,12 @@ pub fn reason_text(r: Option<CloseReason>) -> &'static str {
         Some(CloseReason::MaxConnections) => "Maximum Connections Exceeded",
         Some(CloseReason::WriteError) => "Write Error",
         Some(CloseReason::ReadError) => "Read Error",
+        Some(CloseReason::TlsHandshakeError) => "TLS Handshake Failure",
+        Some(CloseReason::AuthenticationFailure) => "Authentication Failure",
+        Some(CloseReason::AuthenticationTimeout) => "Authentication Timeout",
+        Some(CloseReason::AuthenticationExpired) => "Authentication Expired",
+        Some(CloseReason::MaxAccountConnections) => "Maximum Account Connections Exceeded",
+        Some(CloseReason::MaxPayload) => "Maximum Message Payload Exceeded",
     }
 }
 

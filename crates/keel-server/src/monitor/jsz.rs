@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use super::endpoints::GLOBAL_ACCOUNT;
 use super::query::Query;
 use super::Ctx;
 use crate::jetstream::stream::{StorageType, Stream};
@@ -119,7 +118,7 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     let streams = js.streams();
     let usage = Usage::from_streams(&streams);
     // One pass over the streams: totals, and the details when they were asked for.
-    let want_detail = (accounts || !acc.is_empty()) && acc_matches(&acc);
+    let want_detail = (accounts || !acc.is_empty()) && (acc.is_empty() || acc == js.account.name);
     let mut n_consumers = 0usize;
     let (mut messages, mut bytes) = (0u64, 0u64);
     let mut details = Vec::new();
@@ -161,8 +160,8 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     if want_detail && offset == 0 {
         // The account's own limits are unlimited: the reference shows -1 as uint64 here.
         let mut a = json!({
-            "name": GLOBAL_ACCOUNT,
-            "id": GLOBAL_ACCOUNT,
+            "name": js.account.name,
+            "id": js.account.name,
             "memory": usage.memory,
             "storage": usage.storage,
             "reserved_memory": u64::MAX,
@@ -178,10 +177,6 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     }
     v["total"] = 1.into();
     Ok(v)
-}
-
-fn acc_matches(acc: &str) -> bool {
-    acc.is_empty() || acc == GLOBAL_ACCOUNT
 }
 
 fn stream_detail(

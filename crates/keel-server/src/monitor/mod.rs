@@ -21,6 +21,7 @@ mod jsz;
 mod metrics;
 pub(crate) mod proc;
 mod query;
+pub(crate) mod sysreq;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -36,29 +37,44 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::Value;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 use crate::server::Server;
 use query::Query;
 
-pub use closed::ClosedConns;
+pub use closed::{reason_text, ClosedConns};
+pub(crate) use endpoints::{account_statz, nanos};
 use metrics::encode_metrics;
 
-/// Binds the monitoring listener on `http_host` (else `host`) and `http_port` (0 or -1: any
-/// free port).
+/// Binds the monitoring listener on `http_host` (else `host`) and `http_port` or
+/// `https_port` (0 or -1: any free port).
 pub async fn bind(server: &Server) -> std::io::Result<TcpListener> {
     let host = server
         .opts
         .http_host
         .as_deref()
         .unwrap_or(&server.opts.host);
-    let port = server.opts.http_port.unwrap_or(0);
+    let port = server
+        .opts
+        .http_port
+        .or(server.opts.https_port)
+        .unwrap_or(0);
     let port = if port <= 0 { 0 } else { port as u16 };
     crate::server::bind_tcp(host, port, &server.log)
 }
 
-/// Serves monitoring requests until the server shuts down.
+/// Serves monitoring requests until the server shuts down; over TLS with `https_port`.
 pub async fn serve(server: Arc<Server>, listener: TcpListener) {
+    let tls = if server.opts.https_port.is_some() {
+        server.opts.tls.as_ref().map(|t| {
+            (
+                tokio_rustls::TlsAcceptor::from(t.monitor.clone()),
+                t.opts.timeout(),
+            )
+        })
+    } else {
+        None
+    };
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
     let ctx = Arc::new(Ctx::new(server.clone(), port));
     if server.opts.http_dashboard {
@@ -68,9 +84,22 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener) {
     loop {
         tokio::select! {
             r = listener.accept() => match r {
-                Ok((stream, _)) => {
-                    server.spawn(connection(ctx.clone(), stream));
-                }
+                Ok((stream, _)) => match &tls {
+                    None => {
+                        let _ = stream.set_nodelay(true);
+                        server.spawn(connection(ctx.clone(), stream));
+                    }
+                    Some((acceptor, timeout)) => {
+                        let (ctx, acceptor, timeout) = (ctx.clone(), acceptor.clone(), *timeout);
+                        server.spawn(async move {
+                            let _ = stream.set_nodelay(true);
+                            // A client that never finishes its handshake holds a task no longer.
+                            if let Ok(Ok(s)) = tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+                                connection(ctx, s).await;
+                            }
+                        });
+                    }
+                },
                 // Out of file descriptors and the like: back off instead of spinning.
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             },
@@ -97,7 +126,7 @@ pub(crate) struct Ctx {
 const CONCURRENT_REQUESTS: usize = 4;
 
 impl Ctx {
-    fn new(server: Arc<Server>, http_port: u16) -> Ctx {
+    pub(crate) fn new(server: Arc<Server>, http_port: u16) -> Ctx {
         Ctx {
             server,
             http_port,
@@ -125,8 +154,10 @@ impl Ctx {
     }
 }
 
-async fn connection(ctx: Arc<Ctx>, stream: TcpStream) {
-    let _ = stream.set_nodelay(true);
+async fn connection<S>(ctx: Arc<Ctx>, stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let mut shutdown = ctx.server.shutdown_rx();
     let svc_ctx = ctx.clone();
     let svc = service_fn(move |req: Request<Incoming>| {

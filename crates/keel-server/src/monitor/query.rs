@@ -23,6 +23,11 @@ impl Query {
         Query { pairs }
     }
 
+    /// A query from decoded pairs (the options of a `$SYS` request).
+    pub fn from_pairs(pairs: Vec<(String, String)>) -> Query {
+        Query { pairs }
+    }
+
     /// The first value for `key` (Go's `Values.Get`).
     pub fn get(&self, key: &str) -> Option<&str> {
         self.pairs

@@ -183,6 +183,11 @@ impl Server {
         Server::launch(Some(conf), false, &[])
     }
 
+    /// A configuration file plus command-line flags (flags override the file).
+    pub fn start_with_config_and_args(conf: &str, extra: &[&str]) -> Server {
+        Server::launch(Some(conf), false, extra)
+    }
+
     /// Starts a server with JetStream enabled: `-js -sd <tempdir>/store`.
     pub fn start_jetstream() -> Server {
         Server::launch(None, true, &[])
@@ -417,6 +422,38 @@ impl Server {
                     read_log(&self.log_path)
                 ));
             }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The configuration file the server was started with (`start_with_config`).
+    pub fn config_path(&self) -> PathBuf {
+        self._dir.path().join("server.conf")
+    }
+
+    /// Rewrites the configuration file and reloads it (SIGHUP), waiting until the server
+    /// logs that it reloaded.
+    pub fn reload_config(&self, conf: &str) {
+        fs::write(self.config_path(), conf).expect("write config");
+        let before = self
+            .full_log()
+            .matches("Reloaded server configuration")
+            .count();
+        let _ = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status();
+        self.wait_log_count("Reloaded server configuration", before + 1);
+    }
+
+    /// Waits until `text` appears at least `n` times in the log.
+    pub fn wait_log_count(&self, text: &str, n: usize) {
+        let deadline = Instant::now() + STEP;
+        while self.full_log().matches(text).count() < n {
+            assert!(
+                Instant::now() < deadline,
+                "{text:?} not logged {n} times; log:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -1033,4 +1070,230 @@ impl Node {
             Node::Process(mut s) => s.stop(),
         }
     }
+}
+// ---------------------------------------------------------------------------
+// TLS: certificates made by each test (rcgen), a raw TLS client, HTTPS GET
+// ---------------------------------------------------------------------------
+
+/// A CA, a server certificate for `localhost`/`127.0.0.1`, a client certificate from the same
+/// CA, and a second CA with a client certificate of its own (the "wrong CA" cases). All are
+/// generated at run time into a temp dir: no private key is ever committed.
+pub struct TestCerts {
+    dir: TempDir,
+    /// Hex SHA-256 of the client certificate's SubjectPublicKeyInfo (`pinned_certs`).
+    pub client_spki_sha256: String,
+}
+
+/// The client certificate's subject and names (verify_and_map, /connz tls_peer_certs).
+pub const CLIENT_CN: &str = "alice";
+pub const CLIENT_EMAIL: &str = "alice@example.org";
+pub const CLIENT_DNS: &str = "alice.example.org";
+pub const CLIENT_URI: &str = "spiffe://example.org/alice";
+
+impl TestCerts {
+    pub fn new() -> TestCerts {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
+            KeyUsagePurpose, SanType,
+        };
+        let dir = TempDir::new("keel-tls-certs");
+        let write = |name: &str, text: &str| fs::write(dir.path().join(name), text).unwrap();
+        let make_ca = |cn: &str| {
+            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.distinguished_name = DistinguishedName::new();
+            p.distinguished_name.push(DnType::CommonName, cn);
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+            let key = KeyPair::generate().unwrap();
+            let cert = p.self_signed(&key).unwrap();
+            (cert, Issuer::new(p, key))
+        };
+        let (ca_cert, ca) = make_ca("Keel Test CA");
+        let (other_ca_cert, other_ca) = make_ca("Other Test CA");
+        write("ca.pem", &ca_cert.pem());
+        write("other-ca.pem", &other_ca_cert.pem());
+
+        let mut sp = CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+        sp.distinguished_name = DistinguishedName::new();
+        sp.distinguished_name.push(DnType::CommonName, "localhost");
+        let skey = KeyPair::generate().unwrap();
+        write("server-cert.pem", &sp.signed_by(&skey, &ca).unwrap().pem());
+        write("server-key.pem", &skey.serialize_pem());
+
+        let client = |issuer: &Issuer<'_, KeyPair>, prefix: &str| {
+            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.distinguished_name = DistinguishedName::new();
+            // DC (0.9.2342.19200300.100.1.25), then O, OU, CN: Go prints the DC last.
+            p.distinguished_name.push(
+                DnType::CustomDnType(vec![0, 9, 2342, 19200300, 100, 1, 25]),
+                "example",
+            );
+            p.distinguished_name
+                .push(DnType::OrganizationName, "Acme, Inc.");
+            p.distinguished_name
+                .push(DnType::OrganizationalUnitName, "dev");
+            p.distinguished_name.push(DnType::CommonName, CLIENT_CN);
+            p.subject_alt_names = vec![
+                SanType::Rfc822Name(CLIENT_EMAIL.try_into().unwrap()),
+                SanType::DnsName(CLIENT_DNS.try_into().unwrap()),
+                SanType::URI(CLIENT_URI.try_into().unwrap()),
+            ];
+            let key = KeyPair::generate().unwrap();
+            let cert = p.signed_by(&key, issuer).unwrap();
+            write(&format!("{prefix}client-cert.pem"), &cert.pem());
+            write(&format!("{prefix}client-key.pem"), &key.serialize_pem());
+            key
+        };
+        let ckey = client(&ca, "");
+        client(&other_ca, "other-");
+        let spki = rcgen::PublicKeyData::subject_public_key_info(&ckey);
+        let digest = <sha2::Sha256 as sha2::Digest>::digest(&spki);
+        let client_spki_sha256 = digest.iter().map(|b| format!("{b:02x}")).collect();
+        TestCerts {
+            dir,
+            client_spki_sha256,
+        }
+    }
+
+    /// Path of one of the files (`ca.pem`, `server-cert.pem`, `server-key.pem`,
+    /// `client-cert.pem`, `client-key.pem`, `other-ca.pem`, `other-client-*.pem`).
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `cert_file` and `key_file` of the server, for a `tls { }` block.
+    pub fn server_keys(&self) -> String {
+        format!(
+            "cert_file: {:?}, key_file: {:?}",
+            self.path("server-cert.pem").display().to_string(),
+            self.path("server-key.pem").display().to_string()
+        )
+    }
+
+    /// `ca_file` (the test CA) for a `tls { }` block.
+    pub fn ca_key(&self) -> String {
+        format!("ca_file: {:?}", self.path("ca.pem").display().to_string())
+    }
+
+    /// async-nats options trusting the test CA, with the client certificate when `cert`.
+    pub fn client_options(&self, cert: bool) -> async_nats::ConnectOptions {
+        let mut o = async_nats::ConnectOptions::new()
+            .require_tls(true)
+            .add_root_certificates(self.path("ca.pem"));
+        if cert {
+            o = o.add_client_certificate(self.path("client-cert.pem"), self.path("client-key.pem"));
+        }
+        o
+    }
+
+    /// A rustls client config trusting the test CA (`ca` file name), presenting the client
+    /// certificate of `client` (`""`, `"other-"`) when given.
+    pub fn rustls_client(&self, ca: &str, client: Option<&str>) -> rustls::ClientConfig {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(self.path(ca)).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let b = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        match client {
+            None => b.with_no_client_auth(),
+            Some(prefix) => {
+                let chain =
+                    CertificateDer::pem_file_iter(self.path(&format!("{prefix}client-cert.pem")))
+                        .unwrap()
+                        .collect::<Result<Vec<_>, _>>()
+                        .unwrap();
+                let key =
+                    PrivateKeyDer::from_pem_file(self.path(&format!("{prefix}client-key.pem")))
+                        .unwrap();
+                b.with_client_auth_cert(chain, key).unwrap()
+            }
+        }
+    }
+}
+
+/// Runs a TLS client handshake on `tcp` (server name `localhost`).
+pub async fn tls_handshake(
+    tcp: TcpStream,
+    config: rustls::ClientConfig,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    tokio::time::timeout(STEP, connector.connect(name, tcp))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out"))?
+}
+
+/// Reads one CRLF-terminated line from any stream (TLS included), byte by byte.
+pub async fn read_line_from<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> String {
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    loop {
+        let n = tokio::time::timeout(STEP, s.read(&mut b))
+            .await
+            .expect("timed out reading a line")
+            .expect("read failed");
+        assert!(
+            n == 1,
+            "connection closed after {:?}",
+            String::from_utf8_lossy(&line)
+        );
+        line.push(b[0]);
+        if line.ends_with(b"\r\n") {
+            line.truncate(line.len() - 2);
+            return String::from_utf8_lossy(&line).into_owned();
+        }
+    }
+}
+
+/// The JSON of an `INFO {...} ` line.
+pub fn info_json(line: &str) -> serde_json::Value {
+    let json = line
+        .strip_prefix("INFO ")
+        .unwrap_or_else(|| panic!("expected INFO, got {line:?}"));
+    serde_json::from_str(json.trim()).expect("INFO JSON")
+}
+
+/// GET `path` over HTTPS (trusting the test CA); returns (status, body).
+pub async fn https_get(certs: &TestCerts, port: u16, path: &str) -> (u16, String) {
+    let tcp = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let mut s = tls_handshake(tcp, certs.rustls_client("ca.pem", None))
+        .await
+        .expect("HTTPS handshake");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    // Go may end the TLS session without close_notify; what was read counts.
+    let _ = tokio::time::timeout(STEP, s.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    if !chunked {
+        return (status, body.to_string());
+    }
+    let mut rest = body;
+    let mut out = String::new();
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || tail.len() < n {
+            break;
+        }
+        out.push_str(&tail[..n]);
+        rest = tail[n..].trim_start_matches("\r\n");
+    }
+    (status, out)
 }

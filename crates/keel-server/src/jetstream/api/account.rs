@@ -15,7 +15,7 @@ pub fn info(js: &JetStream) -> AccountInfo {
         reserved_storage: js.reserved(StorageType::File, None),
         streams: streams.len(),
         consumers: streams.iter().map(|s| s.consumers.len()).sum(),
-        limits: AccountLimits::unlimited(),
+        limits: AccountLimits::of(&js.account.jetstream_limits()),
         domain: js.domain.clone(),
         api: ApiStats {
             level: API_LEVEL,

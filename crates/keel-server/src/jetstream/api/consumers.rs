@@ -155,6 +155,15 @@ fn create_consumer(
     if let Some(d) = cfg.durable_name.clone().filter(|d| !d.is_empty()) {
         cfg.name = Some(d);
     }
+    // The account's max_ack_pending is the default and the ceiling.
+    let ack_limit = js.account.jetstream_limits().max_ack_pending;
+    if ack_limit > 0 && cfg.ack_policy != consumer::AckPolicy::None {
+        if cfg.max_ack_pending == 0 {
+            cfg.max_ack_pending = ack_limit;
+        } else if cfg.max_ack_pending > ack_limit || cfg.max_ack_pending < 0 {
+            return Err(ErrorKind::ConsumerMaxAckPendingExceeds.with(ack_limit));
+        }
+    }
     let cfg = cfg.normalize(scfg.retention)?;
     if let Some(ds) = &cfg.deliver_subject {
         // Delivering into the stream's own subjects would store every delivery again.
@@ -201,6 +210,18 @@ fn create_consumer(
     cfg.check_supported()?;
     let consumers = js.consumers_of(stream_name);
     if scfg.max_consumers > 0 && consumers.len() as i64 >= scfg.max_consumers {
+        return Err(ErrorKind::MaxConsumers.err());
+    }
+    // The account's limit counts the consumers of all its streams.
+    let account_max = js.account.jetstream_limits().max_consumers;
+    if account_max >= 0
+        && js
+            .streams()
+            .iter()
+            .map(|s| s.consumers.len())
+            .sum::<usize>() as i64
+            >= account_max
+    {
         return Err(ErrorKind::MaxConsumers.err());
     }
     if scfg.retention == stream::Retention::Workqueue {

@@ -110,6 +110,8 @@ error_table! {
     /// Storing failed (limits with discard new, a storage failure: the reason as detail).
     StoreFailed = (503, 10077, "{}");
     HeaderTooLarge = (400, 10097, "header size exceeds maximum allowed of 64k");
+    MaxBytesRequired = (400, 10113, "account requires a stream config to have max bytes set");
+    StreamMaxBytesExceedsAccount = (400, 10122, "stream max bytes exceeds account limit max stream bytes");
     Sealed = (400, 10109, "invalid operation on sealed stream");
     PurgeFailed = (500, 10110, "{}");
     RollupFailed = (500, 10111, "{}");
@@ -163,6 +165,7 @@ error_table! {
     ConsumerNameTooLong = (400, 10102, "consumer name is too long, maximum allowed is 255");
     ConsumerStore = (500, 10104, "error creating store for consumer: {}");
     ConsumerFlowControlHeartbeat = (400, 10108, "consumer with flow control also needs heartbeats");
+    ConsumerMaxAckPendingExceeds = (400, 10121, "consumer max ack pending exceeds system limit of {}");
     ConsumerMaxRequestBatch = (400, 10114, "consumer max request batch needs to be > 0");
     ConsumerMaxRequestExpires = (400, 10115, "consumer max request expires needs to be >= 1ms");
     ConsumerBackoffMaxDeliver = (400, 10116, "max deliver is required to be > length of backoff values");

@@ -112,10 +112,22 @@ fn check_resources(
     cfg: &StreamConfig,
     except: Option<&str>,
 ) -> Result<(), ApiError> {
-    let (limit, err) = match cfg.storage {
-        StorageType::Memory => (js.max_memory, ErrorKind::InsufficientMemory.err()),
-        StorageType::File => (js.max_store, ErrorKind::InsufficientStorage.err()),
+    let limit = js.storage_limit(cfg.storage);
+    let err = match cfg.storage {
+        StorageType::Memory => ErrorKind::InsufficientMemory.err(),
+        StorageType::File => ErrorKind::InsufficientStorage.err(),
     };
+    let acc = js.account.jetstream_limits();
+    if acc.max_bytes_required && cfg.max_bytes <= 0 {
+        return Err(ErrorKind::MaxBytesRequired.err());
+    }
+    let per_stream = match cfg.storage {
+        StorageType::Memory => acc.mem_max_stream_bytes,
+        StorageType::File => acc.disk_max_stream_bytes,
+    };
+    if per_stream > 0 && cfg.max_bytes > per_stream {
+        return Err(ErrorKind::StreamMaxBytesExceedsAccount.err());
+    }
     if limit < 0 {
         return Ok(());
     }
@@ -159,6 +171,10 @@ pub async fn create(
     sourcing::check_filters(&cfg)?;
     check_overlap(js, &cfg)?;
     check_resources(js, &cfg, None)?;
+    let max_streams = js.account.jetstream_limits().max_streams;
+    if max_streams >= 0 && js.streams().len() as i64 >= max_streams {
+        return Err(ErrorKind::MaxStreams.err());
+    }
     let s = registry::create_stream(js, server, cfg).await?;
     advisory::stream_action(server, router, name, advisory::Action::Create);
     let created = StreamCreateResponse {

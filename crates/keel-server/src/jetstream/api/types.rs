@@ -250,17 +250,17 @@ pub struct AccountLimits {
 }
 
 impl AccountLimits {
-    /// No limits (the reference's -1s), as for an account without configured limits.
-    pub fn unlimited() -> AccountLimits {
+    /// The account's own limits (-1: none).
+    pub fn of(l: &crate::auth::conf::JsAccountOpts) -> AccountLimits {
         AccountLimits {
-            max_memory: -1,
-            max_storage: -1,
-            max_streams: -1,
-            max_consumers: -1,
-            max_ack_pending: -1,
-            memory_max_stream_bytes: -1,
-            storage_max_stream_bytes: -1,
-            max_bytes_required: false,
+            max_memory: l.max_mem,
+            max_storage: l.max_file,
+            max_streams: l.max_streams,
+            max_consumers: l.max_consumers,
+            max_ack_pending: l.max_ack_pending,
+            memory_max_stream_bytes: l.mem_max_stream_bytes,
+            storage_max_stream_bytes: l.disk_max_stream_bytes,
+            max_bytes_required: l.max_bytes_required,
         }
     }
 }

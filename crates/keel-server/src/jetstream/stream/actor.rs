@@ -18,7 +18,7 @@ use keel_store::{Purge, Store, StoreError};
 use tokio::sync::{mpsc, oneshot};
 
 use super::apply::Applied;
-use super::config::{Retention, StorageType, StreamConfig};
+use super::config::{Retention, StreamConfig};
 use super::decide::{self, store_error, Intake, Leader, PubResult};
 use super::entry::StreamEntry;
 use super::read::{blocking, WriteHandle};
@@ -125,13 +125,15 @@ impl<R: Replicator> Core<R> {
         self.stream.handle_log()
     }
 
-    /// How many bytes the stream may hold under the server-wide memory or file store
-    /// limit, or None when unlimited.
+    /// How many bytes the stream may hold under the server-wide (or the account's lower)
+    /// memory or file store limit, or None when unlimited.
     fn budget(&self) -> Option<u64> {
-        let limit = match self.stream.storage {
-            StorageType::Memory => self.settings.max_memory,
-            StorageType::File => self.settings.max_store,
-        };
+        let limit = crate::jetstream::storage_limit(
+            self.settings.max_memory,
+            self.settings.max_store,
+            &self.settings.account,
+            self.stream.storage,
+        );
         if limit < 0 {
             return None;
         }
