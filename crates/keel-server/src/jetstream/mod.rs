@@ -3,7 +3,8 @@
 //! publishing to their reply subjects (`api/`); each stream subscribes to its own subjects
 //! and has one writer, its actor (`stream/`); the registry (`registry.rs`) owns which streams
 //! and consumers exist. Stream configs live in `<store_dir>/jetstream/<account>/streams/<name>/`;
-//! JetStream serves the global account `$G`, and its in-process clients are bound to it.
+//! JetStream serves each account with `jetstream: enabled` (else `$G`), one [`JetStream`]
+//! each, and its in-process clients are bound to that account.
 //! ARCHITECTURE.md ("JetStream inside") has the whole shape.
 
 pub mod advisory;
@@ -32,11 +33,132 @@ use crate::server::Server;
 use crate::sublist::Sub;
 use stream::{StorageType, Stream};
 
+/// The server's JetStream: one [`JetStream`] per account that has it (the accounts with
+/// `jetstream: enabled`, else `$G`), sharing the store directory (and its lock), the
+/// registry and the metadata files. Which accounts have JetStream is fixed at start.
+pub struct JetStreams {
+    list: Vec<Arc<JetStream>>,
+    /// Every account's streams and consumers.
+    pub registry: Arc<registry::Registry>,
+    /// Held for the life of the process: one server per store directory.
+    _lock: keel_store::DirLock,
+}
+
+impl JetStreams {
+    /// Opens the store directory, recovers every account's streams found there, and starts
+    /// serving each account's API.
+    pub fn start(server: &Arc<Server>) -> Result<Arc<JetStreams>, String> {
+        let opts = &server.opts;
+        let store_dir = opts
+            .store_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("keel"));
+        // Two servers on one store would both hand out the same sequences; the second
+        // refuses to start (the kernel drops the lock when the holder exits, even on kill).
+        let lock = keel_store::lock_dir(&store_dir)?;
+        // Unset (or negative): the reference's defaults from the machine, so `/jsz` and
+        // `/varz` report a real limit, and it is enforced.
+        let max_memory = opts
+            .max_memory_store
+            .filter(|m| *m >= 0)
+            .unwrap_or_else(crate::monitor::proc::default_max_memory);
+        let max_store = opts
+            .max_file_store
+            .filter(|m| *m >= 0)
+            .unwrap_or_else(|| crate::monitor::proc::default_max_store(&store_dir));
+        let registry = Arc::new(registry::Registry::new());
+        let meta = keel_store::MetaFiles::new();
+        let mut list = Vec::new();
+        for account in server.accounts.jetstream_accounts() {
+            let streams_dir = store_dir
+                .join("jetstream")
+                .join(&account.name)
+                .join("streams");
+            std::fs::create_dir_all(&streams_dir)
+                .map_err(|e| format!("cannot create {}: {e}", streams_dir.display()))?;
+            let (requests, requests_rx) = tokio::sync::mpsc::channel(registry::REQUEST_QUEUE);
+            let js = Arc::new(JetStream {
+                streams_dir,
+                store_dir: store_dir.clone(),
+                registry: registry.clone(),
+                requests,
+                api_total: AtomicU64::new(0),
+                api_errors: AtomicU64::new(0),
+                max_memory,
+                max_store,
+                sync_interval: opts.sync_interval,
+                strict: opts.jetstream_strict,
+                domain: opts.jetstream_domain.clone(),
+                account,
+                server_name: server.server_name.clone(),
+                meta: meta.clone(),
+            });
+            registry::recover(&js, server)?;
+            js.serve(server, requests_rx);
+            list.push(js);
+        }
+        Ok(Arc::new(JetStreams {
+            list,
+            registry,
+            _lock: lock,
+        }))
+    }
+
+    /// Every account's JetStream (at least one).
+    pub fn all(&self) -> &[Arc<JetStream>] {
+        &self.list
+    }
+
+    /// The JetStream of `account`, if it has JetStream.
+    pub fn account(&self, account: &str) -> Option<&Arc<JetStream>> {
+        self.list.iter().find(|js| js.account.name == account)
+    }
+
+    /// The first account's: for what every account shares (limits, domain, store).
+    pub fn first(&self) -> &Arc<JetStream> {
+        &self.list[0]
+    }
+
+    /// Every account's streams.
+    pub fn streams(&self) -> Vec<Arc<Stream>> {
+        self.registry.all_streams()
+    }
+
+    /// A stream's consumers (of any account's stream).
+    pub fn consumers_of(&self, stream: &Stream) -> Vec<Arc<consumer::Consumer>> {
+        self.registry
+            .consumers(&stream.account().name, &stream.name)
+    }
+
+    pub fn domain(&self) -> Option<&str> {
+        self.first().domain.as_deref()
+    }
+
+    /// API requests answered, and errors, over every account.
+    pub fn api_stats(&self) -> (u64, u64) {
+        self.list.iter().fold((0, 0), |(t, e), js| {
+            let (t2, e2) = js.api_stats();
+            (t + t2, e + e2)
+        })
+    }
+
+    /// After every task ended: each account's consumers' state is written and synced.
+    pub fn shutdown(&self) {
+        for js in &self.list {
+            js.shutdown();
+        }
+    }
+}
+
+/// One account's JetStream: its streams (in the shared registry, under its name), its API
+/// on its own subject space, and its usage and API counters.
 pub struct JetStream {
     pub streams_dir: PathBuf,
     pub store_dir: PathBuf,
-    /// Account -> streams -> consumers: their lifecycle.
-    pub registry: registry::Registry,
+    /// Account -> streams -> consumers: their lifecycle (shared by every account).
+    pub registry: Arc<registry::Registry>,
+    /// Where this account's consumers ask the registry's task (their removal).
+    pub(crate) requests: tokio::sync::mpsc::Sender<registry::Request>,
     pub(crate) api_total: AtomicU64,
     pub(crate) api_errors: AtomicU64,
     /// Server-wide limits (`jetstream { max_memory_store, max_file_store }`); -1 = none.
@@ -50,66 +172,23 @@ pub struct JetStream {
     /// `jetstream { domain }`: named in INFO, acks, infos and advisories; the API is also
     /// served on `$JS.<domain>.API.>`.
     pub domain: Option<String>,
-    /// Held for the life of the process: one server per store directory.
-    _lock: keel_store::DirLock,
     /// The account whose streams these are (its subjects, its clients).
     pub account: Arc<Account>,
     /// The server's name (stream info's `cluster.leader`).
     pub server_name: String,
-    /// This instance's metadata files (no process-wide instance: each remembers which files
-    /// it made durable).
+    /// The server's metadata files (no process-wide instance: each server remembers which
+    /// files it made durable).
     pub meta: keel_store::MetaFiles,
 }
 
 impl JetStream {
-    /// Opens the store directory, recovers every stream found there, and starts serving
-    /// the API.
-    pub fn start(server: &Arc<Server>) -> Result<Arc<JetStream>, String> {
-        let opts = &server.opts;
-        let store_dir = opts
-            .store_dir
-            .clone()
-            .unwrap_or_else(|| std::env::temp_dir().join("keel"));
-        // The account with `jetstream: enabled` when accounts are configured, else `$G`.
-        let account = server.accounts.jetstream_account();
-        let streams_dir = store_dir
-            .join("jetstream")
-            .join(&account.name)
-            .join("streams");
-        // Two servers on one store would both hand out the same sequences; the second
-        // refuses to start (the kernel drops the lock when the holder exits, even on kill).
-        let lock = keel_store::lock_dir(&store_dir)?;
-        std::fs::create_dir_all(&streams_dir)
-            .map_err(|e| format!("cannot create {}: {e}", streams_dir.display()))?;
-        // Unset (or negative): the reference's defaults from the machine, so `/jsz` and
-        // `/varz` report a real limit, and it is enforced.
-        let max_memory = opts
-            .max_memory_store
-            .filter(|m| *m >= 0)
-            .unwrap_or_else(crate::monitor::proc::default_max_memory);
-        let max_store = opts
-            .max_file_store
-            .filter(|m| *m >= 0)
-            .unwrap_or_else(|| crate::monitor::proc::default_max_store(&store_dir));
-        let (requests, requests_rx) = tokio::sync::mpsc::channel(registry::REQUEST_QUEUE);
-        let js = Arc::new(JetStream {
-            streams_dir,
-            store_dir,
-            registry: registry::Registry::new(requests),
-            api_total: AtomicU64::new(0),
-            api_errors: AtomicU64::new(0),
-            max_memory,
-            max_store,
-            sync_interval: opts.sync_interval,
-            strict: opts.jetstream_strict,
-            domain: opts.jetstream_domain.clone(),
-            _lock: lock,
-            account,
-            server_name: server.server_name.clone(),
-            meta: keel_store::MetaFiles::new(),
-        });
-        registry::recover(&js, server)?;
-
+    /// Subscribes the account's API and starts its tasks (API, registry requests, ticks).
+    fn serve(
+        self: &Arc<Self>,
+        server: &Arc<Server>,
+        requests_rx: tokio::sync::mpsc::Receiver<registry::Request>,
+    ) {
+        let js = self;
         let (handle, rx) = ClientHandle::internal(
             server,
             &js.account,
@@ -130,7 +209,6 @@ impl JetStream {
         server.spawn(api::run(js.clone(), server.clone(), rx));
         server.spawn(registry::run(js.clone(), server.clone(), requests_rx));
         server.spawn(maintenance_loop(js.clone(), server.clone()));
-        Ok(js)
     }
 
     pub fn stream(&self, name: &str) -> Option<Arc<Stream>> {
@@ -158,25 +236,40 @@ impl JetStream {
             max_memory: self.max_memory,
             max_store: self.max_store,
             usage: self.registry.usage(&self.account.name),
+            server_usage: self.registry.total_usage(),
             account: self.account.clone(),
             meta: self.meta.clone(),
         }
     }
 
-    /// The storage limit for `storage`: the server's, or the account's (`accounts { A: {
-    /// jetstream: { max_mem, max_file } } }`) where that is lower; -1 = none.
-    pub fn storage_limit(&self, storage: StorageType) -> i64 {
-        storage_limit(self.max_memory, self.max_store, &self.account, storage)
+    /// The server's storage limit for `storage` (-1: none).
+    pub fn server_limit(&self, storage: StorageType) -> i64 {
+        match storage {
+            StorageType::Memory => self.max_memory,
+            StorageType::File => self.max_store,
+        }
     }
 
-    /// The `max_bytes` that streams of this storage type reserve (all but `except`).
+    /// The account's own storage limit for `storage` (`accounts { A: { jetstream: {
+    /// max_mem, max_file } } }`); -1 = none.
+    pub fn account_limit(&self, storage: StorageType) -> i64 {
+        account_limit(&self.account, storage)
+    }
+
+    /// The `max_bytes` that this account's streams of this storage type reserve (all but
+    /// `except`).
     pub fn reserved(&self, storage: StorageType, except: Option<&str>) -> i64 {
-        self.streams()
-            .iter()
-            .filter(|s| s.storage == storage && Some(s.name.as_str()) != except)
-            .map(|s| s.config().max_bytes)
-            .filter(|b| *b > 0)
-            .sum()
+        reserved(&self.streams(), storage, except)
+    }
+
+    /// The same over every account's streams (against the server's limits).
+    pub fn reserved_by_all(&self, storage: StorageType, except: Option<&str>) -> i64 {
+        let all = self.registry.all_streams();
+        let mine = |s: &&Arc<Stream>| {
+            !(Some(s.name.as_str()) == except && Arc::ptr_eq(s.account(), &self.account))
+        };
+        let others: Vec<Arc<Stream>> = all.iter().filter(mine).cloned().collect();
+        reserved(&others, storage, None)
     }
 
     /// API requests answered and how many of them were errors.
@@ -221,25 +314,23 @@ async fn maintenance_loop(js: Arc<JetStream>, server: Arc<Server>) {
     }
 }
 
-/// The storage limit for `storage` of a stream in `account`: the server's
-/// (`max_memory`, `max_store`), or the account's where that is lower; -1 = none. Read at
-/// each use, so a reload that changes the account's limits applies at once.
-pub fn storage_limit(
-    max_memory: i64,
-    max_store: i64,
-    account: &Account,
-    storage: StorageType,
-) -> i64 {
+/// An account's own storage limit for `storage` (-1: none). Read at each use, so a reload
+/// that changes the account's limits applies at once.
+pub fn account_limit(account: &Account, storage: StorageType) -> i64 {
     let acc = account.jetstream_limits();
-    let (server, account) = match storage {
-        StorageType::Memory => (max_memory, acc.max_mem),
-        StorageType::File => (max_store, acc.max_file),
-    };
-    match (server < 0, account < 0) {
-        (true, _) => account,
-        (false, true) => server,
-        (false, false) => server.min(account),
+    match storage {
+        StorageType::Memory => acc.max_mem,
+        StorageType::File => acc.max_file,
     }
+}
+
+fn reserved(streams: &[Arc<Stream>], storage: StorageType, except: Option<&str>) -> i64 {
+    streams
+        .iter()
+        .filter(|s| s.storage == storage && Some(s.name.as_str()) != except)
+        .map(|s| s.config().max_bytes)
+        .filter(|b| *b > 0)
+        .sum()
 }
 
 /// The server's JetStream domain, if one is configured.

@@ -8,8 +8,9 @@
 //! Deleting a stream stops each of its consumers and waits for their tasks before the
 //! stream itself goes.
 //!
-//! Streams are keyed by account: today JetStream serves `$G` only, and issue 13 adds the
-//! other accounts (with their limits next to [`JsUsage`]).
+//! Streams are keyed by account: one registry serves every account with JetStream (each
+//! account's `JetStream` looks up only its own), so two accounts' streams of one name are
+//! two streams; the usage of each account adds up to the server's (for its limits).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -33,6 +34,8 @@ use crate::time::now_nanos;
 pub struct JsUsage {
     memory: AtomicU64,
     file: AtomicU64,
+    /// The server's usage, which an account's is part of (None for the server's own).
+    total: Option<Arc<JsUsage>>,
 }
 
 impl JsUsage {
@@ -45,6 +48,9 @@ impl JsUsage {
 
     /// A stream of `storage` went from `old` to `new` bytes.
     pub fn change(&self, storage: StorageType, old: u64, new: u64) {
+        if let Some(t) = &self.total {
+            t.change(storage, old, new);
+        }
         let a = self.of(storage);
         if new >= old {
             a.fetch_add(new - old, Ordering::Relaxed);
@@ -150,7 +156,6 @@ impl StreamSlot {
     }
 }
 
-#[derive(Default)]
 struct AccountStreams {
     usage: Arc<JsUsage>,
     streams: BTreeMap<String, StreamSlot>,
@@ -173,15 +178,37 @@ impl Removed {
 
 pub struct Registry {
     accounts: RwLock<BTreeMap<String, AccountStreams>>,
-    requests: tokio::sync::mpsc::Sender<Request>,
+    /// Every account's streams' bytes (for the server-wide limits).
+    total: Arc<JsUsage>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::new()
+    }
 }
 
 impl Registry {
-    pub fn new(requests: tokio::sync::mpsc::Sender<Request>) -> Registry {
+    pub fn new() -> Registry {
         Registry {
             accounts: RwLock::new(BTreeMap::new()),
-            requests,
+            total: Arc::new(JsUsage::default()),
         }
+    }
+
+    fn account_entry<'a>(
+        g: &'a mut BTreeMap<String, AccountStreams>,
+        total: &Arc<JsUsage>,
+        account: &str,
+    ) -> &'a mut AccountStreams {
+        g.entry(account.to_string())
+            .or_insert_with(|| AccountStreams {
+                usage: Arc::new(JsUsage {
+                    total: Some(total.clone()),
+                    ..JsUsage::default()
+                }),
+                streams: BTreeMap::new(),
+            })
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, AccountStreams>> {
@@ -192,21 +219,27 @@ impl Registry {
         self.accounts.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Where consumers send their requests.
-    pub fn requests(&self) -> tokio::sync::mpsc::Sender<Request> {
-        self.requests.clone()
-    }
-
     /// The account's usage counters (created with the account's first stream).
     pub fn usage(&self, account: &str) -> Arc<JsUsage> {
         if let Some(a) = self.read().get(account) {
             return a.usage.clone();
         }
-        self.write()
-            .entry(account.to_string())
-            .or_default()
+        Self::account_entry(&mut self.write(), &self.total, account)
             .usage
             .clone()
+    }
+
+    /// The server's usage: every account's streams.
+    pub fn total_usage(&self) -> Arc<JsUsage> {
+        self.total.clone()
+    }
+
+    /// Every account's streams (by account, then name).
+    pub fn all_streams(&self) -> Vec<Arc<Stream>> {
+        self.read()
+            .values()
+            .flat_map(|a| a.streams.values().map(|s| s.stream.clone()))
+            .collect()
     }
 
     pub fn stream(&self, account: &str, name: &str) -> Option<Arc<Stream>> {
@@ -246,7 +279,7 @@ impl Registry {
     /// Lists a stream (created or recovered). False if the name is taken.
     pub fn insert_stream(&self, account: &str, stream: Arc<Stream>) -> bool {
         let mut g = self.write();
-        let a = g.entry(account.to_string()).or_default();
+        let a = Self::account_entry(&mut g, &self.total, account);
         if a.streams.contains_key(&stream.name) {
             return false;
         }
@@ -386,14 +419,8 @@ fn recover_consumers(js: &JetStream, server: &Arc<Server>, stream: &Arc<Stream>)
         match consumer::read_meta(&js.meta, &cdir, &server.log) {
             Ok(meta) => {
                 let name = e.file_name().to_string_lossy().into_owned();
-                let (c, task) = Consumer::start(
-                    server,
-                    stream,
-                    name,
-                    meta,
-                    Some(cdir),
-                    js.registry.requests(),
-                );
+                let (c, task) =
+                    Consumer::start(server, stream, name, meta, Some(cdir), js.requests.clone());
                 js.registry
                     .insert_consumer(&js.account.name, &stream.name, c, task);
             }
@@ -521,7 +548,7 @@ pub fn create_consumer(
     dir: Option<PathBuf>,
 ) -> Result<Arc<Consumer>, ApiError> {
     let cdir = dir.clone();
-    let (c, task) = Consumer::start(server, s, name, meta, dir, js.registry.requests());
+    let (c, task) = Consumer::start(server, s, name, meta, dir, js.requests.clone());
     if let Err(e) = c.persist_meta() {
         c.stop(server, router);
         drop(task);

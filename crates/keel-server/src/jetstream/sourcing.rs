@@ -782,7 +782,12 @@ async fn run(
         }
         let Some(t) = target.upgrade() else { return };
         // Streams recovered at startup start their sources before JetStream is published.
-        let Some(js) = server.jetstream.get().cloned() else {
+        // The origin is in the stream's own account.
+        let js = server
+            .jetstream
+            .get()
+            .and_then(|j| j.account(&t.account().name).cloned());
+        let Some(js) = js else {
             drop(t);
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(20)) => {}

@@ -112,7 +112,6 @@ fn check_resources(
     cfg: &StreamConfig,
     except: Option<&str>,
 ) -> Result<(), ApiError> {
-    let limit = js.storage_limit(cfg.storage);
     let err = match cfg.storage {
         StorageType::Memory => ErrorKind::InsufficientMemory.err(),
         StorageType::File => ErrorKind::InsufficientStorage.err(),
@@ -128,15 +127,26 @@ fn check_resources(
     if per_stream > 0 && cfg.max_bytes > per_stream {
         return Err(ErrorKind::StreamMaxBytesExceedsAccount.err());
     }
-    if limit < 0 {
-        return Ok(());
-    }
-    if cfg.max_bytes > limit {
-        return Err(err);
-    }
-    let reserved = js.reserved(cfg.storage, except);
-    if cfg.max_bytes > 0 && reserved + cfg.max_bytes > limit {
-        return Err(err);
+    // The server's limit holds every account's reservations, the account's its own.
+    let limits = [
+        (js.server_limit(cfg.storage), true),
+        (js.account_limit(cfg.storage), false),
+    ];
+    for (limit, all) in limits {
+        if limit < 0 {
+            continue;
+        }
+        if cfg.max_bytes > limit {
+            return Err(err);
+        }
+        let reserved = if all {
+            js.reserved_by_all(cfg.storage, except)
+        } else {
+            js.reserved(cfg.storage, except)
+        };
+        if cfg.max_bytes > 0 && reserved + cfg.max_bytes > limit {
+            return Err(err.clone());
+        }
     }
     Ok(())
 }

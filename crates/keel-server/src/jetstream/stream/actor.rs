@@ -18,7 +18,7 @@ use keel_store::{Purge, Store, StoreError};
 use tokio::sync::{mpsc, oneshot};
 
 use super::apply::Applied;
-use super::config::{Retention, StreamConfig};
+use super::config::{Retention, StorageType, StreamConfig};
 use super::decide::{self, store_error, Intake, Leader, PubResult};
 use super::entry::StreamEntry;
 use super::read::{blocking, WriteHandle};
@@ -26,6 +26,7 @@ use super::replicator::Replicator;
 use super::{Settings, Stream, StreamMeta};
 use crate::client::InMsg;
 use crate::jetstream::api::{ApiError, ErrorKind};
+use crate::jetstream::registry::JsUsage;
 use crate::jetstream::republish;
 use crate::jetstream::sourcing::{SourcedBatch, Taken};
 use crate::router::{Outgoing, Router};
@@ -125,25 +126,31 @@ impl<R: Replicator> Core<R> {
         self.stream.handle_log()
     }
 
-    /// How many bytes the stream may hold under the server-wide (or the account's lower)
-    /// memory or file store limit, or None when unlimited.
+    /// How many bytes the stream may hold under the server-wide memory or file store
+    /// limit (every account's streams count) and its account's (the account's streams
+    /// count), or None when unlimited.
     fn budget(&self) -> Option<u64> {
-        let limit = crate::jetstream::storage_limit(
-            self.settings.max_memory,
-            self.settings.max_store,
-            &self.settings.account,
-            self.stream.storage,
-        );
-        if limit < 0 {
-            return None;
-        }
+        let storage = self.stream.storage;
         let mine = self.stream.bytes.load(std::sync::atomic::Ordering::Relaxed);
-        let others = self
-            .settings
-            .usage
-            .bytes(self.stream.storage)
-            .saturating_sub(mine);
-        Some((limit as u64).saturating_sub(others))
+        let left = |limit: i64, usage: &JsUsage| {
+            (limit >= 0).then(|| {
+                let others = usage.bytes(storage).saturating_sub(mine);
+                (limit as u64).saturating_sub(others)
+            })
+        };
+        let server_limit = match storage {
+            StorageType::Memory => self.settings.max_memory,
+            StorageType::File => self.settings.max_store,
+        };
+        let server = left(server_limit, &self.settings.server_usage);
+        let account = left(
+            crate::jetstream::account_limit(&self.settings.account, storage),
+            &self.settings.usage,
+        );
+        match (server, account) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Interest retention keeps a message only while some consumer wants its subject: the

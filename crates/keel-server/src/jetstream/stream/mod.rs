@@ -52,6 +52,8 @@ pub struct Settings {
     pub max_store: i64,
     /// The account's usage, which this stream's bytes are part of.
     pub usage: Arc<JsUsage>,
+    /// Every account's usage (against the server-wide limits).
+    pub server_usage: Arc<JsUsage>,
     /// The account whose stream this is (its JetStream limits lower the server's).
     pub account: Arc<crate::account::Account>,
     pub meta: MetaFiles,
