@@ -146,6 +146,10 @@ pub struct PubAsyncArgs {
     /// Publishes awaiting their ack at once, per publisher
     #[arg(long, default_value_t = 256)]
     pub inflight: usize,
+    /// Spread the messages over this many subjects, SUBJECT.0 to SUBJECT.<N-1> in turn, on
+    /// a stream keeping the last message of each (a key-value bucket's shape)
+    #[arg(long, value_name = "N")]
+    pub keys: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -228,6 +232,16 @@ fn js_error(e: impl std::fmt::Display) -> String {
 
 /// Deletes and creates the benchmark stream.
 async fn fresh_stream(client: &Client, ctx: &Ctx, s: &StreamOpts) -> Res<stream::Stream> {
+    fresh_stream_with(client, ctx, s, None).await
+}
+
+/// The same; with `keys`, on SUBJECT.> keeping one message per subject.
+async fn fresh_stream_with(
+    client: &Client,
+    ctx: &Ctx,
+    s: &StreamOpts,
+    keys: Option<u64>,
+) -> Res<stream::Stream> {
     crate::js::check_name("stream", &s.stream)?;
     let js = context(client, &ctx.conn, 1);
     match js.delete_stream(&s.stream).await {
@@ -243,11 +257,16 @@ async fn fresh_stream(client: &Client, ctx: &Ctx, s: &StreamOpts) -> Res<stream:
     }
     js.create_stream(stream::Config {
         name: s.stream.clone(),
-        subjects: vec![s.subject.clone()],
+        subjects: vec![match keys {
+            Some(_) => format!("{}.>", s.subject),
+            None => s.subject.clone(),
+        }],
         storage: match s.storage {
             BenchStorage::File => stream::StorageType::File,
             BenchStorage::Memory => stream::StorageType::Memory,
         },
+        max_messages_per_subject: if keys.is_some() { 1 } else { 0 },
+        allow_direct: keys.is_some(),
         ..Default::default()
     })
     .await
@@ -396,11 +415,17 @@ async fn bench_pub_async(ctx: &Ctx, a: &PubAsyncArgs, progress: bool) -> Res<Rep
     check_counts("inflight", a.inflight)?;
     let clients = ctx.connect_many(a.pubs, publisher_opts).await?;
     check_size(&clients[0], a.s.size)?;
-    fresh_stream(&clients[0], ctx, &a.s).await?;
+    if a.keys == Some(0) {
+        return Err("--keys must be at least 1".into());
+    }
+    fresh_stream_with(&clients[0], ctx, &a.s, a.keys).await?;
     let bar = Progress::new("publish", a.s.msgs, progress);
     let (go_tx, go_rx) = watch::channel(false);
     let mut set = JoinSet::new();
+    let mut first = 0u64;
     for (client, count) in clients.iter().cloned().zip(split(a.s.msgs, a.pubs)) {
+        let (base, keys) = (first, a.keys);
+        first += count;
         let inflight = a.inflight;
         let js = context(&client, &ctx.conn, inflight);
         let (subject, payload, mut go) = (a.s.subject.clone(), payload_of(a.s.size), go_rx.clone());
@@ -409,14 +434,18 @@ async fn bench_pub_async(ctx: &Ctx, a: &PubAsyncArgs, progress: bool) -> Res<Rep
             wait_for_start(&mut go).await?;
             let mut acks = VecDeque::with_capacity(inflight);
             let ack_err = |e: jetstream::context::PublishError| format!("publish ack failed: {e}");
-            for _ in 0..count {
+            for i in 0..count {
                 if acks.len() >= inflight {
                     let fut: jetstream::context::PublishAckFuture = acks.pop_front().unwrap();
                     fut.await.map_err(ack_err)?;
                     done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
+                let subj = match keys {
+                    Some(k) => format!("{subject}.{}", (base + i) % k),
+                    None => subject.clone(),
+                };
                 acks.push_back(
-                    js.publish(subject.clone(), payload.clone())
+                    js.publish(subj, payload.clone())
                         .await
                         .map_err(|e| format!("publish failed: {}", js_error(e)))?,
                 );
@@ -460,6 +489,7 @@ async fn bench_pub_async(ctx: &Ctx, a: &PubAsyncArgs, progress: bool) -> Res<Rep
     let mut json = stream_json("js-pub-async", ctx, &a.s);
     json["pubs"] = json!(a.pubs);
     json["inflight"] = json!(a.inflight);
+    json["keys"] = json!(a.keys);
     json["pub"] = rate.json();
     Ok(Report { text, json })
 }

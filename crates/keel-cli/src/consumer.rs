@@ -1,4 +1,5 @@
-//! `keel consumer ...`: add, edit, info, ls, rm, next, with the `nats` CLI's
+//! `keel consumer ...`: add, edit, info, state, report, ls, rm, next, sub, pause, resume and
+//! reset, with the `nats` CLI's
 //! flags and, where `nats` would prompt, its defaults (pull, deliver all, ack
 //! explicit). `--durable` works both with a name (`--durable worker`) and as
 //! a plain flag next to a positional name (`consumer add S worker --durable`).
@@ -8,8 +9,8 @@ use clap::{Args, Subcommand, ValueEnum};
 use futures::StreamExt;
 use serde_json::{json, Map, Value};
 
-use crate::js::{check_name, consumer_error, stream_error, Js};
-use crate::output::{ago, b, dur_ns, fmt_time, i, n, now_ns, print_json, s, u, Cols, Table};
+use crate::js::{check_name, consumer_error, stream_error, Js, JsError};
+use crate::output::{ago, b, dur, dur_ns, fmt_time, i, n, now_ns, print_json, s, u, Cols, Table};
 use crate::util::{confirm, header_lines, parse_duration, ConnSettings, Res};
 
 #[derive(Subcommand, Debug)]
@@ -37,6 +38,52 @@ pub enum ConsumerCmd {
     Report(ReportArgs),
     /// Receive messages from a push or pull consumer until interrupted
     Sub(SubArgs),
+    /// Pause a consumer until a later time
+    Pause(PauseArgs),
+    /// Resume a paused consumer
+    Resume(ResumeArgs),
+    /// Resets the consumer to a previous state
+    Reset(ResetArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PauseArgs {
+    /// Stream name
+    stream: String,
+    /// Consumer name
+    consumer: String,
+    /// Pause until a time (`2006-01-02 15:04:05`, UTC, or RFC 3339) or for a duration
+    /// (`1h30m`); default an hour from now, the answer nats offers when it prompts
+    #[arg(value_name = "TIME")]
+    until: Option<String>,
+    /// Force pause without prompting
+    #[arg(short, long)]
+    force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ResumeArgs {
+    /// Stream name
+    stream: String,
+    /// Consumer name
+    consumer: String,
+    /// Force resume without prompting
+    #[arg(short, long)]
+    force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ResetArgs {
+    /// Stream name
+    stream: String,
+    /// Consumer name
+    consumer: String,
+    /// Sequence to reset to (default: one past the ack floor)
+    #[arg(long)]
+    sequence: Option<u64>,
+    /// Force reset without prompting
+    #[arg(short, long)]
+    force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -280,7 +327,142 @@ pub async fn run(conn: &ConnSettings, cmd: &ConsumerCmd, json: bool) -> Res<()> 
         }
         ConsumerCmd::Report(a) => report(&js, a, json).await,
         ConsumerCmd::Sub(a) => sub(&js, a).await,
+        ConsumerCmd::Pause(a) => pause(&js, a, json).await,
+        ConsumerCmd::Resume(a) => resume(&js, a, json).await,
+        ConsumerCmd::Reset(a) => reset(&js, a, json).await,
     }
+}
+
+/// The `nats consumer pause` time: `2006-01-02 15:04:05` (UTC, as Go's time.Parse reads
+/// it), an RFC 3339 time, or a duration from now. Nanoseconds since the epoch.
+fn parse_pause_until(until: &str) -> Res<i128> {
+    let t = until.trim();
+    if t.len() == 19 && t.as_bytes()[10] == b' ' {
+        if let Some(ns) = crate::output::parse_time(&format!("{}T{}Z", &t[..10], &t[11..])) {
+            return Ok(ns);
+        }
+    }
+    if let Some(ns) = crate::output::parse_time(t) {
+        return Ok(ns);
+    }
+    match parse_duration(t) {
+        Ok(d) => Ok(crate::output::now_ns() + d.as_nanos() as i128),
+        Err(_) => Err(format!(
+            "could not parse the pause time {until:?} as either timestamp (2006-01-02 15:04:05) or duration (1h30m)"
+        )),
+    }
+}
+
+async fn pause(js: &Js, a: &PauseArgs, json_out: bool) -> Res<()> {
+    let until = parse_pause_until(a.until.as_deref().unwrap_or("1h"))?;
+    js.consumer_info(&a.stream, &a.consumer).await?;
+    let local = crate::output::fmt_time_ns(until);
+    if !confirm(
+        &format!(
+            "Really pause Consumer {} > {} until {local}",
+            a.stream, a.consumer
+        ),
+        a.force,
+    )? {
+        return Ok(());
+    }
+    let resp = js
+        .api(
+            &format!("CONSUMER.PAUSE.{}.{}", a.stream, a.consumer),
+            Some(&json!({ "pause_until": crate::output::rfc3339_ns(until) })),
+        )
+        .await
+        .map_err(consumer_error(&a.stream, &a.consumer))?;
+    if json_out {
+        print_json(&resp);
+        return Ok(());
+    }
+    if !b(&resp, "paused") {
+        return Err("consumer failed to pause, perhaps a time in the past was given".into());
+    }
+    let remaining = std::time::Duration::from_nanos(u(&resp, "pause_remaining"));
+    let shown = crate::output::parse_time(s(&resp, "pause_until")).unwrap_or(until);
+    println!(
+        "Paused {} > {} until {} ({})",
+        a.stream,
+        a.consumer,
+        crate::output::fmt_time_ns(shown),
+        dur(round_secs(remaining))
+    );
+    Ok(())
+}
+
+/// Rounds to whole seconds, as Go's `Duration.Round(time.Second)`.
+fn round_secs(d: std::time::Duration) -> std::time::Duration {
+    std::time::Duration::from_secs((d.as_millis() as u64 + 500) / 1000)
+}
+
+async fn resume(js: &Js, a: &ResumeArgs, json_out: bool) -> Res<()> {
+    let info = js.consumer_info(&a.stream, &a.consumer).await?;
+    if !b(&info, "paused") {
+        return Err("consumer is not paused".into());
+    }
+    // When the pause would have ended, as the server saw it.
+    let ends = crate::output::parse_time(s(&info, "ts"))
+        .map(|ts| ts + u(&info, "pause_remaining") as i128)
+        .or_else(|| crate::output::parse_time(s(&info["config"], "pause_until")))
+        .unwrap_or(0);
+    if !confirm(
+        &format!("Really resume Consumer {} > {}", a.stream, a.consumer),
+        a.force,
+    )? {
+        return Ok(());
+    }
+    let resp = js
+        .api(&format!("CONSUMER.PAUSE.{}.{}", a.stream, a.consumer), None)
+        .await
+        .map_err(consumer_error(&a.stream, &a.consumer))?;
+    if b(&resp, "paused") {
+        return Err(format!(
+            "consumer {} > {} is still paused after the resume request",
+            a.stream, a.consumer
+        ));
+    }
+    if json_out {
+        print_json(&resp);
+        return Ok(());
+    }
+    println!(
+        "Consumer {} > {} was resumed while previously paused until {}",
+        a.stream,
+        a.consumer,
+        crate::output::fmt_time_ns(ends)
+    );
+    Ok(())
+}
+
+async fn reset(js: &Js, a: &ResetArgs, json_out: bool) -> Res<()> {
+    js.consumer_info(&a.stream, &a.consumer).await?;
+    if !confirm("Really reset the consumer", a.force)? {
+        return Ok(());
+    }
+    let body = a.sequence.map(|seq| json!({ "seq": seq }));
+    let resp = js
+        .api(
+            &format!("CONSUMER.RESET.{}.{}", a.stream, a.consumer),
+            body.as_ref(),
+        )
+        .await
+        .map_err(|e| match e {
+            // A consumer answers its own resets; nobody answering means it is gone.
+            JsError::Other(m) if m.starts_with("JetStream is not enabled") => format!(
+                "consumer {} > {} not found (list them with `keel consumer ls {}`)",
+                a.stream, a.consumer, a.stream
+            ),
+            e => consumer_error(&a.stream, &a.consumer)(e),
+        })?;
+    if json_out {
+        print_json(&resp);
+        return Ok(());
+    }
+    // The answer is the consumer's info as the reset left it.
+    show(&resp, false, true);
+    Ok(())
 }
 
 fn split_list(items: &[String]) -> Vec<String> {
@@ -734,6 +916,26 @@ pub fn show(info: &Value, json_out: bool, state_only: bool) {
             i(cfg, "num_replicas"),
         );
         c.row_if(b(cfg, "mem_storage"), "Memory Storage", true);
+        if let Some(deadline) = crate::output::parse_time(s(cfg, "pause_until")) {
+            if b(info, "paused") {
+                c.row(
+                    "Paused Until Deadline",
+                    format!(
+                        "{} ({} remaining)",
+                        crate::output::fmt_time_ns(deadline),
+                        dur(round_secs(std::time::Duration::from_nanos(u(
+                            info,
+                            "pause_remaining"
+                        ))))
+                    ),
+                );
+            } else {
+                c.row(
+                    "Paused Until Deadline",
+                    format!("{} (passed)", crate::output::fmt_time_ns(deadline)),
+                );
+            }
+        }
     }
 
     c.section("State");
@@ -796,6 +998,18 @@ pub fn show(info: &Value, json_out: bool, state_only: bool) {
             } else {
                 format!("{} of unlimited", n(u(info, "num_waiting")))
             },
+        );
+    }
+    if b(info, "paused") {
+        let remaining = std::time::Duration::from_nanos(u(info, "pause_remaining"));
+        let ends = crate::output::parse_time(ts).map(|t| t + remaining.as_nanos() as i128);
+        c.row(
+            "Paused Until",
+            format!(
+                "{} ({} remaining)",
+                ends.map(crate::output::fmt_time_ns).unwrap_or_default(),
+                dur(round_secs(remaining))
+            ),
         );
     }
     print!("{}", c.render());

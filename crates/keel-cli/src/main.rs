@@ -10,6 +10,7 @@
 mod bench;
 mod bench_js;
 mod bench_nats;
+mod check;
 mod commands;
 mod consumer;
 mod context;
@@ -18,6 +19,7 @@ mod js;
 mod kv;
 mod object;
 mod output;
+mod server;
 mod stream;
 mod stream_ops;
 mod sys;
@@ -62,7 +64,7 @@ enum Command {
     /// JetStream streams: add, edit, info, report, find, view, get, rmm, purge, seal, copy, backup, restore, rm ...
     #[command(subcommand, visible_aliases = ["str", "s"])]
     Stream(stream::StreamCmd),
-    /// JetStream consumers: add, edit, info, state, report, ls, next, sub, rm
+    /// JetStream consumers: add, edit, info, state, report, ls, next, sub, pause, resume, reset, rm
     #[command(subcommand, visible_aliases = ["con", "c"])]
     Consumer(consumer::ConsumerCmd),
     /// Key-value buckets: add, edit, put, get, create, update, del, purge, revert, history, watch, compact, ls, rm
@@ -74,9 +76,9 @@ enum Command {
     /// The account: JetStream usage and limits
     #[command(subcommand)]
     Account(sys::AccountCmd),
-    /// The server: ping (round trip times), info
-    #[command(subcommand)]
-    Server(sys::ServerCmd),
+    /// Servers, through the system account: ping, list, info, report, check
+    #[command(subcommand, visible_aliases = ["srv", "sys", "system"])]
+    Server(server::ServerCmd),
     /// Show JetStream advisories and metrics as the server publishes them
     #[command(visible_alias = "event")]
     Events(events::EventsArgs),
@@ -190,7 +192,7 @@ fn main() -> ExitCode {
             Command::Rtt(a) => sys::rtt(&conn, a, json).await,
             Command::Context(_) => unreachable!("handled before connecting"),
             Command::Account(c) => sys::account(&conn, c, json).await,
-            Command::Server(c) => sys::server(&conn, c, json).await,
+            Command::Server(c) => server::run(&conn, c, json).await,
             Command::Events(a) => events::run(&conn, a, json).await,
             Command::Bench(a) => bench::run(&conn, a, json).await,
         }
@@ -202,7 +204,8 @@ fn main() -> ExitCode {
 
 fn finish(result: Result<(), String>) -> ExitCode {
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        // A health check's Nagios status (0 OK, 1 WARNING, 2 CRITICAL).
+        Ok(()) => ExitCode::from(check::EXIT_CODE.load(std::sync::atomic::Ordering::Relaxed)),
         Err(msg) => {
             eprintln!("keel: error: {msg}");
             ExitCode::FAILURE

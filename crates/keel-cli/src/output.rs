@@ -96,6 +96,7 @@ pub struct Table {
     title: String,
     headers: Vec<String>,
     rows: Vec<Vec<String>>,
+    footer: Option<Vec<String>>,
 }
 
 impl Table {
@@ -104,6 +105,7 @@ impl Table {
             title: title.into(),
             headers: headers.iter().map(|h| h.to_string()).collect(),
             rows: Vec::new(),
+            footer: None,
         }
     }
 
@@ -111,10 +113,15 @@ impl Table {
         self.rows.push(row);
     }
 
+    /// A totals row under a rule, as the `nats` CLI's table footers.
+    pub fn footer(&mut self, row: Vec<String>) {
+        self.footer = Some(row);
+    }
+
     pub fn render(&self) -> String {
         let n = self.headers.len();
         let mut w: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
-        for r in &self.rows {
+        for r in self.rows.iter().chain(self.footer.iter()) {
             for (i, c) in r.iter().enumerate().take(n) {
                 w[i] = w[i].max(c.chars().count());
             }
@@ -151,6 +158,10 @@ impl Table {
         out.push_str(&line("├", "┼", "┤"));
         for r in &self.rows {
             out.push_str(&cells(r));
+        }
+        if let Some(f) = &self.footer {
+            out.push_str(&line("├", "┼", "┤"));
+            out.push_str(&cells(f));
         }
         out.push_str(&line("╰", "┴", "╯"));
         out

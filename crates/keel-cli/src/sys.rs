@@ -1,8 +1,4 @@
-//! `keel account info` and `keel server ping|info`.
-//!
-//! `server info` shows the INFO the server sent this client on connect, and
-//! `server ping` measures round trips to it; neither needs the system
-//! account that `nats server ...` uses.
+//! `keel account info` and `keel rtt` (the `server` commands are in server.rs).
 
 use std::time::{Duration, Instant};
 
@@ -11,30 +7,12 @@ use serde_json::json;
 
 use crate::js::Js;
 use crate::output::{b, i, ibytes, n, print_json, u, Cols};
-use crate::util::{parse_duration, redact, ConnSettings, Pinger, Res};
+use crate::util::{redact, ConnSettings, Pinger, Res};
 
 #[derive(Subcommand, Debug)]
 pub enum AccountCmd {
     /// Show the connection and the account's JetStream usage and limits
     Info,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum ServerCmd {
-    /// Measure round trip times to the server
-    Ping(PingArgs),
-    /// Show what the server announced in its INFO
-    Info,
-}
-
-#[derive(Args, Debug)]
-pub struct PingArgs {
-    /// Number of round trips
-    #[arg(long, short = 'c', default_value_t = 5)]
-    count: u32,
-    /// Pause between round trips
-    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
-    interval: Duration,
 }
 
 pub async fn account(conn: &ConnSettings, _cmd: &AccountCmd, json_out: bool) -> Res<()> {
@@ -118,133 +96,6 @@ pub async fn account(conn: &ConnSettings, _cmd: &AccountCmd, json_out: bool) -> 
     print!("{}", c.render());
     println!();
     Ok(())
-}
-
-pub async fn server(conn: &ConnSettings, cmd: &ServerCmd, json_out: bool) -> Res<()> {
-    let client = conn.connect().await?;
-    match cmd {
-        ServerCmd::Info => {
-            let i = client.server_info();
-            let v = json!({
-                "server_id": i.server_id,
-                "server_name": i.server_name,
-                "version": i.version,
-                "proto": i.proto,
-                "go": i.go,
-                "host": i.host,
-                "port": i.port,
-                "headers": i.headers,
-                "auth_required": i.auth_required,
-                "tls_required": i.tls_required,
-                "max_payload": i.max_payload,
-                "jetstream": i.jetstream,
-                "client_id": i.client_id,
-                "client_ip": i.client_ip,
-                "cluster": i.cluster,
-                "domain": i.domain,
-                "connect_urls": i.connect_urls,
-                "ldm": i.lame_duck_mode,
-            });
-            if json_out {
-                print_json(&v);
-                return Ok(());
-            }
-            let mut c = Cols::new(format!(
-                "Server information for {} ({})",
-                if i.server_name.is_empty() {
-                    &i.server_id
-                } else {
-                    &i.server_name
-                },
-                redact(&conn.server)
-            ));
-            c.section("Process Details");
-            c.row("Server ID", &i.server_id);
-            c.row_if(!i.server_name.is_empty(), "Server Name", &i.server_name);
-            c.row("Version", &i.version);
-            c.row_if(!i.go.is_empty(), "Go Version", &i.go);
-            c.row("Protocol", i.proto);
-            c.row("Host", format!("{}:{}", i.host, i.port));
-            c.section("Features");
-            c.row("JetStream", i.jetstream);
-            c.row("Headers", i.headers);
-            c.row("Auth Required", i.auth_required);
-            c.row("TLS Required", i.tls_required);
-            c.row("Maximum Payload", ibytes(i.max_payload as u64));
-            c.row_if(
-                i.cluster.is_some(),
-                "Cluster",
-                i.cluster.clone().unwrap_or_default(),
-            );
-            c.row_if(
-                i.domain.is_some(),
-                "Domain",
-                i.domain.clone().unwrap_or_default(),
-            );
-            c.section("This Connection");
-            c.row("Client ID", i.client_id);
-            c.row("Client IP", &i.client_ip);
-            print!("{}", c.render());
-            println!();
-            Ok(())
-        }
-        ServerCmd::Ping(a) => {
-            if a.count == 0 {
-                return Err("--count must be at least 1".into());
-            }
-            let name = {
-                let i = client.server_info();
-                if i.server_name.is_empty() {
-                    i.server_id
-                } else {
-                    i.server_name
-                }
-            };
-            let mut pinger = Pinger::new(&client).await?;
-            let mut rtts = Vec::new();
-            for k in 0..a.count {
-                if k > 0 {
-                    tokio::time::sleep(a.interval).await;
-                }
-                let t0 = Instant::now();
-                pinger.ping(conn.timeout).await?;
-                let rtt = t0.elapsed();
-                if !json_out {
-                    println!(
-                        "{} ({name}) seq={} rtt={}",
-                        redact(&conn.server),
-                        k + 1,
-                        fmt_rtt(rtt)
-                    );
-                }
-                rtts.push(rtt);
-            }
-            let min = rtts.iter().min().copied().unwrap_or_default();
-            let max = rtts.iter().max().copied().unwrap_or_default();
-            let avg = rtts.iter().sum::<Duration>() / rtts.len() as u32;
-            if json_out {
-                let us: Vec<f64> = rtts.iter().map(|d| d.as_nanos() as f64 / 1e3).collect();
-                print_json(&json!({
-                    "server": redact(&conn.server),
-                    "server_name": name,
-                    "count": a.count,
-                    "rtt_us": us,
-                    "min_us": min.as_nanos() as f64 / 1e3,
-                    "avg_us": avg.as_nanos() as f64 / 1e3,
-                    "max_us": max.as_nanos() as f64 / 1e3,
-                }));
-            } else {
-                println!(
-                    "\n--- {} round trips: min/avg/max = {} / {} / {}",
-                    a.count,
-                    fmt_rtt(min),
-                    fmt_rtt(avg),
-                    fmt_rtt(max)
-                );
-            }
-            Ok(())
-        }
-    }
 }
 
 fn fmt_rtt(d: Duration) -> String {

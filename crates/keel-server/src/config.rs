@@ -47,6 +47,9 @@ pub struct Opts {
     /// `jetstream { sync_interval }`: None (the default, `always`) syncs before every ack;
     /// a duration acknowledges at once and syncs on that interval (the reference's mode).
     pub sync_interval: Option<Duration>,
+    /// `jetstream { index_cache_size }`: memory for file streams' message index entries
+    /// read from disk, shared by all streams (keel's own key; default 64 MiB).
+    pub index_cache_size: Option<i64>,
     /// `jetstream { strict }`: refuse API requests with fields the reference does not know
     /// (the reference's default, true) or decode them ignoring those fields.
     pub jetstream_strict: bool,
@@ -98,6 +101,7 @@ impl Default for Opts {
             max_memory_store: None,
             max_file_store: None,
             sync_interval: None,
+            index_cache_size: None,
             jetstream_strict: true,
             jetstream_domain: None,
             debug: false,
@@ -178,7 +182,7 @@ log_file, pid_file, store_dir, https_port, https, allow_non_tls, tls { cert_file
 ca_file, certs, verify, verify_and_map, insecure, timeout, handshake_first, cipher_suites,
 curve_preferences, allow_insecure_cipher_suites, min_version, pinned_certs,
 connection_rate_limit }, jetstream { store_dir, max_memory_store, max_file_store,
-sync_interval, strict, domain, enabled }, authorization { user, password, token, timeout,
+sync_interval, index_cache_size, strict, domain, enabled }, authorization { user, password, token, timeout,
 users, permissions }, accounts { NAME: { users, jetstream, exports, imports,
 default_permissions } }, no_auth_user, system_account, no_system_account, operator, resolver:
 MEMORY, resolver_preload, trusted_keys.
@@ -653,6 +657,13 @@ fn apply_jetstream(opts: &mut Opts, key: &str, v: &Value) -> Result<(), String> 
                         opts.max_file_store = Some(v.as_size().map_err(|e| format!("{k}: {e}"))?)
                     }
                     "enabled" => opts.jetstream = boolean(k, v)?,
+                    "index_cache_size" => {
+                        let n = v.as_size().map_err(|e| format!("{k}: {e}"))?;
+                        if n < 0 {
+                            return Err(format!("{k}: must not be negative"));
+                        }
+                        opts.index_cache_size = Some(n);
+                    }
                     "sync_interval" | "sync" => {
                         opts.sync_interval = match v {
                             Value::Str(s) if s.eq_ignore_ascii_case("always") => None,

@@ -874,3 +874,77 @@ async fn second_server_on_a_store_directory_refuses_to_start() {
     .await
     .unwrap();
 }
+
+/// Bytes of every file under `dir`.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let mut n = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(m) = p.metadata() {
+                n += m.len();
+            }
+        }
+    }
+    n
+}
+
+/// Issue 11 item 2: a work-queue stream that has been consumed and acknowledged gives its
+/// disk space back by itself: no publish, restart or purge needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumed_work_queue_gives_its_disk_back() {
+    if common::is_reference() {
+        // The reference keeps its own block files; this checks Keel's store.
+        return;
+    }
+    let server = Server::start_jetstream();
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
+    let stream = js
+        .create_stream(jetstream::stream::Config {
+            name: "WQ".into(),
+            subjects: vec!["wq".into()],
+            retention: jetstream::stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let n = 12_000;
+    let published = publish_many(&js, "wq", n, 1024).await;
+    assert_eq!(published.len(), n);
+    let dir = server.store_dir().unwrap().join("jetstream/$G/streams/WQ");
+    let full = dir_bytes(&dir);
+    assert!(full > 12 << 20, "{full}");
+    let consumer: jetstream::consumer::PullConsumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some("W".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut got = 0;
+    while got < n {
+        let mut batch = consumer.fetch().max_messages(500).messages().await.unwrap();
+        while let Some(m) = within("fetched message", batch.next()).await {
+            m.unwrap().ack().await.unwrap();
+            got += 1;
+        }
+    }
+    let mut s = js.get_stream("WQ").await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let msgs = s.info().await.unwrap().state.messages;
+        let now = dir_bytes(&dir);
+        if msgs == 0 && now * 20 < full {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{msgs} messages left, {now} of {full} bytes still on disk"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

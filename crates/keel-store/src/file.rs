@@ -36,12 +36,14 @@
 //!   been synced is copied to a `damaged-*.bin` file in the store directory, reported, and
 //!   never served. Opening never fails or panics because of file content.
 
+use crate::cache::IndexCache;
 use crate::handles::Handles;
-use crate::index::{Core, Payload};
+use crate::index::{Core, Meta, Sel, Table};
 use crate::io::{Fs, FsFile, StdFs};
 use crate::ranges::{to_ranges, Ranges};
-use crate::record::{
-    self, Head, HeadParse, Kind, Ledger, Parse, HDR, HEADS_LEN, HEAD_LEN, MAX_RECORD,
+use crate::record::{self, Head, HeadParse, Kind, Ledger, Parse, HDR, HEADS_LEN, HEAD_LEN};
+use crate::segtable::{
+    acct, idx_name, read_summary, seg_name, FileTable, Loc, Other, Seg, Summary, HDR_FLAG,
 };
 use crate::{
     file_msg_size, Limits, Lost, Purge, Result, Snapshot, State, Store, StoreError, StoredMsg,
@@ -49,7 +51,7 @@ use crate::{
 };
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -66,6 +68,14 @@ pub struct FileStoreConfig {
     /// Segment files kept open at once; the least recently used one is closed when another
     /// is needed (the active segment and unsynced ones stay open).
     pub max_open_files: usize,
+    /// Allocate a new segment's file to `segment_size` up front, so that appending to it
+    /// does not change its size: an fdatasync then flushes data only, not the file's
+    /// metadata as well. A sealed segment is cut back to what it holds.
+    pub preallocate: bool,
+    /// The index-block cache this store reads through; the server gives all its file
+    /// stores one (one budget). Without one the store gets a cache of its own
+    /// (`DEFAULT_INDEX_CACHE`).
+    pub index_cache: Option<crate::cache::SharedCache>,
 }
 
 impl Default for FileStoreConfig {
@@ -74,6 +84,8 @@ impl Default for FileStoreConfig {
             segment_size: 8 << 20,
             write_buffer: 128 << 10,
             max_open_files: 256,
+            preallocate: true,
+            index_cache: None,
         }
     }
 }
@@ -108,9 +120,9 @@ pub struct RecoveryReport {
     /// Records read while scanning (all of them without a saved index, only those
     /// appended after it with one).
     pub records_scanned: u64,
-    /// The index saved by the last `close` was valid and used.
+    /// Segment index files were valid and used (the records they cover were not read).
     pub used_index: bool,
-    /// Why a saved index was present but not used.
+    /// Segment index files present but not used, and why (their segments were read).
     pub index_rejected: Option<String>,
     /// Incomplete writes found (cut when at a segment's end).
     pub torn: Vec<TornWrite>,
@@ -152,96 +164,14 @@ pub enum StoreEvent<'a> {
 
 pub type Observer = Box<dyn Fn(&StoreEvent) + Send>;
 
-/// Where a message's record lives: offset and length within its segment (the segment
-/// follows from the sequence). The top bit of `len` says the message has headers, which
-/// is all the reference byte accounting needs besides the record length.
-#[derive(Default, Clone, Copy, Debug)]
-pub(crate) struct Loc {
-    off: u32,
-    len: u32,
-}
-
-const HDR_FLAG: u32 = 1 << 31;
-
-#[cfg(test)]
-pub(crate) fn slot_size() -> usize {
-    std::mem::size_of::<crate::index::Slot<Loc>>()
-}
-
-impl Loc {
-    fn len(&self) -> usize {
-        (self.len & !HDR_FLAG) as usize
-    }
-}
-
-impl Payload for Loc {
-    fn acct_size(&self, _subj_len: usize) -> u64 {
-        // record = 40 + subject + hdr + data; reference = 30 + subject + data, or
-        // 34 + subject + hdr + data with headers.
-        let l = self.len() as u64;
-        if self.len & HDR_FLAG != 0 {
-            l.saturating_sub(6)
-        } else {
-            l.saturating_sub(10)
-        }
-    }
-}
-
-struct Seg {
-    id: u32,
-    /// Bytes in the file. For the active (last) segment the write buffer follows.
-    flushed: u64,
-    /// Range of message sequences recorded here; `first > last` when none. Ranges of
-    /// consecutive segments are contiguous and `last` is monotonic across segments, which
-    /// the by-sequence lookup relies on.
-    first: u64,
-    last: u64,
-    live: u64,
-    /// Tombstones (sequence, message timestamp) in this segment for messages of older
-    /// segments: what must be re-appended if this segment is deleted while those older
-    /// segments remain.
-    ext_tombs: Vec<(u64, i64)>,
-    /// Written since the last fdatasync.
-    dirty: bool,
-    /// Offset and CRC of the last appended record, which the saved index uses to check
-    /// that the segment still holds what it covered.
-    last_rec: Option<(u64, u32)>,
-    /// Starts with a head record (every segment this version creates).
-    head: bool,
-    /// Completed syncs when the segment was created (from its head).
-    created: u64,
-    /// Length as of the last completed sync, which a failed sync truncates back to; None
-    /// for a segment created since.
-    done_len: Option<u64>,
-    /// Length known to be durable, which the head records for the next recovery.
-    proven_len: u64,
-    /// Head slot (0 or 1) the next head rewrite goes to.
-    next_slot: u8,
-}
-
-impl Seg {
-    fn has_msgs(&self) -> bool {
-        self.first <= self.last
-    }
-    fn note_msg(&mut self, seq: u64) {
-        if !self.has_msgs() {
-            self.first = seq;
-            self.last = seq;
-        } else {
-            self.first = self.first.min(seq);
-            self.last = self.last.max(seq);
-        }
-    }
-}
-
 /// Stream storage in a directory of segment files.
 pub struct FileStore {
     fs: Arc<dyn Fs>,
     dir: PathBuf,
     cfg: FileStoreConfig,
     /// In a cell so that a read finding a damaged record can take it out of the counts.
-    core: RefCell<Core<Loc>>,
-    segs: Vec<Seg>,
+    /// Its table holds the segments.
+    core: RefCell<Core<FileTable>>,
     files: RefCell<Handles>,
     wbuf: Vec<u8>,
     /// Highest marker written: everything below is gone on disk; and the highest one a
@@ -249,11 +179,9 @@ pub struct FileStore {
     marker: u64,
     marker_done: u64,
     dir_dirty: bool,
-    /// Ids of segments written since the last sync (the fdatasync list), and of segments
-    /// whose last live message went (deletion candidates), so `sync` never walks every
-    /// segment of a large stream.
+    /// Ids of segments written since the last sync (the fdatasync list), so `sync` never
+    /// walks every segment of a large stream.
     dirty: Vec<u32>,
-    emptied: Vec<u32>,
     failed: Option<String>,
     closed: bool,
     /// Between `begin_sync` and `finish_sync`: what that sync covers. Writes are refused
@@ -264,12 +192,6 @@ pub struct FileStore {
     lost: RefCell<Ranges>,
     lost_bytes: Cell<u64>,
     ledger_dirty: Cell<bool>,
-    /// Sequences a read found damaged and took out of the core; their segments' live
-    /// counts are settled at the next write.
-    evicted: RefCell<Vec<u64>>,
-    /// A saved index is on disk. It stays usable while we only append (recovery replays
-    /// what was appended after it), but not once a record it covers is overwritten.
-    index_on_disk: bool,
     /// Completed syncs (carried across restarts by the heads), and last_seq/last_ts as of
     /// the last completed sync (or recovery).
     syncs_done: u64,
@@ -280,15 +202,29 @@ pub struct FileStore {
     observer: Option<Observer>,
 }
 
-const INDEX: &str = "index.bin";
-const INDEX_TMP: &str = "index.tmp";
+/// How far ahead of its records a segment file is allocated: as much again as it holds,
+/// from 4 KiB to 1 MiB, so a small stream wastes little and a busy one changes its file's
+/// size (which costs the next fdatasync a metadata commit) about once per MiB.
+const PREALLOC: u64 = 1 << 20;
 
-fn seg_name(id: u32) -> String {
-    format!("{id:010}.seg")
+fn prealloc_step(len: u64) -> u64 {
+    len.clamp(4 << 10, PREALLOC)
 }
+
+/// The whole-store index of earlier versions (replaced by per-segment index files).
+const LEGACY_INDEX: &str = "index.bin";
+const LEGACY_INDEX_TMP: &str = "index.tmp";
 
 fn parse_seg_name(name: &str) -> Option<u32> {
     let digits = name.strip_suffix(".seg")?;
+    if digits.len() != 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+fn parse_idx_name(name: &str) -> Option<u32> {
+    let digits = name.strip_suffix(".idx")?;
     if digits.len() != 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -371,8 +307,26 @@ impl FileStore {
         self.observer = Some(f);
     }
 
+    /// Approximate heap bytes this store holds for its index (the per-segment summaries,
+    /// the active segment's entries and the subjects; blocks in the shared cache aside).
+    pub fn index_heap_bytes(&self) -> usize {
+        self.core.borrow().slots.heap_bytes()
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+
+    fn t(&self) -> std::cell::Ref<'_, FileTable> {
+        std::cell::Ref::map(self.core.borrow(), |c| &c.slots)
+    }
+
+    fn segs(&mut self) -> &mut Vec<Seg> {
+        &mut self.core.get_mut().slots.segs
+    }
+
+    fn nsegs(&self) -> usize {
+        self.core.borrow().slots.segs.len()
     }
 
     fn with_file<T>(
@@ -409,116 +363,167 @@ impl FileStore {
     }
 
     fn seg_idx(&self, seq: u64) -> Option<usize> {
-        let i = self.segs.partition_point(|s| s.last < seq);
-        (i < self.segs.len() && self.segs[i].first <= seq).then_some(i)
+        self.t().seg_of(seq)
     }
 
     fn seg_by_id(&self, id: u32) -> Option<usize> {
-        self.segs.binary_search_by_key(&id, |s| s.id).ok()
+        self.t().seg_by_id(id)
     }
 
     fn mark_dirty(&mut self, i: usize) {
-        let s = &mut self.segs[i];
+        let s = &mut self.core.get_mut().slots.segs[i];
         if !s.dirty {
             s.dirty = true;
-            self.dirty.push(s.id);
-            self.files.get_mut().pin(s.id);
-        }
-    }
-
-    /// One message of segment `i` went.
-    fn dec_live(&mut self, i: usize) {
-        let s = &mut self.segs[i];
-        s.live = s.live.saturating_sub(1);
-        if s.live == 0 {
-            self.emptied.push(s.id);
+            let id = s.id;
+            self.dirty.push(id);
+            self.files.get_mut().pin(id);
         }
     }
 
     fn active_len(&self) -> u64 {
-        self.segs.last().map_or(0, |s| s.flushed) + self.wbuf.len() as u64
+        self.core
+            .borrow()
+            .slots
+            .segs
+            .last()
+            .map_or(0, |s| s.flushed)
+            + self.wbuf.len() as u64
     }
 
     fn flush_wbuf(&mut self) -> io::Result<()> {
         if self.wbuf.is_empty() {
             return Ok(());
         }
-        let i = self.segs.len() - 1;
-        let (id, at) = (self.segs[i].id, self.segs[i].flushed);
+        let i = self.nsegs() - 1;
+        let (id, at, alloc) = {
+            let s = &self.segs()[i];
+            (s.id, s.flushed, s.alloc)
+        };
         let buf = std::mem::take(&mut self.wbuf);
+        let end = at + buf.len() as u64;
+        // Allocate ahead in steps, so most syncs find the file's size unchanged. Failure
+        // is not an error: the write below extends the file (or fails) on its own.
+        let mut alloc = alloc;
+        if self.cfg.preallocate && end > alloc && end < self.cfg.segment_size {
+            let want = self.cfg.segment_size.min(end + prealloc_step(end));
+            if self.with_file(id, |f| f.allocate(want)).is_ok() {
+                alloc = want;
+            }
+        }
         let r = self.with_file(id, |f| f.write_at(&buf, at));
         self.wbuf = buf;
         r?;
-        self.segs[i].flushed += self.wbuf.len() as u64;
+        let s = &mut self.segs()[i];
+        s.flushed = end;
+        s.alloc = alloc.max(end);
         self.wbuf.clear();
         self.mark_dirty(i);
         Ok(())
     }
 
-    fn head_for(&self, s: &Seg) -> Head {
+    fn head_for(&self, created: u64, proven_len: u64) -> Head {
         let c = self.core.borrow();
         Head {
             pending: c.last_seq,
             ts: c.last_ts,
-            created: s.created,
+            created,
             synced: self.syncs_done,
             synced_seq: self.proven_seq,
-            synced_len: s.proven_len.max(HEADS_LEN as u64),
+            synced_len: proven_len.max(HEADS_LEN as u64),
         }
+    }
+
+    fn head_of(&self, i: usize) -> Head {
+        let (created, proven) = {
+            let t = self.t();
+            (t.segs[i].created, t.segs[i].proven_len)
+        };
+        self.head_for(created, proven)
     }
 
     /// Rewrites the head of segment `i` in its next slot.
     fn write_head(&mut self, i: usize, h: &Head) -> io::Result<()> {
-        let (id, slot) = (self.segs[i].id, self.segs[i].next_slot);
+        let (id, slot) = {
+            let s = &self.segs()[i];
+            (s.id, s.next_slot)
+        };
         let b = record::encode_head(h);
         self.with_file(id, |f| f.write_at(&b, (slot as usize * HEAD_LEN) as u64))?;
-        self.segs[i].next_slot = 1 - slot;
+        self.segs()[i].next_slot = 1 - slot;
         Ok(())
+    }
+
+    /// Seals the active segment: gives back its unused preallocated space and writes its
+    /// index file. Sealing never fails the write path: without an index file the entries
+    /// stay in memory (and the file is cut at the next chance).
+    fn seal_active(&mut self) {
+        let n = self.nsegs();
+        if n == 0 {
+            return;
+        }
+        let i = n - 1;
+        let (id, flushed, alloc) = {
+            let s = &self.segs()[i];
+            (s.id, s.flushed, s.alloc)
+        };
+        if alloc > flushed && self.with_file(id, |f| f.truncate(flushed)).is_ok() {
+            self.segs()[i].alloc = flushed;
+            self.mark_dirty(i);
+        }
+        self.core.get_mut().slots.seal(i);
     }
 
     /// Starts a new active segment. The previous one is left for `sync` to fdatasync.
     fn roll(&mut self) -> io::Result<()> {
         self.flush_wbuf()?;
-        // A segment that ends up holding no live message (only tombstones or markers, or
-        // everything already removed) becomes a deletion candidate once it is not active.
-        if let Some(s) = self.segs.last() {
-            if s.live == 0 {
-                self.emptied.push(s.id);
+        if let Some(s) = self.core.get_mut().slots.segs.last() {
+            // A segment that ends up holding no live message (only tombstones or markers,
+            // or everything already removed) becomes a deletion candidate once it is not
+            // active.
+            let (id, live, dirty) = (s.id, s.ix.live, s.dirty);
+            if live == 0 {
+                self.core.get_mut().slots.emptied.push(id);
             }
-            let id = s.id;
-            if !s.dirty {
+            self.seal_active();
+            if !dirty && !self.segs().last().is_some_and(|s| s.dirty) {
                 self.files.get_mut().unpin(id);
             }
         }
-        let id = self.segs.last().map_or(1, |s| s.id + 1);
+        let id = self
+            .core
+            .get_mut()
+            .slots
+            .segs
+            .last()
+            .map_or(1, |s| s.id + 1);
         let mut file = self.fs.open(&self.path(&seg_name(id)), true)?;
         if file.len()? != 0 {
             // Only possible with foreign files in the directory; never append to them.
             file.truncate(0)?;
         }
+        // A stale index file of that name (a segment deleted before) must not be trusted.
+        let _ = self.fs.remove(&self.path(&idx_name(id)));
         let base = self.core.get_mut().last_seq;
-        let seg = Seg {
-            id,
-            flushed: HEADS_LEN as u64,
-            first: base + 1,
-            last: base,
-            live: 0,
-            ext_tombs: Vec::new(),
-            dirty: false,
-            last_rec: None,
-            head: true,
-            created: self.syncs_done,
-            done_len: None,
-            proven_len: HEADS_LEN as u64,
-            next_slot: 0,
-        };
-        let h = record::encode_head(&self.head_for(&seg));
+        let mut seg = Seg::new(id, base);
+        seg.flushed = HEADS_LEN as u64;
+        seg.head = true;
+        seg.created = self.syncs_done;
+        seg.proven_len = HEADS_LEN as u64;
+        let h = record::encode_head(&self.head_for(seg.created, seg.proven_len));
         file.write_at(&[&h[..], &h[..]].concat(), 0)?;
+        seg.alloc = HEADS_LEN as u64;
+        let want = self
+            .cfg
+            .segment_size
+            .min(HEADS_LEN as u64 + prealloc_step(0));
+        if self.cfg.preallocate && file.allocate(want).is_ok() {
+            seg.alloc = want;
+        }
         let h = self.files.get_mut();
         h.insert(id, file);
         h.pin(id);
-        self.segs.push(seg);
-        let i = self.segs.len() - 1;
+        self.core.get_mut().slots.push_seg(seg);
+        let i = self.nsegs() - 1;
         self.mark_dirty(i);
         self.dir_dirty = true;
         Ok(())
@@ -537,15 +542,14 @@ impl FileStore {
     ) -> io::Result<(usize, Loc)> {
         let len = record::record_len(subj.len(), hdr.len(), data.len());
         let cur = self.active_len();
-        if self.segs.is_empty()
-            || (cur > HEADS_LEN as u64 && cur + len as u64 > self.cfg.segment_size)
+        if self.nsegs() == 0 || (cur > HEADS_LEN as u64 && cur + len as u64 > self.cfg.segment_size)
         {
             self.roll()?;
         }
-        let idx = self.segs.len() - 1;
+        let idx = self.nsegs() - 1;
         let off = self.active_len();
         let crc = record::encode(&mut self.wbuf, kind, seq, ts, subj, hdr, data);
-        self.segs[idx].last_rec = Some((off, crc));
+        self.segs()[idx].last_rec = Some((off, crc));
         self.mark_dirty(idx);
         if self.wbuf.len() >= self.cfg.write_buffer {
             self.flush_wbuf()?;
@@ -562,28 +566,67 @@ impl FileStore {
 
     /// Records the removal of `target`. The tombstone carries the message's timestamp so
     /// that, if it is the highest sequence left on disk, recovery still restores last_seq
-    /// and last_ts (a sequence once used must never be handed out again).
-    fn write_tomb(&mut self, target: u64, ts: i64) -> io::Result<()> {
-        let (idx, _) = self.append(Kind::Tomb, target, ts, b"", b"", b"")?;
-        let s = &mut self.segs[idx];
-        if !s.has_msgs() || target < s.first {
-            s.ext_tombs.push((target, ts));
-        }
+    /// and last_ts (a sequence once used must never be handed out again); and its subject
+    /// and record length, so recovery accounts for the removal without reading the entry.
+    fn write_tomb(&mut self, target: u64, ts: i64, subj: &[u8], rlen: u32) -> io::Result<()> {
+        let body = rlen.to_le_bytes();
+        let data: &[u8] = if rlen == 0 { &[] } else { &body };
+        self.append(Kind::Tomb, target, ts, subj, b"", data)?;
+        self.core.get_mut().slots.note_other(Other::Tomb {
+            seq: target,
+            ts,
+            subj: Bytes::copy_from_slice(subj),
+            rlen,
+        });
         Ok(())
     }
 
-    /// Live counts for messages a read took out as damaged.
-    fn settle_evicted(&mut self) {
-        for seq in std::mem::take(self.evicted.get_mut()) {
-            if let Some(i) = self.seg_idx(seq) {
-                self.dec_live(i);
+    /// Messages whose records an index rebuild could not find: lost, like damage found
+    /// when reading.
+    fn settle_missing(&mut self) {
+        // Those a rebuild could not tell from gaps first: marked, so that reading one
+        // later does not count it as a lost live message.
+        let unsure = std::mem::take(self.core.get_mut().slots.unsure.get_mut());
+        let missing = std::mem::take(self.core.get_mut().slots.missing.get_mut());
+        let all = unsure
+            .into_iter()
+            .map(|q| (q, false))
+            .chain(missing.into_iter().map(|q| (q, true)));
+        for (seq, counted) in all {
+            let i = self.seg_idx(seq);
+            let c = self.core.get_mut();
+            if let Some(i) = i {
+                if !counted {
+                    c.slots.mark_unsure(i, seq);
+                } else if c.slots.kill_unknown(i, seq) {
+                    c.msgs = c.msgs.saturating_sub(1);
+                    if seq == c.first_seq {
+                        c.advance_first(seq + 1);
+                    }
+                }
+            }
+            // Reported once.
+            if !self.lost.get_mut().insert(seq, seq) {
+                continue;
+            }
+            self.ledger_dirty.set(true);
+            let d = ReadDamage {
+                seq,
+                segment: i.map_or(0, |i| self.segs()[i].id),
+                offset: 0,
+                bytes: 0,
+                quarantine: None,
+                quarantine_error: Some("the record is not in its segment any more".into()),
+            };
+            if let Some(o) = &self.observer {
+                o(&StoreEvent::ReadDamage(&d));
             }
         }
     }
 
     /// Turns what the last core operation removed into records.
     fn settle(&mut self) -> io::Result<()> {
-        self.settle_evicted();
+        self.settle_missing();
         let core = self.core.get_mut();
         if core.reset {
             core.reset = false;
@@ -593,16 +636,15 @@ impl FileStore {
                 self.lost_bytes.set(0);
                 self.ledger_dirty.set(true);
             }
-            for s in &mut self.segs {
-                s.live = 0;
-                s.ext_tombs.clear();
-                self.emptied.push(s.id);
-            }
-            // Everything is gone: start a fresh segment so every old one can be deleted
-            // at the next sync, once the marker recording the new first sequence is down.
-            if self.active_len() > HEADS_LEN as u64 || self.segs.last().is_some_and(|s| !s.head) {
+            // Everything is gone (the table marked every segment empty): start a fresh
+            // segment so every old one can be deleted at the next sync, once the marker
+            // recording the new first sequence is down.
+            let fresh = self.core.get_mut().slots.segs.last().is_some_and(|s| {
+                s.flushed == HEADS_LEN as u64 && s.head && s.ix.n == 0 && self.wbuf.is_empty()
+            });
+            if !fresh {
                 self.roll()?;
-            } else if let Some(s) = self.segs.last_mut() {
+            } else if let Some(s) = self.segs().last_mut() {
                 s.first = last + 1;
                 s.last = last;
             }
@@ -611,13 +653,10 @@ impl FileStore {
         let mut removed = std::mem::take(&mut core.removed);
         let first_seq = core.first_seq;
         let mut r = Ok(());
-        for &(seq, ts, _) in &removed {
-            if let Some(i) = self.seg_idx(seq) {
-                self.dec_live(i);
-            }
+        for x in &removed {
             // Below first_seq the next marker covers it.
-            if seq >= first_seq {
-                r = self.write_tomb(seq, ts);
+            if x.seq >= first_seq {
+                r = self.write_tomb(x.seq, x.meta.ts, &x.subject, x.p.len);
                 if r.is_err() {
                     break;
                 }
@@ -631,9 +670,14 @@ impl FileStore {
     fn write_marker(&mut self) -> io::Result<()> {
         let c = self.core.get_mut();
         let m = c.first_seq.max(self.marker);
-        let last = c.last_seq.to_le_bytes();
+        let last = c.last_seq;
         let ts = c.last_ts;
-        self.append(Kind::Marker, m, ts, b"", b"", &last)?;
+        self.append(Kind::Marker, m, ts, b"", b"", &last.to_le_bytes())?;
+        self.core.get_mut().slots.note_other(Other::Marker {
+            seq: m,
+            ts,
+            last: Some(last),
+        });
         self.marker = m;
         Ok(())
     }
@@ -650,7 +694,8 @@ impl FileStore {
             lost_bytes: self.lost_bytes.get(),
         };
         let data = record::encode_ledger(&l);
-        self.append(Kind::Ledger, 0, 0, b"", b"", &data)?;
+        let (_, loc) = self.append(Kind::Ledger, 0, 0, b"", b"", &data)?;
+        self.core.get_mut().slots.note_ledger(loc.off as u64, data);
         self.ledger_dirty.set(false);
         Ok(())
     }
@@ -664,19 +709,31 @@ impl FileStore {
     /// A sync up to its fsyncs: what must be written is written (buffers, markers, the
     /// ledger, segment heads); returns what the sync covers and the fsyncs still to do.
     fn sync_prepare(&mut self) -> io::Result<(SyncPlan, SyncJob)> {
-        self.settle_evicted();
+        self.settle_missing();
+        // A large active segment whose messages are all gone (a consumed work queue) is
+        // sealed, so that it can go now instead of staying until it fills.
+        let (live, len) = self
+            .core
+            .get_mut()
+            .slots
+            .segs
+            .last()
+            .map_or((1, 0), |s| (s.ix.live, s.flushed + self.wbuf.len() as u64));
+        if live == 0 && len > self.cfg.segment_size / 2 {
+            self.roll()?;
+        }
         // Deletion candidates: emptied, still empty, and not the active segment (which
         // stays a candidate until a newer one takes over).
-        let active = self.segs.last().map(|s| s.id);
-        let mut ids = std::mem::take(&mut self.emptied);
+        let active = self.core.get_mut().slots.segs.last().map(|s| s.id);
+        let mut ids = std::mem::take(&mut self.core.get_mut().slots.emptied);
         ids.sort_unstable();
         ids.dedup();
         let mut dead = Vec::new();
         for id in ids {
             if Some(id) == active {
-                self.emptied.push(id);
+                self.core.get_mut().slots.emptied.push(id);
             } else if let Some(i) = self.seg_by_id(id) {
-                if self.segs[i].live == 0 {
+                if self.segs()[i].ix.live == 0 {
                     dead.push(i);
                 }
             }
@@ -693,21 +750,38 @@ impl FileStore {
         if !dead.is_empty() {
             let mut again = Vec::new();
             for &i in &dead {
-                let s = &self.segs[i];
-                if s.has_msgs() && s.last >= self.marker {
-                    self.gone.insert(s.first.max(self.marker), s.last);
+                let (first, last, has, ext) = {
+                    let s = &self.segs()[i];
+                    (s.first, s.last, s.has_msgs(), s.ix.ext_tombs)
+                };
+                if has && last >= self.marker {
+                    self.gone.insert(first.max(self.marker), last);
                 }
-                for &(t, ts) in &s.ext_tombs {
-                    if t >= self.marker
-                        && self.seg_idx(t).is_some()
-                        && self.core.get_mut().slots.get(t).is_none()
+                if ext == 0 {
+                    continue;
+                }
+                // Tombstones here for messages of older segments that remain must be
+                // written again before this segment goes.
+                for o in self.t().others_of(i) {
+                    if let Other::Tomb {
+                        seq,
+                        ts,
+                        subj,
+                        rlen,
+                    } = o
                     {
-                        again.push((t, ts));
+                        if seq < first
+                            && seq >= self.marker
+                            && self.t().has_record(seq)
+                            && self.t().get(seq).is_none()
+                        {
+                            again.push((seq, ts, subj, rlen));
+                        }
                     }
                 }
             }
-            for (t, ts) in again {
-                self.write_tomb(t, ts)?;
+            for (t, ts, subj, rlen) in again {
+                self.write_tomb(t, ts, &subj, rlen)?;
             }
             // The ledger may sit in a segment about to go; it is rewritten whole.
             self.ledger_dirty.set(true);
@@ -716,11 +790,27 @@ impl FileStore {
             self.write_ledger()?;
         }
         self.flush_wbuf()?;
+        // Index files found damaged (their entries were rebuilt from the records), and
+        // sealed segments whose records changed in place, are written again.
+        let rebuilt = std::mem::take(self.core.get_mut().slots.rebuilt.get_mut());
+        for id in rebuilt {
+            if let Some(i) = self.seg_by_id(id) {
+                let t = &mut self.core.get_mut().slots;
+                t.load_all(i);
+                t.segs[i].ix.idx_dirty = true;
+            }
+        }
+        let n = self.nsegs();
+        for i in 0..n.saturating_sub(1) {
+            if self.segs()[i].ix.idx_dirty {
+                self.core.get_mut().slots.seal(i);
+            }
+        }
         // The heads of the segments about to be synced record what this sync hands out.
         for id in self.dirty.clone() {
             if let Some(i) = self.seg_by_id(id) {
-                if self.segs[i].head {
-                    let h = self.head_for(&self.segs[i]);
+                if self.segs()[i].head {
+                    let h = self.head_of(i);
                     self.write_head(i, &h)?;
                 }
             }
@@ -750,14 +840,14 @@ impl FileStore {
         let dir = self.dir_dirty.then(|| (self.fs.clone(), self.dir.clone()));
         let plan = SyncPlan {
             ids,
-            dead: dead.iter().map(|&i| self.segs[i].id).collect(),
+            dead: dead.iter().map(|&i| self.segs()[i].id).collect(),
             active,
             dir: dir.is_some(),
         };
         Ok((plan, SyncJob::new(files, dir)))
     }
 
-    /// The bookkeeping after a sync's fsyncs (`r`) completed.
+    /// The bookkeeping after a sync's fsyncs completed.
     fn sync_complete(&mut self, plan: SyncPlan, job: SyncJob) -> io::Result<()> {
         let (files, r) = job.finish();
         for (id, f) in files {
@@ -770,9 +860,9 @@ impl FileStore {
             return Err(e);
         }
         let active = plan.active;
-        for id in plan.ids {
+        for &id in &plan.ids {
             if let Some(i) = self.seg_by_id(id) {
-                self.segs[i].dirty = false;
+                self.segs()[i].dirty = false;
                 if Some(id) != active {
                     self.files.get_mut().unpin(id);
                 }
@@ -794,44 +884,44 @@ impl FileStore {
         self.done_seq = c.last_seq;
         self.done_ts = c.last_ts;
         self.proven_seq = c.last_seq;
-        for s in &mut self.segs {
-            s.done_len = Some(s.flushed);
-            s.proven_len = s.flushed;
+        // Only segments written since the last sync changed length.
+        for &id in &plan.ids {
+            if let Some(i) = self.seg_by_id(id) {
+                let s = &mut self.segs()[i];
+                s.done_len = Some(s.flushed);
+                s.proven_len = s.flushed;
+            }
         }
         if !dead.is_empty() {
             // Past the durability point a failure only leaves files behind, which the next
             // recovery finds covered by the marker and the ledger and deletes again.
             for &i in dead.iter().rev() {
-                let s = self.segs.remove(i);
+                let s = self.core.get_mut().slots.remove_seg(i);
                 self.files.get_mut().forget(s.id);
                 let _ = self.fs.remove(&self.path(&seg_name(s.id)));
-            }
-            self.dir_dirty = true;
-            // Tombstones below the marker or for deleted segments are moot now.
-            let ranges: Vec<(u64, u64)> = self.segs.iter().map(|s| (s.first, s.last)).collect();
-            let marker = self.marker;
-            let exists = |t: u64| {
-                let i = ranges.partition_point(|r| r.1 < t);
-                i < ranges.len() && ranges[i].0 <= t
-            };
-            for s in &mut self.segs {
-                s.ext_tombs.retain(|&(t, _)| t >= marker && exists(t));
+                let _ = self.fs.remove(&self.path(&idx_name(s.id)));
             }
             // The unlinks become durable with the next sync's directory fsync (until then a
             // power failure only leaves files the next recovery deletes again): no fsync
             // here, where the store is held.
+            self.dir_dirty = true;
         }
         Ok(())
     }
 
-    /// A sync's failure: the store rolls back to the last completed sync.
+    /// A sync's failure: the store rolls back to the last completed sync, now if it can
+    /// (then it takes writes again), else at the next sync; the error says which.
     fn sync_failed(&mut self, e: io::Error) -> StoreError {
         let msg = e.to_string();
         self.failed = Some(msg.clone());
-        let _ = self.rollback();
-        StoreError::Io(format!(
-            "{msg} (writes since the last sync were rolled back)"
-        ))
+        match self.rollback() {
+            Ok(()) => StoreError::Io(format!(
+                "{msg} (writes since the last sync were rolled back)"
+            )),
+            Err(_) => StoreError::Io(format!(
+                "{msg} (writes since the last sync are lost; the next sync rolls back)"
+            )),
+        }
     }
 
     /// After a failed write or sync: truncates every segment back to its length at the
@@ -842,26 +932,37 @@ impl FileStore {
         let r = (|| -> io::Result<()> {
             self.wbuf.clear();
             let mut created = Vec::new();
-            for i in 0..self.segs.len() {
-                let s = &self.segs[i];
-                let Some(len) = s.done_len else {
-                    created.push(s.id);
+            let n = self.nsegs();
+            for i in 0..n {
+                let (id, done, head, next_slot, seg_created, proven_len) = {
+                    let s = &self.segs()[i];
+                    (
+                        s.id,
+                        s.done_len,
+                        s.head,
+                        s.next_slot,
+                        s.created,
+                        s.proven_len,
+                    )
+                };
+                let Some(len) = done else {
+                    created.push(id);
                     continue;
                 };
-                let head = s.head.then(|| {
+                let head = head.then(|| {
                     record::encode_head(&Head {
                         pending: self.done_seq,
                         ts: self.done_ts,
-                        created: s.created,
+                        created: seg_created,
                         synced: self.syncs_done,
                         synced_seq: self.proven_seq,
-                        synced_len: s.proven_len.max(HEADS_LEN as u64),
+                        synced_len: proven_len.max(HEADS_LEN as u64),
                     })
                 });
                 // Over the slot the failed sync wrote: neither then claims more than the
                 // last completed sync.
-                let slot = (1 - s.next_slot as u64) * HEAD_LEN as u64;
-                self.with_file(s.id, |f| {
+                let slot = (1 - next_slot as u64) * HEAD_LEN as u64;
+                self.with_file(id, |f| {
                     if f.len()? > len {
                         f.truncate(len)?;
                     }
@@ -877,6 +978,7 @@ impl FileStore {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                     _ => {}
                 }
+                let _ = self.fs.remove(&self.path(&idx_name(id)));
             }
             self.fs.sync_dir(&self.dir)
         })();
@@ -910,10 +1012,15 @@ impl FileStore {
     }
 
     /// Drops the store the way a killed process would: no flush of the write buffer, no
-    /// sync, no saved index.
+    /// sync, no index files for the active segment.
     #[cfg(test)]
     pub(crate) fn crash(mut self) {
         self.closed = true;
+    }
+
+    #[cfg(test)]
+    pub(crate) fn dump(&self) -> String {
+        self.t().dump()
     }
 
     #[cfg(test)]
@@ -923,12 +1030,13 @@ impl FileStore {
 
     #[cfg(test)]
     pub(crate) fn segment_count(&self) -> usize {
-        self.segs.len()
+        self.nsegs()
     }
 
     #[cfg(test)]
     pub(crate) fn segment_of(&self, seq: u64) -> Option<u32> {
-        self.seg_idx(seq).map(|i| self.segs[i].id)
+        let t = self.t();
+        t.seg_of(seq).map(|i| t.segs[i].id)
     }
 
     #[cfg(test)]
@@ -937,16 +1045,16 @@ impl FileStore {
     }
 
     fn read(&self, seq: u64) -> Result<Read> {
-        let Some(loc) = self.core.borrow().slots.get(seq).map(|s| s.p) else {
+        let Some((i, loc)) = self.t().loc(seq) else {
             return Err(StoreError::NotFound);
         };
-        let i = self
-            .seg_idx(seq)
-            .ok_or_else(|| StoreError::Io(format!("no segment holds sequence {seq}")))?;
-        let s = &self.segs[i];
+        let (id, flushed, last) = {
+            let t = self.t();
+            (t.segs[i].id, t.segs[i].flushed, i == t.segs.len() - 1)
+        };
         let (off, len) = (loc.off as u64, loc.len());
-        let buf = if i == self.segs.len() - 1 && off >= s.flushed {
-            let at = (off - s.flushed) as usize;
+        let buf = if last && off >= flushed {
+            let at = (off - flushed) as usize;
             match self.wbuf.get(at..at + len) {
                 Some(b) => Bytes::copy_from_slice(b),
                 None => Bytes::new(),
@@ -954,7 +1062,7 @@ impl FileStore {
         } else {
             let mut v = vec![0; len];
             // A record cut off by a shorter file is damage like any other.
-            match self.with_file(s.id, |f| f.read_at(&mut v, off)) {
+            match self.with_file(id, |f| f.read_at(&mut v, off)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => v.clear(),
                 Err(e) => return Err(e.into()),
@@ -966,7 +1074,7 @@ impl FileStore {
                 (r.subj.len(), r.hdr.len(), r.ts)
             }
             _ => {
-                self.damaged_on_read(seq, s.id, off, len as u64, &buf);
+                self.damaged_on_read(seq, id, off, len as u64, &buf);
                 return Ok(Read::Damaged);
             }
         };
@@ -988,7 +1096,6 @@ impl FileStore {
                 c.removed.pop();
             }
         }
-        self.evicted.borrow_mut().push(seq);
         self.lost.borrow_mut().insert(seq, seq);
         self.lost_bytes.set(self.lost_bytes.get() + len);
         self.ledger_dirty.set(true);
@@ -1018,16 +1125,18 @@ impl FileStore {
         let Some(i) = self.seg_idx(seq) else {
             return Ok(());
         };
-        if self.index_on_disk {
-            // The overwrite and its tombstone live in different files, so a crash can keep
-            // the first and lose the second; a saved index would then call the erased
-            // record live. Retire the index durably before touching a record it covers.
-            self.fs.remove(&self.path(INDEX))?;
-            self.fs.sync_dir(&self.dir)?;
-            self.index_on_disk = false;
+        // The segment's index file would call the overwritten record a message: it goes
+        // (durably, before the overwrite) and is written again from memory at the next
+        // sync, naming the record erased.
+        self.core.get_mut().slots.load_all(i);
+        let id = self.segs()[i].id;
+        match self.fs.remove(&self.path(&idx_name(id))) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            Ok(()) => self.fs.sync_dir(&self.dir)?,
+            Err(_) => {}
         }
         let (off, len) = (loc.off as u64, loc.len());
-        let id = self.segs[i].id;
+        let id = self.segs()[i].id;
         let mut buf = vec![0; len];
         self.with_file(id, |f| f.read_at(&mut buf, off))?;
         let crc = match record::parse(&buf) {
@@ -1041,77 +1150,380 @@ impl FileStore {
             }
         };
         self.with_file(id, |f| f.write_at(&buf, off))?;
-        let s = &mut self.segs[i];
+        let s = &mut self.segs()[i];
         if let (Some(c), Some((lo, _))) = (crc, s.last_rec) {
             if lo == off {
                 s.last_rec = Some((off, c));
             }
         }
+        self.core.get_mut().slots.mark_erased(i, seq);
+        self.segs()[i].erases += 1;
         self.mark_dirty(i);
         Ok(())
     }
 
+    /// What a restart needs besides the records: the active segment's index file (the
+    /// sealed ones have theirs), naming the last sequence as durable.
     fn write_index(&mut self) -> io::Result<()> {
-        let core = self.core.get_mut();
-        let mut e = Enc(Vec::with_capacity(64 + core.msgs as usize * 28));
-        e.0.extend_from_slice(IDX_MAGIC);
-        let c = &*core;
-        for v in [c.first_seq, c.first_ts as u64, c.last_seq, c.last_ts as u64] {
-            e.u64(v);
+        let n = self.nsegs();
+        if n == 0 {
+            return Ok(());
         }
-        e.u64(self.marker);
-        e.u64(c.msgs);
-        e.u32(self.segs.len() as u32);
-        for s in &self.segs {
-            e.u32(s.id);
-            e.u64(s.flushed);
-            e.u64(s.first);
-            e.u64(s.last);
-            let (o, k) = s.last_rec.unwrap_or((u64::MAX, 0));
-            e.u64(o);
-            e.u32(k);
-            e.u32(s.ext_tombs.len() as u32);
-            for &(t, ts) in &s.ext_tombs {
-                e.u64(t);
-                e.u64(ts as u64);
+        // A stopped store leaves no preallocated space behind.
+        let (id, flushed, alloc) = {
+            let s = &self.segs()[n - 1];
+            (s.id, s.flushed, s.alloc)
+        };
+        if alloc > flushed {
+            self.with_file(id, |f| {
+                f.truncate(flushed)?;
+                f.sync()
+            })?;
+            self.segs()[n - 1].alloc = flushed;
+        }
+        let last = self.core.get_mut().last_seq;
+        let ts = self.core.get_mut().last_ts;
+        let t = &mut self.core.get_mut().slots;
+        t.closed_at = Some((last, ts));
+        let r = t.write_idx(n - 1).map(|_| ());
+        t.closed_at = None;
+        r
+    }
+}
+
+// ---- compaction -----------------------------------------------------------------------
+
+/// A segment is rewritten once at least this share of its bytes is dead...
+const COMPACT_WASTE: u64 = 3;
+/// ...and at least this many bytes (or a quarter of a segment, if smaller).
+const COMPACT_MIN: u64 = 256 << 10;
+
+fn cmp_name(id: u32) -> String {
+    format!("{id:010}.cmp")
+}
+
+/// A compaction planned under the store's lock, to run without it ([`CompactJob::run`])
+/// and be put in place with [`FileStore::compact_end`]. It rewrites one sealed segment
+/// with only its live messages (and the tombstones, marker and ledger still needed), led
+/// by a claim record saying which sequences of the segment's range it holds, into a new
+/// file that is fsynced and then renamed over the old one: a power failure at any point
+/// leaves either segment, each complete on its own.
+pub struct CompactJob {
+    fs: Arc<dyn Fs>,
+    dir: PathBuf,
+    id: u32,
+    uid: u64,
+    erases: u32,
+    old_len: u64,
+    /// Heads, claim and other records, written first.
+    prefix: Vec<u8>,
+    /// Records to copy: (sequence, offset, length).
+    copy: Vec<(u64, u32, u32)>,
+    /// The new file's other records and newest ledger record, for its summary.
+    others: Vec<Other>,
+    ledger: Option<(u64, Vec<u8>)>,
+}
+
+/// What running a [`CompactJob`] produced.
+pub struct CompactDone {
+    id: u32,
+    uid: u64,
+    erases: u32,
+    old_len: u64,
+    seqs: Vec<u64>,
+    others: Vec<Other>,
+    ledger: Option<(u64, Vec<u8>)>,
+    #[allow(clippy::type_complexity)]
+    result: io::Result<(u64, Vec<u32>, Option<(u64, u32)>)>,
+}
+
+impl CompactJob {
+    /// The segment being compacted.
+    pub fn segment(&self) -> u32 {
+        self.id
+    }
+
+    /// Writes the new segment and fsyncs it. Takes no lock and touches nothing the store
+    /// uses (the old segment is sealed; it is only read).
+    pub fn run(self) -> CompactDone {
+        let result = self.write();
+        CompactDone {
+            id: self.id,
+            uid: self.uid,
+            erases: self.erases,
+            old_len: self.old_len,
+            seqs: self.copy.iter().map(|c| c.0).collect(),
+            others: self.others,
+            ledger: self.ledger,
+            result,
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn write(&self) -> io::Result<(u64, Vec<u32>, Option<(u64, u32)>)> {
+        let old = self.fs.open(&self.dir.join(seg_name(self.id)), false)?;
+        let tmp = self.dir.join(cmp_name(self.id));
+        let mut out = self.fs.open(&tmp, true)?;
+        out.truncate(0)?;
+        let mut buf = self.prefix.clone();
+        let mut at = 0u64;
+        let mut offs = Vec::with_capacity(self.copy.len());
+        let mut last = None;
+        // The old records are read in large sequential pieces, not one read each.
+        let mut win: Vec<u8> = Vec::new();
+        let mut win_at = 0u64;
+        for &(seq, off, len) in &self.copy {
+            let (off, len) = (off as u64, (len & !HDR_FLAG) as u64);
+            if off < win_at || off + len > win_at + win.len() as u64 {
+                win_at = off;
+                let n = len
+                    .max(1 << 20)
+                    .min(self.old_len.saturating_sub(off).max(len));
+                win.resize(n as usize, 0);
+                old.read_at(&mut win, off)?;
+            }
+            let rec = &win[(off - win_at) as usize..(off - win_at + len) as usize];
+            match record::parse(rec) {
+                Parse::Ok(r) if r.kind == Kind::Msg && r.seq == seq && r.len as u64 == len => {
+                    let new_off = at + buf.len() as u64;
+                    offs.push(new_off as u32);
+                    last = Some((new_off, r.crc));
+                    buf.extend_from_slice(rec);
+                }
+                // Damage is for the read path to find and report; leave this segment be.
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("record {seq} does not verify"),
+                    ))
+                }
+            }
+            if buf.len() >= 1 << 20 {
+                out.write_at(&buf, at)?;
+                at += buf.len() as u64;
+                buf.clear();
             }
         }
-        let mut remap = HashMap::new();
-        let subjects: Vec<_> = c.subjects.iter().collect();
-        e.u32(subjects.len() as u32);
-        for (n, (id, info)) in subjects.iter().enumerate() {
-            remap.insert(*id, n as u32);
-            e.u32(info.subject.len() as u32);
-            e.0.extend_from_slice(&info.subject);
-        }
-        let mut prev = 0;
-        for (seq, slot) in c.slots.iter(c.first_seq, c.last_seq) {
-            e.u64(seq - prev);
-            prev = seq;
-            e.u32(slot.p.off);
-            e.u32(slot.p.len);
-            e.u64(slot.ts() as u64);
-            e.u32(remap[&slot.subj_id()]);
-        }
-        let ledger = Ledger {
-            gone: self.gone.iter().collect(),
-            lost: self.lost.get_mut().iter().collect(),
-            lost_bytes: self.lost_bytes.get(),
-        };
-        let l = record::encode_ledger(&ledger);
-        e.u32(l.len() as u32);
-        e.0.extend_from_slice(&l);
-        let crc = crc32fast::hash(&e.0);
-        e.u32(crc);
+        out.write_at(&buf, at)?;
+        at += buf.len() as u64;
+        out.sync()?;
+        Ok((at, offs, last))
+    }
+}
 
-        let tmp = self.path(INDEX_TMP);
-        let mut f = self.fs.open(&tmp, true)?;
-        f.truncate(0)?;
-        f.write_at(&e.0, 0)?;
-        f.sync()?;
-        drop(f);
-        self.fs.rename(&tmp, &self.path(INDEX))?;
-        self.fs.sync_dir(&self.dir)
+impl FileStore {
+    /// Plans the compaction of the sealed segment with the most dead bytes, if one is
+    /// worth it. Run the job off the lock, then hand the result to [`compact_end`].
+    ///
+    /// Whatever the store wrote is synced first: a compaction only drops messages whose
+    /// removal is durable (a rollback after a failed write must not find one gone).
+    pub fn compact_begin(&mut self) -> Option<CompactJob> {
+        if self.closed || self.failed.is_some() {
+            return None;
+        }
+        // Cheap when nothing is pending: no write, no fsync.
+        if self.sync().is_err() {
+            return None;
+        }
+        let n = self.nsegs();
+        let min = COMPACT_MIN.min(self.cfg.segment_size / 4);
+        let mut best: Option<(u64, usize)> = None;
+        for i in 0..n.saturating_sub(1) {
+            let s = &self.segs()[i];
+            if s.dirty || s.ix.live == 0 || !s.head || s.ix.no_compact {
+                continue;
+            }
+            let used = HEADS_LEN as u64 + s.ix.live_bytes + 10 * s.ix.live as u64;
+            let waste = s.flushed.saturating_sub(used);
+            if waste >= min
+                && waste * COMPACT_WASTE >= s.flushed
+                && best.is_none_or(|b| waste > b.0)
+            {
+                best = Some((waste, i));
+            }
+        }
+        let (_, i) = best?;
+        let marker = self.marker;
+        let (last_seq, last_ts) = {
+            let c = self.core.get_mut();
+            (c.last_seq, c.last_ts)
+        };
+        let t = &mut self.core.get_mut().slots;
+        let entries: Vec<_> = t.entries(i).to_vec();
+        let copy: Vec<(u64, u32, u32)> = entries
+            .iter()
+            .filter(|e| t.live_entry(i, e))
+            .map(|e| (e.seq, e.off, e.len))
+            .collect();
+        let s = &t.segs[i];
+        let (id, lo, hi, old_len) = (s.id, s.first, s.last, s.flushed);
+        let (others, ledger) = (s.ix.others.clone().unwrap_or_default(), s.ix.ledger.clone());
+        // The claim: which sequences of the range the new file holds.
+        let mut bits = vec![0u8; ((hi - lo) / 8 + 1) as usize];
+        for &(q, _, _) in &copy {
+            let b = q - lo;
+            bits[(b / 8) as usize] |= 1 << (b % 8);
+        }
+        let mut recs = Vec::new();
+        record::encode(
+            &mut recs,
+            Kind::Claim,
+            lo,
+            0,
+            b"",
+            b"",
+            &record::encode_claim(hi, &bits),
+        );
+        let mut kept = vec![Other::Claim { lo, hi, bits }];
+        // Tombstones still needed (their records are in older segments), the highest
+        // marker, the newest ledger.
+        let mut max_marker: Option<(u64, i64, Option<u64>)> = None;
+        for o in others {
+            match o {
+                Other::Tomb {
+                    seq,
+                    ts,
+                    subj,
+                    rlen,
+                } => {
+                    if seq < lo && seq >= marker && t.has_record(seq) && t.get(seq).is_none() {
+                        let body = rlen.to_le_bytes();
+                        let data: &[u8] = if rlen == 0 { &[] } else { &body };
+                        record::encode(&mut recs, Kind::Tomb, seq, ts, &subj, b"", data);
+                        kept.push(Other::Tomb {
+                            seq,
+                            ts,
+                            subj,
+                            rlen,
+                        });
+                    }
+                }
+                Other::Marker { seq, ts, last } => {
+                    if max_marker.is_none_or(|m| seq >= m.0) {
+                        max_marker = Some((seq, ts, last));
+                    }
+                }
+                Other::Erased { .. } | Other::Claim { .. } => {}
+            }
+        }
+        if let Some((m, ts, last)) = max_marker {
+            let body = last.map(|l| l.to_le_bytes().to_vec()).unwrap_or_default();
+            record::encode(&mut recs, Kind::Marker, m, ts, b"", b"", &body);
+            kept.push(Other::Marker { seq: m, ts, last });
+        }
+        let mut new_ledger = None;
+        if let Some((_, d)) = &ledger {
+            new_ledger = Some((HEADS_LEN as u64 + recs.len() as u64, d.clone()));
+            record::encode(&mut recs, Kind::Ledger, 0, 0, b"", b"", d);
+        }
+        let body: u64 = copy.iter().map(|c| (c.2 & !HDR_FLAG) as u64).sum();
+        let new_len = HEADS_LEN as u64 + recs.len() as u64 + body;
+        let head = record::encode_head(&Head {
+            pending: last_seq,
+            ts: last_ts,
+            created: self.syncs_done,
+            synced: self.syncs_done,
+            synced_seq: self.proven_seq,
+            synced_len: new_len,
+        });
+        let mut prefix = Vec::with_capacity(HEADS_LEN + recs.len());
+        prefix.extend_from_slice(&head);
+        prefix.extend_from_slice(&head);
+        prefix.extend_from_slice(&recs);
+        let s = &self.segs()[i];
+        let (uid, erases) = (s.ix.uid, s.erases);
+        Some(CompactJob {
+            fs: self.fs.clone(),
+            dir: self.dir.clone(),
+            id,
+            uid,
+            erases,
+            old_len,
+            prefix,
+            copy,
+            others: kept,
+            ledger: new_ledger,
+        })
+    }
+
+    /// Puts a compaction's new segment in place, if the segment did not change meanwhile.
+    /// Returns the bytes it gave back.
+    pub fn compact_end(&mut self, done: CompactDone) -> Result<u64> {
+        let tmp = self.path(&cmp_name(done.id));
+        let i = self.seg_by_id(done.id).filter(|&i| {
+            let s = &self.core.get_mut().slots.segs[i];
+            s.ix.uid == done.uid && s.erases == done.erases && !s.dirty
+        });
+        if done
+            .result
+            .as_ref()
+            .is_err_and(|e| e.kind() == io::ErrorKind::InvalidData)
+        {
+            if let Some(i) = i {
+                self.core.get_mut().slots.segs[i].ix.no_compact = true;
+            }
+        }
+        let (Some(i), Ok((new_len, offs, last_rec))) = (i, done.result) else {
+            let _ = self.fs.remove(&tmp);
+            // The segment stays as it is; its entries leave memory again.
+            if let Some(i) = self.seg_by_id(done.id) {
+                if i + 1 < self.nsegs() {
+                    self.core.get_mut().slots.seal(i);
+                }
+            }
+            return Ok(0);
+        };
+        let id = done.id;
+        if let Err(e) = self.fs.rename(&tmp, &self.path(&seg_name(id))) {
+            let _ = self.fs.remove(&tmp);
+            return Err(e.into());
+        }
+        // The old file's descriptor must not be used again.
+        self.files.get_mut().forget(id);
+        self.dir_dirty = true;
+        let t = &mut self.core.get_mut().slots;
+        let old: Vec<_> = t.entries(i).to_vec();
+        let mut kept = Vec::with_capacity(offs.len());
+        let mut k = 0;
+        for e in old {
+            if k < done.seqs.len() && e.seq == done.seqs[k] {
+                let mut e = e;
+                e.off = offs[k];
+                kept.push(e);
+                k += 1;
+            }
+        }
+        t.rewrite(i, kept, done.others, done.ledger);
+        let created = self.syncs_done;
+        let s = &mut self.segs()[i];
+        s.flushed = new_len;
+        s.alloc = new_len;
+        s.done_len = Some(new_len);
+        s.proven_len = new_len;
+        s.last_rec = last_rec;
+        s.head = true;
+        s.created = created;
+        s.next_slot = 0;
+        self.core.get_mut().slots.seal(i);
+        Ok(done.old_len.saturating_sub(new_len))
+    }
+
+    /// Compacts every segment worth it, here and now (tests, tools).
+    pub fn compact_now(&mut self) -> Result<u64> {
+        let mut freed = 0;
+        while let Some(job) = self.compact_begin() {
+            let id = job.segment();
+            freed += self.compact_end(job.run())?;
+            // A segment that could not be rewritten is not planned again at once.
+            if self
+                .t()
+                .seg_by_id(id)
+                .is_some_and(|i| self.t().segs[i].ix.idx_dirty)
+            {
+                break;
+            }
+        }
+        Ok(freed)
     }
 }
 
@@ -1127,7 +1539,7 @@ impl Store for FileStore {
     fn store_msg(&mut self, subject: &[u8], hdr: &[u8], data: &[u8], ts: i64) -> Result<u64> {
         self.writable()?;
         if subject.len() > u16::MAX as usize
-            || record::record_len(subject.len(), hdr.len(), data.len()) > MAX_RECORD
+            || record::record_len(subject.len(), hdr.len(), data.len()) > record::MAX_RECORD
         {
             return Err(StoreError::MsgTooLarge);
         }
@@ -1137,9 +1549,11 @@ impl Store for FileStore {
         let seq = core.last_seq + 1;
         let r = self.append(Kind::Msg, seq, ts, subject, hdr, data);
         let (idx, loc) = self.check_io(r)?;
-        self.segs[idx].note_msg(seq);
-        self.segs[idx].live += 1;
-        let got = self.core.get_mut().append(subject, ts, loc);
+        self.segs()[idx].note_msg(seq);
+        let got = self
+            .core
+            .get_mut()
+            .append(subject, ts, size, !hdr.is_empty(), loc);
         debug_assert_eq!(got, seq);
         let r = self.settle();
         self.check_io(r)?;
@@ -1229,7 +1643,11 @@ impl Store for FileStore {
     }
 
     fn needs_sync(&self) -> bool {
-        self.ledger_dirty.get() && self.failed.is_none() && !self.closed
+        (self.ledger_dirty.get()
+            || !self.t().missing.borrow().is_empty()
+            || !self.t().unsure.borrow().is_empty())
+            && self.failed.is_none()
+            && !self.closed
     }
 
     fn load(&self, seq: u64) -> Result<StoredMsg> {
@@ -1268,29 +1686,35 @@ impl Store for FileStore {
     }
 
     fn peek(&self, seq: u64) -> Option<(i64, bool)> {
-        self.core
-            .borrow()
-            .slots
-            .get(seq)
-            .map(|s| (s.ts(), s.p.len & HDR_FLAG != 0))
+        self.t().get(seq).map(|m| (m.ts, m.hdr))
+    }
+
+    fn prev_with_headers(&self, before: u64, min_ts: i64) -> Option<(u64, i64)> {
+        self.t().prev_with_headers(before, min_ts)
+    }
+
+    fn next_with_headers(&self, from: u64) -> Option<u64> {
+        self.t().next_with_headers(from)
     }
 
     fn remove(&mut self, seq: u64, erase: bool) -> Result<bool> {
         self.writable()?;
-        let core = self.core.get_mut();
-        let Some((loc, ts)) = core.slots.get(seq).map(|s| (s.p, s.ts())) else {
+        let Some((_, loc)) = self.t().loc(seq) else {
             return Ok(false);
         };
-        core.remove(seq);
+        let core = self.core.get_mut();
+        if !core.remove(seq) {
+            return Ok(false);
+        }
         let r = (|| {
             if erase {
                 // The tombstone is made durable before the overwrite: a torn overwrite then
                 // reads as a removed message at recovery, never as a lost one.
+                let x = self.core.get_mut().removed.pop();
                 self.core.get_mut().removed.clear();
-                if let Some(i) = self.seg_idx(seq) {
-                    self.dec_live(i);
+                if let Some(x) = x {
+                    self.write_tomb(seq, x.meta.ts, &x.subject, x.p.len)?;
                 }
-                self.write_tomb(seq, ts)?;
                 self.do_sync()?;
                 self.erase_at(seq, loc)?;
             }
@@ -1336,7 +1760,7 @@ impl Store for FileStore {
         let r = if had_msgs {
             self.gone.insert(from, next - 1);
             self.ledger_dirty.set(true);
-            self.write_tomb(next - 1, ts)
+            self.write_tomb(next - 1, ts, b"", 0)
         } else {
             Ok(())
         };
@@ -1396,159 +1820,28 @@ impl Store for FileStore {
         Ok(())
     }
 
+    fn compact_begin(&mut self) -> Option<CompactJob> {
+        FileStore::compact_begin(self)
+    }
+
+    fn compact_end(&mut self, done: CompactDone) -> Result<u64> {
+        FileStore::compact_end(self, done)
+    }
+
     fn destroy(mut self: Box<Self>) -> Result<()> {
         self.closed = true;
         self.files.get_mut().clear();
-        self.segs.clear();
+        self.segs().clear();
         self.fs.remove_dir_all(&self.dir)?;
         Ok(())
     }
 }
 
-// ---- saved index ----------------------------------------------------------------------
-
-const IDX_MAGIC: &[u8; 8] = b"KEELIDX2";
-
-struct Enc(Vec<u8>);
-
-impl Enc {
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-}
-
-/// Bounds-checked reader: every accessor returns None past the end, so a damaged index
-/// is rejected rather than trusted or panicked on.
-struct Dec<'a>(&'a [u8]);
-
-impl<'a> Dec<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.0.len() < n {
-            return None;
-        }
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Some(a)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-}
-
-struct IdxSeg {
-    id: u32,
-    covered: u64,
-    first: u64,
-    last: u64,
-    last_rec: Option<(u64, u32)>,
-    ext_tombs: Vec<(u64, i64)>,
-}
-
-struct Idx {
-    first_seq: u64,
-    first_ts: i64,
-    last_seq: u64,
-    last_ts: i64,
-    marker: u64,
-    segs: Vec<IdxSeg>,
-    subjects: Vec<Bytes>,
-    /// (seq, loc, ts, subject index)
-    msgs: Vec<(u64, Loc, i64, u32)>,
-    ledger: Ledger,
-}
-
-fn decode_index(b: &[u8]) -> Option<Idx> {
-    if b.len() < IDX_MAGIC.len() + 4 {
-        return None;
-    }
-    let (body, crc) = b.split_at(b.len() - 4);
-    if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().ok()?) {
-        return None;
-    }
-    let mut d = Dec(body);
-    if d.take(8)? != IDX_MAGIC {
-        return None;
-    }
-    let first_seq = d.u64()?;
-    let first_ts = d.u64()? as i64;
-    let last_seq = d.u64()?;
-    let last_ts = d.u64()? as i64;
-    let marker = d.u64()?;
-    let nmsgs = d.u64()?;
-    let nsegs = d.u32()?;
-    let mut segs = Vec::new();
-    for _ in 0..nsegs {
-        let id = d.u32()?;
-        let covered = d.u64()?;
-        let first = d.u64()?;
-        let last = d.u64()?;
-        let o = d.u64()?;
-        let k = d.u32()?;
-        let n = d.u32()? as usize;
-        let mut ext = Vec::with_capacity(n.min(d.0.len() / 16));
-        for _ in 0..n {
-            ext.push((d.u64()?, d.u64()? as i64));
-        }
-        segs.push(IdxSeg {
-            id,
-            covered,
-            first,
-            last,
-            last_rec: (o != u64::MAX).then_some((o, k)),
-            ext_tombs: ext,
-        });
-    }
-    let nsubj = d.u32()? as usize;
-    let mut subjects = Vec::with_capacity(nsubj.min(d.0.len() / 4));
-    for _ in 0..nsubj {
-        let n = d.u32()? as usize;
-        subjects.push(Bytes::copy_from_slice(d.take(n)?));
-    }
-    let mut msgs = Vec::with_capacity((nmsgs as usize).min(d.0.len() / 28));
-    let mut seq = 0u64;
-    for _ in 0..nmsgs {
-        seq = seq.checked_add(d.u64()?)?;
-        let off = d.u32()?;
-        let len = d.u32()?;
-        let ts = d.u64()? as i64;
-        let subj = d.u32()?;
-        if subj as usize >= subjects.len() || ((len & !HDR_FLAG) as usize) < HDR {
-            return None;
-        }
-        if !msgs.is_empty() && msgs.last().map(|m: &(u64, Loc, i64, u32)| m.0) >= Some(seq) {
-            return None;
-        }
-        msgs.push((seq, Loc { off, len }, ts, subj));
-    }
-    let n = d.u32()? as usize;
-    let ledger = record::decode_ledger(d.take(n)?)?;
-    if !d.0.is_empty() {
-        return None;
-    }
-    Some(Idx {
-        first_seq,
-        first_ts,
-        last_seq,
-        last_ts,
-        marker,
-        segs,
-        subjects,
-        msgs,
-        ledger,
-    })
-}
-
 // ---- recovery -------------------------------------------------------------------------
 
-/// Replays records into a fresh core.
+/// Replays records (and segment summaries) into a fresh core.
 struct Replay {
-    core: Core<Loc>,
+    core: Core<FileTable>,
     marker: u64,
     /// Highest message sequence seen in any record (message, erased, tombstone) and its
     /// timestamp.
@@ -1560,10 +1853,11 @@ struct Replay {
     gone: Ranges,
     lost: Ranges,
     lost_bytes: u64,
-    /// The last ledger record, with where it was (segment, offset): each holds the whole
-    /// ledger, so the newest wins.
-    ledger: Option<(u32, u64, Ledger)>,
+    /// The newest ledger record: each holds the whole ledger.
+    ledger: Option<Ledger>,
     records: u64,
+    /// Sequences compactions' claims say were removed.
+    compacted: Ranges,
 }
 
 /// What scanning one segment found besides records: damaged stretches followed by valid
@@ -1572,6 +1866,10 @@ struct Replay {
 struct ScanOut {
     spans: Vec<Span>,
     tail: Option<u64>,
+    /// Where the tail's non-zero bytes end (preallocated zeros after it are free space).
+    tail_end: u64,
+    /// Where zeros run to the end of the file: free space a preallocation left.
+    zero_from: Option<u64>,
     /// Damage after the segment's last message record.
     trailing_damage: bool,
     /// Highest sequence tombstoned in this segment: its message was here or earlier.
@@ -1590,64 +1888,179 @@ struct Span {
 }
 
 impl Replay {
-    fn apply(&mut self, seg: &mut Seg, r: &record::Rec, off: usize) {
+    fn cur(&mut self) -> &mut Seg {
+        self.core
+            .slots
+            .segs
+            .last_mut()
+            .expect("a segment is being replayed")
+    }
+
+    /// Removes a tombstoned message: by what the tombstone says about it when it says (no
+    /// entry read), else by its entry.
+    fn apply_tomb(&mut self, t: u64, ts: i64, subj: &[u8], rlen: u32) {
+        if !subj.is_empty() && rlen != 0 {
+            if let Some(id) = self.core.subjects().id(subj) {
+                let m = Meta {
+                    subj: id,
+                    ts,
+                    size: acct(rlen),
+                    hdr: rlen & HDR_FLAG != 0,
+                };
+                if self.core.slots.kill(t, &m) {
+                    self.core.account_removed(t, &m);
+                }
+            }
+        } else {
+            self.core.remove(t);
+        }
+        self.core.removed.clear();
+        if t > self.max_msg.0 {
+            self.max_msg = (t, ts);
+        }
+        self.tombs.push(t);
+    }
+
+    fn apply_marker(&mut self, m: u64, ts: i64, last: Option<u64>) {
+        if m > self.marker {
+            self.marker = m;
+            self.kill_range(0, m - 1);
+        }
+        if let Some(last) = last {
+            if last >= self.marker_last.0 {
+                self.marker_last = (last, ts);
+            }
+        }
+    }
+
+    /// Removes every live message in `lo..=hi`: whole segments at once by their counts,
+    /// the rest one by one.
+    fn kill_range(&mut self, lo: u64, hi: u64) {
+        let n = self.core.slots.segs.len();
+        for si in 0..n {
+            let ix = &self.core.slots.segs[si].ix;
+            if ix.n == 0 || ix.live == 0 || ix.e_last < lo {
+                continue;
+            }
+            if ix.e_first > hi {
+                break;
+            }
+            if ix.e_first >= lo && ix.e_last <= hi {
+                let (msgs, bytes) = self.core.slots.kill_all(si);
+                self.core.msgs = self.core.msgs.saturating_sub(msgs);
+                self.core.bytes = self.core.bytes.saturating_sub(bytes);
+                continue;
+            }
+            let (a, b) = (lo.max(ix.e_first), hi.min(ix.e_last));
+            let mut v = Vec::new();
+            self.core.slots.scan(a, b, &Sel::All, &mut |q, _| {
+                v.push(q);
+                true
+            });
+            for q in v {
+                self.core.remove(q);
+            }
+        }
+        self.core.removed.clear();
+    }
+
+    /// A compaction's claim: its range belongs to this segment, and what the bitmap does
+    /// not hold was removed.
+    fn apply_claim(&mut self, lo: u64, hi: u64, bits: &[u8]) {
+        let s = self.cur();
+        s.note_msg(lo);
+        s.note_msg(hi);
+        let mut run: Option<u64> = None;
+        for q in lo..=hi.saturating_add(1) {
+            let b = q - lo;
+            let gone = q <= hi
+                && bits
+                    .get((b / 8) as usize)
+                    .is_some_and(|x| x >> (b % 8) & 1 == 0);
+            match (gone, run) {
+                (true, None) => run = Some(q),
+                (false, Some(a)) => {
+                    self.compacted.insert(a, q - 1);
+                    run = None;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn apply(&mut self, r: &record::Rec, off: usize) {
         if r.kind == Kind::Head {
             // Only meaningful at offset 0, which is read separately.
             return;
         }
         self.records += 1;
-        seg.last_rec = Some((off as u64, r.crc));
+        self.cur().last_rec = Some((off as u64, r.crc));
         match r.kind {
             Kind::Msg | Kind::Erased => {
-                seg.note_msg(r.seq);
+                self.cur().note_msg(r.seq);
                 if r.seq >= self.max_msg.0 {
                     self.max_msg = (r.seq, r.ts);
                 }
-                if self.core.slots.get(r.seq).is_some() {
-                    // The same sequence twice can only follow damage; the later record wins.
-                    self.core.remove(r.seq);
+                let flag = if r.hdr.is_empty() { 0 } else { HDR_FLAG };
+                let loc = Loc {
+                    off: off as u32,
+                    len: r.len as u32 | flag,
+                };
+                // The same sequence twice can only follow damage or a restored file: the
+                // first one found stands.
+                if !self.core.slots.accepts(r.seq) {
+                    return;
                 }
                 if r.kind == Kind::Msg && r.seq >= self.marker {
-                    let flag = if r.hdr.is_empty() { 0 } else { HDR_FLAG };
-                    let loc = Loc {
-                        off: off as u32,
-                        len: r.len as u32 | flag,
-                    };
-                    self.core.insert(r.seq, r.subj, r.ts, loc);
-                } else if r.kind == Kind::Erased {
-                    self.tombs.push(r.seq);
+                    self.core
+                        .insert(r.seq, r.subj, r.ts, acct(loc.len), !r.hdr.is_empty(), loc);
+                } else {
+                    // An entry that is not live keeps the segment's positions dense.
+                    self.core.slots.insert_erased(r.seq, r.ts, loc);
+                    if r.kind == Kind::Erased {
+                        self.tombs.push(r.seq);
+                        self.core.slots.note_other(Other::Erased { seq: r.seq });
+                    }
                 }
             }
             Kind::Tomb => {
-                let t = r.seq;
-                self.core.remove(t);
-                if t > self.max_msg.0 {
-                    self.max_msg = (t, r.ts);
-                }
-                if !seg.has_msgs() || t < seg.first {
-                    seg.ext_tombs.push((t, r.ts));
-                }
-                self.tombs.push(t);
+                let rlen = if r.data.len() == 4 {
+                    u32::from_le_bytes(r.data.try_into().unwrap())
+                } else {
+                    0
+                };
+                self.core.slots.note_other(Other::Tomb {
+                    seq: r.seq,
+                    ts: r.ts,
+                    subj: Bytes::copy_from_slice(r.subj),
+                    rlen,
+                });
+                self.apply_tomb(r.seq, r.ts, r.subj, rlen);
             }
             Kind::Marker => {
-                let m = r.seq;
-                if m > self.marker {
-                    self.marker = m;
-                    let below: Vec<u64> = self.core.slots.iter(0, m - 1).map(|(s, _)| s).collect();
-                    for s in below {
-                        self.core.remove(s);
-                    }
-                }
-                if r.data.len() == 8 {
-                    let last = u64::from_le_bytes(r.data.try_into().unwrap());
-                    if last >= self.marker_last.0 {
-                        self.marker_last = (last, r.ts);
-                    }
-                }
+                let last =
+                    (r.data.len() == 8).then(|| u64::from_le_bytes(r.data.try_into().unwrap()));
+                self.core.slots.note_other(Other::Marker {
+                    seq: r.seq,
+                    ts: r.ts,
+                    last,
+                });
+                self.apply_marker(r.seq, r.ts, last);
             }
             Kind::Ledger => {
                 if let Some(l) = record::decode_ledger(r.data) {
-                    self.ledger = Some((seg.id, off as u64, l));
+                    self.ledger = Some(l);
+                    self.core.slots.note_ledger(off as u64, r.data.to_vec());
+                }
+            }
+            Kind::Claim => {
+                if let Some((hi, bits)) = record::decode_claim(r.seq, r.data) {
+                    self.core.slots.note_other(Other::Claim {
+                        lo: r.seq,
+                        hi,
+                        bits: bits.to_vec(),
+                    });
+                    self.apply_claim(r.seq, hi, bits);
                 }
             }
             Kind::Head => {}
@@ -1655,18 +2068,83 @@ impl Replay {
         self.core.removed.clear();
     }
 
-    /// Scans `data`, which holds the segment from file offset `base` on.
-    fn scan(&mut self, seg: &mut Seg, data: &[u8], base: u64, out: &mut ScanOut) {
+    /// Adds a segment from its index file's summary instead of reading its records.
+    fn bulk(&mut self, mut seg: Seg, sum: &Summary, active: bool, out: &mut ScanOut) {
+        seg.last_rec = sum.last_rec;
+        if sum.n > 0 {
+            seg.note_msg(sum.e_first);
+            seg.note_msg(sum.e_last);
+            if sum.e_last >= self.max_msg.0 {
+                self.max_msg = (sum.e_last, sum.last_ts);
+            }
+        }
+        let was_empty = self.core.msgs == 0;
+        let (live, bytes) = self.core.slots.push_summary(seg, sum, sum.blocks_off);
+        let c = &mut self.core;
+        c.msgs += live;
+        c.bytes += bytes;
+        if live > 0 {
+            if was_empty || sum.e_first < c.first_seq {
+                c.first_seq = sum.e_first;
+                c.first_ts = sum.first_ts;
+            }
+            if sum.e_last >= c.last_seq {
+                c.last_seq = sum.e_last;
+                c.last_ts = sum.last_ts;
+            }
+        }
+        if sum.n > 0 && self.marker > sum.e_first {
+            self.kill_range(0, self.marker - 1);
+        }
+        for o in &sum.others {
+            match o {
+                Other::Tomb {
+                    seq,
+                    ts,
+                    subj,
+                    rlen,
+                } => {
+                    out.max_tomb = out.max_tomb.max(*seq);
+                    self.apply_tomb(*seq, *ts, subj, *rlen);
+                }
+                Other::Marker { seq, ts, last } => self.apply_marker(*seq, *ts, *last),
+                Other::Erased { seq } => {
+                    self.tombs.push(*seq);
+                    if *seq >= self.max_msg.0 {
+                        self.max_msg.0 = *seq;
+                    }
+                }
+                Other::Claim { lo, hi, bits } => self.apply_claim(*lo, *hi, bits),
+            }
+        }
+        if let Some((_, d)) = &sum.ledger {
+            if let Some(l) = record::decode_ledger(d) {
+                self.ledger = Some(l);
+            }
+        }
+        // Kept while records after the summary may still be appended to it (the caller
+        // drops them otherwise): its next summary lists them all.
+        let _ = active;
+        let s = self.cur();
+        s.ix.others = Some(sum.others.clone());
+        s.ix.ledger = sum.ledger.clone();
+    }
+
+    /// Scans `data`, which holds the last segment from file offset `base` on.
+    fn scan(&mut self, data: &[u8], base: u64, out: &mut ScanOut) {
         let mut o = 0;
-        let mut before = if seg.has_msgs() {
-            seg.last
-        } else {
-            seg.first - 1
+        let mut before = {
+            let s = self.cur();
+            if s.has_msgs() {
+                s.last
+            } else {
+                s.first - 1
+            }
         };
         let mut open = Vec::new();
         while o < data.len() {
             if let Parse::Ok(r) = record::parse(&data[o..]) {
-                self.apply(seg, &r, base as usize + o);
+                self.apply(&r, base as usize + o);
                 if r.kind == Kind::Tomb {
                     out.max_tomb = out.max_tomb.max(r.seq);
                 }
@@ -1680,6 +2158,12 @@ impl Replay {
                 o += r.len;
                 continue;
             }
+            // Zeros to the end: the free part of a preallocated file.
+            let nz = data[o..].iter().rposition(|&b| b != 0);
+            let Some(nz) = nz else {
+                out.zero_from = Some(base + o as u64);
+                break;
+            };
             match record::resync(data, o + 1) {
                 Some(next) => {
                     open.push(out.spans.len());
@@ -1693,6 +2177,13 @@ impl Replay {
                 }
                 None => {
                     out.tail = Some(base + o as u64);
+                    // A long run of zeros at the end is preallocated space, not damage.
+                    let zeros = data.len() - (o + nz + 1);
+                    out.tail_end = if zeros > PREALLOC as usize / 16 {
+                        base + (o + nz + 1) as u64
+                    } else {
+                        base + data.len() as u64
+                    };
                     out.trailing_damage = true;
                     return;
                 }
@@ -1714,6 +2205,43 @@ struct SegMeta {
     next_slot: u8,
 }
 
+/// Does the index file's summary still describe segment `m`?
+fn summary_fits(
+    sum: &Summary,
+    m: &SegMeta,
+    files: &mut Handles,
+    fs: &dyn Fs,
+    seg_path: &dyn Fn(u32) -> PathBuf,
+) -> std::result::Result<(), String> {
+    if sum.id != m.id {
+        return Err("it names another segment".into());
+    }
+    if sum.created != m.head.map_or(0, |h| h.created) {
+        return Err("the segment was created again since".into());
+    }
+    if m.len < sum.covered {
+        return Err("the segment is shorter than the index covers".into());
+    }
+    match sum.last_rec {
+        None if sum.covered <= HEADS_LEN as u64 => Ok(()),
+        None => Err("no last record".into()),
+        Some((off, crc)) => {
+            if off >= sum.covered || sum.covered - off > record::MAX_RECORD as u64 {
+                return Err("bad last record offset".into());
+            }
+            let mut b = vec![0; (sum.covered - off) as usize];
+            files
+                .with(fs, m.id, || seg_path(m.id), |f| f.read_at(&mut b, off))
+                .map_err(|e| e.to_string())?;
+            // Damage kept after a segment's last record is covered too.
+            match record::parse(&b) {
+                Parse::Ok(r) if r.crc == crc => Ok(()),
+                _ => Err("the segment changed since the index".into()),
+            }
+        }
+    }
+}
+
 fn recover(
     fs: Arc<dyn Fs>,
     dir: &Path,
@@ -1725,8 +2253,22 @@ fn recover(
     let mut ids: Vec<u32> = names.iter().filter_map(|n| parse_seg_name(n)).collect();
     ids.sort_unstable();
     let mut rep = RecoveryReport::default();
-    if existing.contains(INDEX_TMP) {
-        let _ = fs.remove(&dir.join(INDEX_TMP));
+    // Files of earlier versions and leftovers: an index file without its segment.
+    for n in [LEGACY_INDEX, LEGACY_INDEX_TMP] {
+        if existing.contains(n) {
+            let _ = fs.remove(&dir.join(n));
+        }
+    }
+    for n in &names {
+        if let Some(id) = parse_idx_name(n) {
+            if ids.binary_search(&id).is_err() {
+                let _ = fs.remove(&dir.join(n));
+            }
+        }
+        // A compaction that never got renamed into place.
+        if n.ends_with(".cmp") {
+            let _ = fs.remove(&dir.join(n));
+        }
     }
     let seg_path = |id: u32| dir.join(seg_name(id));
     let mut files = Handles::new(cfg.max_open_files);
@@ -1782,42 +2324,18 @@ fn recover(
     }
     rep.segments = metas.len() as u64;
 
-    // The saved index: used if it still matches the segments; otherwise what it says
-    // (last sequence, which sequences were live) still bounds what recovery may conclude.
-    let mut idx = None;
-    let mut hint = None;
-    if existing.contains(INDEX) {
-        let ip = dir.join(INDEX);
-        let loaded = (|| -> io::Result<std::result::Result<Idx, (String, Option<Idx>)>> {
-            let f = fs.open(&ip, false)?;
-            let mut b = vec![0; f.len()? as usize];
-            f.read_at(&mut b, 0)?;
-            let Some(ix) = decode_index(&b) else {
-                return Ok(Err(("index checksum or format mismatch".into(), None)));
-            };
-            Ok(
-                match validate_index(&ix, &metas, &mut files, &*fs, &seg_path) {
-                    Ok(()) => Ok(ix),
-                    Err(why) => Err((why, Some(ix))),
-                },
-            )
-        })();
-        match loaded {
-            Ok(Ok(ix)) => idx = Some(ix),
-            Ok(Err((why, ix))) => {
-                rep.index_rejected = Some(why);
-                hint = ix;
-            }
-            Err(e) => rep.index_rejected = Some(format!("index unreadable: {e}")),
-        }
-        if idx.is_none() {
-            // Never let a stale index come back into use after the segments change.
-            fs.remove(&ip)?;
-        }
-    }
-
     let mut rp = Replay {
-        core: Core::new(Limits::default()),
+        core: Core::new(
+            Limits::default(),
+            FileTable::new(
+                fs.clone(),
+                dir.to_path_buf(),
+                cfg.index_cache.as_ref().map_or_else(
+                    || IndexCache::new(crate::DEFAULT_INDEX_CACHE),
+                    |c| c.0.clone(),
+                ),
+            ),
+        ),
         marker: 0,
         max_msg: (0, 0),
         marker_last: (0, 0),
@@ -1827,63 +2345,61 @@ fn recover(
         lost_bytes: 0,
         ledger: None,
         records: 0,
+        compacted: Ranges::default(),
     };
-    let mut covered: HashMap<u32, IdxSeg> = HashMap::new();
-    let mut idx_covered: HashMap<u32, u64> = HashMap::new();
-    let mut idx_last = None;
-    let mut idx_ledger = None;
-    if let Some(ix) = idx {
-        rep.used_index = true;
-        let c = &mut rp.core;
-        for (seq, loc, ts, subj) in ix.msgs {
-            c.insert(seq, &ix.subjects[subj as usize], ts, loc);
-        }
-        c.first_seq = ix.first_seq;
-        c.first_ts = ix.first_ts;
-        c.last_seq = ix.last_seq;
-        c.last_ts = ix.last_ts;
-        rp.marker = ix.marker;
-        rp.max_msg = (ix.last_seq, ix.last_ts);
-        rp.marker_last = (ix.last_seq, ix.last_ts);
-        idx_ledger = Some(ix.ledger);
-        idx_covered = ix.segs.iter().map(|s| (s.id, s.covered)).collect();
-        covered = ix.segs.into_iter().map(|s| (s.id, s)).collect();
-        idx_last = Some(ix.last_seq);
-    } else if let Some(h) = &hint {
-        idx_covered = h.segs.iter().map(|s| (s.id, s.covered)).collect();
-    }
-
-    let mut segs: Vec<Seg> = Vec::with_capacity(metas.len());
+    // What the index files written at a clean close say was durable.
+    let mut closed_last: Option<(u64, i64)> = None;
     let mut scans = Vec::with_capacity(metas.len());
-    for m in &metas {
-        let base = segs.last().map_or(0, |s| s.last);
-        let mut seg = Seg {
-            id: m.id,
-            flushed: m.len,
-            first: base + 1,
-            last: base,
-            live: 0,
-            ext_tombs: Vec::new(),
-            dirty: false,
-            last_rec: None,
-            head: m.has_head,
-            created: m.head.map_or(0, |h| h.created),
-            done_len: Some(m.len),
-            proven_len: 0,
-            next_slot: m.next_slot,
-        };
+    // Per segment: read from its records (verified), or taken from its index file.
+    let mut scanned = Vec::with_capacity(metas.len());
+    // Per segment: how much an index file covered (read back intact, so durable).
+    let mut covered = Vec::with_capacity(metas.len());
+    let mut rejected = Vec::new();
+    let nmetas = metas.len();
+    for (k, m) in metas.iter().enumerate() {
+        let base = rp.core.slots.segs.last().map_or(0, |s| s.last);
+        let mut seg = Seg::new(m.id, base);
+        seg.flushed = m.len;
+        seg.alloc = m.len;
+        seg.head = m.has_head;
+        seg.created = m.head.map_or(0, |h| h.created);
+        seg.done_len = Some(m.len);
+        seg.next_slot = m.next_slot;
         let mut start = if m.has_head { HEADS_LEN as u64 } else { 0 };
         if m.stub {
             start = m.len;
         }
-        if let Some(c) = covered.remove(&m.id) {
-            seg.first = c.first;
-            seg.last = c.last;
-            seg.ext_tombs = c.ext_tombs;
-            seg.last_rec = c.last_rec;
-            start = start.max(c.covered);
-        }
+        let active = k + 1 == nmetas;
         let mut out = ScanOut::default();
+        let mut summary = None;
+        if !m.stub {
+            match read_summary(&*fs, &dir.join(idx_name(m.id))) {
+                Ok(Some(sum)) => {
+                    if let Some(c) = sum.closed {
+                        if closed_last.is_none_or(|(l, _)| c.0 > l) {
+                            closed_last = Some(c);
+                        }
+                    }
+                    match summary_fits(&sum, m, &mut files, &*fs, &seg_path) {
+                        Ok(()) if sum.n == 0 || rp.core.slots.accepts(sum.e_first) => {
+                            summary = Some(sum)
+                        }
+                        Ok(()) => rejected.push(format!("segment {}: out of order", m.id)),
+                        Err(why) => rejected.push(format!("segment {}: {why}", m.id)),
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => rejected.push(format!("segment {}: {e}", m.id)),
+            }
+        }
+        match &summary {
+            Some(sum) => {
+                rep.used_index = true;
+                start = start.max(sum.covered);
+                rp.bulk(seg, sum, active, &mut out);
+            }
+            None => rp.core.slots.push_seg(seg),
+        }
         if start < m.len {
             let mut data = vec![0; (m.len - start) as usize];
             files.with(
@@ -1892,28 +2408,32 @@ fn recover(
                 || seg_path(m.id),
                 |f| f.read_at(&mut data, start),
             )?;
-            rp.scan(&mut seg, &data, start, &mut out);
+            rp.scan(&data, start, &mut out);
         }
-        segs.push(seg);
+        // Free space a preallocation left is not part of the segment's records.
+        if let Some(z) = out.zero_from {
+            rp.cur().flushed = z;
+        }
+        if !active && !rp.cur().in_memory() {
+            let s = rp.cur();
+            s.ix.others = None;
+            s.ix.ledger = None;
+        }
+        scanned.push(summary.is_none());
+        covered.push(summary.as_ref().map_or(0, |s| s.covered));
+        // A sealed segment read cleanly gets its index file now, and its entries leave
+        // memory (a large store read after a power failure must not hold them all).
+        if !active && summary.is_none() && out.tail.is_none() && out.spans.is_empty() {
+            let i = rp.core.slots.segs.len() - 1;
+            rp.core.slots.seal(i);
+        }
         scans.push(out);
     }
+    if !rejected.is_empty() {
+        rep.index_rejected = Some(rejected.join("; "));
+    }
 
-    // The newest ledger: one appended after the saved index (used or not) beats the
-    // index's copy, which beats older records.
-    let max_covered = idx_covered.keys().max().copied();
-    let after_index = |seg: u32, off: u64| match idx_covered.get(&seg) {
-        Some(&c) => off >= c,
-        None => max_covered.is_none_or(|m| seg > m),
-    };
-    let ledger = match (
-        rp.ledger.take(),
-        idx_ledger.or_else(|| hint.as_ref().map(|h| h.ledger.clone())),
-    ) {
-        (Some((seg, off, l)), _) if after_index(seg, off) => Some(l),
-        (_, Some(l)) => Some(l),
-        (found, None) => found.map(|(_, _, l)| l),
-    };
-    if let Some(l) = ledger {
+    if let Some(l) = rp.ledger.take() {
         for (a, b) in l.gone {
             rp.gone.insert(a, b);
         }
@@ -1923,8 +2443,8 @@ fn recover(
         rp.lost_bytes = l.lost_bytes;
     }
 
-    // What the heads and the index prove: the highest sequence handed out, the last one a
-    // completed sync made durable, and how much of each segment was durable.
+    // What the heads and the index files prove: the highest sequence handed out, the last
+    // one a completed sync made durable, and how much of each segment was durable.
     let heads: Vec<Head> = metas.iter().filter_map(|m| m.head).collect();
     let synced_max = heads.iter().map(|h| h.synced).max().unwrap_or(0);
     let mut synced_seq = heads.iter().map(|h| h.synced_seq).max().unwrap_or(0);
@@ -1932,32 +2452,29 @@ fn recover(
         .iter()
         .max_by_key(|h| h.pending)
         .map_or((0, 0), |h| (h.pending, h.ts));
-    for l in [idx_last, hint.as_ref().map(|h| h.last_seq)]
-        .into_iter()
-        .flatten()
-    {
+    if let Some((l, ts)) = closed_last {
         synced_seq = synced_seq.max(l);
-    }
-    if let Some(h) = &hint {
-        if h.last_seq > hw {
-            (hw, hw_ts) = (h.last_seq, h.last_ts);
+        if l > hw {
+            (hw, hw_ts) = (l, ts);
         }
     }
-    for k in 0..metas.len() {
-        let m = &metas[k];
-        let mut proven = m.head.map_or(0, |h| h.synced_len);
-        if let Some(&c) = idx_covered.get(&m.id) {
-            proven = proven.max(c);
+    {
+        let segs = &mut rp.core.slots.segs;
+        for k in 0..metas.len() {
+            let m = &metas[k];
+            let mut proven = m.head.map_or(0, |h| h.synced_len);
+            // What an index file covered was read back intact.
+            proven = proven.max(covered[k]);
+            // A sync completed after a later segment was created covered all of this one.
+            let later = metas[k + 1..]
+                .iter()
+                .filter_map(|n| n.head.map(|h| h.created))
+                .min();
+            if later.is_some_and(|c| synced_max > c) {
+                proven = m.len;
+            }
+            segs[k].proven_len = proven.min(m.len);
         }
-        // A sync completed after a later segment was created covered all of this one.
-        let later = metas[k + 1..]
-            .iter()
-            .filter_map(|n| n.head.map(|h| h.created))
-            .min();
-        if later.is_some_and(|c| synced_max > c) {
-            proven = m.len;
-        }
-        segs[k].proven_len = proven.min(m.len);
     }
 
     // Damage inside what was durable is copied aside and reported; anything after it is
@@ -1970,23 +2487,28 @@ fn recover(
     let mut written = Ranges::default();
     // (sequence, stretch length) that damaged records claim.
     let mut claims: Vec<(u64, u64)> = Vec::new();
-    let nsegs = segs.len();
+    let nsegs = rp.core.slots.segs.len();
     let mut cuts: Vec<(usize, u64)> = Vec::new();
     for (k, out) in scans.iter().enumerate() {
-        let (id, proven, len) = (segs[k].id, segs[k].proven_len, segs[k].flushed);
-        let mut spans: Vec<(u64, u64, bool)> = Vec::new();
+        let (id, proven) = {
+            let s = &rp.core.slots.segs[k];
+            (s.id, s.proven_len)
+        };
+        // (offset, length, is the tail, what it hides: the message sequences between the
+        // records around it).
+        type Hides = Option<(u64, u64)>;
+        let mut spans: Vec<(u64, u64, bool, Hides)> = Vec::new();
         for sp in &out.spans {
-            spans.push((sp.off, sp.len, false));
-            if let Some(a) = sp.after {
-                if a > sp.before + 1 {
-                    written.insert(sp.before + 1, a - 1);
-                }
-            }
+            let hides = sp
+                .after
+                .filter(|&a| a > sp.before + 1)
+                .map(|a| (sp.before + 1, a - 1));
+            spans.push((sp.off, sp.len, false, hides));
         }
         if let Some(t) = out.tail {
-            spans.push((t, len - t, true));
+            spans.push((t, out.tail_end - t, true, None));
         }
-        for (off, n, is_tail) in spans {
+        for (off, n, is_tail, hides) in spans {
             let mut h = [0u8; 24];
             if n >= 24 {
                 files.with(&*fs, id, || seg_path(id), |f| f.read_at(&mut h, off))?;
@@ -2007,15 +2529,20 @@ fn recover(
             }
             let mut bytes = vec![0; n as usize];
             files.with(&*fs, id, || seg_path(id), |f| f.read_at(&mut bytes, off))?;
+            // Zeros after the records are preallocated space.
             if record::only_torn_erases(&bytes, |q| {
                 q < rp.marker || rp.tombs.binary_search(&q).is_ok() || rp.gone.contains(q)
             }) {
                 // An erase interrupted mid-overwrite: the message was removed (its
                 // tombstone is durable) and its bytes are meant to go, not to be kept.
+                // They held only removed records, so they hide no other sequence.
                 if is_tail && k == nsegs - 1 {
                     cuts.push((k, off));
                 }
                 continue;
+            }
+            if let Some((a, b)) = hides {
+                written.insert(a, b);
             }
             rep.corrupt_records += 1;
             rep.corrupt_bytes += n;
@@ -2047,7 +2574,7 @@ fn recover(
         fs.sync_dir(dir)?;
     }
     for (k, at) in cuts {
-        let id = segs[k].id;
+        let id = rp.core.slots.segs[k].id;
         files.with(
             &*fs,
             id,
@@ -2057,13 +2584,15 @@ fn recover(
                 f.sync()
             },
         )?;
-        segs[k].flushed = at;
-        segs[k].done_len = Some(at);
-        segs[k].proven_len = segs[k].proven_len.min(at);
+        let s = &mut rp.core.slots.segs[k];
+        s.flushed = at;
+        s.alloc = at;
+        s.done_len = Some(at);
+        s.proven_len = s.proven_len.min(at);
     }
 
-    // Final stream counters. last_seq is never below what the heads or the index prove
-    // was handed out.
+    // Final stream counters. last_seq is never below what the heads or the index files
+    // prove was handed out.
     let (found, found_ts) = if rp.max_msg.0 >= rp.marker_last.0 {
         rp.max_msg
     } else {
@@ -2089,56 +2618,24 @@ fn recover(
         rep.records_last_seq = Some(found);
         (ls, lts) = (hw, hw_ts);
     }
-    let mut gone_new = Ranges::default();
-    let mut ix_live: Option<(u64, Vec<u64>)> = None;
-    // What the on-disk records say is below the marker; a rejected index can know more,
-    // which the first sync then writes down (a marker record, the ledger).
-    let mut removed_below = rp.marker;
-    if let Some(h) = hint.take() {
-        if h.marker > removed_below {
-            removed_below = h.marker;
-            let below: Vec<u64> = rp
-                .core
-                .slots
-                .iter(0, h.marker - 1)
-                .map(|(s, _)| s)
-                .collect();
-            for s in below {
-                rp.core.remove(s);
-            }
-        }
-        let live: Vec<u64> = h.msgs.iter().map(|m| m.0).collect();
-        // Removed before the index was written: never live again, whatever tombstone was
-        // lost since.
-        let back: Vec<u64> = rp
-            .core
-            .slots
-            .iter(0, h.last_seq)
-            .map(|(s, _)| s)
-            .filter(|s| live.binary_search(s).is_err())
-            .collect();
-        for s in back {
-            rp.core.remove(s);
-            gone_new.insert(s, s);
-        }
-        ix_live = Some((h.last_seq, live));
-    }
+    let removed_below = rp.marker;
     // Sequences of deleted segments stay removed, even if a file came back.
     for (a, b) in rp.gone.iter().collect::<Vec<_>>() {
-        let back: Vec<u64> = rp.core.slots.iter(a, b).map(|(s, _)| s).collect();
-        for s in back {
-            rp.core.remove(s);
-        }
+        rp.kill_range(a, b);
     }
     // A lost sequence whose record was read back intact (a restored file) is not lost
-    // after all; one the saved index calls live was never checked, and stays lost.
-    let trusted = idx_last.map_or(0, |l| l + 1);
+    // after all; one an index file calls live was never checked, and stays lost.
     let mut lost = Ranges::default();
-    for (a, b) in rp.lost.iter() {
+    for (a, b) in rp.lost.iter().collect::<Vec<_>>() {
         let mut at = a;
-        let live: Vec<u64> = rp.core.slots.iter(a, b).map(|(s, _)| s).collect();
+        let mut live = Vec::new();
+        rp.core.slots.scan(a, b, &Sel::All, &mut |q, _| {
+            live.push(q);
+            true
+        });
         for s in live {
-            if s < trusted {
+            let verified = rp.core.slots.seg_of(s).is_some_and(|i| scanned[i]);
+            if !verified {
                 rp.core.remove(s);
                 continue;
             }
@@ -2156,29 +2653,19 @@ fn recover(
     // Every sequence from the marker to last_seq must be accounted for: live, tombstoned,
     // gone with a deleted segment, or already known lost. What is not was lost if a
     // completed sync had made it durable, else it was never acknowledged.
-    let from = idx_last.map_or(0, |l| l + 1).max(removed_below).max(1);
+    let from = removed_below.max(1);
     let mut lost_new = Ranges::default();
     let mut unacked = Ranges::default();
+    let mut gone_new = Ranges::default();
     if from <= ls {
         let mut acc = Ranges::default();
         for (a, b) in to_ranges(rp.tombs.iter().copied()) {
             acc.insert(a, b);
         }
         acc.union(&rp.gone);
-        acc.union(&gone_new);
         acc.union(&lost);
-        let mut holes = Vec::new();
-        let mut next = from;
-        for (q, _) in rp.core.slots.iter(from, ls) {
-            if q > next {
-                holes.push((next, q - 1));
-            }
-            next = q + 1;
-        }
-        if next <= ls {
-            holes.push((next, ls));
-        }
-        for (a, b) in holes {
+        acc.union(&rp.compacted);
+        for (a, b) in rp.core.slots.holes(from, ls) {
             for (x, y) in acc.gaps(a, b) {
                 let mut missing = Vec::new();
                 if x <= synced_seq {
@@ -2199,35 +2686,22 @@ fn recover(
                     }
                 }
                 for (x, y2) in missing {
-                    match &ix_live {
-                        Some((il, live)) => {
-                            for s in x..=y2 {
-                                if s > *il || live.binary_search(&s).is_ok() {
-                                    lost_new.insert(s, s);
-                                } else {
-                                    gone_new.insert(s, s);
-                                }
-                            }
-                        }
-                        None => {
-                            lost_new.insert(x, y2);
-                        }
-                    }
+                    lost_new.insert(x, y2);
                 }
             }
         }
     }
     // Damaged bytes count as lost where their segment lost a sequence.
     for (k, n) in new_damage {
-        let s = &segs[k];
+        let s = &rp.core.slots.segs[k];
         if lost_new.intersects(s.first, s.last) {
             rp.lost_bytes += n;
         }
     }
     let ledger_changed = !lost_new.is_empty() || !unacked.is_empty() || !gone_new.is_empty();
     lost.union(&lost_new);
-    rp.gone.union(&gone_new);
     rp.gone.union(&unacked);
+    gone_new.union(&unacked);
     rep.lost = lost_new.iter().collect();
     rep.unacked = unacked.iter().collect();
 
@@ -2237,23 +2711,26 @@ fn recover(
     // A sequence between two segments' messages belongs to the earlier one if that one
     // ends in damage or tombstones it (its message came before the tombstone), else to
     // the later one.
-    let firsts: Vec<Option<u64>> = segs
-        .iter()
-        .map(|s| s.has_msgs().then_some(s.first))
-        .collect();
-    let mut prev = 0;
-    let n = segs.len();
-    for (k, s) in segs.iter_mut().enumerate() {
-        s.first = prev + 1;
-        s.last = s.last.max(prev).max(scans[k].max_tomb.min(ls));
-        let next = firsts[k + 1..].iter().flatten().next().copied();
-        if scans[k].trailing_damage {
-            s.last = s.last.max(next.map_or(ls, |f| f - 1));
+    {
+        let segs = &mut rp.core.slots.segs;
+        let firsts: Vec<Option<u64>> = segs
+            .iter()
+            .map(|s| s.has_msgs().then_some(s.first))
+            .collect();
+        let mut prev = 0;
+        let n = segs.len();
+        for (k, s) in segs.iter_mut().enumerate() {
+            s.first = prev + 1;
+            s.last = s.last.max(prev).max(scans[k].max_tomb.min(ls));
+            let next = firsts[k + 1..].iter().flatten().next().copied();
+            if scans[k].trailing_damage {
+                s.last = s.last.max(next.map_or(ls, |f| f - 1));
+            }
+            if k == n - 1 {
+                s.last = s.last.max(ls);
+            }
+            prev = s.last;
         }
-        if k == n - 1 {
-            s.last = s.last.max(ls);
-        }
-        prev = s.last;
     }
     let c = &mut rp.core;
     c.last_seq = ls;
@@ -2261,7 +2738,7 @@ fn recover(
     match c.slots.next_live(0, ls) {
         Some(f) => {
             c.first_seq = f;
-            c.first_ts = c.slots.get(f).unwrap().ts();
+            c.first_ts = c.slots.get(f).map_or(0, |m| m.ts);
         }
         None => {
             c.first_seq = if ls > 0 || removed_below > 0 {
@@ -2272,16 +2749,24 @@ fn recover(
             c.first_ts = 0;
         }
     }
-    for s in &mut segs {
-        s.live = if s.has_msgs() {
-            c.slots.count(s.first, s.last)
-        } else {
-            0
-        };
-    }
     rep.records_scanned = rp.records;
+    // Segments read with damage or cuts get their index files now, from what was read.
+    let nsegs = rp.core.slots.segs.len();
+    for i in 0..nsegs.saturating_sub(1) {
+        if rp.core.slots.segs[i].in_memory() {
+            rp.core.slots.seal(i);
+        }
+    }
 
-    let emptied = segs.iter().filter(|s| s.live == 0).map(|s| s.id).collect();
+    let emptied: Vec<u32> = rp
+        .core
+        .slots
+        .segs
+        .iter()
+        .filter(|s| s.ix.live == 0)
+        .map(|s| s.id)
+        .collect();
+    rp.core.slots.emptied = emptied;
     let syncs_done = metas
         .iter()
         .filter_map(|m| m.head)
@@ -2295,14 +2780,12 @@ fn recover(
         dir: dir.to_path_buf(),
         cfg,
         core: RefCell::new(rp.core),
-        segs,
         files: RefCell::new(files),
         wbuf: Vec::new(),
         marker: rp.marker,
         marker_done: rp.marker,
         dir_dirty: false,
         dirty: Vec::new(),
-        emptied,
         failed: None,
         closed: false,
         in_flight: None,
@@ -2310,22 +2793,25 @@ fn recover(
         lost: RefCell::new(lost),
         lost_bytes: Cell::new(rp.lost_bytes),
         ledger_dirty: Cell::new(ledger_changed),
-        evicted: RefCell::new(Vec::new()),
-        index_on_disk: rep.used_index,
         syncs_done,
         done_seq: ls,
         done_ts: lts,
         proven_seq: synced_seq.min(ls),
         observer: None,
     };
-    // The active segment needs a head slot, which every sync rewrites.
+    // The active segment needs a head slot, which every sync rewrites, and its entries
+    // in memory.
     let r = (|| -> io::Result<()> {
-        match store.segs.last() {
+        let n = store.nsegs();
+        let last = (n > 0).then(|| {
+            let s = &store.segs()[n - 1];
+            (s.flushed, s.head, s.id)
+        });
+        match last {
             None => store.roll()?,
-            Some(s) if last_stub && s.flushed < HEADS_LEN as u64 => {
-                let i = store.segs.len() - 1;
-                let id = s.id;
-                let mut seg_head = store.head_for(s);
+            Some((flushed, _, id)) if last_stub && flushed < HEADS_LEN as u64 => {
+                let i = n - 1;
+                let mut seg_head = store.head_of(i);
                 seg_head.created = store.syncs_done;
                 let h = record::encode_head(&seg_head);
                 let both = [&h[..], &h[..]].concat();
@@ -2333,80 +2819,28 @@ fn recover(
                     f.truncate(0)?;
                     f.write_at(&both, 0)
                 })?;
-                let s = &mut store.segs[i];
+                let s = &mut store.segs()[i];
                 s.flushed = HEADS_LEN as u64;
+                s.alloc = HEADS_LEN as u64;
                 s.head = true;
                 s.created = seg_head.created;
                 s.done_len = Some(HEADS_LEN as u64);
                 s.next_slot = 0;
                 store.mark_dirty(i);
             }
-            Some(s) if !s.head => store.roll()?,
+            Some((_, false, _)) => store.roll()?,
             Some(_) => {
+                store.core.get_mut().slots.load_all(n - 1);
                 // What was read back may still sit in the page cache only (after a kill):
                 // make it durable at the first sync, before anyone sees it.
-                let i = store.segs.len() - 1;
-                store.mark_dirty(i);
+                store.mark_dirty(n - 1);
             }
         }
-        let i = store.segs.len() - 1;
-        let id = store.segs[i].id;
+        let i = store.nsegs() - 1;
+        let id = store.segs()[i].id;
         store.files.get_mut().pin(id);
         Ok(())
     })();
     store.check_io(r)?;
     Ok((store, rep))
-}
-
-/// Checks that the segments still hold exactly what the index covered.
-fn validate_index(
-    ix: &Idx,
-    metas: &[SegMeta],
-    files: &mut Handles,
-    fs: &dyn Fs,
-    seg_path: &dyn Fn(u32) -> PathBuf,
-) -> std::result::Result<(), String> {
-    let max_id = ix.segs.iter().map(|s| s.id).max().unwrap_or(0);
-    let on_disk: HashMap<u32, usize> = metas.iter().enumerate().map(|(i, m)| (m.id, i)).collect();
-    for s in &ix.segs {
-        let Some(&i) = on_disk.get(&s.id) else {
-            return Err(format!("segment {} is missing", s.id));
-        };
-        let len = metas[i].len;
-        if len < s.covered {
-            return Err(format!("segment {} is shorter than the index covers", s.id));
-        }
-        match s.last_rec {
-            None if s.covered <= HEADS_LEN as u64 => {}
-            None => return Err(format!("segment {}: no last record", s.id)),
-            Some((off, crc)) => {
-                if off >= s.covered || s.covered - off > MAX_RECORD as u64 {
-                    return Err(format!("segment {}: bad last record offset", s.id));
-                }
-                let mut b = vec![0; (s.covered - off) as usize];
-                files
-                    .with(fs, s.id, || seg_path(s.id), |f| f.read_at(&mut b, off))
-                    .map_err(|e| e.to_string())?;
-                // Damage kept after a segment's last record is covered too.
-                match record::parse(&b) {
-                    Parse::Ok(r) if r.crc == crc => {}
-                    _ => return Err(format!("segment {} changed since the index", s.id)),
-                }
-            }
-        }
-    }
-    if let Some(m) = metas
-        .iter()
-        .find(|m| m.id <= max_id && !ix.segs.iter().any(|s| s.id == m.id))
-    {
-        return Err(format!("segment {} is not in the index", m.id));
-    }
-    let mut prev_last = 0;
-    for s in &ix.segs {
-        if s.last < prev_last {
-            return Err("segment ranges out of order".into());
-        }
-        prev_last = s.last;
-    }
-    Ok(())
 }

@@ -1,29 +1,82 @@
-//! The in-memory bookkeeping both stores share: a sequence-indexed slot table, the
-//! per-subject index, stream counters, limits, purge and the read-side queries. The memory
-//! store keeps whole messages in the slots; the file store keeps only where each record
-//! lives. Keeping one implementation is what makes the two stores agree on every semantic
-//! (limits, purge variants, first/last sequence rules, pending counts).
+//! The bookkeeping both stores share: the per-subject index, stream counters, limits, purge
+//! and the read-side queries, over a sequence-indexed [`Table`] of messages. The memory
+//! store's table ([`SlotTable`]) keeps whole messages in memory; the file store's keeps
+//! per-segment summaries in memory and each message's entry on disk, loaded through a
+//! bounded cache (`segtable`). Keeping one implementation of the semantics is what makes
+//! the two stores agree on every one of them (limits, purge variants, first/last sequence
+//! rules, pending counts).
 
 use crate::{filter_matches, is_all, Discard, Limits, Purge, State, StoreError};
 use bytes::Bytes;
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BTreeMap, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
-/// What a slot carries besides subject and timestamp.
-pub(crate) trait Payload: Default {
-    /// Reference byte accounting for this message, given its subject length.
-    fn acct_size(&self, subj_len: usize) -> u64;
+/// What the semantics need to know about one live message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Meta {
+    /// Subject id (see [`Subjects`]).
+    pub subj: u32,
+    pub ts: i64,
+    /// Reference byte accounting for the message.
+    pub size: u64,
+    pub hdr: bool,
 }
+
+/// Messages by sequence. Queries take `&self`; a table that loads from disk does so through
+/// interior mutability.
+pub(crate) trait Table {
+    /// What the store keeps per message besides [`Meta`].
+    type P;
+    /// The stream's subjects (the table keeps them: reading entries back from disk needs
+    /// to map subject names to ids).
+    fn subjects(&self) -> &Subjects;
+    fn subjects_mut(&mut self) -> &mut Subjects;
+    fn get(&self, seq: u64) -> Option<Meta>;
+    /// Adds a live message. Sequences arrive in increasing order, except that recovery may
+    /// insert below what the table holds (never a sequence that is live).
+    fn insert(&mut self, seq: u64, m: Meta, p: Self::P);
+    fn take(&mut self, seq: u64) -> Option<(Meta, Self::P)>;
+    /// Removes `seq`, whose meta the caller already knows (a tombstone carries it), without
+    /// reading its entry where the table can tell liveness alone. True if it was live.
+    fn kill(&mut self, seq: u64, _m: &Meta) -> bool {
+        self.take(seq).is_some()
+    }
+    /// Drops every message and subject.
+    fn clear(&mut self);
+    /// First live sequence in `[from, to]`.
+    fn next_live(&self, from: u64, to: u64) -> Option<u64>;
+    /// Last live sequence in `[from, to]`.
+    fn prev_live(&self, from: u64, to: u64) -> Option<u64>;
+    /// Live messages in `[from, to]`.
+    fn count(&self, from: u64, to: u64) -> u64;
+    /// Visits the live messages in `[from, to]` whose subject `sel` selects, in order, while
+    /// `f` returns true.
+    fn scan(&self, from: u64, to: u64, sel: &Sel, f: &mut dyn FnMut(u64, &Meta) -> bool);
+    /// Last live message in `[from, to]` whose subject `sel` selects.
+    fn prev_sel(&self, from: u64, to: u64, sel: &Sel) -> Option<u64>;
+    /// Live messages in `[from, to]` whose subject `sel` selects.
+    fn count_sel(&self, from: u64, to: u64, sel: &Sel) -> u64 {
+        let mut n = 0;
+        self.scan(from, to, sel, &mut |_, _| {
+            n += 1;
+            true
+        });
+        n
+    }
+}
+
+// ---- the memory store's table ---------------------------------------------------------
 
 const NO_SUBJ: u32 = u32::MAX;
 
-/// One sequence. `subj == NO_SUBJ` means the sequence is not live. The timestamp is split in
-/// two u32 so a file-store slot packs into 20 bytes (alignment 4, not 8).
+/// One sequence. `subj == NO_SUBJ` means the sequence is not live.
 #[derive(Clone)]
 pub(crate) struct Slot<P> {
     subj: u32,
-    ts: [u32; 2],
+    hdr: bool,
+    ts: i64,
+    size: u64,
     pub p: P,
 }
 
@@ -31,21 +84,25 @@ impl<P: Default> Default for Slot<P> {
     fn default() -> Self {
         Slot {
             subj: NO_SUBJ,
-            ts: [0; 2],
+            hdr: false,
+            ts: 0,
+            size: 0,
             p: P::default(),
         }
     }
 }
 
 impl<P> Slot<P> {
-    pub fn subj_id(&self) -> u32 {
-        self.subj
-    }
-    pub fn ts(&self) -> i64 {
-        ((self.ts[1] as u64) << 32 | self.ts[0] as u64) as i64
-    }
     fn live(&self) -> bool {
         self.subj != NO_SUBJ
+    }
+    fn meta(&self) -> Meta {
+        Meta {
+            subj: self.subj,
+            ts: self.ts,
+            size: self.size,
+            hdr: self.hdr,
+        }
     }
 }
 
@@ -60,16 +117,18 @@ struct Chunk<P> {
 /// Slots indexed by sequence in O(1): a deque of fixed-size chunks, where a chunk with no
 /// live slot is freed (`None`). Sparse streams (a KV bucket with one old key and one hot
 /// key) then cost 8 bytes per 256 sequences of gap instead of one slot per sequence.
-pub(crate) struct Slots<P> {
+pub(crate) struct SlotTable<P> {
     base: u64,
     chunks: VecDeque<Option<Box<Chunk<P>>>>,
+    subjects: Subjects,
 }
 
-impl<P: Default> Slots<P> {
-    fn new() -> Self {
-        Slots {
+impl<P: Default> SlotTable<P> {
+    pub fn new() -> Self {
+        SlotTable {
             base: 0,
             chunks: VecDeque::new(),
+            subjects: Subjects::default(),
         }
     }
 
@@ -81,12 +140,50 @@ impl<P: Default> Slots<P> {
         self.chunks.get((c - self.base) as usize)?.as_deref()
     }
 
-    pub fn get(&self, seq: u64) -> Option<&Slot<P>> {
+    pub fn slot(&self, seq: u64) -> Option<&Slot<P>> {
         let s = &self.chunk(seq)?.slots[(seq & (CHUNK - 1)) as usize];
         s.live().then_some(s)
     }
 
-    fn insert(&mut self, seq: u64, slot: Slot<P>) {
+    /// Live slots in `[from, to]`, in order, skipping freed chunks without visiting them.
+    fn iter(&self, from: u64, to: u64) -> impl Iterator<Item = (u64, &Slot<P>)> + '_ {
+        let from = from.max(self.base << CHUNK_BITS);
+        let end_chunk = self.base + self.chunks.len() as u64;
+        let first_chunk = from >> CHUNK_BITS;
+        (first_chunk..end_chunk)
+            .take_while(move |&c| (c << CHUNK_BITS) <= to)
+            .filter_map(move |c| {
+                self.chunks[(c - self.base) as usize]
+                    .as_deref()
+                    .map(|ch| (c, ch))
+            })
+            .flat_map(move |(c, ch)| {
+                let lo = (c << CHUNK_BITS).max(from);
+                let hi = (((c + 1) << CHUNK_BITS) - 1).min(to);
+                (lo..=hi).filter_map(move |s| {
+                    let sl = &ch.slots[(s & (CHUNK - 1)) as usize];
+                    sl.live().then_some((s, sl))
+                })
+            })
+    }
+}
+
+impl<P: Default> Table for SlotTable<P> {
+    type P = P;
+
+    fn subjects(&self) -> &Subjects {
+        &self.subjects
+    }
+
+    fn subjects_mut(&mut self) -> &mut Subjects {
+        &mut self.subjects
+    }
+
+    fn get(&self, seq: u64) -> Option<Meta> {
+        self.slot(seq).map(|s| s.meta())
+    }
+
+    fn insert(&mut self, seq: u64, m: Meta, p: P) {
         let c = seq >> CHUNK_BITS;
         if self.chunks.is_empty() {
             self.base = c;
@@ -107,11 +204,17 @@ impl<P: Default> Slots<P> {
         });
         let s = &mut ch.slots[(seq & (CHUNK - 1)) as usize];
         debug_assert!(!s.live());
-        *s = slot;
+        *s = Slot {
+            subj: m.subj,
+            hdr: m.hdr,
+            ts: m.ts,
+            size: m.size,
+            p,
+        };
         ch.live += 1;
     }
 
-    fn take(&mut self, seq: u64) -> Option<Slot<P>> {
+    fn take(&mut self, seq: u64) -> Option<(Meta, P)> {
         let c = seq >> CHUNK_BITS;
         if c < self.base {
             return None;
@@ -134,21 +237,20 @@ impl<P: Default> Slots<P> {
                 self.chunks.pop_back();
             }
         }
-        Some(out)
+        Some((out.meta(), out.p))
     }
 
     fn clear(&mut self) {
         self.chunks.clear();
         self.base = 0;
+        self.subjects.clear();
     }
 
-    /// First live sequence in `[from, to]`.
-    pub fn next_live(&self, from: u64, to: u64) -> Option<u64> {
+    fn next_live(&self, from: u64, to: u64) -> Option<u64> {
         self.iter(from, to).next().map(|(s, _)| s)
     }
 
-    /// Last live sequence in `[from, to]`.
-    pub fn prev_live(&self, from: u64, to: u64) -> Option<u64> {
+    fn prev_live(&self, from: u64, to: u64) -> Option<u64> {
         if from > to || self.chunks.is_empty() {
             return None;
         }
@@ -165,7 +267,7 @@ impl<P: Default> Slots<P> {
                     if ch.slots[(s & (CHUNK - 1)) as usize].live() {
                         return Some(s);
                     }
-                    if s == lo {
+                    if s <= lo {
                         break;
                     }
                     s -= 1;
@@ -179,30 +281,7 @@ impl<P: Default> Slots<P> {
         }
     }
 
-    /// Live slots in `[from, to]`, in order, skipping freed chunks without visiting them.
-    pub fn iter(&self, from: u64, to: u64) -> impl Iterator<Item = (u64, &Slot<P>)> + '_ {
-        let from = from.max(self.base << CHUNK_BITS);
-        let end_chunk = self.base + self.chunks.len() as u64;
-        let first_chunk = from >> CHUNK_BITS;
-        (first_chunk..end_chunk)
-            .take_while(move |&c| (c << CHUNK_BITS) <= to)
-            .filter_map(move |c| {
-                self.chunks[(c - self.base) as usize]
-                    .as_deref()
-                    .map(|ch| (c, ch))
-            })
-            .flat_map(move |(c, ch)| {
-                let lo = (c << CHUNK_BITS).max(from);
-                let hi = (((c + 1) << CHUNK_BITS) - 1).min(to);
-                (lo..=hi).filter_map(move |s| {
-                    let sl = &ch.slots[(s & (CHUNK - 1)) as usize];
-                    sl.live().then_some((s, sl))
-                })
-            })
-    }
-
-    /// Live slots in `[from, to]`, counted per chunk where the chunk lies wholly inside.
-    pub fn count(&self, from: u64, to: u64) -> u64 {
+    fn count(&self, from: u64, to: u64) -> u64 {
         if from > to || self.chunks.is_empty() {
             return 0;
         }
@@ -226,7 +305,31 @@ impl<P: Default> Slots<P> {
         }
         n
     }
+
+    fn scan(&self, from: u64, to: u64, sel: &Sel, f: &mut dyn FnMut(u64, &Meta) -> bool) {
+        for (q, s) in self.iter(from, to) {
+            if sel.has(s.subj) && !f(q, &s.meta()) {
+                return;
+            }
+        }
+    }
+
+    fn prev_sel(&self, from: u64, to: u64, sel: &Sel) -> Option<u64> {
+        let mut to = to;
+        loop {
+            let q = self.prev_live(from, to)?;
+            if sel.has(self.slot(q)?.subj) {
+                return Some(q);
+            }
+            if q == 0 {
+                return None;
+            }
+            to = q - 1;
+        }
+    }
 }
+
+// ---- subjects -------------------------------------------------------------------------
 
 /// FxHash: subjects are short and trusted-ish (they passed the server's validation), and
 /// this map is hit on every append, so a fast hasher matters more than DoS resistance.
@@ -260,34 +363,65 @@ impl Hasher for FxHasher {
 
 pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
 
+fn hash_subject(s: &[u8]) -> u64 {
+    let mut h = FxBuild::default().build_hasher();
+    h.write(s);
+    // Spread the length in too: FxHash of a prefix and its extension can collide cheaply.
+    h.write_usize(s.len());
+    h.finish()
+}
+
 /// Per-subject totals. `first`/`last` are bounds maintained lazily: `first` is never above
 /// the subject's real first sequence and `last` never below its real last; a removal at
 /// either end just moves the bound by one, and the exact value is found (and cached) on
 /// demand. Discard-old on a stream with many interleaved subjects would otherwise scan
-/// forward on every append.
+/// forward on every append. The name lives in the shared arena (no allocation per subject).
 pub(crate) struct SubjInfo {
-    pub subject: Bytes,
-    pub count: u64,
     first: Cell<u64>,
     last: Cell<u64>,
+    pub count: u64,
+    off: u32,
+    len: u32,
 }
 
+/// The subjects of a stream: an arena of names, one 32-byte record per subject and a hash
+/// table of ids, so a bucket with millions of keys costs about 40 bytes per key plus the
+/// key itself.
 #[derive(Default)]
 pub(crate) struct Subjects {
-    map: HashMap<Bytes, u32, FxBuild>,
+    names: Vec<u8>,
+    /// Bytes of `names` that belong to freed subjects.
+    garbage: usize,
     infos: Vec<SubjInfo>,
+    table: hashbrown::HashTable<u32>,
     free: Vec<u32>,
 }
 
 impl Subjects {
+    fn name_of<'a>(names: &'a [u8], i: &SubjInfo) -> &'a [u8] {
+        &names[i.off as usize..i.off as usize + i.len as usize]
+    }
+
     pub fn id(&self, subject: &[u8]) -> Option<u32> {
-        self.map.get(subject).copied()
+        let h = hash_subject(subject);
+        self.table
+            .find(h, |&id| {
+                Self::name_of(&self.names, &self.infos[id as usize]) == subject
+            })
+            .copied()
     }
     pub fn info(&self, id: u32) -> &SubjInfo {
         &self.infos[id as usize]
     }
+    pub fn name(&self, id: u32) -> &[u8] {
+        Self::name_of(&self.names, &self.infos[id as usize])
+    }
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.table.len()
+    }
+    /// One past the highest id handed out (for dense per-id tables).
+    pub fn id_bound(&self) -> usize {
+        self.infos.len()
     }
     /// Live subject ids with their info.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &SubjInfo)> {
@@ -297,25 +431,35 @@ impl Subjects {
             .filter(|(_, i)| i.count > 0)
             .map(|(id, i)| (id as u32, i))
     }
-    fn add(&mut self, subject: &[u8], seq: u64) -> u32 {
-        if let Some(&id) = self.map.get(subject) {
+
+    /// Adds `n` messages of `subject` spanning `first..=last`; returns its id.
+    pub fn add_n(&mut self, subject: &[u8], n: u64, first: u64, last: u64) -> u32 {
+        if let Some(id) = self.id(subject) {
             let i = &mut self.infos[id as usize];
-            i.count += 1;
-            // Appends only ever raise `last`; recovery may insert below the current range.
-            if seq > i.last.get() {
-                i.last.set(seq);
+            if i.count == 0 {
+                i.first.set(first);
+                i.last.set(last);
+            } else {
+                // Appends only ever raise `last`; recovery may insert below the range.
+                if last > i.last.get() {
+                    i.last.set(last);
+                }
+                if first < i.first.get() {
+                    i.first.set(first);
+                }
             }
-            if seq < i.first.get() {
-                i.first.set(seq);
-            }
+            i.count += n;
             return id;
         }
-        let subject = Bytes::copy_from_slice(subject);
+        self.maybe_compact_names();
+        let off = self.names.len() as u32;
+        self.names.extend_from_slice(subject);
         let info = SubjInfo {
-            subject: subject.clone(),
-            count: 1,
-            first: Cell::new(seq),
-            last: Cell::new(seq),
+            first: Cell::new(first),
+            last: Cell::new(last),
+            count: n,
+            off,
+            len: subject.len() as u32,
         };
         let id = match self.free.pop() {
             Some(id) => {
@@ -327,32 +471,81 @@ impl Subjects {
                 (self.infos.len() - 1) as u32
             }
         };
-        self.map.insert(subject, id);
+        let h = hash_subject(subject);
+        let (names, infos) = (&self.names, &self.infos);
+        self.table.insert_unique(h, id, |&x| {
+            hash_subject(Self::name_of(names, &infos[x as usize]))
+        });
         id
     }
-    fn remove(&mut self, id: u32, seq: u64) {
+
+    pub fn add(&mut self, subject: &[u8], seq: u64) -> u32 {
+        self.add_n(subject, 1, seq, seq)
+    }
+
+    /// One message of `id` at `seq` went.
+    pub fn remove(&mut self, id: u32, seq: u64) {
+        self.remove_n(id, 1, seq, seq);
+    }
+
+    /// `n` messages of `id` within `lo..=hi` went.
+    pub fn remove_n(&mut self, id: u32, n: u64, lo: u64, hi: u64) {
         let i = &mut self.infos[id as usize];
-        i.count -= 1;
+        i.count = i.count.saturating_sub(n);
         if i.count == 0 {
-            self.map.remove(&i.subject);
-            i.subject = Bytes::new();
+            let h = hash_subject(Self::name_of(&self.names, i));
+            if let Ok(e) = self.table.find_entry(h, |&x| x == id) {
+                e.remove();
+            }
+            let i = &mut self.infos[id as usize];
+            self.garbage += i.len as usize;
+            i.len = 0;
             self.free.push(id);
             return;
         }
-        if seq == i.first.get() {
-            i.first.set(seq + 1);
+        if lo <= i.first.get() {
+            i.first.set(hi + 1);
         }
-        if seq == i.last.get() {
-            i.last.set(seq - 1);
+        if hi >= i.last.get() && lo > 0 {
+            i.last.set(lo - 1);
         }
     }
-    fn clear(&mut self) {
+
+    /// Rewrites the name arena once most of it belongs to freed subjects (a KV bucket
+    /// whose keys come and go).
+    fn maybe_compact_names(&mut self) {
+        if self.garbage < 1 << 20 || self.garbage * 2 < self.names.len() {
+            return;
+        }
+        let mut names = Vec::with_capacity(self.names.len() - self.garbage);
+        for i in &mut self.infos {
+            if i.count > 0 {
+                let off = names.len() as u32;
+                names.extend_from_slice(Self::name_of(&self.names, i));
+                i.off = off;
+            } else {
+                i.off = 0;
+            }
+        }
+        self.names = names;
+        self.garbage = 0;
+    }
+
+    pub fn clear(&mut self) {
         *self = Subjects::default();
+    }
+
+    /// Approximate heap bytes held.
+    pub fn heap_bytes(&self) -> usize {
+        self.names.capacity()
+            + self.infos.capacity() * std::mem::size_of::<SubjInfo>()
+            + self.table.capacity() * 5
+            + self.free.capacity() * 4
     }
 }
 
 /// Subjects selected by a filter, as a dense membership table over subject ids.
-enum Sel {
+pub(crate) enum Sel {
     All,
     One(u32),
     Many(Vec<bool>, Vec<u32>),
@@ -360,23 +553,31 @@ enum Sel {
 }
 
 impl Sel {
-    fn has(&self, id: u32) -> bool {
+    pub fn has(&self, id: u32) -> bool {
         match self {
             Sel::All => true,
             Sel::One(x) => *x == id,
-            Sel::Many(m, _) => m[id as usize],
+            Sel::Many(m, _) => m.get(id as usize).copied().unwrap_or(false),
             Sel::None => false,
         }
     }
 }
 
+/// A message a core operation removed: what the file store needs to record it.
+pub(crate) struct Removed<P> {
+    pub seq: u64,
+    pub meta: Meta,
+    pub subject: Bytes,
+    pub p: P,
+}
+
 /// Stream bookkeeping shared by both stores. After each mutating call, `removed` holds the
-/// messages it took away (seq, timestamp, payload) and `reset` is set when everything was dropped
-/// wholesale; the file store turns these into tombstones and segment deletions, the memory
-/// store just clears them.
-pub(crate) struct Core<P> {
-    pub slots: Slots<P>,
-    pub subjects: Subjects,
+/// messages it took away and `reset` is set when everything was dropped wholesale; the
+/// file store turns these into tombstones and segment deletions, the memory store just
+/// clears them. Removals below the new first sequence are only recorded when `record_all`
+/// is set (the file store's marker covers them).
+pub(crate) struct Core<T: Table> {
+    pub slots: T,
     pub msgs: u64,
     pub bytes: u64,
     pub first_seq: u64,
@@ -384,17 +585,16 @@ pub(crate) struct Core<P> {
     pub last_seq: u64,
     pub last_ts: i64,
     pub limits: Limits,
-    pub removed: Vec<(u64, i64, P)>,
+    pub removed: Vec<Removed<T::P>>,
     pub reset: bool,
     /// Sequences max_age must not expire (`Nats-TTL: never`); kept by the server.
     pub age_exempt: std::collections::BTreeSet<u64>,
 }
 
-impl<P: Payload> Core<P> {
-    pub fn new(limits: Limits) -> Self {
+impl<T: Table> Core<T> {
+    pub fn new(limits: Limits, slots: T) -> Self {
         Core {
-            slots: Slots::new(),
-            subjects: Subjects::default(),
+            slots,
             msgs: 0,
             bytes: 0,
             first_seq: 0,
@@ -408,51 +608,54 @@ impl<P: Payload> Core<P> {
         }
     }
 
-    fn size_of(&self, s: &Slot<P>) -> u64 {
-        s.p.acct_size(self.subjects.info(s.subj).subject.len())
+    pub fn subjects(&self) -> &Subjects {
+        self.slots.subjects()
     }
 
-    /// Exact first sequence of a live subject (resolving the lazy bound).
+    fn is_subj(&self, seq: u64, id: u32) -> bool {
+        self.slots.get(seq).is_some_and(|m| m.subj == id)
+    }
+
+    /// Exact first sequence of a live subject (resolving the lazy bound). Falls back to the
+    /// bound if the table lost the subject's messages (damage found while reading).
     pub fn subj_first(&self, id: u32) -> u64 {
-        let i = self.subjects.info(id);
+        let i = self.slots.subjects().info(id);
         let hint = i.first.get();
-        if i.count == 1 && self.slots.get(i.last.get()).is_some_and(|s| s.subj == id) {
+        if i.count == 1 && self.is_subj(i.last.get(), id) {
             i.first.set(i.last.get());
             return i.last.get();
         }
-        if self.slots.get(hint).is_some_and(|s| s.subj == id) {
+        if self.is_subj(hint, id) {
             return hint;
         }
-        let f = self
-            .slots
-            .iter(hint, i.last.get())
-            .find(|(_, s)| s.subj == id)
-            .map(|(q, _)| q)
-            .expect("subject index out of step with slots");
-        i.first.set(f);
-        f
+        let mut found = None;
+        self.slots
+            .scan(hint, i.last.get(), &Sel::One(id), &mut |q, _| {
+                found = Some(q);
+                false
+            });
+        match found {
+            Some(f) => {
+                i.first.set(f);
+                f
+            }
+            None => hint,
+        }
     }
 
     /// Exact last sequence of a live subject.
     pub fn subj_last(&self, id: u32) -> u64 {
-        let i = self.subjects.info(id);
+        let i = self.slots.subjects().info(id);
         let hint = i.last.get();
-        if self.slots.get(hint).is_some_and(|s| s.subj == id) {
+        if self.is_subj(hint, id) {
             return hint;
         }
-        let mut seq = hint;
-        let lo = i.first.get();
-        // Walk back chunk-wise; `prev_live` skips freed chunks.
-        loop {
-            let q = self
-                .slots
-                .prev_live(lo, seq)
-                .expect("subject index out of step with slots");
-            if self.slots.get(q).unwrap().subj == id {
+        match self.slots.prev_sel(i.first.get(), hint, &Sel::One(id)) {
+            Some(q) => {
                 i.last.set(q);
-                return q;
+                q
             }
-            seq = q - 1;
+            None => hint,
         }
     }
 
@@ -465,9 +668,11 @@ impl<P: Payload> Core<P> {
         if l.discard != Discard::New {
             return Ok(());
         }
-        let id = self.subjects.id(subject);
+        let id = self.slots.subjects().id(subject);
         let at_subject_limit = l.max_msgs_per_subject > 0
-            && id.is_some_and(|id| self.subjects.info(id).count >= l.max_msgs_per_subject as u64);
+            && id.is_some_and(|id| {
+                self.slots.subjects().info(id).count >= l.max_msgs_per_subject as u64
+            });
         if at_subject_limit && l.discard_new_per_subject {
             return Err(StoreError::MaxMsgsPerSubject);
         }
@@ -481,7 +686,7 @@ impl<P: Payload> Core<P> {
                 return Err(StoreError::MaxBytes);
             }
             let first = self.subj_first(id.unwrap());
-            if self.size_of(self.slots.get(first).unwrap()) < size {
+            if self.slots.get(first).map_or(0, |m| m.size) < size {
                 return Err(StoreError::MaxBytes);
             }
         }
@@ -489,17 +694,17 @@ impl<P: Payload> Core<P> {
     }
 
     /// Appends at `seq` (normally `last_seq + 1`), without applying limits.
-    pub fn insert(&mut self, seq: u64, subject: &[u8], ts: i64, p: P) {
-        let id = self.subjects.add(subject, seq);
-        let size = p.acct_size(subject.len());
-        let t = ts as u64;
+    pub fn insert(&mut self, seq: u64, subject: &[u8], ts: i64, size: u64, hdr: bool, p: T::P) {
+        let id = self.slots.subjects_mut().add(subject, seq);
         self.slots.insert(
             seq,
-            Slot {
+            Meta {
                 subj: id,
-                ts: [t as u32, (t >> 32) as u32],
-                p,
+                ts,
+                size,
+                hdr,
             },
+            p,
         );
         if self.msgs == 0 || seq < self.first_seq {
             self.first_seq = seq;
@@ -514,16 +719,19 @@ impl<P: Payload> Core<P> {
     }
 
     /// Appends with the next sequence and applies the limits (after [`check`]).
-    pub fn append(&mut self, subject: &[u8], ts: i64, p: P) -> u64 {
+    pub fn append(&mut self, subject: &[u8], ts: i64, size: u64, hdr: bool, p: T::P) -> u64 {
         let seq = self.last_seq + 1;
-        self.insert(seq, subject, ts, p);
+        self.insert(seq, subject, ts, size, hdr, p);
         let l = &self.limits;
         if l.max_msgs_per_subject > 0 {
             let max = l.max_msgs_per_subject as u64;
-            let id = self.subjects.id(subject).unwrap();
-            while self.subjects.info(id).count > max {
-                let f = self.subj_first(id);
-                self.remove(f);
+            if let Some(id) = self.slots.subjects().id(subject) {
+                while self.slots.subjects().info(id).count > max {
+                    let f = self.subj_first(id);
+                    if !self.remove(f) {
+                        break;
+                    }
+                }
             }
         }
         self.enforce_totals();
@@ -547,29 +755,39 @@ impl<P: Payload> Core<P> {
 
     /// Removes one live message, recording it in `removed`.
     pub fn remove(&mut self, seq: u64) -> bool {
-        let Some(slot) = self.slots.take(seq) else {
+        let Some((m, p)) = self.slots.take(seq) else {
             return false;
         };
-        let size = self.size_of(&slot);
         if !self.age_exempt.is_empty() {
             self.age_exempt.remove(&seq);
         }
-        self.subjects.remove(slot.subj, seq);
-        self.msgs -= 1;
-        self.bytes = self.bytes.saturating_sub(size);
-        if seq == self.first_seq {
-            self.advance_first(seq + 1);
-        }
-        self.removed.push((seq, slot.ts(), slot.p));
+        let subject = Bytes::copy_from_slice(self.slots.subjects().name(m.subj));
+        self.account_removed(seq, &m);
+        self.removed.push(Removed {
+            seq,
+            meta: m,
+            subject,
+            p,
+        });
         true
     }
 
+    /// Counters after the table dropped `seq` (already taken).
+    pub fn account_removed(&mut self, seq: u64, m: &Meta) {
+        self.slots.subjects_mut().remove(m.subj, seq);
+        self.msgs = self.msgs.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(m.size);
+        if seq == self.first_seq {
+            self.advance_first(seq + 1);
+        }
+    }
+
     /// Moves `first_seq` to the first live sequence at or after `from`.
-    fn advance_first(&mut self, from: u64) {
+    pub fn advance_first(&mut self, from: u64) {
         match self.slots.next_live(from, self.last_seq) {
             Some(s) => {
                 self.first_seq = s;
-                self.first_ts = self.slots.get(s).unwrap().ts();
+                self.first_ts = self.slots.get(s).map_or(0, |m| m.ts);
             }
             None => {
                 self.first_seq = self.last_seq + 1;
@@ -582,7 +800,6 @@ impl<P: Payload> Core<P> {
     fn reset_to(&mut self, next_seq: u64) -> u64 {
         let n = self.msgs;
         self.slots.clear();
-        self.subjects.clear();
         self.age_exempt.clear();
         self.msgs = 0;
         self.bytes = 0;
@@ -591,6 +808,19 @@ impl<P: Payload> Core<P> {
         self.last_seq = next_seq - 1;
         self.reset = true;
         n
+    }
+
+    /// Live sequences in `[from, to]` that `sel` selects, at most `max`.
+    fn collect(&self, from: u64, to: u64, sel: &Sel, max: u64) -> Vec<u64> {
+        let mut v = Vec::new();
+        if max == 0 {
+            return v;
+        }
+        self.slots.scan(from, to, sel, &mut |q, _| {
+            v.push(q);
+            (v.len() as u64) < max
+        });
+        v
     }
 
     /// STREAM.PURGE, following the reference's PurgeEx/Compact/Purge exactly.
@@ -623,13 +853,7 @@ impl<P: Payload> Core<P> {
             max = total - keep;
         }
         let last = if seq >= 1 { seq - 1 } else { last };
-        let victims: Vec<u64> = self
-            .slots
-            .iter(first, last)
-            .filter(|(_, s)| sel.has(s.subj))
-            .map(|(q, _)| q)
-            .take(max as usize)
-            .collect();
+        let victims = self.collect(first, last, &sel, max);
         for &v in &victims {
             self.remove(v);
         }
@@ -642,11 +866,7 @@ impl<P: Payload> Core<P> {
             return 0;
         }
         if seq <= self.last_seq {
-            let victims: Vec<u64> = self
-                .slots
-                .iter(self.first_seq, seq - 1)
-                .map(|(q, _)| q)
-                .collect();
+            let victims = self.collect(self.first_seq, seq - 1, &Sel::All, u64::MAX);
             for &v in &victims {
                 self.remove(v);
             }
@@ -667,7 +887,9 @@ impl<P: Payload> Core<P> {
         if self.age_exempt.is_empty() {
             while self.msgs > 0 && self.first_ts <= cutoff {
                 let f = self.first_seq;
-                self.remove(f);
+                if !self.remove(f) {
+                    break;
+                }
                 n += 1;
             }
             let next = (self.msgs > 0).then(|| self.first_ts.saturating_add(age));
@@ -677,7 +899,7 @@ impl<P: Payload> Core<P> {
         let mut seq = self.first_seq;
         let mut next = None;
         while let Some(s) = self.slots.next_live(seq, self.last_seq) {
-            let ts = self.slots.get(s).map_or(0, |x| x.ts());
+            let ts = self.slots.get(s).map_or(0, |m| m.ts);
             if ts > cutoff {
                 next = Some(ts.saturating_add(age));
                 break;
@@ -712,34 +934,37 @@ impl<P: Payload> Core<P> {
         let per = self.limits.max_msgs_per_subject;
         if per > 0 && (old_per <= 0 || per < old_per) {
             let over: Vec<u32> = self
-                .subjects
+                .slots
+                .subjects()
                 .iter()
                 .filter(|(_, i)| i.count > per as u64)
                 .map(|(id, _)| id)
                 .collect();
             for id in over {
-                while self.subjects.info(id).count > per as u64 {
+                while self.slots.subjects().info(id).count > per as u64 {
                     let f = self.subj_first(id);
-                    self.remove(f);
+                    if !self.remove(f) {
+                        break;
+                    }
                 }
             }
         }
     }
 
-    fn select(&self, filter: &str) -> Sel {
+    pub fn select(&self, filter: &str) -> Sel {
         if is_all(filter) {
             return Sel::All;
         }
         if !keel_protocol::subject::has_wildcard(filter.as_bytes()) {
-            return match self.subjects.id(filter.as_bytes()) {
+            return match self.slots.subjects().id(filter.as_bytes()) {
                 Some(id) => Sel::One(id),
                 None => Sel::None,
             };
         }
-        let mut member = vec![false; self.subjects.infos.len()];
+        let mut member = vec![false; self.slots.subjects().id_bound()];
         let mut ids = Vec::new();
-        for (id, i) in self.subjects.iter() {
-            if filter_matches(filter, &i.subject) {
+        for (id, _) in self.slots.subjects().iter() {
+            if filter_matches(filter, self.slots.subjects().name(id)) {
                 member[id as usize] = true;
                 ids.push(id);
             }
@@ -753,7 +978,7 @@ impl<P: Payload> Core<P> {
 
     fn sel_ids<'a>(&'a self, sel: &'a Sel) -> Box<dyn Iterator<Item = u32> + 'a> {
         match sel {
-            Sel::All => Box::new(self.subjects.iter().map(|(id, _)| id)),
+            Sel::All => Box::new(self.slots.subjects().iter().map(|(id, _)| id)),
             Sel::One(id) => Box::new(std::iter::once(*id)),
             Sel::Many(_, ids) => Box::new(ids.iter().copied()),
             Sel::None => Box::new(std::iter::empty()),
@@ -770,7 +995,7 @@ impl<P: Payload> Core<P> {
             let (f, l, c) = (
                 self.subj_first(id),
                 self.subj_last(id),
-                self.subjects.info(id).count,
+                self.slots.subjects().info(id).count,
             );
             out = Some(match out {
                 None => (f, l, c),
@@ -787,21 +1012,18 @@ impl<P: Payload> Core<P> {
             return None;
         }
         let sel = self.select(filter);
-        match &sel {
-            Sel::All => self.slots.next_live(start, self.last_seq),
-            Sel::None => None,
+        let (lo, hi) = match &sel {
+            Sel::All => return self.slots.next_live(start, self.last_seq),
+            Sel::None => return None,
             Sel::One(id) => {
                 let (f, l) = (self.subj_first(*id), self.subj_last(*id));
-                if start <= f {
-                    Some(f)
-                } else if start > l {
-                    None
-                } else {
-                    self.slots
-                        .iter(start, l)
-                        .find(|(_, s)| s.subj == *id)
-                        .map(|(q, _)| q)
+                if start <= f && self.is_subj(f, *id) {
+                    return Some(f);
                 }
+                if start > l {
+                    return None;
+                }
+                (start.max(f), l)
             }
             Sel::Many(_, ids) => {
                 // Narrow the scan to the span the selected subjects can occupy.
@@ -817,12 +1039,15 @@ impl<P: Payload> Core<P> {
                 if lo == u64::MAX {
                     return None;
                 }
-                self.slots
-                    .iter(start.max(lo), hi)
-                    .find(|(_, s)| sel.has(s.subj))
-                    .map(|(q, _)| q)
+                (start.max(lo), hi)
             }
-        }
+        };
+        let mut found = None;
+        self.slots.scan(lo, hi, &sel, &mut |q, _| {
+            found = Some(q);
+            false
+        });
+        found
     }
 
     /// Sequence of the newest message matching `filter`.
@@ -839,7 +1064,8 @@ impl<P: Payload> Core<P> {
     }
 
     pub fn last_seq_for_subject(&self, subject: &str) -> u64 {
-        self.subjects
+        self.slots
+            .subjects()
             .id(subject.as_bytes())
             .map_or(0, |id| self.subj_last(id))
     }
@@ -865,7 +1091,7 @@ impl<P: Payload> Core<P> {
                 // No interior deletes: pure arithmetic.
                 return self.last_seq - start + 1;
             }
-            // Count the shorter side from per-chunk live counters.
+            // Count the shorter side from the table's live counters.
             return if start - self.first_seq < self.last_seq - start {
                 self.msgs - self.slots.count(self.first_seq, start - 1)
             } else {
@@ -873,14 +1099,14 @@ impl<P: Payload> Core<P> {
             };
         }
         // Whole subjects on either side of `start` come from their counts; only subjects
-        // straddling `start` need a scan, limited to their span.
+        // straddling `start` need counting, limited to their span.
         let mut total = 0;
         let mut straddle: Vec<u32> = Vec::new();
         let (mut lo, mut hi) = (u64::MAX, 0);
         for id in self.sel_ids(&sel) {
             let f = self.subj_first(id);
             if f >= start {
-                total += self.subjects.info(id).count;
+                total += self.slots.subjects().info(id).count;
                 continue;
             }
             let l = self.subj_last(id);
@@ -894,42 +1120,36 @@ impl<P: Payload> Core<P> {
         if straddle.is_empty() {
             return total;
         }
-        let one = straddle.len() == 1;
-        let member = |id: u32| {
-            if one {
-                straddle[0] == id
-            } else {
-                sel.has(id) && straddle.contains(&id)
+        let ssel = if straddle.len() == 1 {
+            Sel::One(straddle[0])
+        } else {
+            let mut member = vec![false; self.slots.subjects().id_bound()];
+            for &id in &straddle {
+                member[id as usize] = true;
             }
+            Sel::Many(member, straddle.clone())
         };
-        // Scan the shorter side: [start, hi] counts pending directly, [lo, start) counts
+        // Count the shorter side: [start, hi] counts pending directly, [lo, start) counts
         // what to subtract from the straddlers' totals.
         if start - lo < hi - start {
-            let below = self
-                .slots
-                .iter(lo, start - 1)
-                .filter(|(_, s)| member(s.subj))
-                .count() as u64;
+            let below = self.slots.count_sel(lo, start - 1, &ssel);
             let sum: u64 = straddle
                 .iter()
-                .map(|&id| self.subjects.info(id).count)
+                .map(|&id| self.slots.subjects().info(id).count)
                 .sum();
-            total + sum - below
+            total + sum.saturating_sub(below)
         } else {
-            total
-                + self
-                    .slots
-                    .iter(start, hi)
-                    .filter(|(_, s)| member(s.subj))
-                    .count() as u64
+            total + self.slots.count_sel(start, hi, &ssel)
         }
     }
 
     pub fn subjects_map(&self, filter: &str) -> BTreeMap<String, u64> {
         self.sel_ids(&self.select(filter))
             .map(|id| {
-                let i = self.subjects.info(id);
-                (String::from_utf8_lossy(&i.subject).into_owned(), i.count)
+                (
+                    String::from_utf8_lossy(self.slots.subjects().name(id)).into_owned(),
+                    self.slots.subjects().info(id).count,
+                )
             })
             .collect()
     }
@@ -945,11 +1165,12 @@ impl<P: Payload> Core<P> {
             self.last_ts = 0;
             return n;
         }
-        let gone: Vec<u64> = self
-            .slots
-            .iter(after + 1, self.last_seq)
-            .map(|(q, _)| q)
-            .collect();
+        let mut gone: Vec<u64> = Vec::new();
+        self.slots
+            .scan(after + 1, self.last_seq, &Sel::All, &mut |q, _| {
+                gone.push(q);
+                true
+            });
         for &q in gone.iter().rev() {
             self.remove(q);
         }
@@ -958,7 +1179,7 @@ impl<P: Payload> Core<P> {
             .slots
             .prev_live(self.first_seq, after)
             .and_then(|q| self.slots.get(q))
-            .map_or(0, |s| s.ts());
+            .map_or(0, |m| m.ts);
         if self.msgs == 0 {
             self.first_seq = after + 1;
             self.first_ts = 0;
@@ -973,12 +1194,14 @@ impl<P: Payload> Core<P> {
             return out;
         }
         let mut next = self.first_seq;
-        for (q, _) in self.slots.iter(self.first_seq, self.last_seq) {
-            if q > next {
-                out.push((next, q - 1));
-            }
-            next = q + 1;
-        }
+        self.slots
+            .scan(self.first_seq, self.last_seq, &Sel::All, &mut |q, _| {
+                if q > next {
+                    out.push((next, q - 1));
+                }
+                next = q + 1;
+                true
+            });
         if next <= self.last_seq {
             out.push((next, self.last_seq));
         }
@@ -991,10 +1214,12 @@ impl<P: Payload> Core<P> {
             return out;
         }
         let mut next = self.first_seq;
-        for (q, _) in self.slots.iter(self.first_seq, self.last_seq) {
-            out.extend(next..q);
-            next = q + 1;
-        }
+        self.slots
+            .scan(self.first_seq, self.last_seq, &Sel::All, &mut |q, _| {
+                out.extend(next..q);
+                next = q + 1;
+                true
+            });
         out.extend(next..=self.last_seq);
         out
     }
@@ -1007,7 +1232,7 @@ impl<P: Payload> Core<P> {
             first_ts: self.first_ts,
             last_seq: self.last_seq,
             last_ts: self.last_ts,
-            num_subjects: self.subjects.len() as u64,
+            num_subjects: self.slots.subjects().len() as u64,
             num_deleted: if self.msgs == 0 {
                 0
             } else {
@@ -1015,10 +1240,5 @@ impl<P: Payload> Core<P> {
             },
             lost: None,
         }
-    }
-
-    /// Subject bytes of a live slot.
-    pub fn subject_of(&self, s: &Slot<P>) -> Bytes {
-        self.subjects.info(s.subj).subject.clone()
     }
 }

@@ -27,6 +27,9 @@ pub(crate) trait FsFile: Send {
     /// fdatasync.
     fn sync(&mut self) -> io::Result<()>;
     fn truncate(&mut self, len: u64) -> io::Result<()>;
+    /// Makes the file at least `len` bytes long, the new part reading as zeros, with its
+    /// blocks allocated now (so later writes there do not change the file's size).
+    fn allocate(&mut self, len: u64) -> io::Result<()>;
 }
 
 /// The real filesystem.
@@ -88,5 +91,15 @@ impl FsFile for StdFile {
     }
     fn truncate(&mut self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
+    }
+    fn allocate(&mut self, len: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: fallocate(2) on a descriptor this file owns; no memory is passed.
+        let r = unsafe { libc::fallocate(self.0.as_raw_fd(), 0, 0, len as libc::off_t) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 }

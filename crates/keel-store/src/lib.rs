@@ -240,6 +240,28 @@ pub trait Store: Send {
     /// (no I/O), or None if it is not stored. Lets the server rebuild its duplicate-window
     /// map at startup without reading every message.
     fn peek(&self, seq: u64) -> Option<(i64, bool)>;
+    /// The newest message below `before` that has headers, with its timestamp, looking no
+    /// further back than the first message older than `min_ts`. Lets the server rebuild its
+    /// duplicate window without visiting every message of a long stream.
+    fn prev_with_headers(&self, before: u64, min_ts: i64) -> Option<(u64, i64)> {
+        let st = self.state();
+        let mut seq = before.min(st.last_seq.saturating_add(1));
+        while seq > st.first_seq.max(1) {
+            seq -= 1;
+            match self.peek(seq) {
+                Some((ts, _)) if ts < min_ts => return None,
+                Some((ts, true)) => return Some((seq, ts)),
+                _ => {}
+            }
+        }
+        None
+    }
+    /// The first message at or after `from` that has headers.
+    fn next_with_headers(&self, from: u64) -> Option<u64> {
+        let st = self.state();
+        (from.max(st.first_seq).max(1)..=st.last_seq)
+            .find(|&q| matches!(self.peek(q), Some((_, true))))
+    }
 
     /// Stores a message at `seq`, which must be past the last sequence; the sequences in
     /// between count as deleted. What a replica applying a leader's entry needs, and a
@@ -365,6 +387,16 @@ pub trait Store: Send {
     /// how many distinct subjects have their last message at or after `start`.
     fn num_pending(&self, start: u64, filter: &str, last_per_subject: bool) -> u64;
 
+    /// Plans a compaction (a file store rewriting a segment without its removed messages),
+    /// to run off the caller's lock: `compact_end(job.run())`. Syncs pending writes first.
+    fn compact_begin(&mut self) -> Option<file::CompactJob> {
+        None
+    }
+    /// Puts a finished compaction in place; returns the bytes given back.
+    fn compact_end(&mut self, _done: file::CompactDone) -> Result<u64> {
+        Ok(0)
+    }
+
     /// Writes what a fast restart needs (the index) and closes files. Also called on drop
     /// where possible.
     fn close(&mut self) -> Result<()>;
@@ -396,6 +428,7 @@ pub fn filter_matches(filter: &str, subject: &[u8]) -> bool {
     is_all(filter) || keel_protocol::subject::matches(filter.as_bytes(), subject)
 }
 
+mod cache;
 pub mod file;
 mod handles;
 mod index;
@@ -405,9 +438,12 @@ pub mod mem;
 pub mod meta;
 mod ranges;
 mod record;
+mod segtable;
 
+pub use cache::{IndexCache, IndexCacheStats, SharedCache, DEFAULT_INDEX_CACHE};
 pub use file::{
-    DamagedData, FileStore, FileStoreConfig, ReadDamage, RecoveryReport, StoreEvent, TornWrite,
+    CompactDone, CompactJob, DamagedData, FileStore, FileStoreConfig, ReadDamage, RecoveryReport,
+    StoreEvent, TornWrite,
 };
 pub use lock::{lock_dir, DirLock};
 pub use mem::MemStore;

@@ -1,43 +1,41 @@
 //! The memory store: messages live in the shared slot table (see `core`), nothing touches
 //! disk, `sync` and `close` are no-ops.
 
-use crate::index::{Core, Payload};
+use crate::index::{Core, SlotTable, Table};
 use crate::{mem_msg_size, Limits, Purge, Result, Snapshot, State, Store, StoreError, StoredMsg};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 
+/// Subject, headers and payload in one allocation.
 #[derive(Default, Clone)]
 pub(crate) struct MemMsg {
-    hdr: Bytes,
-    data: Bytes,
-}
-
-impl Payload for MemMsg {
-    fn acct_size(&self, subj_len: usize) -> u64 {
-        mem_msg_size(subj_len, self.hdr.len(), self.data.len())
-    }
+    buf: Bytes,
+    subj: u32,
+    hdr: u32,
 }
 
 /// Stream storage in memory.
 pub struct MemStore {
-    core: Core<MemMsg>,
+    core: Core<SlotTable<MemMsg>>,
 }
 
 impl MemStore {
     pub fn new(limits: Limits) -> Self {
         MemStore {
-            core: Core::new(limits),
+            core: Core::new(limits, SlotTable::new()),
         }
     }
 
     fn msg(&self, seq: u64) -> Result<StoredMsg> {
-        let s = self.core.slots.get(seq).ok_or(StoreError::NotFound)?;
+        let s = self.core.slots.slot(seq).ok_or(StoreError::NotFound)?;
+        let m = &s.p;
+        let (sl, hl) = (m.subj as usize, m.hdr as usize);
         Ok(StoredMsg {
             seq,
-            subject: self.core.subject_of(s),
-            hdr: s.p.hdr.clone(),
-            data: s.p.data.clone(),
-            ts: s.ts(),
+            subject: m.buf.slice(..sl),
+            hdr: m.buf.slice(sl..sl + hl),
+            data: m.buf.slice(sl + hl..),
+            ts: self.core.slots.get(seq).map_or(0, |x| x.ts),
         })
     }
 
@@ -51,11 +49,16 @@ impl Store for MemStore {
     fn store_msg(&mut self, subject: &[u8], hdr: &[u8], data: &[u8], ts: i64) -> Result<u64> {
         let size = mem_msg_size(subject.len(), hdr.len(), data.len());
         self.core.check(subject, hdr.len(), data.len(), size)?;
+        let mut buf = Vec::with_capacity(subject.len() + hdr.len() + data.len());
+        buf.extend_from_slice(subject);
+        buf.extend_from_slice(hdr);
+        buf.extend_from_slice(data);
         let p = MemMsg {
-            hdr: Bytes::copy_from_slice(hdr),
-            data: Bytes::copy_from_slice(data),
+            buf: Bytes::from(buf),
+            subj: subject.len() as u32,
+            hdr: hdr.len() as u32,
         };
-        let seq = self.core.append(subject, ts, p);
+        let seq = self.core.append(subject, ts, size, !hdr.is_empty(), p);
         self.settle();
         Ok(seq)
     }
@@ -119,10 +122,7 @@ impl Store for MemStore {
     }
 
     fn peek(&self, seq: u64) -> Option<(i64, bool)> {
-        self.core
-            .slots
-            .get(seq)
-            .map(|s| (s.ts(), !s.p.hdr.is_empty()))
+        self.core.slots.get(seq).map(|m| (m.ts, m.hdr))
     }
 
     fn remove(&mut self, seq: u64, _erase: bool) -> Result<bool> {

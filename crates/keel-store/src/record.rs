@@ -34,6 +34,10 @@ pub(crate) enum Kind {
     /// The ledger of sequences that are gone with deleted segments or were lost (see
     /// [`Ledger`]); each one written holds the whole ledger.
     Ledger = 6,
+    /// What a compaction kept: `seq` is the first sequence of the segment's range, the
+    /// body the last (u64) and a bitmap over the range of the messages copied. Every other
+    /// sequence of the range was removed durably before the compaction.
+    Claim = 7,
 }
 
 impl Kind {
@@ -45,6 +49,7 @@ impl Kind {
             4 => Kind::Erased,
             5 => Kind::Head,
             6 => Kind::Ledger,
+            7 => Kind::Claim,
             _ => return None,
         })
     }
@@ -165,12 +170,16 @@ pub(crate) fn claimed_seq(b: &[u8]) -> Option<u64> {
 }
 
 /// Does the damaged stretch `b` consist exactly of message records whose headers are
-/// intact and whose sequences were removed? That is what interrupted in-place erases
-/// leave (the header survives, the payload and checksum do not).
+/// intact and whose sequences were removed, possibly followed by zeros (the free space of
+/// a preallocated file)? That is what interrupted in-place erases leave (the header
+/// survives, the payload and checksum do not).
 pub(crate) fn only_torn_erases(b: &[u8], removed: impl Fn(u64) -> bool) -> bool {
     let mut o = 0;
     while o < b.len() {
         let r = &b[o..];
+        if r.iter().all(|&x| x == 0) {
+            return o > 0;
+        }
         if r.len() < HDR || r[0..4] != MAGIC || !matches!(r[12], 1 | 4) {
             return false;
         }
@@ -285,6 +294,21 @@ pub(crate) fn is_heads_prefix(b: &[u8]) -> bool {
             Parse::Ok(r) => r.kind == Kind::Head,
             Parse::Bad => true,
         }
+}
+
+/// The body of a claim record: the range's last sequence and the bitmap of what it holds.
+pub(crate) fn encode_claim(hi: u64, bits: &[u8]) -> Vec<u8> {
+    let mut d = Vec::with_capacity(8 + bits.len());
+    d.extend_from_slice(&hi.to_le_bytes());
+    d.extend_from_slice(bits);
+    d
+}
+
+/// (last sequence, bitmap) of a claim whose range starts at `lo`, if well formed.
+pub(crate) fn decode_claim(lo: u64, d: &[u8]) -> Option<(u64, &[u8])> {
+    let hi = u64::from_le_bytes(d.get(..8)?.try_into().ok()?);
+    let bits = &d[8..];
+    (hi >= lo && (hi - lo) / 8 + 1 == bits.len() as u64).then_some((hi, bits))
 }
 
 /// Sequences the ledger accounts for: `gone` ranges belonged to deleted segments (or were

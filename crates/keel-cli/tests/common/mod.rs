@@ -27,6 +27,7 @@ pub struct Server {
     port: u16,
     dir: Option<PathBuf>,
     log_path: PathBuf,
+    config: Option<PathBuf>,
 }
 
 impl Server {
@@ -51,7 +52,13 @@ impl Server {
         let start = Instant::now();
         loop {
             let before = listening_lines(&self.log_path);
-            self.child = spawn(&self.bin, self.port, self.dir.as_deref(), &self.log_path);
+            self.child = spawn(
+                &self.bin,
+                self.port,
+                self.dir.as_deref(),
+                self.config.as_deref(),
+                &self.log_path,
+            );
             if self.wait_listening(before) {
                 return;
             }
@@ -189,10 +196,19 @@ fn listening_lines(log: &Path) -> usize {
         .unwrap_or(0)
 }
 
-/// Spawns `bin` on `port` (with JetStream on `store` when given), appending its stderr to
-/// `log_path`.
-fn spawn(bin: &Path, port: u16, store: Option<&Path>, log_path: &Path) -> Child {
+/// Spawns `bin` on `port` (with JetStream on `store` when given, and the config file
+/// `config`), appending its stderr to `log_path`.
+fn spawn(
+    bin: &Path,
+    port: u16,
+    store: Option<&Path>,
+    config: Option<&Path>,
+    log_path: &Path,
+) -> Child {
     let mut cmd = Command::new(bin);
+    if let Some(c) = config {
+        cmd.arg("-c").arg(c);
+    }
     cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
     if let Some(d) = store {
         cmd.args(["-js", "-sd"]).arg(d);
@@ -210,6 +226,16 @@ fn spawn(bin: &Path, port: u16, store: Option<&Path>, log_path: &Path) -> Child 
 
 /// Starts a server with JetStream (`-js -sd <tmp>`) or without.
 pub fn start(jetstream: bool) -> Option<Server> {
+    start_with(jetstream, None)
+}
+
+/// Starts a server with JetStream and this configuration file text (`-c`), e.g. accounts
+/// and `system_account`; flags give the port and store directory.
+pub fn start_with_config(config: &str) -> Option<Server> {
+    start_with(true, Some(config))
+}
+
+fn start_with(jetstream: bool, config: Option<&str>) -> Option<Server> {
     let Some(bin) = server_binary() else {
         eprintln!(
             "note: skipping, no server binary: build keel-server or set KEEL_TEST_SERVER_BIN"
@@ -220,8 +246,14 @@ pub fn start(jetstream: bool) -> Option<Server> {
     let dir = jetstream.then(|| temp_dir("store"));
     // The log tells that *this* process listens: with tests in parallel, another test's
     // server could briefly own the same port.
-    let log_path = temp_dir("log").join("server.log");
-    let child = spawn(&bin, port, dir.as_deref(), &log_path);
+    let log_dir = temp_dir("log");
+    let log_path = log_dir.join("server.log");
+    let config = config.map(|text| {
+        let path = log_dir.join("server.conf");
+        std::fs::write(&path, text).expect("write server config");
+        path
+    });
+    let child = spawn(&bin, port, dir.as_deref(), config.as_deref(), &log_path);
     let mut server = Server {
         child,
         url: format!("nats://127.0.0.1:{port}"),
@@ -229,6 +261,7 @@ pub fn start(jetstream: bool) -> Option<Server> {
         port,
         dir,
         log_path,
+        config,
     };
     if !server.wait_listening(0) {
         panic!("{} exited early", server.bin.display());

@@ -68,6 +68,11 @@ impl JetStreams {
             .unwrap_or_else(|| crate::monitor::proc::default_max_store(&store_dir));
         let registry = Arc::new(registry::Registry::new());
         let meta = keel_store::MetaFiles::new();
+        // One budget for every file stream's index entries read from disk.
+        let cache = opts
+            .index_cache_size
+            .map_or(keel_store::DEFAULT_INDEX_CACHE, |n| n as usize);
+        let index_cache = keel_store::SharedCache(keel_store::IndexCache::new(cache));
         let mut list = Vec::new();
         for account in server.accounts.jetstream_accounts() {
             let streams_dir = store_dir
@@ -92,6 +97,7 @@ impl JetStreams {
                 account,
                 server_name: server.server_name.clone(),
                 meta: meta.clone(),
+                index_cache: index_cache.clone(),
             });
             registry::recover(&js, server)?;
             js.serve(server, requests_rx);
@@ -179,6 +185,9 @@ pub struct JetStream {
     /// The server's metadata files (no process-wide instance: each server remembers which
     /// files it made durable).
     pub meta: keel_store::MetaFiles,
+    /// The server's one budget (`jetstream { index_cache_size }`) for the index entries its
+    /// file streams read from disk.
+    pub index_cache: keel_store::SharedCache,
 }
 
 impl JetStream {
@@ -239,6 +248,7 @@ impl JetStream {
             server_usage: self.registry.total_usage(),
             account: self.account.clone(),
             meta: self.meta.clone(),
+            index_cache: self.index_cache.clone(),
         }
     }
 

@@ -29,6 +29,17 @@ fn query(kind: &str, opts: &Value, account: Option<&str>) -> Query {
                 ("ACCOUNTZ", "include_unused") => "unused",
                 ("STATZ", "include_unused") => "unused",
                 ("STATZ", "accounts") => continue,
+                // The reference's JSON carries ConnState as a number (0 open, 1 closed,
+                // 2 all); the endpoint's parameter is its name.
+                ("CONNZ", "state") if v.is_number() => {
+                    let name = match v.as_u64() {
+                        Some(1) => "closed",
+                        Some(2) => "all",
+                        _ => "open",
+                    };
+                    pairs.push(("state".to_string(), name.to_string()));
+                    continue;
+                }
                 (_, "server_name" | "cluster" | "host" | "tags" | "domain") => continue,
                 (_, k) => k,
             };

@@ -39,6 +39,8 @@ struct Stats {
     rollbacks: u64,
     data_losses: u64,
     reported_losses: u64,
+    compactions: u64,
+    compaction_crashes: u64,
 }
 
 struct Case {
@@ -65,6 +67,9 @@ struct Case {
     /// syncs before writing the index, an erase syncs its tombstone first).
     maybe_synced: bool,
     failed: bool,
+    /// The failure that set `failed` was a sync's that rolled back at once (it said so):
+    /// the store takes writes again and the next sync has nothing to report.
+    rolled_back: bool,
     seed: u64,
     /// last_seq as of the last successful sync: sequences up to it were handed out and
     /// acknowledged, so they must never be handed out again.
@@ -106,6 +111,9 @@ impl Case {
             }
         };
         self.trace(format_args!("opened {rep:?}"));
+        if std::env::var_os("KEEL_SIM_TRACE").is_some() {
+            eprintln!("{}deleted {:?}", s.dump(), s.deleted());
+        }
         stats.used_index += rep.used_index as u64;
         stats.torn += (rep.torn_bytes > 0) as u64;
         stats.corrupt += rep.corrupt_records;
@@ -120,6 +128,7 @@ impl Case {
         self.rep = rep;
         self.store = Some(s);
         self.failed = false;
+        self.rolled_back = false;
     }
 
     fn s(&mut self) -> &mut FileStore {
@@ -129,8 +138,9 @@ impl Case {
     fn io<T>(&mut self, r: Result<T>) -> Option<T> {
         match r {
             Ok(v) => Some(v),
-            Err(StoreError::Io(_)) => {
+            Err(StoreError::Io(e)) => {
                 self.failed = true;
+                self.rolled_back = e.ends_with("(writes since the last sync were rolled back)");
                 None
             }
             Err(_) => None,
@@ -323,11 +333,16 @@ impl Case {
         let r = self.s().sync();
         self.trace(format_args!("HEAL, sync => {r:?}"));
         self.dump();
-        assert!(
-            matches!(r, Err(StoreError::Io(_))),
-            "seed {}: a sync after a failure must report the rollback",
-            self.seed
-        );
+        if self.rolled_back {
+            assert_eq!(r, Ok(()), "seed {}: sync after a rollback", self.seed);
+        } else {
+            assert!(
+                matches!(r, Err(StoreError::Io(_))),
+                "seed {}: a sync after a failure must report the rollback",
+                self.seed
+            );
+        }
+        self.rolled_back = false;
         stats.rollbacks += 1;
         self.failed = false;
         self.rep = RecoveryReport::default();
@@ -379,6 +394,58 @@ impl Case {
         self.verify(&now, &now, stats);
     }
 
+    /// A sync, then a compaction, with a power failure before it runs, after it wrote the
+    /// new segment, or after it renamed it into place; or a failure while it writes.
+    fn compact(&mut self, stats: &mut Stats) {
+        let now = live(self.s());
+        let r = self.s().sync();
+        self.trace(format_args!("sync before compaction => {r:?}"));
+        if self.io(r).is_none() {
+            return;
+        }
+        self.synced = now;
+        self.since.clear();
+        self.synced_last = self.s().state().last_seq;
+        let Some(job) = self.s().compact_begin() else {
+            return;
+        };
+        stats.compactions += 1;
+        let at = self.rng.below(6);
+        self.trace(format_args!(
+            "COMPACT segment {} (crash point {at})",
+            job.segment()
+        ));
+        if at == 0 {
+            stats.compaction_crashes += 1;
+            return self.crash(stats);
+        }
+        if at == 4 {
+            self.sim.fail_after(self.rng.below(8));
+        }
+        let done = job.run();
+        if at == 1 {
+            stats.compaction_crashes += 1;
+            return self.crash(stats);
+        }
+        let r = self.s().compact_end(done);
+        self.trace(format_args!("compacted => {r:?}"));
+        self.dump();
+        if at == 2 {
+            stats.compaction_crashes += 1;
+            return self.crash(stats);
+        }
+        // A failed compaction leaves the store as it was (the armed failure then hits the
+        // next operation).
+        if r.is_ok() {
+            assert_eq!(
+                live(self.s()),
+                self.synced,
+                "seed {}: compaction",
+                self.seed
+            );
+        }
+    }
+
     fn dump(&self) {
         if std::env::var_os("KEEL_SIM_TRACE").is_some() {
             for (name, data) in self.sim.dump() {
@@ -409,7 +476,18 @@ impl Case {
                                 String::new()
                             };
                             recs.push(format!("BAD@{o}..{}{hint}", data.len()));
-                            break;
+                            match crate::record::resync(&data, o + 1) {
+                                Some(n) => {
+                                    o = n;
+                                    continue;
+                                }
+                                None => {
+                                    let nz =
+                                        data.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+                                    recs.push(format!("(nonzero to {nz})"));
+                                    break;
+                                }
+                            }
                         }
                     }
                 }
@@ -568,6 +646,7 @@ impl Case {
             }
             85..=90 => self.crash(stats),
             91..=93 => self.clean_restart(stats),
+            94..=95 => self.compact(stats),
             _ => {
                 stats.injected_failures += 1;
                 let n = self.rng.below(25);
@@ -607,6 +686,7 @@ fn run_case(seed: u64, stats: &mut Stats) {
         rep: RecoveryReport::default(),
         maybe_synced: false,
         failed: false,
+        rolled_back: false,
         seed,
         synced_last: 0,
     };
@@ -639,6 +719,30 @@ fn acknowledged_messages_survive_power_failures() {
     assert!(stats.crashes > cases && stats.clean_restarts > 0 && stats.syncs_ok > cases);
     assert!(stats.torn > 0 && stats.used_index > 0 && stats.flips > 0);
     assert!(stats.rollbacks > 0 && stats.data_losses > 0 && stats.reported_losses > 0);
+    assert!(stats.compactions > 0 && stats.compaction_crashes > 0);
+}
+
+/// Seeds that once failed, run on their own whatever the default seed range is. 829: a
+/// record of a segment with `store_at` gaps was damaged while its index blocks were too,
+/// and the rebuild dropped it unreported. 7880: recovery did not see the gaps of a sealed
+/// sparse segment, so an unsynced gap was never recorded and a later recovery called it
+/// lost. 8948: a compaction dropped the tombstone of a message whose erase had been torn
+/// in an already compacted segment, so the torn bytes later read as a loss. 9935: a
+/// rebuilt index file counted the bytes of an entry it also listed as never counting.
+/// 32859: a failed sync that rolled back at once (it says so) has nothing left for the
+/// next sync to report. 48804: a torn erase was taken to hide the sequences after it, so
+/// an unsynced gap there read as lost. (Index files have a new field since, which moves
+/// where the simulator's damage lands; deterministic tests: in file_tests
+/// `lost_record_of_a_sparse_segment_under_a_damaged_index_is_reported`,
+/// `unsynced_gap_of_a_sealed_sparse_segment_is_never_reported_lost`,
+/// `torn_erase_hides_no_unsynced_gap`, and in segtable
+/// `summary_never_counts_an_entry_it_lists_as_erased`.)
+#[test]
+fn seeds_that_failed_once() {
+    let mut stats = Stats::default();
+    for seed in [829, 7880, 8948, 9935, 32859, 48804] {
+        run_case(seed, &mut stats);
+    }
 }
 
 /// Sync-per-message on the simulator really fsyncs once per sync, and none in store_msg.

@@ -82,7 +82,7 @@ fn cut_tail_after_clean_stop_never_reuses_sequences() {
     assert!(rep.used_index && rep.lost.is_empty());
     assert_eq!(s.state().lost.unwrap().msgs, lost.msgs);
     s.crash();
-    std::fs::remove_file(d.0.join("index.bin")).unwrap();
+    super::file_tests::remove_indexes(&d.0);
     let (s, rep) = open(&d.0);
     assert!(rep.lost.is_empty(), "{rep:?}");
     let st = s.state();
@@ -250,6 +250,7 @@ fn open_segment_files_are_bounded() {
         segment_size: 512,
         write_buffer: 0,
         max_open_files: 16,
+        ..Default::default()
     };
     let (mut s, _) = FileStore::open_fs(
         Arc::new(sim.clone()),
@@ -289,7 +290,11 @@ fn open_segment_files_are_bounded() {
     assert!(s.open_files() <= 16);
     s.crash();
     let _ = now;
-    sim.lose(Path::new("/s/index.bin"));
+    for p in sim.names() {
+        if p.extension().is_some_and(|e| e == "idx") {
+            sim.lose(&p);
+        }
+    }
     let before = sim.handles().1;
     let (s, _) = FileStore::open_fs(
         Arc::new(sim.clone()),

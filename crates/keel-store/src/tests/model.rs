@@ -408,6 +408,8 @@ pub(crate) enum Op {
     /// Writes fail (a full disk), then space comes back and the next sync rolls back to
     /// the last completed sync (file store on the simulator only; a no-op elsewhere).
     Rollback,
+    /// Compacts every segment worth it (the file store; syncs first; a no-op elsewhere).
+    Compact,
 }
 
 pub(crate) const SUBJECTS: &[&str] = &["a", "b", "a.x", "a.y", "b.x", "c.d.e", "foo.bar.baz"];
@@ -491,6 +493,7 @@ pub(crate) fn arb_op(with_bytes_limit: bool) -> impl Strategy<Value = Op> {
         2 => Just(Op::Sync),
         1 => Just(Op::Reopen),
         1 => Just(Op::Rollback),
+        1 => Just(Op::Compact),
     ]
 }
 
@@ -607,6 +610,11 @@ pub(crate) fn apply(s: &mut dyn Store, m: &mut Model, op: &Op, step: u64) {
             m.set_limits(l.clone());
         }
         Op::Sync => s.sync().unwrap(),
+        Op::Compact => {
+            while let Some(job) = s.compact_begin() {
+                s.compact_end(job.run()).unwrap();
+            }
+        }
         Op::Reopen | Op::Rollback => {}
     }
 }

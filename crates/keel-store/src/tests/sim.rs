@@ -314,6 +314,19 @@ impl FsFile for SimFile {
             Ok(())
         })
     }
+    fn allocate(&mut self, len: u64) -> io::Result<()> {
+        self.with(|s, ino| {
+            s.tick()?;
+            let i = s.inodes.get_mut(&ino).unwrap();
+            let cur = i.data.len() as u64;
+            if len > cur {
+                let p = Pending::Write(cur, vec![0; (len - cur) as usize]);
+                apply(&mut i.data, &p, None);
+                i.pending.push(p);
+            }
+            Ok(())
+        })
+    }
     fn truncate(&mut self, len: u64) -> io::Result<()> {
         self.with(|s, ino| {
             s.tick()?;

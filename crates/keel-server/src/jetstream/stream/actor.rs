@@ -69,8 +69,14 @@ pub enum Command {
     Retention { seqs: Vec<u64> },
     /// A consumer left an interest stream: drop what no remaining consumer needs.
     ReleaseInterest,
-    /// The maintenance tick: expiry, the sync interval, saving source positions.
+    /// The maintenance tick: expiry, the sync interval, compaction, saving source positions.
     Tick,
+    /// A compaction's rewrite finished (off the actor, on a blocking thread): put it in
+    /// place.
+    Compacted {
+        segment: u32,
+        done: Box<keel_store::CompactDone>,
+    },
     /// STREAM.DELETE (its consumers are gone): destroy the store and end.
     Delete { reply: oneshot::Sender<()> },
 }
@@ -92,7 +98,15 @@ pub struct Core<R: Replicator> {
     router: Router,
     settings: Settings,
     last_sync: Instant,
+    /// When compaction last looked for a segment to rewrite; whether one is being
+    /// rewritten now; whether the last one gave space back (look again at once).
+    last_compact: Instant,
+    compacting: bool,
+    compact_busy: bool,
 }
+
+/// How often an idle file stream looks for a segment worth compacting.
+const COMPACT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl<R: Replicator> Actor<R> {
     pub fn new(
@@ -116,6 +130,9 @@ impl<R: Replicator> Actor<R> {
                 router,
                 settings: settings.clone(),
                 last_sync: Instant::now(),
+                last_compact: Instant::now(),
+                compacting: false,
+                compact_busy: false,
             },
         }
     }
@@ -567,7 +584,62 @@ impl<R: Replicator> Actor<R> {
             let committed = self.commit(true, 0, |_| {}).await;
             self.after_commit(committed);
         }
+        // Planning a compaction syncs what is pending first, under the store's lock: only
+        // when nothing is (always after a commit in the default mode; in the interval
+        // mode, right after the interval's sync).
+        if self.core.settings.sync_always || lazy_due {
+            self.compact();
+        }
         self.core.stream.save_source_positions(false);
+    }
+
+    /// Gives file streams' disk space back: the store plans the rewrite of a segment whose
+    /// messages were mostly removed (under the lock, briefly), the rewrite runs on a
+    /// blocking thread while the actor goes on, and its result comes back as a command
+    /// (`Compacted`), which puts it in place (briefly again). Neither publishers nor
+    /// readers wait for the copy or its fsync. One rewrite at a time per stream.
+    fn compact(&mut self) {
+        let c = &mut self.core;
+        if c.stream.storage != super::StorageType::File
+            || c.compacting
+            || (!c.compact_busy && c.last_compact.elapsed() < COMPACT_EVERY)
+        {
+            return;
+        }
+        c.last_compact = Instant::now();
+        c.compact_busy = false;
+        let Some(tx) = c.stream.commands() else {
+            return;
+        };
+        let Some(job) = self.store.lock().compact_begin() else {
+            return;
+        };
+        self.core.compacting = true;
+        let segment = job.segment();
+        // The job holds a sender: the actor does not end before its result is in.
+        tokio::task::spawn_blocking(move || {
+            let done = Box::new(job.run());
+            let _ = tx.blocking_send(Command::Compacted { segment, done });
+        });
+    }
+
+    fn compacted(&mut self, seg: u32, done: keel_store::CompactDone) {
+        self.core.compacting = false;
+        let r = blocking(|| self.store.lock().compact_end(done));
+        let name = &self.core.cfg.name;
+        match r {
+            Ok(n) => {
+                self.core.compact_busy = n > 0;
+                crate::debug!(
+                    self.log(),
+                    "Stream {name}: compacted segment {seg}, {n} bytes back"
+                )
+            }
+            Err(e) => crate::warn!(
+                self.log(),
+                "Stream {name}: compacting segment {seg} failed: {e}"
+            ),
+        }
     }
 
     async fn command(&mut self, c: Command, sourced_tx: &mpsc::Sender<SourcedBatch>) {
@@ -619,6 +691,7 @@ impl<R: Replicator> Actor<R> {
             Command::Retention { seqs } => self.retention(&seqs),
             Command::ReleaseInterest => self.release_interest(),
             Command::Tick => self.tick().await,
+            Command::Compacted { segment, done } => self.compacted(segment, *done),
             Command::Delete { .. } => unreachable!("handled by the loop"),
         }
         self.core.router.flush();

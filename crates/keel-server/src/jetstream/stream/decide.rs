@@ -148,11 +148,9 @@ impl Leader {
         if !cfg.allow_msg_ttl && !sourced {
             return;
         }
-        let state = store.state();
-        for seq in state.first_seq.max(1)..=state.last_seq {
-            if !matches!(store.peek(seq), Some((_, true))) {
-                continue;
-            }
+        let mut at = store.state().first_seq.max(1);
+        while let Some(seq) = store.next_with_headers(at) {
+            at = seq + 1;
             if let Ok(m) = store.load(seq) {
                 if let Some(secs) = headers::get_str(&m.hdr, "Nats-TTL").and_then(parse_ttl) {
                     if secs > 0 && cfg.allow_msg_ttl {
@@ -165,24 +163,17 @@ impl Leader {
         }
     }
 
-    /// The duplicate-window map from the newest messages.
+    /// The duplicate-window map from the newest messages. The store skips what has no
+    /// headers (no `Nats-Msg-Id`) without reading it, so a long stream published within the
+    /// window costs what its messages with headers cost.
     fn rebuild_dedup(&mut self, cfg: &StreamConfig, store: &dyn Store) {
         let state = store.state();
         let window = cfg.duplicate_window;
-        let now = now_nanos();
-        let mut seq = state.last_seq;
+        let min_ts = now_nanos().saturating_sub(window);
+        let mut before = state.last_seq.saturating_add(1);
         let mut found = vec![];
-        while seq >= state.first_seq && seq > 0 {
-            // The index tells age and whether there are headers without reading the
-            // message; only messages that can carry a Nats-Msg-Id are read.
-            match store.peek(seq) {
-                Some((ts, _)) if now - ts > window => break,
-                Some((_, true)) => {}
-                _ => {
-                    seq -= 1;
-                    continue;
-                }
-            }
+        while let Some((seq, _)) = store.prev_with_headers(before, min_ts) {
+            before = seq;
             if let Ok(m) = store.load(seq) {
                 if let Some(id) = headers::get_str(&m.hdr, "Nats-Msg-Id") {
                     found.push((m.ts, id.to_string(), m.seq));
@@ -193,7 +184,6 @@ impl Leader {
                         .to_string();
                 }
             }
-            seq -= 1;
         }
         for (ts, id, seq) in found.into_iter().rev() {
             self.dedup.insert(id, seq, ts);

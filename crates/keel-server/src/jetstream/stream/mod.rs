@@ -52,6 +52,9 @@ pub struct Settings {
     pub max_store: i64,
     /// The account's usage, which this stream's bytes are part of.
     pub usage: Arc<JsUsage>,
+    /// One budget (`jetstream { index_cache_size }`) for the index entries every file
+    /// stream of the server reads from disk.
+    pub index_cache: keel_store::SharedCache,
     /// Every account's usage (against the server-wide limits).
     pub server_usage: Arc<JsUsage>,
     /// The account whose stream this is (its JetStream limits lower the server's).
@@ -113,8 +116,15 @@ impl Stream {
             StorageType::Memory => Box::new(keel_store::mem::MemStore::new(config.limits())),
             StorageType::File => {
                 let msgs = dir.join("msgs");
-                let (mut fs, report) = keel_store::file::FileStore::open(&msgs, config.limits())
-                    .map_err(|e| e.to_string())?;
+                let (mut fs, report) = keel_store::file::FileStore::open_with(
+                    &msgs,
+                    config.limits(),
+                    keel_store::file::FileStoreConfig {
+                        index_cache: Some(settings.index_cache.clone()),
+                        ..Default::default()
+                    },
+                )
+                .map_err(|e| e.to_string())?;
                 super::files::log_recovery(
                     &server.log,
                     &config.name,
