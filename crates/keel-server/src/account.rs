@@ -134,6 +134,16 @@ impl Account {
             .clone()
     }
 
+    /// The account's JetStream settings and limits (no allocation: read on the publish
+    /// path, by the stream actor's store budget).
+    pub fn jetstream_limits(&self) -> crate::auth::conf::JsAccountOpts {
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .jetstream
+            .clone()
+    }
+
     pub fn jetstream_enabled(&self) -> bool {
         self.config
             .read()
@@ -364,14 +374,19 @@ impl Accounts {
         self.all().iter().map(|a| a.sublist.count()).sum()
     }
 
-    /// The account JetStream serves: the one account with `jetstream: enabled` when the
-    /// configuration names accounts, else `$G`. (One JetStream subsystem serves one account
-    /// until it is keyed by account; `check` refuses configurations that need more.)
-    pub fn jetstream_account(&self) -> Arc<Account> {
-        self.all()
+    /// The accounts JetStream serves: those with `jetstream: enabled` when the
+    /// configuration names accounts (by name), else `$G` alone.
+    pub fn jetstream_accounts(&self) -> Vec<Arc<Account>> {
+        let mut js: Vec<Arc<Account>> = self
+            .all()
             .into_iter()
-            .find(|a| a.name != GLOBAL && a.jetstream_enabled())
-            .unwrap_or_else(|| self.global.clone())
+            .filter(|a| a.name != GLOBAL && a.jetstream_enabled())
+            .collect();
+        js.sort_by(|a, b| a.name.cmp(&b.name));
+        if js.is_empty() {
+            js.push(self.global.clone());
+        }
+        js
     }
 
     /// Applies the accounts' settings from `auth` (at start and on reload): JetStream,

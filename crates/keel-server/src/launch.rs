@@ -84,9 +84,9 @@ pub async fn start(opts: Opts, log: Log) -> Result<Running, ()> {
             .set(crate::system::System::start(&server, sys));
     }
     if server.opts.jetstream {
-        match crate::jetstream::JetStream::start(&server) {
+        match crate::jetstream::JetStreams::start(&server) {
             Ok(js) => {
-                log_jetstream(log, &js);
+                log_jetstream(log, js.first());
                 let _ = server.jetstream.set(js);
             }
             Err(e) => {

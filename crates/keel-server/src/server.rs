@@ -39,7 +39,7 @@ pub struct Server {
     /// Totals of connections that have gone, so server-wide counters do not go backwards.
     closed_stats: ClosedStats,
     shutdown: watch::Sender<bool>,
-    pub jetstream: std::sync::OnceLock<Arc<crate::jetstream::JetStream>>,
+    pub jetstream: std::sync::OnceLock<Arc<crate::jetstream::JetStreams>>,
     lame_duck: std::sync::atomic::AtomicBool,
     /// Set when lame-duck mode starts: the accept loop stops taking clients.
     stop_accepting: watch::Sender<bool>,
@@ -150,24 +150,6 @@ struct Info<'a> {
     /// The JetStream API level Keel implements (as `_nats.level` in stream metadata).
     api_lvl: u32,
     keel_version: &'a str,
-}
-
-/// What Keel cannot do yet with accounts, refused at start (and reload) instead of half
-/// working: JetStream in more than one account needs the JetStream registry keyed by account.
-fn check_accounts(opts: &crate::auth::conf::AuthOpts) -> Result<(), String> {
-    let js: Vec<&str> = opts
-        .accounts
-        .iter()
-        .filter(|a| a.jetstream.enabled)
-        .map(|a| a.name.as_str())
-        .collect();
-    if js.len() > 1 {
-        return Err(format!(
-            "JetStream enabled in more than one account ({}): keel-server serves JetStream in one account for now (use a shared JetStream account with imports)",
-            js.join(", ")
-        ));
-    }
-    Ok(())
 }
 
 /// Binds a TCP listener on `host:port`. The wildcard host (`0.0.0.0`, the default, or `::`)
@@ -408,7 +390,6 @@ impl Server {
     /// the users. At start and on reload; on error nothing changes but what was applied
     /// to the accounts before the error (their settings are rebuilt by the next success).
     pub fn apply_auth(&self, opts: &crate::auth::conf::AuthOpts) -> Result<(), String> {
-        check_accounts(opts)?;
         self.accounts.configure(opts)?;
         let mut auth = crate::auth::Auth::build(opts, &self.accounts)?;
         // As the reference: with TLS and no `authorization { timeout }`, a client has the
@@ -419,18 +400,24 @@ impl Server {
         // Account JWTs can bring exports and imports: links again with them in place.
         if opts.operator_mode() {
             self.accounts.install_links()?;
-            let js: Vec<String> = self
+        }
+        // Which accounts have JetStream is fixed at start (each has its own API and
+        // streams directory); a reload that changes it says so.
+        if let Some(js) = self.jetstream.get() {
+            let serving: Vec<&str> = js.all().iter().map(|j| j.account.name.as_str()).collect();
+            let wanted: Vec<String> = self
                 .accounts
-                .all()
+                .jetstream_accounts()
                 .iter()
-                .filter(|a| a.jetstream_enabled())
                 .map(|a| a.name.clone())
                 .collect();
-            if js.len() > 1 {
-                return Err(format!(
-                    "JetStream enabled in more than one account ({}): keel-server serves JetStream in one account for now",
-                    js.join(", ")
-                ));
+            if serving != wanted {
+                crate::warn!(
+                    self.log,
+                    "Reload: the accounts with JetStream changed (serving {}, configured {}); it takes effect at the next restart",
+                    serving.join(", "),
+                    wanted.join(", ")
+                );
             }
         }
         if let Some(c) = self.cluster.get() {
@@ -560,7 +547,7 @@ impl Server {
             remote_account: connect_info.then_some(client.account().name.as_str()),
             acc_is_sys: connect_info && self.accounts.is_system(client.account()),
             ldm: self.lame_duck.load(std::sync::atomic::Ordering::Relaxed),
-            domain: self.jetstream.get().and_then(|js| js.domain.as_deref()),
+            domain: self.jetstream.get().and_then(|js| js.domain()),
             api_lvl: crate::jetstream::stream::API_LEVEL,
             keel_version: KEEL_VERSION,
         };

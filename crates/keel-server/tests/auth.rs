@@ -1117,3 +1117,151 @@ async fn account_jetstream_limits() {
     .1;
     assert_eq!(r["config"]["max_ack_pending"], 10, "{r}");
 }
+
+/// The server's `max_file_store` holds every account's streams: a reservation or a publish
+/// in B counts what A reserved and stored.
+#[tokio::test]
+async fn server_store_limit_counts_every_account() {
+    let server = Server::start_jetstream_with_config(
+        r#"jetstream { max_file_store: 4KB }
+           accounts {
+             A: { users: [{user: a, password: a}], jetstream: enabled }
+             B: { users: [{user: b, password: b}], jetstream: enabled }
+           }"#,
+    );
+    let a = server.client_with(user("a", "a")).await;
+    let b = server.client_with(user("b", "b")).await;
+    sync(&a).await;
+    sync(&b).await;
+    let create = |name: &str, max_bytes: i64| {
+        json!({"name": name, "subjects": [format!("{name}.>")], "max_bytes": max_bytes}).to_string()
+    };
+    let ok = json_request(&a, "$JS.API.STREAM.CREATE.RES", create("RES", 3000))
+        .await
+        .1;
+    assert!(ok.get("error").is_none(), "{ok}");
+    // 3000 of A's + 3000 would pass the server's 4KB.
+    let resp = json_request(&b, "$JS.API.STREAM.CREATE.RES", create("RES", 3000))
+        .await
+        .1;
+    assert_eq!(api_error(&resp).1, 10047, "{resp}");
+    // A stores about 2KB; B's stream then has room for much less than the whole limit.
+    let ja = async_nats::jetstream::new(a);
+    for _ in 0..8 {
+        ja.publish("RES.x", vec![b'x'; 200].into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let jb = async_nats::jetstream::new(b);
+    jb.create_stream(async_nats::jetstream::stream::Config {
+        name: "LIM".into(),
+        subjects: vec!["lim".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut refused = None;
+    for i in 0..40 {
+        let ack = jb
+            .publish("lim", vec![b'x'; 200].into())
+            .await
+            .unwrap()
+            .await;
+        if let Err(e) = ack {
+            refused = Some((i, e.to_string()));
+            break;
+        }
+    }
+    // Alone, B would store about 17 of these.
+    let (i, text) = refused.expect("a publish past the server's limit is refused");
+    assert!(i > 3 && i < 13, "refused after {i} messages");
+    assert!(
+        text.contains("insufficient") || text.contains("10047"),
+        "{text}"
+    );
+}
+
+/// JetStream in two accounts at once: each has its own streams, so both can have a stream
+/// `ORDERS` on `orders.>` (no overlap across accounts), with their own messages, consumers
+/// and lifecycle, also after a restart (SIGKILL; each account's acked messages come back
+/// in its own stream).
+#[tokio::test]
+async fn jetstream_in_two_accounts() {
+    let mut server = Server::start_jetstream_with_config(
+        r#"accounts {
+             A: { users: [{user: a, password: a}], jetstream: enabled }
+             B: { users: [{user: b, password: b}], jetstream: enabled }
+           }"#,
+    );
+    let orders = async_nats::jetstream::stream::Config {
+        name: "ORDERS".into(),
+        subjects: vec!["orders.>".into()],
+        ..Default::default()
+    };
+    for (u, n) in [("a", 2u64), ("b", 1)] {
+        let c = server.client_with(user(u, u)).await;
+        sync(&c).await;
+        let js = async_nats::jetstream::new(c);
+        js.create_stream(orders.clone()).await.unwrap();
+        for i in 0..n {
+            let ack = js
+                .publish(format!("orders.{u}"), format!("{u}{i}").into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            assert_eq!((ack.stream.as_str(), ack.sequence), ("ORDERS", i + 1));
+        }
+    }
+    let a = async_nats::jetstream::new(server.client_with(user("a", "a")).await);
+    let b = async_nats::jetstream::new(server.client_with(user("b", "b")).await);
+    let mut sa = a.get_stream("ORDERS").await.unwrap();
+    sa.create_consumer(async_nats::jetstream::consumer::pull::Config {
+        durable_name: Some("w".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let ia = sa.info().await.unwrap().clone();
+    let mut sb = b.get_stream("ORDERS").await.unwrap();
+    let ib = sb.info().await.unwrap().clone();
+    assert_eq!((ia.state.messages, ia.state.consumer_count), (2, 1));
+    assert_eq!((ib.state.messages, ib.state.consumer_count), (1, 0));
+    let m = sb.get_raw_message(1).await.unwrap();
+    assert_eq!(
+        (m.subject.as_str(), &m.payload[..]),
+        ("orders.b", &b"b0"[..])
+    );
+    assert!(sb
+        .get_consumer::<async_nats::jetstream::consumer::pull::Config>("w")
+        .await
+        .is_err());
+
+    // Each account's streams come back in that account.
+    server.kill_hard();
+    server.restart();
+    let a = async_nats::jetstream::new(server.client_with(user("a", "a")).await);
+    let b = async_nats::jetstream::new(server.client_with(user("b", "b")).await);
+    let mut sa = a.get_stream("ORDERS").await.unwrap();
+    assert_eq!(sa.info().await.unwrap().state.messages, 2);
+    assert_eq!(
+        b.get_stream("ORDERS")
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .state
+            .messages,
+        1
+    );
+    // Deleting A's stream leaves B's.
+    a.delete_stream("ORDERS").await.unwrap();
+    assert!(a.get_stream("ORDERS").await.is_err());
+    let mut sb = b.get_stream("ORDERS").await.unwrap();
+    assert_eq!(sb.info().await.unwrap().state.messages, 1);
+    let m = sb.get_raw_message(1).await.unwrap();
+    assert_eq!(&m.payload[..], b"b0");
+}

@@ -45,7 +45,10 @@ use crate::record::{self, Head, HeadParse, Kind, Ledger, Parse, HDR, HEADS_LEN, 
 use crate::segtable::{
     acct, idx_name, read_summary, seg_name, FileTable, Loc, Other, Seg, Summary, HDR_FLAG,
 };
-use crate::{file_msg_size, Limits, Lost, Purge, Result, State, Store, StoreError, StoredMsg};
+use crate::{
+    file_msg_size, Limits, Lost, Purge, Result, Snapshot, State, Store, StoreError, StoredMsg,
+    SyncJob,
+};
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashSet};
@@ -181,6 +184,9 @@ pub struct FileStore {
     dirty: Vec<u32>,
     failed: Option<String>,
     closed: bool,
+    /// Between `begin_sync` and `finish_sync`: what that sync covers. Writes are refused
+    /// meanwhile (what the sync records must be what it made durable).
+    in_flight: Option<SyncPlan>,
     /// The ledger: sequences of deleted segments, and lost ones with their bytes.
     gone: Ranges,
     lost: RefCell<Ranges>,
@@ -255,6 +261,17 @@ enum Read {
     Damaged,
 }
 
+/// What one sync covers, between its two halves.
+struct SyncPlan {
+    /// Segments whose writes it fdatasyncs.
+    ids: Vec<u32>,
+    /// Segments it deletes once the rest is durable.
+    dead: Vec<u32>,
+    active: Option<u32>,
+    /// It fsyncs the directory.
+    dir: bool,
+}
+
 impl FileStore {
     /// Opens (or creates) the store in `dir`, recovering what is there.
     pub fn open(dir: &Path, limits: Limits) -> Result<(FileStore, RecoveryReport)> {
@@ -325,6 +342,9 @@ impl FileStore {
     fn writable(&self) -> Result<()> {
         if self.closed {
             return Err(StoreError::Io("store is closed".into()));
+        }
+        if self.in_flight.is_some() {
+            return Err(StoreError::Io("a sync is in progress".into()));
         }
         if let Some(e) = &self.failed {
             return Err(StoreError::Io(e.clone()));
@@ -564,12 +584,21 @@ impl FileStore {
     /// Messages whose records an index rebuild could not find: lost, like damage found
     /// when reading.
     fn settle_missing(&mut self) {
+        // Those a rebuild could not tell from gaps first: marked, so that reading one
+        // later does not count it as a lost live message.
+        let unsure = std::mem::take(self.core.get_mut().slots.unsure.get_mut());
         let missing = std::mem::take(self.core.get_mut().slots.missing.get_mut());
-        for seq in missing {
+        let all = unsure
+            .into_iter()
+            .map(|q| (q, false))
+            .chain(missing.into_iter().map(|q| (q, true)));
+        for (seq, counted) in all {
             let i = self.seg_idx(seq);
             let c = self.core.get_mut();
             if let Some(i) = i {
-                if c.slots.kill_unknown(i, seq) {
+                if !counted {
+                    c.slots.mark_unsure(i, seq);
+                } else if c.slots.kill_unknown(i, seq) {
                     c.msgs = c.msgs.saturating_sub(1);
                     if seq == c.first_seq {
                         c.advance_first(seq + 1);
@@ -672,6 +701,14 @@ impl FileStore {
     }
 
     fn do_sync(&mut self) -> io::Result<()> {
+        let (plan, mut job) = self.sync_prepare()?;
+        job.run();
+        self.sync_complete(plan, job)
+    }
+
+    /// A sync up to its fsyncs: what must be written is written (buffers, markers, the
+    /// ledger, segment heads); returns what the sync covers and the fsyncs still to do.
+    fn sync_prepare(&mut self) -> io::Result<(SyncPlan, SyncJob)> {
         self.settle_missing();
         // A large active segment whose messages are all gone (a consumed work queue) is
         // sealed, so that it can go now instead of staying until it fills.
@@ -770,8 +807,7 @@ impl FileStore {
             }
         }
         // The heads of the segments about to be synced record what this sync hands out.
-        let synced: Vec<u32> = self.dirty.clone();
-        for &id in &synced {
+        for id in self.dirty.clone() {
             if let Some(i) = self.seg_by_id(id) {
                 if self.segs()[i].head {
                     let h = self.head_of(i);
@@ -779,24 +815,68 @@ impl FileStore {
                 }
             }
         }
-        for id in std::mem::take(&mut self.dirty) {
-            if let Some(i) = self.seg_by_id(id) {
-                if let Err(e) = self.with_file(id, |f| f.sync()) {
-                    self.dirty.push(id);
-                    return Err(e);
+        // The descriptors that wrote the data go with the job (its fsyncs must see their
+        // write-back errors), so the fsyncs can run while readers use the store; a reader
+        // that needs one of these segments meanwhile opens it again.
+        let ids = std::mem::take(&mut self.dirty);
+        let mut files = Vec::with_capacity(ids.len());
+        for &id in &ids {
+            if self.seg_by_id(id).is_none() {
+                continue;
+            }
+            if let Err(e) = self.with_file(id, |_| Ok(())) {
+                for (id, f) in files {
+                    self.files.get_mut().put(id, f);
                 }
+                self.dirty = ids;
+                return Err(e);
+            }
+            if let Some(f) = self.files.get_mut().take(id) {
+                files.push((id, f));
+            }
+        }
+        // New segments' directory entries are part of their data being durable; so is
+        // what justifies the unlinks below (unlinks can reach the disk in any order).
+        let dir = self.dir_dirty.then(|| (self.fs.clone(), self.dir.clone()));
+        let plan = SyncPlan {
+            ids,
+            dead: dead.iter().map(|&i| self.segs()[i].id).collect(),
+            active,
+            dir: dir.is_some(),
+        };
+        Ok((plan, SyncJob::new(files, dir)))
+    }
+
+    /// The bookkeeping after a sync's fsyncs completed.
+    fn sync_complete(&mut self, plan: SyncPlan, job: SyncJob) -> io::Result<()> {
+        let (files, r) = job.finish();
+        for (id, f) in files {
+            if self.seg_by_id(id).is_some() {
+                self.files.get_mut().put(id, f);
+            }
+        }
+        if let Err(e) = r {
+            self.dirty.extend(plan.ids);
+            return Err(e);
+        }
+        let active = plan.active;
+        for &id in &plan.ids {
+            if let Some(i) = self.seg_by_id(id) {
                 self.segs()[i].dirty = false;
                 if Some(id) != active {
                     self.files.get_mut().unpin(id);
                 }
             }
         }
-        if self.dir_dirty {
-            // New segments' directory entries are part of their data being durable; so is
-            // what justifies the unlinks below (unlinks can reach the disk in any order).
-            self.fs.sync_dir(&self.dir)?;
+        if plan.dir {
             self.dir_dirty = false;
         }
+        let mut dead: Vec<usize> = plan
+            .dead
+            .iter()
+            .filter_map(|&id| self.seg_by_id(id))
+            .collect();
+        dead.sort_unstable();
         // Everything written so far is durable.
         self.syncs_done += 1;
         self.marker_done = self.marker;
@@ -805,7 +885,7 @@ impl FileStore {
         self.done_ts = c.last_ts;
         self.proven_seq = c.last_seq;
         // Only segments written since the last sync changed length.
-        for id in synced {
+        for &id in &plan.ids {
             if let Some(i) = self.seg_by_id(id) {
                 let s = &mut self.segs()[i];
                 s.done_len = Some(s.flushed);
@@ -821,12 +901,27 @@ impl FileStore {
                 let _ = self.fs.remove(&self.path(&seg_name(s.id)));
                 let _ = self.fs.remove(&self.path(&idx_name(s.id)));
             }
+            // The unlinks become durable with the next sync's directory fsync (until then a
+            // power failure only leaves files the next recovery deletes again): no fsync
+            // here, where the store is held.
             self.dir_dirty = true;
-            if self.fs.sync_dir(&self.dir).is_ok() {
-                self.dir_dirty = false;
-            }
         }
         Ok(())
+    }
+
+    /// A sync's failure: the store rolls back to the last completed sync, now if it can
+    /// (then it takes writes again), else at the next sync; the error says which.
+    fn sync_failed(&mut self, e: io::Error) -> StoreError {
+        let msg = e.to_string();
+        self.failed = Some(msg.clone());
+        match self.rollback() {
+            Ok(()) => StoreError::Io(format!(
+                "{msg} (writes since the last sync were rolled back)"
+            )),
+            Err(_) => StoreError::Io(format!(
+                "{msg} (writes since the last sync are lost; the next sync rolls back)"
+            )),
+        }
     }
 
     /// After a failed write or sync: truncates every segment back to its length at the
@@ -1470,8 +1565,21 @@ impl Store for FileStore {
     /// (none of them may be acknowledged). If the rollback works the store takes writes
     /// again; otherwise the next `sync` tries again.
     fn sync(&mut self) -> Result<()> {
+        match self.begin_sync()? {
+            Some(mut job) => {
+                job.run();
+                self.finish_sync(job)
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn begin_sync(&mut self) -> Result<Option<SyncJob>> {
         if self.closed {
             return Err(StoreError::Io("store is closed".into()));
+        }
+        if self.in_flight.is_some() {
+            return Err(StoreError::Io("a sync is in progress".into()));
         }
         if let Some(e) = self.failed.clone() {
             self.rollback()?;
@@ -1479,21 +1587,65 @@ impl Store for FileStore {
                 "{e} (writes since the last sync were rolled back)"
             )));
         }
-        match self.do_sync() {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let msg = e.to_string();
-                self.failed = Some(msg.clone());
-                let _ = self.rollback();
-                Err(StoreError::Io(format!(
-                    "{msg} (writes since the last sync were rolled back)"
-                )))
+        match self.sync_prepare() {
+            Ok((plan, job)) => {
+                self.in_flight = Some(plan);
+                Ok(Some(job))
             }
+            Err(e) => Err(self.sync_failed(e)),
+        }
+    }
+
+    fn finish_sync(&mut self, job: SyncJob) -> Result<()> {
+        let Some(plan) = self.in_flight.take() else {
+            return Err(StoreError::Io("no sync in progress".into()));
+        };
+        self.sync_complete(plan, job)
+            .map_err(|e| self.sync_failed(e))
+    }
+
+    fn store_at(
+        &mut self,
+        seq: u64,
+        subject: &[u8],
+        hdr: &[u8],
+        data: &[u8],
+        ts: i64,
+    ) -> Result<()> {
+        let last = self.core.get_mut().last_seq;
+        if seq <= last {
+            return Err(StoreError::Sequence { seq, last });
+        }
+        self.skip_to(seq)?;
+        self.store_msg(subject, hdr, data, ts).map(|_| ())
+    }
+
+    fn truncate(&mut self, after: u64) -> Result<u64> {
+        if after >= self.core.get_mut().last_seq {
+            return Ok(0);
+        }
+        // Recovery never lets last_seq go below what the segment heads prove was handed
+        // out (that is what keeps a sequence from being reused), so a lowered last
+        // sequence needs a record of its own in the on-disk format first.
+        Err(StoreError::Unsupported(
+            "the file store cannot truncate yet (its recovery keeps every sequence handed out)",
+        ))
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let c = self.core.borrow();
+        Snapshot {
+            first_seq: c.first_seq,
+            last_seq: c.last_seq,
+            last_ts: c.last_ts,
+            deleted: c.deleted_ranges(),
         }
     }
 
     fn needs_sync(&self) -> bool {
-        (self.ledger_dirty.get() || !self.t().missing.borrow().is_empty())
+        (self.ledger_dirty.get()
+            || !self.t().missing.borrow().is_empty()
+            || !self.t().unsure.borrow().is_empty())
             && self.failed.is_none()
             && !self.closed
     }
@@ -1599,11 +1751,15 @@ impl Store for FileStore {
             return Ok(());
         }
         let had_msgs = core.msgs > 0;
+        let from = core.last_seq + 1;
         core.skip_to(next);
         // A tombstone for the new last sequence is what recovery restores last_seq from
-        // (an emptied store gets its marker at the next sync instead).
+        // (an emptied store gets its marker at the next sync instead); the ledger accounts
+        // for the skipped sequences, as for a deleted segment's.
         let ts = core.last_ts;
         let r = if had_msgs {
+            self.gone.insert(from, next - 1);
+            self.ledger_dirty.set(true);
             self.write_tomb(next - 1, ts, b"", 0)
         } else {
             Ok(())
@@ -1617,6 +1773,10 @@ impl Store for FileStore {
         self.core.get_mut().set_limits(limits);
         let r = self.settle();
         self.check_io(r)
+    }
+
+    fn last_seq(&self) -> u64 {
+        self.core.borrow().last_seq
     }
 
     fn state(&self) -> State {
@@ -2334,19 +2494,21 @@ fn recover(
             let s = &rp.core.slots.segs[k];
             (s.id, s.proven_len)
         };
-        let mut spans: Vec<(u64, u64, bool)> = Vec::new();
+        // (offset, length, is the tail, what it hides: the message sequences between the
+        // records around it).
+        type Hides = Option<(u64, u64)>;
+        let mut spans: Vec<(u64, u64, bool, Hides)> = Vec::new();
         for sp in &out.spans {
-            spans.push((sp.off, sp.len, false));
-            if let Some(a) = sp.after {
-                if a > sp.before + 1 {
-                    written.insert(sp.before + 1, a - 1);
-                }
-            }
+            let hides = sp
+                .after
+                .filter(|&a| a > sp.before + 1)
+                .map(|a| (sp.before + 1, a - 1));
+            spans.push((sp.off, sp.len, false, hides));
         }
         if let Some(t) = out.tail {
-            spans.push((t, out.tail_end - t, true));
+            spans.push((t, out.tail_end - t, true, None));
         }
-        for (off, n, is_tail) in spans {
+        for (off, n, is_tail, hides) in spans {
             let mut h = [0u8; 24];
             if n >= 24 {
                 files.with(&*fs, id, || seg_path(id), |f| f.read_at(&mut h, off))?;
@@ -2373,10 +2535,14 @@ fn recover(
             }) {
                 // An erase interrupted mid-overwrite: the message was removed (its
                 // tombstone is durable) and its bytes are meant to go, not to be kept.
+                // They held only removed records, so they hide no other sequence.
                 if is_tail && k == nsegs - 1 {
                     cuts.push((k, off));
                 }
                 continue;
+            }
+            if let Some((a, b)) = hides {
+                written.insert(a, b);
             }
             rep.corrupt_records += 1;
             rep.corrupt_bytes += n;
@@ -2622,6 +2788,7 @@ fn recover(
         dirty: Vec::new(),
         failed: None,
         closed: false,
+        in_flight: None,
         gone: rp.gone,
         lost: RefCell::new(lost),
         lost_bytes: Cell::new(rp.lost_bytes),

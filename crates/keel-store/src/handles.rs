@@ -41,6 +41,20 @@ impl Handles {
         self.open.insert(id, (f, self.tick));
     }
 
+    /// Takes segment `id`'s file out (a sync's job carries it meanwhile; it stays pinned).
+    pub fn take(&mut self, id: u32) -> Option<Box<dyn FsFile>> {
+        self.open.remove(&id).map(|(f, _)| f)
+    }
+
+    /// Puts a taken file back, in place of one a reader opened meanwhile.
+    pub fn put(&mut self, id: u32, f: Box<dyn FsFile>) {
+        if self.open.remove(&id).is_none() {
+            self.make_room();
+        }
+        self.tick += 1;
+        self.open.insert(id, (f, self.tick));
+    }
+
     /// Closes the file of a deleted segment.
     pub fn forget(&mut self, id: u32) {
         self.open.remove(&id);

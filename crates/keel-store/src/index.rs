@@ -1154,6 +1154,60 @@ impl<T: Table> Core<T> {
             .collect()
     }
 
+    /// Removes every message above `after`; `after` becomes the last sequence (see
+    /// [`crate::Store::truncate`]). Returns how many went.
+    pub fn truncate(&mut self, after: u64) -> u64 {
+        if after >= self.last_seq {
+            return 0;
+        }
+        if self.msgs == 0 || after < self.first_seq {
+            let n = self.reset_to(after + 1);
+            self.last_ts = 0;
+            return n;
+        }
+        let mut gone: Vec<u64> = Vec::new();
+        self.slots
+            .scan(after + 1, self.last_seq, &Sel::All, &mut |q, _| {
+                gone.push(q);
+                true
+            });
+        for &q in gone.iter().rev() {
+            self.remove(q);
+        }
+        self.last_seq = after;
+        self.last_ts = self
+            .slots
+            .prev_live(self.first_seq, after)
+            .and_then(|q| self.slots.get(q))
+            .map_or(0, |m| m.ts);
+        if self.msgs == 0 {
+            self.first_seq = after + 1;
+            self.first_ts = 0;
+        }
+        gone.len() as u64
+    }
+
+    /// Deleted sequences between first and last as inclusive ranges, without listing each.
+    pub fn deleted_ranges(&self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        if self.msgs == 0 {
+            return out;
+        }
+        let mut next = self.first_seq;
+        self.slots
+            .scan(self.first_seq, self.last_seq, &Sel::All, &mut |q, _| {
+                if q > next {
+                    out.push((next, q - 1));
+                }
+                next = q + 1;
+                true
+            });
+        if next <= self.last_seq {
+            out.push((next, self.last_seq));
+        }
+        out
+    }
+
     pub fn deleted(&self) -> Vec<u64> {
         let mut out = Vec::new();
         if self.msgs == 0 {

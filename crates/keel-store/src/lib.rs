@@ -110,6 +110,13 @@ pub enum StoreError {
     /// I/O failure. The store refuses writes until the next [`Store::sync`], which rolls
     /// back what was not yet durable.
     Io(String),
+    /// [`Store::store_at`] with a sequence that is not past the last one.
+    Sequence {
+        seq: u64,
+        last: u64,
+    },
+    /// The operation is not available in this store (it says which, and why).
+    Unsupported(&'static str),
 }
 
 impl std::fmt::Display for StoreError {
@@ -121,6 +128,10 @@ impl std::fmt::Display for StoreError {
             StoreError::MsgTooLarge => f.write_str("message size exceeds maximum allowed"),
             StoreError::NotFound => f.write_str("no message found"),
             StoreError::Io(e) => write!(f, "storage failure: {e}"),
+            StoreError::Sequence { seq, last } => {
+                write!(f, "sequence {seq} is not past the last sequence {last}")
+            }
+            StoreError::Unsupported(what) => f.write_str(what),
         }
     }
 }
@@ -134,6 +145,69 @@ impl From<std::io::Error> for StoreError {
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Which sequences a store holds, without the messages: what a replica needs to agree with
+/// another on the stream's shape (a Raft snapshot carries it; the messages follow by
+/// catch-up, stored with [`Store::store_at`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// As in [`State`]: with no messages, `last_seq + 1` once anything was ever stored.
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub last_ts: i64,
+    /// Sequences between first and last that are gone, as inclusive ranges in order.
+    pub deleted: Vec<(u64, u64)>,
+}
+
+/// Segment files by id, as a sync job carries them.
+pub(crate) type SegmentFiles = Vec<(u32, Box<dyn io::FsFile>)>;
+
+/// The fsync half of a sync, split off by [`Store::begin_sync`] so that it runs without
+/// the store: it carries the descriptors that wrote what must reach the disk (their fsyncs
+/// see any write-back error). Run it (blocking) with no lock held that readers need, then
+/// hand it back to [`Store::finish_sync`].
+pub struct SyncJob {
+    files: SegmentFiles,
+    dir: Option<(std::sync::Arc<dyn io::Fs>, std::path::PathBuf)>,
+    outcome: Option<std::io::Result<()>>,
+}
+
+impl SyncJob {
+    pub(crate) fn new(
+        files: SegmentFiles,
+        dir: Option<(std::sync::Arc<dyn io::Fs>, std::path::PathBuf)>,
+    ) -> SyncJob {
+        SyncJob {
+            files,
+            dir,
+            outcome: None,
+        }
+    }
+
+    /// Does the fsyncs (blocks until the disk has everything). Running it again is a no-op.
+    pub fn run(&mut self) {
+        if self.outcome.is_some() {
+            return;
+        }
+        let r = (|| {
+            for (_, f) in &mut self.files {
+                f.sync()?;
+            }
+            if let Some((fs, dir)) = &self.dir {
+                fs.sync_dir(dir)?;
+            }
+            Ok(())
+        })();
+        self.outcome = Some(r);
+    }
+
+    /// The descriptors back, and the fsyncs' result (running them first if not done).
+    pub(crate) fn finish(mut self) -> (SegmentFiles, std::io::Result<()>) {
+        self.run();
+        let r = self.outcome.take().unwrap_or(Ok(()));
+        (std::mem::take(&mut self.files), r)
+    }
+}
 
 /// Storage for one stream. Filters are subject patterns that may hold `*` and `>`; an empty
 /// filter or `>` means all subjects.
@@ -189,6 +263,100 @@ pub trait Store: Send {
             .find(|&q| matches!(self.peek(q), Some((_, true))))
     }
 
+    /// Stores a message at `seq`, which must be past the last sequence; the sequences in
+    /// between count as deleted. What a replica applying a leader's entry needs, and a
+    /// mirror keeping its origin's sequences. Limits apply as in
+    /// [`store_msg`](Store::store_msg); a refused message leaves the skip in place (the same
+    /// on every replica). Durable after [`sync`](Store::sync).
+    fn store_at(
+        &mut self,
+        seq: u64,
+        subject: &[u8],
+        hdr: &[u8],
+        data: &[u8],
+        ts: i64,
+    ) -> Result<()> {
+        let last = self.state().last_seq;
+        if seq <= last {
+            return Err(StoreError::Sequence { seq, last });
+        }
+        self.skip_to(seq)?;
+        let got = self.store_msg(subject, hdr, data, ts)?;
+        debug_assert_eq!(got, seq);
+        Ok(())
+    }
+
+    /// Removes every message above `after` and makes `after` the last sequence, so the next
+    /// message stored gets `after + 1` (a replica that got ahead of its leader). `last_ts`
+    /// becomes the newest remaining message's time (0 when none is left). Returns how many
+    /// messages went. No-op when `after` is not below the last sequence.
+    fn truncate(&mut self, after: u64) -> Result<u64>;
+
+    /// Which sequences the store holds (for a replica's snapshot).
+    fn snapshot(&self) -> Snapshot {
+        let st = self.state();
+        Snapshot {
+            first_seq: st.first_seq,
+            last_seq: st.last_seq,
+            last_ts: st.last_ts,
+            deleted: ranges::to_ranges(self.deleted()),
+        }
+    }
+
+    /// Brings the store in line with `snap`: truncated to its last sequence when ahead, its
+    /// messages below `snap.first_seq` and in `snap.deleted` removed, and started at
+    /// `snap.first_seq` when it holds nothing before. Returns the ranges of sequences the
+    /// snapshot has and the store lacks (above its own last sequence), which the caller
+    /// fetches and stores with [`store_at`](Store::store_at) in order before
+    /// `skip_to(snap.last_seq + 1)`.
+    fn restore(&mut self, snap: &Snapshot) -> Result<Vec<(u64, u64)>> {
+        if self.state().last_seq > snap.last_seq {
+            self.truncate(snap.last_seq)?;
+        }
+        if snap.first_seq > 1 {
+            self.purge(&Purge {
+                seq: Some(snap.first_seq),
+                ..Default::default()
+            })?;
+        }
+        let last = self.state().last_seq;
+        for &(a, b) in &snap.deleted {
+            for seq in a..=b.min(last) {
+                self.remove(seq, false)?;
+            }
+        }
+        if last + 1 < snap.first_seq {
+            self.skip_to(snap.first_seq)?;
+        }
+        let from = self.state().last_seq + 1;
+        let mut missing = Vec::new();
+        let mut at = from;
+        for &(a, b) in snap.deleted.iter().filter(|(_, b)| *b >= from) {
+            if a > at {
+                missing.push((at, a - 1));
+            }
+            at = at.max(b + 1);
+        }
+        if at <= snap.last_seq {
+            missing.push((at, snap.last_seq));
+        }
+        Ok(missing)
+    }
+
+    /// The first half of a [`sync`](Store::sync): writes out everything a sync makes durable
+    /// (buffers, segment heads) and returns the fsyncs still to do, or None when it has
+    /// nothing to wait for (or did it all itself). No write may come between this and
+    /// [`finish_sync`](Store::finish_sync) (they are refused). Same result as `sync`.
+    fn begin_sync(&mut self) -> Result<Option<SyncJob>> {
+        self.sync().map(|_| None)
+    }
+
+    /// The second half: records what the job made durable, or, when its fsyncs failed,
+    /// rolls back to the last completed sync and returns the error (as `sync` does).
+    fn finish_sync(&mut self, job: SyncJob) -> Result<()> {
+        job.finish().1.map_err(StoreError::from)
+    }
+
     /// Removes one message; `erase` also overwrites its bytes on disk. Ok(false) if absent.
     fn remove(&mut self, seq: u64, erase: bool) -> Result<bool>;
     /// Returns how many messages were purged.
@@ -207,6 +375,10 @@ pub trait Store: Send {
     fn set_limits(&mut self, limits: Limits) -> Result<()>;
 
     fn state(&self) -> State;
+    /// `state().last_seq`, without building the state.
+    fn last_seq(&self) -> u64 {
+        self.state().last_seq
+    }
     /// Deleted sequences between first and last (STREAM.INFO `deleted_details`).
     fn deleted(&self) -> Vec<u64>;
     /// Message count per subject matching `filter`.

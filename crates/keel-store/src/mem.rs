@@ -2,7 +2,7 @@
 //! disk, `sync` and `close` are no-ops.
 
 use crate::index::{Core, SlotTable, Table};
-use crate::{mem_msg_size, Limits, Purge, Result, State, Store, StoreError, StoredMsg};
+use crate::{mem_msg_size, Limits, Purge, Result, Snapshot, State, Store, StoreError, StoredMsg};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 
@@ -61,6 +61,39 @@ impl Store for MemStore {
         let seq = self.core.append(subject, ts, size, !hdr.is_empty(), p);
         self.settle();
         Ok(seq)
+    }
+
+    fn store_at(
+        &mut self,
+        seq: u64,
+        subject: &[u8],
+        hdr: &[u8],
+        data: &[u8],
+        ts: i64,
+    ) -> Result<()> {
+        let last = self.core.last_seq;
+        if seq <= last {
+            return Err(StoreError::Sequence { seq, last });
+        }
+        self.core.skip_to(seq);
+        self.settle();
+        self.store_msg(subject, hdr, data, ts).map(|_| ())
+    }
+
+    fn truncate(&mut self, after: u64) -> Result<u64> {
+        let n = self.core.truncate(after);
+        self.settle();
+        Ok(n)
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let c = &self.core;
+        Snapshot {
+            first_seq: c.first_seq,
+            last_seq: c.last_seq,
+            last_ts: c.last_ts,
+            deleted: c.deleted_ranges(),
+        }
     }
 
     fn sync(&mut self) -> Result<()> {
@@ -126,6 +159,10 @@ impl Store for MemStore {
         self.core.set_limits(limits);
         self.settle();
         Ok(())
+    }
+
+    fn last_seq(&self) -> u64 {
+        self.core.last_seq
     }
 
     fn state(&self) -> State {

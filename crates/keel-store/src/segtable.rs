@@ -462,6 +462,12 @@ pub(crate) struct FileTable {
     pub emptied: Vec<u32>,
     /// Live sequences whose records a rebuild could not find: the store reports them lost.
     pub missing: RefCell<Vec<u64>>,
+    /// Sequences a rebuild without its summary could not tell from gaps: reported lost,
+    /// marked never live, not counted (the segment's live count already says how many of
+    /// its sequences were lost, and those are in `missing`).
+    pub unsure: RefCell<Vec<u64>>,
+    /// The compaction claims of the segment `has_record` looked at last, by (id, uid).
+    claims: RefCell<Option<ClaimMemo>>,
     /// Index files that failed their checks when read (rebuilt from the segment since).
     pub rebuilt: RefCell<Vec<u32>>,
     /// Highest entry sequence inserted, which recovery's inserts must stay above.
@@ -472,6 +478,8 @@ pub(crate) struct FileTable {
 }
 
 const HOT: usize = 8;
+
+type ClaimMemo = ((u32, u64), Vec<(u64, u64, Vec<u8>)>);
 
 impl FileTable {
     pub fn new(fs: Arc<dyn Fs>, dir: PathBuf, cache: Arc<IndexCache>) -> FileTable {
@@ -485,6 +493,8 @@ impl FileTable {
             emptied: Vec::new(),
             missing: RefCell::new(Vec::new()),
             rebuilt: RefCell::new(Vec::new()),
+            unsure: RefCell::new(Vec::new()),
+            claims: RefCell::new(None),
             max_entry: 0,
             closed_at: None,
         }
@@ -639,16 +649,26 @@ impl FileTable {
         let all = self.rescan(si);
         let nb = s.ix.blocks();
         let mut out = None;
+        let mut lo = 0;
         for k in 0..nb {
-            let lo = k * BLOCK;
             if lo >= all.len() {
                 break;
             }
-            let blk: Block = all[lo..(lo + BLOCK).min(all.len())].into();
+            // A sparse segment's blocks are found by their first sequences: a rebuilt block
+            // starts where the summary says it does.
+            let hi = match s.ix.dense {
+                true => (lo + BLOCK).min(all.len()),
+                false => match s.ix.block_first.get(k + 1) {
+                    Some(&next) if k + 1 < nb => lo + all[lo..].partition_point(|e| e.seq < next),
+                    _ => all.len(),
+                },
+            };
+            let blk: Block = all[lo..hi].into();
             if k == b {
                 out = Some(blk.clone());
             }
             self.cache.put((s.ix.uid, k as u32), blk);
+            lo = hi;
         }
         out
     }
@@ -661,10 +681,22 @@ impl FileTable {
         let mut found = Vec::new();
         let path = self.dir.join(seg_name(s.id));
         let mut data = vec![0u8; s.flushed as usize];
-        // Local ids by name, from the summary when it is still readable.
-        let by_name: HashMap<Bytes, u32> = read_summary(&*self.fs, &self.dir.join(idx_name(s.id)))
+        // The summary, when it is still readable and still describes these entries: local
+        // ids by name, and a sparse segment's gaps.
+        let sum = read_summary(&*self.fs, &self.dir.join(idx_name(s.id)))
             .ok()
             .flatten()
+            .filter(|sum| {
+                sum.id == s.id
+                    && sum.created == s.created
+                    && sum.n == s.ix.n
+                    && (sum.n == 0 || (sum.e_first, sum.e_last) == (s.ix.e_first, s.ix.e_last))
+            });
+        let gaps = sum
+            .as_ref()
+            .filter(|sum| !sum.dense)
+            .map(|sum| sum.gaps.clone());
+        let by_name: HashMap<Bytes, u32> = sum
             .filter(|sum| sum.locals.len() == s.ix.l2g.len())
             .map(|sum| {
                 sum.locals
@@ -723,9 +755,77 @@ impl FileTable {
                 }
             }
             all
+        } else if let Some(gaps) = gaps {
+            // The summary says which sequences the entries are: one per sequence outside
+            // the gaps, a placeholder for one whose record is not found.
+            let mut all = Vec::with_capacity(ix.n as usize);
+            let mut found = found.into_iter().peekable();
+            let mut gaps = gaps.into_iter().peekable();
+            let mut q = ix.e_first;
+            while q <= ix.e_last {
+                if let Some(&(a, b)) = gaps.peek() {
+                    if q >= a {
+                        q = b + 1;
+                        gaps.next();
+                        continue;
+                    }
+                }
+                while found.next_if(|e| e.seq < q).is_some() {}
+                let e = found.next_if(|e| e.seq == q).unwrap_or(Entry {
+                    seq: q,
+                    subj: NO_SUBJ,
+                    local: NO_SUBJ,
+                    ..Default::default()
+                });
+                if (e.len == 0 || e.subj == NO_SUBJ) && !ix.is_dead(q) {
+                    missing.push(q);
+                }
+                all.push(e);
+                q += 1;
+            }
+            all
         } else {
-            // Which sequences the lost blocks held is unknown; those found stand.
-            found
+            // Which sequences the entries were is unknown (the summary is gone too): every
+            // sequence of the range not found and not dead may have been a message. As
+            // many as the segment counts live and cannot find are taken as lost; the rest
+            // (gaps, or those) are reported lost too, and marked so they never count. A
+            // placeholder each, so nothing reads as an entry that was never checked.
+            let live_found = found
+                .iter()
+                .filter(|e| e.len != 0 && e.subj != NO_SUBJ && !ix.is_dead(e.seq))
+                .count() as u64;
+            let mut lost = (ix.live as u64).saturating_sub(live_found);
+            let mut unsure = self.unsure.borrow_mut();
+            let mut all = Vec::with_capacity(found.len());
+            let mut found = found.into_iter().peekable();
+            for q in ix.e_first..=ix.e_last {
+                match found.next_if(|e| e.seq == q) {
+                    Some(e) => {
+                        if (e.len == 0 || e.subj == NO_SUBJ) && !ix.is_dead(q) {
+                            missing.push(q);
+                            lost = lost.saturating_sub(1);
+                        }
+                        all.push(e);
+                    }
+                    None => {
+                        if !ix.is_dead(q) {
+                            if lost > 0 {
+                                missing.push(q);
+                                lost -= 1;
+                            } else {
+                                unsure.push(q);
+                            }
+                        }
+                        all.push(Entry {
+                            seq: q,
+                            subj: NO_SUBJ,
+                            local: NO_SUBJ,
+                            ..Default::default()
+                        });
+                    }
+                }
+            }
+            all
         }
     }
 
@@ -866,7 +966,41 @@ impl FileTable {
             // Damaged or torn bytes of the sequence may still be there.
             return true;
         }
-        ix.in_range(seq) && (ix.dense || self.entry(si, seq).is_some())
+        if !ix.in_range(seq) {
+            return false;
+        }
+        // No entry: the claim removed it, or it was kept and lost its entry since (an
+        // erase torn mid-overwrite is no entry, but its bytes are still there).
+        ix.dense || self.entry(si, seq).is_some() || self.claim_kept(si, seq)
+    }
+
+    /// Did the compaction claim of segment `si` keep `seq`? True when the claim cannot be
+    /// read (the bytes may be there).
+    fn claim_kept(&self, si: usize, seq: u64) -> bool {
+        let s = &self.segs[si];
+        let key = (s.id, s.ix.uid);
+        let mut memo = self.claims.borrow_mut();
+        if memo.as_ref().map(|m| m.0) != Some(key) {
+            let claims = self
+                .others_of(si)
+                .into_iter()
+                .filter_map(|o| match o {
+                    Other::Claim { lo, hi, bits } => Some((lo, hi, bits)),
+                    _ => None,
+                })
+                .collect();
+            *memo = Some((key, claims));
+        }
+        let claims = &memo.as_ref().expect("just set").1;
+        claims.is_empty()
+            || claims.iter().any(|(lo, hi, bits)| {
+                let b = seq.wrapping_sub(*lo);
+                seq >= *lo
+                    && seq <= *hi
+                    && bits
+                        .get((b / 8) as usize)
+                        .is_some_and(|x| x >> (b % 8) & 1 == 1)
+            })
     }
 
     /// The entries of segment `si` (loaded into memory if they are not).
@@ -1143,6 +1277,10 @@ impl FileTable {
             }
         }
         // Entries hold global ids; the in-memory form keeps them, and writing maps back.
+        if !s.ix.dense {
+            // A rebuild without its summary holds a placeholder per sequence of the range.
+            s.ix.n = all.len() as u32;
+        }
         s.ix.mem = Some(all);
         s.ix.names = Some(names);
         s.ix.block_first.clear();
@@ -1300,11 +1438,22 @@ impl FileTable {
         true
     }
 
+    /// Marks `seq` never live without counting it (a sequence a rebuild could not tell
+    /// from a gap). True if it was not marked already.
+    pub fn mark_unsure(&mut self, si: usize, seq: u64) -> bool {
+        let ix = &mut self.segs[si].ix;
+        if !ix.in_range(seq) || ix.is_dead(seq) {
+            return false;
+        }
+        ix.set_dead(seq);
+        true
+    }
+
     /// Sequences in `from..=to` that no segment has an entry for.
     pub fn holes(&self, from: u64, to: u64) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         let mut at = from;
-        for s in &self.segs {
+        for (si, s) in self.segs.iter().enumerate() {
             let ix = &s.ix;
             if ix.n == 0 || ix.e_last < at {
                 continue;
@@ -1316,15 +1465,17 @@ impl FileTable {
                 out.push((at, ix.e_first - 1));
             }
             if !ix.dense {
-                if let Some(m) = &ix.mem {
-                    let mut prev = ix.e_first;
-                    for e in m {
-                        if e.seq > prev + 1 && e.seq > at {
-                            out.push(((prev + 1).max(at), (e.seq - 1).min(to)));
-                        }
-                        prev = e.seq;
+                // Sealed or not: a sparse segment's gaps are between its entries (read
+                // through the cache; a damaged index is rebuilt, its losses reported).
+                let lo = at.max(ix.e_first);
+                let mut prev = lo - 1;
+                self.walk(si, lo, ix.e_last, false, &mut |e| {
+                    if e.seq > prev + 1 && prev < to {
+                        out.push((prev + 1, (e.seq - 1).min(to)));
                     }
-                }
+                    prev = e.seq;
+                    e.seq < to
+                });
             }
             at = ix.e_last + 1;
             if at > to {
@@ -1806,6 +1957,11 @@ pub(crate) struct Summary {
     pub others: Vec<Other>,
     pub ledger: Option<(u64, Vec<u8>)>,
     pub block_first: Vec<u64>,
+    /// A sparse segment's sequences in `e_first..=e_last` without an entry (a `store_at`
+    /// gap, or what a compaction removed), as inclusive ranges: with `n` they say exactly
+    /// which sequences the entries are, so a rebuild from the records can tell a missing
+    /// entry from a gap.
+    pub gaps: Vec<(u64, u64)>,
     /// Where the blocks start in the file.
     pub blocks_off: u64,
     /// Written by a clean close: the store's last sequence (durable) and timestamp.
@@ -1878,9 +2034,26 @@ fn encode_idx<'a>(
     let mut bytes = 0;
     let mut has_hdr = false;
     let mut max_ts = i64::MIN;
+    // Every entry that is not a live-able message is listed, so a summary alone tells
+    // which positions never count. One listed already (by an earlier summary) stays
+    // uncounted even if a rebuild has found its subject since: counting its bytes too
+    // would leave them in the live bytes for good (it is dead at the next recovery, so
+    // its tombstone takes nothing off).
+    let mut others: Vec<Other> = ix.others.clone().unwrap_or_default();
+    let listed: std::collections::HashSet<u64> = others
+        .iter()
+        .filter_map(|o| match o {
+            Other::Erased { seq } => Some(*seq),
+            _ => None,
+        })
+        .collect();
     for e in mem {
         max_ts = max_ts.max(e.ts);
-        if e.subj == NO_SUBJ || e.len == 0 || e.local as usize >= remap.len() {
+        if e.subj == NO_SUBJ
+            || e.len == 0
+            || e.local as usize >= remap.len()
+            || listed.contains(&e.seq)
+        {
             lsubj.push(u32::MAX);
             continue;
         }
@@ -1938,16 +2111,6 @@ fn encode_idx<'a>(
         en.u64(l.first);
         en.u64(l.last);
     }
-    // Every entry that is not a live-able message is listed, so a summary alone tells
-    // which positions never count.
-    let mut others: Vec<Other> = ix.others.clone().unwrap_or_default();
-    let listed: std::collections::HashSet<u64> = others
-        .iter()
-        .filter_map(|o| match o {
-            Other::Erased { seq } => Some(*seq),
-            _ => None,
-        })
-        .collect();
     for e in mem {
         if (e.subj == NO_SUBJ || e.len == 0) && !listed.contains(&e.seq) {
             others.push(Other::Erased { seq: e.seq });
@@ -2011,6 +2174,14 @@ fn encode_idx<'a>(
     for c in mem.chunks(BLOCK) {
         en.u64(c[0].seq);
     }
+    if !dense {
+        let gaps = gaps_of(mem);
+        en.u32(gaps.len() as u32);
+        for (a, b) in gaps {
+            en.u64(a);
+            en.u64(b);
+        }
+    }
     let sum_len = en.0.len() as u32;
     en.0[8..12].copy_from_slice(&sum_len.to_le_bytes());
     let crc = crc32fast::hash(&en.0);
@@ -2029,6 +2200,14 @@ fn encode_idx<'a>(
         en.u32(crc);
     }
     (en.0, remap, blocks_off)
+}
+
+/// The sequences between consecutive entries that have none, as inclusive ranges.
+fn gaps_of(mem: &[Entry]) -> Vec<(u64, u64)> {
+    mem.windows(2)
+        .filter(|w| w[1].seq > w[0].seq + 1)
+        .map(|w| (w[0].seq + 1, w[1].seq - 1))
+        .collect()
 }
 
 fn decode_block(b: &[u8], l2g: &[u32]) -> Option<Vec<Entry>> {
@@ -2186,6 +2365,25 @@ fn decode_summary(b: &[u8]) -> Option<Summary> {
     for _ in 0..nb {
         s.block_first.push(d.u64()?);
     }
+    if !s.dense {
+        // The gaps and the entries must make up the whole range, in order.
+        let ng = d.u32()? as usize;
+        s.gaps.reserve(ng.min(d.0.len() / 16));
+        let mut covered = 0u64;
+        let mut prev = s.e_first;
+        for _ in 0..ng {
+            let (a, b) = (d.u64()?, d.u64()?);
+            if a <= prev || b < a || b >= s.e_last {
+                return None;
+            }
+            covered += b - a + 1;
+            prev = b + 1;
+            s.gaps.push((a, b));
+        }
+        if s.n == 0 || (s.e_last - s.e_first + 1).checked_sub(covered)? != s.n as u64 {
+            return None;
+        }
+    }
     if !d.0.is_empty() || (s.n > 0 && s.e_first > s.e_last) {
         return None;
     }
@@ -2194,4 +2392,76 @@ fn decode_summary(b: &[u8]) -> Option<Summary> {
     }
     s.blocks_off = b.len() as u64;
     Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An entry an earlier summary listed as never counting (a rebuild did not know its
+    /// subject then) stays out of the bytes and subject counts when a later rebuild knows
+    /// it: recovery marks it dead from the list, so its tombstone takes nothing off, and
+    /// counted bytes would stay in the live bytes for good (crash simulator seed 9935).
+    #[test]
+    fn summary_never_counts_an_entry_it_lists_as_erased() {
+        let mut seg = Seg::new(1, 0);
+        seg.ix.l2g = vec![0];
+        seg.ix.cnt = vec![3];
+        let len = 40 + 1 + 30;
+        let mem: Vec<Entry> = (1..=3u64)
+            .map(|q| Entry {
+                seq: q,
+                ts: q as i64,
+                off: 100 * q as u32,
+                len,
+                subj: 0,
+                local: 0,
+            })
+            .collect();
+        seg.ix.others = Some(vec![Other::Erased { seq: 2 }]);
+        let name = |_: u32| -> &[u8] { b"b" };
+        let (buf, _, _) = encode_idx(&seg, &mem, &name, None);
+        let sum_len = u32::from_le_bytes(buf[8..12].try_into().unwrap()) as usize;
+        let sum = decode_summary(&buf[..sum_len + 4]).unwrap();
+        assert_eq!(sum.bytes, 2 * acct(len));
+        assert_eq!(sum.locals.len(), 1);
+        assert_eq!(sum.locals[0].count, 2);
+        let listed = sum
+            .others
+            .iter()
+            .filter(|o| matches!(o, Other::Erased { seq: 2 }))
+            .count();
+        assert_eq!(listed, 1);
+    }
+
+    /// A sparse segment's summary says exactly which sequences its entries are; one whose
+    /// gaps and count disagree is refused.
+    #[test]
+    fn sparse_summary_lists_its_gaps() {
+        let seg = Seg::new(1, 0);
+        let mem: Vec<Entry> = [1u64, 2, 5, 6, 10]
+            .iter()
+            .map(|&q| Entry {
+                seq: q,
+                len: 71,
+                subj: NO_SUBJ,
+                local: NO_SUBJ,
+                ..Default::default()
+            })
+            .collect();
+        let name = |_: u32| -> &[u8] { b"" };
+        let (buf, _, _) = encode_idx(&seg, &mem, &name, None);
+        let sum_len = u32::from_le_bytes(buf[8..12].try_into().unwrap()) as usize;
+        let sum = decode_summary(&buf[..sum_len + 4]).unwrap();
+        assert!(!sum.dense);
+        assert_eq!(sum.gaps, vec![(3, 4), (7, 9)]);
+        // Gaps that do not add up with the count (one entry short) are not trusted.
+        let (buf, _, _) = encode_idx(&seg, &mem[..4], &name, None);
+        let mut b = buf[..u32::from_le_bytes(buf[8..12].try_into().unwrap()) as usize].to_vec();
+        // n (offset 12 + 4 + 8 + 8 + 8 + 4 + 8 + 8 = 60) claims 3 entries instead of 4.
+        b[60..64].copy_from_slice(&3u32.to_le_bytes());
+        let crc = crc32fast::hash(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        assert!(decode_summary(&b).is_none());
+    }
 }

@@ -13,7 +13,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::api::{to_bytes, ApiError};
+use super::api::{to_bytes, ApiError, ErrorKind};
 use crate::router::{Outgoing, Router};
 use crate::server::Server;
 use crate::time::{now_nanos, rfc3339};
@@ -320,13 +320,7 @@ pub fn consumer_events(
 /// A consumer's `sample_freq` (`"50"`, `"50%"`) as the reference reads it: a percentage,
 /// 100 or more samples every ack. Bad values get the reference's error.
 pub fn parse_sample_freq(s: &str) -> Result<i64, ApiError> {
-    let bad = |why: String| {
-        ApiError::new(
-            400,
-            10095,
-            format!("failed to parse consumer sampling configuration: {why}"),
-        )
-    };
+    let bad = |why: String| ErrorKind::ConsumerSampleFrequency.with(why);
     let n = s.strip_suffix('%').unwrap_or(s);
     match n.parse::<i64>() {
         Ok(v) if v >= 0 => Ok(v),

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::advisory::{ConsumerEvent, ConsumerEventKind};
-use super::api::ApiError;
+use super::api::{ApiError, ErrorKind};
 use super::stream::{null_default, Retention, Stream, REQ_LEVEL_KEY};
 use crate::client::{ClientHandle, InMsg};
 use crate::router::{Outgoing, Router};
@@ -213,24 +213,16 @@ pub fn valid_group_name(g: &str) -> bool {
 }
 
 pub fn invalid_group_name() -> ApiError {
-    ApiError::new(
-        400,
-        10162,
-        "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters",
-    )
+    ErrorKind::ConsumerInvalidGroupName.err()
 }
 
 /// Parses a `pause_until` time as Go's decoder does: Ok(None) for Go's zero time (no pause),
 /// otherwise the instant (Unix ns) and its UTC text; the error is the reference's text.
 pub fn parse_pause_until(s: &str) -> Result<Option<(i64, String)>, ApiError> {
     let Some(ns) = parse_rfc3339(s) else {
-        return Err(ApiError::new(
-            400,
-            10025,
-            format!(
-                "invalid JSON: parsing time {s:?} as \"2006-01-02T15:04:05Z07:00\": cannot parse {s:?} as \"2006\""
-            ),
-        ));
+        return Err(ErrorKind::InvalidJson.with(format!(
+            "parsing time {s:?} as \"2006-01-02T15:04:05Z07:00\": cannot parse {s:?} as \"2006\""
+        )));
     };
     if ns == 0 && s.starts_with("0001-") {
         return Ok(None);
@@ -287,13 +279,9 @@ impl ConsumerConfig {
 
     /// Defaults and the reference's checks. `stream` is the stream's config.
     pub fn normalize(mut self, retention: Retention) -> Result<ConsumerConfig, ApiError> {
-        let bad = |code: u32, text: &str| ApiError::new(400, code, text);
         if let (Some(d), Some(n)) = (&self.durable_name, &self.name) {
             if !d.is_empty() && !n.is_empty() && d != n {
-                return Err(bad(
-                    10132,
-                    "Consumer Durable and Name have to be equal if both are provided",
-                ));
+                return Err(ErrorKind::ConsumerDurableNameNotEqual.err());
             }
         }
         for n in [&self.durable_name, &self.name].into_iter().flatten() {
@@ -301,18 +289,14 @@ impl ConsumerConfig {
                 continue;
             }
             if n.contains('/') || n.contains('\\') {
-                return Err(bad(10127, "Consumer name can not contain path separators"));
+                return Err(ErrorKind::ConsumerNamePathSeparators.err());
             }
             if !super::stream::valid_name(n) {
-                return Err(ApiError::invalid_config(
-                    "consumer name can not contain '.', '*', '>', '\\', '/'",
-                ));
+                return Err(ErrorKind::InvalidConfig
+                    .with("consumer name can not contain '.', '*', '>', '\\', '/'"));
             }
             if n.len() > 255 {
-                return Err(bad(
-                    10102,
-                    "consumer name is too long, maximum allowed is 255",
-                ));
+                return Err(ErrorKind::ConsumerNameTooLong.err());
             }
         }
         if self.durable_name.as_deref() == Some("") {
@@ -322,44 +306,33 @@ impl ConsumerConfig {
             self.name = None;
         }
         if !self.filter_subject.is_empty() && !self.filter_subjects.is_empty() {
-            return Err(bad(
-                10136,
-                "consumer cannot have both FilterSubject and FilterSubjects specified",
-            ));
+            return Err(ErrorKind::ConsumerFilterAndFilters.err());
         }
         for f in self.filters() {
             if f.is_empty() {
-                return Err(bad(
-                    10139,
-                    "consumer filter in FilterSubjects cannot be empty",
-                ));
+                return Err(ErrorKind::ConsumerEmptyFilter.err());
             }
             if !keel_protocol::subject::valid_subscribe(f.as_bytes()) {
-                return Err(ApiError::invalid_config(
-                    "consumer filter subject is not valid",
-                ));
+                return Err(ErrorKind::InvalidConfig.with("consumer filter subject is not valid"));
             }
         }
         let filters = self.filters();
         for (i, a) in filters.iter().enumerate() {
             for b in &filters[i + 1..] {
                 if super::stream::subjects_overlap(a, b) {
-                    return Err(bad(10138, "consumer subject filters cannot overlap"));
+                    return Err(ErrorKind::ConsumerFiltersOverlap.err());
                 }
             }
         }
         if self.ack_wait < 0 {
-            return Err(bad(10183, "consumer ack wait needs to be positive"));
+            return Err(ErrorKind::ConsumerAckWaitNegative.err());
         }
         if self.backoff.iter().any(|b| *b <= 0) {
-            return Err(bad(10184, "consumer backoff needs to be positive"));
+            return Err(ErrorKind::ConsumerBackoffNegative.err());
         }
         if !self.backoff.is_empty() {
             if self.max_deliver > 0 && self.max_deliver <= self.backoff.len() as i64 {
-                return Err(bad(
-                    10116,
-                    "max deliver is required to be > length of backoff values",
-                ));
+                return Err(ErrorKind::ConsumerBackoffMaxDeliver.err());
             }
             // The reference stores the first backoff value as ack_wait.
             self.ack_wait = self.backoff[0];
@@ -379,65 +352,49 @@ impl ConsumerConfig {
         if self.is_push() {
             let ds = self.deliver_subject.as_deref().unwrap_or_default();
             if !keel_protocol::subject::valid_publish(ds.as_bytes()) {
-                return Err(bad(10079, "consumer deliver subject has wildcards"));
+                return Err(ErrorKind::ConsumerDeliverSubjectWildcards.err());
             }
             if self.max_waiting != 0 {
-                return Err(bad(10080, "consumer in push mode can not set max waiting"));
+                return Err(ErrorKind::ConsumerPushMaxWaiting.err());
             }
             if self.flow_control && self.idle_heartbeat <= 0 {
-                return Err(bad(
-                    10108,
-                    "consumer with flow control also needs heartbeats",
-                ));
+                return Err(ErrorKind::ConsumerFlowControlHeartbeat.err());
             }
             if self.max_batch != 0 || self.max_expires != 0 || self.max_bytes != 0 {
-                return Err(ApiError::invalid_config(
+                return Err(ErrorKind::InvalidConfig.with(
                     "consumer in push mode can not set max batch, max expires or max bytes",
                 ));
             }
         } else {
             self.deliver_subject = None;
             if self.deliver_group.is_some() {
-                return Err(ApiError::invalid_config(
-                    "consumer in pull mode can not have a deliver group",
-                ));
+                return Err(ErrorKind::InvalidConfig
+                    .with("consumer in pull mode can not have a deliver group"));
             }
             if self.flow_control {
-                return Err(bad(
-                    10089,
-                    "consumer flow control requires a push based consumer",
-                ));
+                return Err(ErrorKind::ConsumerFlowControlPull.err());
             }
             if self.rate_limit_bps != 0 {
-                return Err(bad(
-                    10086,
-                    "consumer in pull mode can not have rate limit set",
-                ));
+                return Err(ErrorKind::ConsumerPullRateLimit.err());
             }
             if self.max_waiting < 0 {
-                return Err(bad(10087, "consumer max waiting needs to be positive"));
+                return Err(ErrorKind::ConsumerMaxWaitingNegative.err());
             }
             if self.max_waiting == 0 {
                 self.max_waiting = DEFAULT_MAX_WAITING;
             }
             if self.max_batch < 0 {
-                return Err(bad(10114, "consumer max request batch needs to be > 0"));
+                return Err(ErrorKind::ConsumerMaxRequestBatch.err());
             }
             if self.max_expires != 0 && self.max_expires < 1_000_000 {
-                return Err(bad(
-                    10115,
-                    "consumer max request expires needs to be >= 1ms",
-                ));
+                return Err(ErrorKind::ConsumerMaxRequestExpires.err());
             }
         }
         if !self.is_push() && self.idle_heartbeat != 0 {
-            return Err(bad(
-                10088,
-                "consumer idle heartbeat requires a push based consumer",
-            ));
+            return Err(ErrorKind::ConsumerHeartbeatPull.err());
         }
         if self.idle_heartbeat != 0 && self.idle_heartbeat < 100_000_000 {
-            return Err(bad(10083, "consumer idle heartbeat needs to be >= 100ms"));
+            return Err(ErrorKind::ConsumerHeartbeatTooShort.err());
         }
         if self.ack_policy == AckPolicy::None {
             if self.max_ack_pending > 0 {
@@ -452,62 +409,41 @@ impl ConsumerConfig {
         }
         match self.deliver_policy {
             DeliverPolicy::ByStartSequence if self.opt_start_seq.unwrap_or(0) == 0 => {
-                return Err(bad(
-                    10094,
-                    "consumer delivery policy is deliver by start sequence, but optional start sequence is not set",
-                ));
+                return Err(ErrorKind::ConsumerInvalidPolicy.with("consumer delivery policy is deliver by start sequence, but optional start sequence is not set"));
             }
             DeliverPolicy::LastPerSubject if self.filters().is_empty() => {
-                return Err(bad(
-                    10094,
-                    "consumer delivery policy is deliver last per subject, but optional filter subject is not set",
-                ));
+                return Err(ErrorKind::ConsumerInvalidPolicy.with("consumer delivery policy is deliver last per subject, but optional filter subject is not set"));
             }
             DeliverPolicy::ByStartTime => match &self.opt_start_time {
                 Some(t) if parse_rfc3339(t).is_some() => {}
                 _ => {
-                    return Err(bad(
-                        10094,
-                        "consumer delivery policy is deliver by start time, but optional start time is not set",
-                    ))
+                    return Err(ErrorKind::ConsumerInvalidPolicy.with("consumer delivery policy is deliver by start time, but optional start time is not set"))
                 }
             },
             p if p != DeliverPolicy::ByStartSequence && self.opt_start_seq.unwrap_or(0) > 0 => {
-                return Err(bad(
-                    10094,
-                    &format!(
+                return Err(ErrorKind::ConsumerInvalidPolicy.with(format!(
                         "consumer delivery policy is deliver {}, but optional start sequence is also set",
                         policy_name(p)
-                    ),
-                ));
+                    )));
             }
             p if p != DeliverPolicy::ByStartTime && self.opt_start_time.is_some() => {
-                return Err(bad(
-                    10094,
-                    &format!(
+                return Err(ErrorKind::ConsumerInvalidPolicy.with(format!(
                         "consumer delivery policy is deliver {}, but optional start time is also set",
                         policy_name(p)
-                    ),
-                ));
+                    )));
             }
             _ => {}
         }
         if retention == Retention::Workqueue {
             if self.ack_policy != AckPolicy::Explicit {
                 return Err(if self.is_push() {
-                    bad(10098, "workqueue stream requires explicit ack")
+                    ErrorKind::WorkqueueExplicitAck.err()
                 } else {
-                    bad(
-                        10084,
-                        "consumer in pull mode requires explicit ack policy on workqueue stream",
-                    )
+                    ErrorKind::ConsumerPullWorkqueueAck.err()
                 });
             }
             if self.deliver_policy != DeliverPolicy::All {
-                return Err(bad(
-                    10101,
-                    "consumer must be deliver all on workqueue stream",
-                ));
+                return Err(ErrorKind::WorkqueueDeliverAll.err());
             }
         }
         let durable = self.durable_name.is_some();
@@ -518,10 +454,10 @@ impl ConsumerConfig {
             self.metadata.remove(k);
         }
         if self.num_replicas > 1 {
-            return Err(ApiError::replicas_not_supported());
+            return Err(ErrorKind::ReplicasNotSupported.err());
         }
         if self.num_replicas < 0 {
-            return Err(bad(10133, "replicas count cannot be negative"));
+            return Err(ErrorKind::ReplicasNegative.err());
         }
         // 0 and 1 are echoed as given, as the reference does.
         if let Some(p) = &self.pause_until {
@@ -535,42 +471,26 @@ impl ConsumerConfig {
         }
         match &self.priority_policy {
             PriorityPolicy::Unknown(p) => {
-                return Err(ApiError::new(
-                    400,
-                    10025,
-                    format!("invalid JSON: unknown priority policy: {p:?}"),
-                ))
+                return Err(ErrorKind::InvalidJson.with(format!("unknown priority policy: {p:?}")))
             }
             PriorityPolicy::None => {
                 if !self.priority_groups.is_empty() {
-                    return Err(bad(
-                        10196,
-                        "consumer can not have priority groups when policy is none",
-                    ));
+                    return Err(ErrorKind::ConsumerGroupsWithoutPolicy.err());
                 }
                 if self.priority_timeout > 0 {
-                    return Err(bad(
-                        10197,
-                        "PinnedTTL cannot be set when PriorityPolicy is none",
-                    ));
+                    return Err(ErrorKind::ConsumerPinnedTtlWithoutPolicy.err());
                 }
             }
             policy => {
                 if self.is_push() {
-                    return Err(bad(
-                        10178,
-                        "priority groups can not be used with push consumers",
-                    ));
+                    return Err(ErrorKind::ConsumerPushPriorityGroups.err());
                 }
                 if self.priority_groups.is_empty() {
-                    return Err(bad(
-                        10159,
-                        "Setting PriorityPolicy requires at least one PriorityGroup to be set",
-                    ));
+                    return Err(ErrorKind::ConsumerPriorityPolicyWithoutGroup.err());
                 }
                 for g in &self.priority_groups {
                     if g.is_empty() {
-                        return Err(bad(10161, "Group name cannot be an empty string"));
+                        return Err(ErrorKind::ConsumerEmptyGroupName.err());
                     }
                     if !valid_group_name(g) {
                         return Err(invalid_group_name());
@@ -617,13 +537,8 @@ impl ConsumerConfig {
 
     /// What an update may not change (the reference's rules).
     pub fn check_update(&self, new: &ConsumerConfig) -> Result<(), ApiError> {
-        let fail = |what: &str| {
-            Err(ApiError::new(
-                500,
-                10012,
-                format!("{what} can not be updated"),
-            ))
-        };
+        let fail =
+            |what: &str| Err(ErrorKind::ConsumerCreate.with(format!("{what} can not be updated")));
         if self.ack_policy != new.ack_policy {
             return fail("ack policy");
         }
@@ -648,7 +563,7 @@ impl ConsumerConfig {
             } else {
                 "can not update pull consumer to push based"
             };
-            return Err(ApiError::new(500, 10012, text));
+            return Err(ErrorKind::ConsumerCreate.with(text));
         }
         if self.max_waiting != new.max_waiting {
             return fail("max waiting");
@@ -822,7 +737,8 @@ pub struct Consumer {
     pub stream: Arc<Stream>,
     pub created: i64,
     pub durable: bool,
-    state: Mutex<State>,
+    /// Shared with the stream's consumer set (a read-only view for retention).
+    state: Arc<Mutex<State>>,
     handle: Arc<ClientHandle>,
     subs: Mutex<Vec<Arc<Sub>>>,
     /// Set when there is news (stored messages); the task clears it.
@@ -878,11 +794,12 @@ impl Consumer {
         name: String,
         meta: ConsumerMeta,
         dir: Option<PathBuf>,
-    ) -> Arc<Consumer> {
+        requests: tokio::sync::mpsc::Sender<super::registry::Request>,
+    ) -> (Arc<Consumer>, tokio::task::JoinHandle<()>) {
         let config = meta.config;
         let durable = config.durable_name.is_some();
         let saved = dir.as_deref().map_or(Loaded::Fresh, |d| {
-            load_state(d, &stream.name, &name, &server.log)
+            load_state(&stream.meta, d, &stream.name, &name, &server.log)
         });
         let now = Instant::now();
         let mut st = State {
@@ -942,7 +859,7 @@ impl Consumer {
             Loaded::Untrusted => st.safe_position(stream, meta.created),
         }
         if st.config.replay_policy == ReplayPolicy::Original {
-            st.replay_until = stream.lock().store.state().last_seq;
+            st.replay_until = stream.committed_seq();
         }
         let (handle, rx) = ClientHandle::internal(
             server,
@@ -955,7 +872,7 @@ impl Consumer {
             stream: stream.clone(),
             created: meta.created,
             durable,
-            state: Mutex::new(st),
+            state: Arc::new(Mutex::new(st)),
             handle,
             subs: Mutex::new(Vec::new()),
             kick: AtomicBool::new(true),
@@ -986,10 +903,15 @@ impl Consumer {
             c.handle.account().sublist.insert(sub.clone());
             c.subs.lock().unwrap_or_else(|e| e.into_inner()).push(sub);
         }
-        server.spawn(run(c.clone(), server.clone(), rx));
+        let task = server.spawn(run(c.clone(), server.clone(), rx, requests));
         // `kick` starts set, so no notify() would wake the task: deliver what is stored now.
         c.wake.notify_one();
-        c
+        (c, task)
+    }
+
+    /// The read-only view of this consumer's state its stream keeps (for retention).
+    pub fn view(&self) -> super::registry::ConsumerView {
+        super::registry::ConsumerView::new(self.name.clone(), self.state.clone())
     }
 
     /// Replaces the config (an update or a pause) and what is derived from it.
@@ -1066,21 +988,11 @@ impl Consumer {
             config: self.config(),
             created: self.created,
         };
-        super::files::write(
+        self.stream.meta.write(
             &dir.join("meta.json"),
             &serde_json::to_vec_pretty(&meta)?,
             true,
         )
-    }
-
-    /// Has the consumer finished with `seq` (acked, or past it and not pending)?
-    pub fn is_done_with(&self, seq: u64, subject: &[u8]) -> bool {
-        let st = self.lock();
-        if !st.matches(subject) {
-            return true;
-        }
-        seq <= st.ack_floor.stream_seq
-            || (seq < st.next_seq && !st.pending.contains_key(&seq) && !st.rdq.contains(&seq))
     }
 
     /// Consumer info fields (without `type`). (Interest is looked up in the consumer's own
@@ -1188,7 +1100,11 @@ impl Consumer {
             redelivered: st.redelivered.iter().map(|(s, n)| (*s, *n)).collect(),
         };
         let bytes = serde_json::to_vec(&saved).expect("state serializes");
-        if let Err(e) = super::files::write(&dir.join("state.json"), &bytes, sync) {
+        if let Err(e) = self
+            .stream
+            .meta
+            .write(&dir.join("state.json"), &bytes, sync)
+        {
             crate::error!(
                 self.handle.log(),
                 "Consumer {} > {}: could not save state: {e}",
@@ -1203,7 +1119,17 @@ impl Consumer {
 }
 
 impl State {
-    fn matches(&self, subject: &[u8]) -> bool {
+    /// Has the consumer finished with `seq` (acked, or past it and not pending)? True when
+    /// it does not want the subject.
+    pub fn is_done_with(&self, seq: u64, subject: &[u8]) -> bool {
+        if !self.matches(subject) {
+            return true;
+        }
+        seq <= self.ack_floor.stream_seq
+            || (seq < self.next_seq && !self.pending.contains_key(&seq) && !self.rdq.contains(&seq))
+    }
+
+    pub fn matches(&self, subject: &[u8]) -> bool {
         let filters = self.config.filters();
         filters.is_empty()
             || filters
@@ -1213,8 +1139,8 @@ impl State {
 
     /// Where a new consumer starts, by deliver policy.
     fn init_position(&mut self, stream: &Stream) {
-        let inner = stream.lock();
-        let state = inner.store.state();
+        let store = stream.read();
+        let state = store.state();
         let filters = self.config.filters();
         let last_matching = || -> u64 {
             if filters.is_empty() {
@@ -1222,7 +1148,7 @@ impl State {
             }
             filters
                 .iter()
-                .filter_map(|f| inner.store.load_last(f).ok().map(|m| m.seq))
+                .filter_map(|f| store.load_last(f).ok().map(|m| m.seq))
                 .max()
                 .unwrap_or(0)
         };
@@ -1247,7 +1173,7 @@ impl State {
                     .unwrap_or(0);
                 let mut seq = state.first_seq.max(1);
                 loop {
-                    match inner.store.load_next(seq, ">") {
+                    match store.load_next(seq, ">") {
                         Ok(m) if m.ts >= t => break m.seq,
                         Ok(m) => seq = m.seq + 1,
                         Err(_) => break state.last_seq + 1,
@@ -1262,8 +1188,8 @@ impl State {
                 };
                 let mut seqs: Vec<u64> = vec![];
                 for p in &pats {
-                    for subj in inner.store.subjects(p).keys() {
-                        if let Ok(m) = inner.store.load_last(subj) {
+                    for subj in store.subjects(p).keys() {
+                        if let Ok(m) = store.load_last(subj) {
                             seqs.push(m.seq);
                         }
                     }
@@ -1313,11 +1239,11 @@ impl State {
                 self.init_position(stream)
             }
             DeliverPolicy::New => {
-                let inner = stream.lock();
-                let state = inner.store.state();
+                let store = stream.read();
+                let state = store.state();
                 let mut seq = state.first_seq.max(1);
                 self.next_seq = loop {
-                    match inner.store.load_next(seq, ">") {
+                    match store.load_next(seq, ">") {
                         Ok(m) if m.ts >= created => break m.seq,
                         Ok(m) => seq = m.seq + 1,
                         Err(_) => break state.last_seq + 1,
@@ -1336,25 +1262,30 @@ impl State {
     }
 
     fn num_pending(&self, stream: &Stream) -> u64 {
-        let inner = stream.lock();
+        let store = stream.read();
         let filters = self.config.filters();
         let n = if filters.is_empty() {
-            inner.store.num_pending(self.next_seq, ">", false)
+            store.num_pending(self.next_seq, ">", false)
         } else {
             filters
                 .iter()
-                .map(|f| inner.store.num_pending(self.next_seq, f, false))
+                .map(|f| store.num_pending(self.next_seq, f, false))
                 .sum()
         };
         n + self.lps.len() as u64
     }
 
-    /// The next message for a first delivery, if any.
+    /// The next message for a first delivery, if any: only committed ones (up to the
+    /// stream's watermark), so nothing is delivered before it is durable.
     fn next_new(&mut self, stream: &Stream) -> Option<StoredMsg> {
-        let inner = stream.lock();
+        let committed = stream.committed_seq();
+        let store = stream.read();
         while let Some(seq) = self.lps.front().copied() {
+            if seq > committed {
+                return None;
+            }
             self.lps.pop_front();
-            if let Ok(m) = inner.store.load(seq) {
+            if let Ok(m) = store.load(seq) {
                 self.from_lps = true;
                 return Some(m);
             }
@@ -1362,13 +1293,14 @@ impl State {
         self.from_lps = false;
         let filters = self.config.filters();
         let found = if filters.is_empty() {
-            inner.store.load_next(self.next_seq, ">").ok()
+            store.load_next(self.next_seq, ">").ok()
         } else {
             filters
                 .iter()
-                .filter_map(|f| inner.store.load_next(self.next_seq, f).ok())
+                .filter_map(|f| store.load_next(self.next_seq, f).ok())
                 .min_by_key(|m| m.seq)
-        };
+        }
+        .filter(|m| m.seq <= committed);
         if let Some(m) = &found {
             self.next_seq = m.seq + 1;
         }
@@ -1581,9 +1513,18 @@ fn new_pin_id() -> String {
 const INBOUND_BATCH_MSGS: usize = 1024;
 const INBOUND_BATCH_BYTES: usize = 256 * 1024;
 
-async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Receiver) {
+async fn run(
+    c: Arc<Consumer>,
+    server: Arc<Server>,
+    mut rx: crate::inqueue::Receiver,
+    requests: tokio::sync::mpsc::Sender<super::registry::Request>,
+) {
     let mut router = Router::new(c.handle.account().clone(), c.created as u64);
     let mut closed = c.handle.closed_rx();
+    // The stream's committed watermark: new messages to deliver (nothing past it is).
+    let mut committed = c.stream.committed_watch();
+    // For retention removals: the stream's actor waits for this sender to go at shutdown.
+    let commands = c.stream.commands();
     let mut batch = vec![];
     loop {
         let (deadline, unbound) = {
@@ -1605,6 +1546,9 @@ async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Rece
                 break;
             },
             _ = c.wake.notified() => {}
+            r = committed.changed() => if r.is_err() {
+                break;
+            },
             _ = sleep => {}
             _ = crate::client::until_true(&mut closed) => break,
         }
@@ -1655,7 +1599,8 @@ async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Rece
             );
         }
         if !done.is_empty() {
-            retention_check(&c, &server, &done);
+            // No lock is held here: the consumer may wait for room on its stream's queue.
+            retention_check(&c, &commands, std::mem::take(&mut done)).await;
         }
         let events = std::mem::take(&mut c.lock().events);
         super::advisory::consumer_events(&server, &mut router, &c.stream.name, &c.name, events);
@@ -1667,11 +1612,17 @@ async fn run(c: Arc<Consumer>, server: Arc<Server>, mut rx: crate::inqueue::Rece
                 c.stream.name,
                 c.name
             );
-            if let Some(js) = server.jetstream.get() {
-                js.remove_consumer(&server, &c.stream, &c.name, &mut router);
+            // The registry removes it (the consumer never deletes itself); if its queue is
+            // full, the next round asks again.
+            let asked = requests.try_send(super::registry::Request::DeleteConsumer {
+                account: c.handle.account().name.clone(),
+                stream: c.stream.name.clone(),
+                name: c.name.clone(),
+                created: c.created,
+            });
+            if asked.is_ok() {
+                break;
             }
-            router.flush();
-            break;
         }
     }
 }
@@ -1738,21 +1689,13 @@ fn reset_request(
     let result = if body.iter().all(|b| b.is_ascii_whitespace()) {
         Ok(ResetRequest::default())
     } else {
-        serde_json::from_slice::<ResetRequest>(body).map_err(|e| {
-            ApiError::new(
-                400,
-                10025,
-                format!(
-                    "invalid JSON: {}",
-                    super::api::go_json_error(body, &e, false)
-                ),
-            )
-        })
+        serde_json::from_slice::<ResetRequest>(body)
+            .map_err(|e| ErrorKind::InvalidJson.with(super::api::go_json_error(body, &e, false)))
     }
     .and_then(|req| {
         let mut st = c.lock();
         st.reset(req.seq, &c.stream)
-            .map_err(|e| ApiError::new(400, 10204, format!("invalid reset: {e}")))
+            .map_err(|e| ErrorKind::ConsumerInvalidReset.with(e))
     });
     let out = match result {
         Ok((seq, skipped)) => {
@@ -1802,11 +1745,11 @@ impl State {
                         .as_deref()
                         .and_then(parse_rfc3339)
                         .unwrap_or(0);
-                    let inner = stream.lock();
-                    let state = inner.store.state();
+                    let store = stream.read();
+                    let state = store.state();
                     let mut s = state.first_seq.max(1);
                     let first = loop {
-                        match inner.store.load_next(s, ">") {
+                        match store.load_next(s, ">") {
                             Ok(m) if m.ts >= t => break m.seq,
                             Ok(m) => s = m.seq + 1,
                             Err(_) => break state.last_seq + 1,
@@ -1823,10 +1766,10 @@ impl State {
         .max(1);
         let old_floor = self.ack_floor.stream_seq;
         let skipped: Vec<u64> = if seq > old_floor + 1 {
-            let inner = stream.lock();
+            let store = stream.read();
             let mut v = vec![];
             let mut s = old_floor + 1;
-            while let Ok(m) = inner.store.load_next(s, ">") {
+            while let Ok(m) = store.load_next(s, ">") {
                 if m.seq >= seq {
                     break;
                 }
@@ -2403,7 +2346,7 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
                 st.update_floor();
                 continue;
             }
-            let loaded = c.stream.lock().store.load(seq);
+            let loaded = c.stream.read().load(seq);
             match loaded {
                 Ok(m) => (m, dc),
                 Err(_) => {
@@ -2656,28 +2599,20 @@ fn delivery_body(msg: &StoredMsg, headers_only: bool, pin: Option<&str>) -> (Opt
     (Some(hdr_len), Bytes::from(h))
 }
 
-/// Interest and work-queue streams drop a message once every interested consumer is done.
-fn retention_check(c: &Arc<Consumer>, server: &Server, done: &[u64]) {
-    let retention = c.stream.retention();
-    if retention == Retention::Limits {
+/// Interest and work-queue streams drop a message once every interested consumer is done:
+/// the stream's actor decides (with every consumer's view) and removes.
+async fn retention_check(
+    c: &Arc<Consumer>,
+    commands: &Option<tokio::sync::mpsc::Sender<super::stream::Command>>,
+    done: Vec<u64>,
+) {
+    if c.stream.retention() == Retention::Limits {
         return;
     }
-    let Some(js) = server.jetstream.get() else {
-        return;
-    };
-    let consumers = js.consumers_of(&c.stream.name);
-    for &seq in done {
-        let subject = match c.stream.lock().store.load(seq) {
-            Ok(m) => m.subject,
-            Err(_) => continue,
-        };
-        let all_done = retention == Retention::Workqueue
-            || consumers.iter().all(|o| o.is_done_with(seq, &subject));
-        if all_done {
-            let mut inner = c.stream.lock();
-            let _ = inner.store.remove(seq, false);
-            c.stream.refresh_bytes(&inner);
-        }
+    if let Some(tx) = commands {
+        let _ = tx
+            .send(super::stream::Command::Retention { seqs: done })
+            .await;
     }
 }
 
@@ -2714,9 +2649,15 @@ enum Loaded {
     Untrusted,
 }
 
-fn load_state(dir: &Path, stream: &str, name: &str, log: &crate::log::Log) -> Loaded {
+fn load_state(
+    meta: &keel_store::MetaFiles,
+    dir: &Path,
+    stream: &str,
+    name: &str,
+    log: &crate::log::Log,
+) -> Loaded {
     let what = format!("Consumer {stream} > {name}: state");
-    let why = match super::files::read(&dir.join("state.json"), &what, log) {
+    let why = match super::files::read(meta, &dir.join("state.json"), &what, log) {
         Ok(None) => return Loaded::Fresh,
         Ok(Some(b)) => match serde_json::from_slice::<SavedState>(&b) {
             Ok(s) if s.consistent() => return Loaded::Saved(s),
@@ -2740,8 +2681,12 @@ impl SavedState {
     }
 }
 
-pub fn read_meta(dir: &Path, log: &crate::log::Log) -> Result<ConsumerMeta, String> {
-    let b = super::files::read(&dir.join("meta.json"), "Consumer config", log)?
+pub fn read_meta(
+    meta: &keel_store::MetaFiles,
+    dir: &Path,
+    log: &crate::log::Log,
+) -> Result<ConsumerMeta, String> {
+    let b = super::files::read(meta, &dir.join("meta.json"), "Consumer config", log)?
         .ok_or("no consumer config (meta.json)")?;
     serde_json::from_slice(&b).map_err(|e| e.to_string())
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use keel_protocol::headers;
 
-use super::api::ApiError;
+use super::api::{ApiError, ErrorKind};
 
 pub const INCR: &str = "Nats-Incr";
 pub const SOURCES: &str = "Nats-Counter-Sources";
@@ -137,19 +137,19 @@ impl std::fmt::Display for Big {
 }
 
 pub fn disabled() -> ApiError {
-    ApiError::new(400, 10168, "message counters is disabled")
+    ErrorKind::MsgCounterDisabled.err()
 }
 pub fn missing() -> ApiError {
-    ApiError::new(400, 10169, "message counter increment is missing")
+    ErrorKind::MsgCounterMissing.err()
 }
 pub fn has_payload() -> ApiError {
-    ApiError::new(400, 10170, "message counter has payload")
+    ErrorKind::MsgCounterPayload.err()
 }
 pub fn invalid() -> ApiError {
-    ApiError::new(400, 10171, "message counter increment is invalid")
+    ErrorKind::MsgCounterInvalid.err()
 }
 pub fn broken() -> ApiError {
-    ApiError::new(400, 10172, "message counter is broken")
+    ErrorKind::MsgCounterBroken.err()
 }
 
 /// The `Nats-Incr` of a message: None when absent or empty, Err when not a number.

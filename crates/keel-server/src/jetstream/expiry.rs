@@ -8,18 +8,19 @@
 //! other, and expiring in turn without a marker of its own. This is the reference's
 //! behaviour, headers and reason included (it says `MaxAge` for TTL expiry too).
 //!
-//! The decision (which messages expire, which become markers) and the writes happen under
-//! the stream lock in one pass; markers are synced before consumers see them or anything is
-//! republished.
-
-use std::sync::Arc;
+//! The stream's actor decides, as leader, at its own clock: which messages expire and which
+//! become markers. The decisions are entries (`ExpireUpTo` with the leader's time, `Remove`,
+//! a marker's `Msg`), so a replica applying them never reads its own clock; markers are
+//! committed before consumers see them or anything is republished.
 
 use bytes::Bytes;
 use keel_protocol::headers;
+use keel_store::Store;
 
-use super::stream::{parse_ttl, Intake, StorageType, Stream, StreamInner};
-use crate::router::Router;
-use crate::server::Server;
+use super::stream::actor::Core;
+use super::stream::entry::StreamEntry;
+use super::stream::parse_ttl;
+use super::stream::replicator::Replicator;
 use crate::time::go_duration;
 
 /// `hdr` with every `Nats-TTL` replaced by one `Nats-TTL: <secs>` at the end (the
@@ -66,51 +67,39 @@ fn never_expires(hdr: &[u8]) -> bool {
         .is_some_and(|t| t < 0)
 }
 
-impl Stream {
-    /// One maintenance pass at `now` (ns).
-    pub fn run_expiry(&self, server: &Arc<Server>, router: &mut Router, now: i64) {
-        let marked = {
-            let mut inner = self.lock();
-            let marked = expire(&server.log, &mut inner, now);
-            if marked && self.storage == StorageType::File {
-                if let Err(e) = inner.store.sync() {
-                    crate::error!(server.log, "Stream {}: storage sync failed: {e}", self.name);
-                }
-            }
-            self.refresh_bytes(&inner);
-            marked
-        };
-        if marked {
-            self.after_commit(server, router);
-            for c in self.consumer_list() {
-                c.notify();
-            }
-        }
-    }
-}
-
-/// Expires what is due; returns whether delete markers were written.
-fn expire(log: &crate::log::Log, inner: &mut StreamInner, now: i64) -> bool {
-    let sdm = inner.config.subject_delete_marker_ttl;
-    let max_age = inner.config.max_age;
+/// Decides what has expired at the leader's time `now` and proposes it: max_age as one
+/// `ExpireUpTo { ts: now }` (the store skips `Nats-TTL: never`), due TTLs as `Remove`; with
+/// delete markers, per expiring message whether a marker replaces it (only the last of its
+/// subject gets one). Returns whether markers were stored (they are committed before anyone
+/// sees them).
+pub(crate) fn expire<R: Replicator>(core: &mut Core<R>, store: &mut dyn Store, now: i64) -> bool {
+    let sdm = core.cfg.subject_delete_marker_ttl;
+    let max_age = core.cfg.max_age;
     if sdm <= 0 {
         if max_age > 0 {
-            if let Err(e) = inner.store.expire(now) {
-                crate::error!(log, "Stream {}: expiry failed: {e}", inner.config.name);
-            }
+            core.propose_own(store, StreamEntry::ExpireUpTo { ts: now });
         }
-        if inner.has_ttls() {
-            inner.expire_ttls(now);
+        if core.leader.has_ttls() {
+            let due = core.leader.take_expired_ttls(now);
+            if !due.is_empty() {
+                core.propose_own(
+                    store,
+                    StreamEntry::Remove {
+                        seqs: due,
+                        erase: false,
+                    },
+                );
+            }
         }
         return false;
     }
     // Markers: collect what is due, in sequence order, then decide one by one so that of
     // several expiring messages of a subject only the last leaves a marker.
-    let mut due = inner.take_expired_ttls(now);
+    let mut due = core.leader.take_expired_ttls(now);
     if max_age > 0 {
         let cutoff = now - max_age;
-        let mut seq = inner.store.state().first_seq.max(1);
-        while let Ok(m) = inner.store.load_next(seq, ">") {
+        let mut seq = store.state().first_seq.max(1);
+        while let Ok(m) = store.load_next(seq, ">") {
             if m.ts > cutoff {
                 break;
             }
@@ -124,27 +113,31 @@ fn expire(log: &crate::log::Log, inner: &mut StreamInner, now: i64) -> bool {
     due.dedup();
     let mut marked = false;
     for seq in due {
-        let Ok(m) = inner.store.load(seq) else {
+        let Ok(m) = store.load(seq) else {
             continue;
         };
         let subject = String::from_utf8_lossy(&m.subject).into_owned();
-        let last = inner.store.subjects(&subject).get(&subject).copied() == Some(1);
-        if last && !is_marker(&m.hdr) {
-            let hdr = marker_headers(sdm);
-            let subj = Bytes::copy_from_slice(&m.subject);
-            // The marker's rollup removes the expired message.
-            if inner
-                .process_parts(&subj, &hdr, b"", Intake::Publish)
-                .stored()
-            {
-                marked = true;
-                if inner.store.load(seq).is_ok() {
-                    let _ = inner.store.remove(seq, false);
-                }
-                continue;
+        let last = store.subjects(&subject).get(&subject).copied() == Some(1);
+        let remove = StreamEntry::Remove {
+            seqs: vec![seq],
+            erase: false,
+        };
+        // The marker's rollup removes the expired message.
+        if last
+            && !is_marker(&m.hdr)
+            && core.publish_marker(
+                store,
+                Bytes::copy_from_slice(&m.subject),
+                marker_headers(sdm),
+            )
+        {
+            marked = true;
+            if store.load(seq).is_ok() {
+                core.propose_own(store, remove);
             }
+            continue;
         }
-        let _ = inner.store.remove(seq, false);
+        core.propose_own(store, remove);
     }
     marked
 }

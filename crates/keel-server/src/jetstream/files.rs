@@ -5,26 +5,20 @@
 //! stream and sequence range.
 
 use std::path::Path;
-use std::sync::OnceLock;
 
 use crate::log::Log;
 use keel_store::{MetaFiles, MetaRead, RecoveryReport, State, StoreEvent};
 
-/// One instance for the process: it remembers which files it made durable.
-pub fn meta() -> &'static MetaFiles {
-    static META: OnceLock<MetaFiles> = OnceLock::new();
-    META.get_or_init(MetaFiles::new)
-}
-
-/// Replaces `path` with `body` (checksummed, atomically); `durable` fsyncs it.
-pub fn write(path: &Path, body: &[u8], durable: bool) -> std::io::Result<()> {
-    meta().write(path, body, durable)
-}
-
-/// The newest copy of `path` that verifies. `what` names it in log lines. None when there
-/// is no copy at all; Err when copies exist and none verifies.
-pub fn read(path: &Path, what: &str, log: &Log) -> Result<Option<Vec<u8>>, String> {
-    match meta().read(path) {
+/// The newest copy of `path` that verifies, through `meta` (the JetStream instance's
+/// metadata files: each remembers which files it made durable). `what` names it in log
+/// lines. None when there is no copy at all; Err when copies exist and none verifies.
+pub fn read(
+    meta: &MetaFiles,
+    path: &Path,
+    what: &str,
+    log: &Log,
+) -> Result<Option<Vec<u8>>, String> {
+    match meta.read(path) {
         MetaRead::Missing => Ok(None),
         MetaRead::Current(b) => Ok(Some(b)),
         MetaRead::Older { body, damage } => {

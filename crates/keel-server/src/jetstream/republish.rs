@@ -10,7 +10,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::api::ApiError;
+use super::api::{ApiError, ErrorKind};
 use super::stream::{subjects_overlap, StreamConfig};
 use super::transform::Transform;
 use crate::router::{Outgoing, Router};
@@ -49,12 +49,11 @@ pub fn check(cfg: &mut StreamConfig) -> Result<(), ApiError> {
         }
     }
     if subjects.iter().any(|s| subjects_overlap(&rp.dest, s)) {
-        return Err(ApiError::invalid_config(
-            "stream configuration for republish destination forms a cycle",
-        ));
+        return Err(ErrorKind::InvalidConfig
+            .with("stream configuration for republish destination forms a cycle"));
     }
     if Transform::new(&rp.src, &rp.dest).is_err() {
-        return Err(ApiError::invalid_config(format!(
+        return Err(ErrorKind::InvalidConfig.with(format!(
             "stream configuration for republish with transform from '{}' to '{}' not valid",
             rp.src, rp.dest
         )));

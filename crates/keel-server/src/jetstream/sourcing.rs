@@ -4,7 +4,7 @@
 //! takes the origin's lock only to read the next messages past its position (filtered),
 //! releases it, decides what the target stores (the subject transformed, the reference's
 //! `Nats-Stream-Source` header for a source; the origin's sequence and time for a mirror) and
-//! hands the batch to the target's writer through a bounded queue, then waits for the
+//! hands the batch to the target's actor (its only writer) through a bounded queue, then waits for the
 //! commit. No stream lock is ever taken inside another stream's lock; the origin wakes its
 //! readers with a watch of its last committed sequence.
 //!
@@ -25,7 +25,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::api::ApiError;
+use super::api::{ApiError, ErrorKind};
 use super::stream::{null_default, subjects_overlap, valid_name, Stream, StreamConfig};
 use super::transform::{validate_mapping, Transform};
 use super::JetStream;
@@ -146,13 +146,9 @@ impl StreamSource {
 }
 
 fn bad_time(s: &str) -> ApiError {
-    ApiError::new(
-        400,
-        10025,
-        format!(
-            "invalid JSON: parsing time {s:?} as \"2006-01-02T15:04:05Z07:00\": cannot parse {s:?} as \"2006\""
-        ),
-    )
+    ErrorKind::InvalidJson.with(format!(
+        "parsing time {s:?} as \"2006-01-02T15:04:05Z07:00\": cannot parse {s:?} as \"2006\""
+    ))
 }
 
 /// The checks of the reference's stream config validation that need no other stream, in
@@ -167,61 +163,36 @@ pub fn check_config(cfg: &StreamConfig) -> Result<(), ApiError> {
     }
     if let Some(m) = &cfg.mirror {
         if cfg.first_seq > 0 {
-            return Err(ApiError::new(
-                400,
-                10143,
-                "stream mirrors can not have first sequence configured",
-            ));
+            return Err(ErrorKind::MirrorWithFirstSeq.err());
         }
         if !cfg.subjects.is_empty() {
             return Err(mirror_with_subjects());
         }
         if !cfg.sources.is_empty() {
-            return Err(ApiError::new(
-                400,
-                10031,
-                "stream mirrors can not also contain other sources",
-            ));
+            return Err(ErrorKind::MirrorWithSources.err());
         }
         if cfg.allow_msg_counter {
-            return Err(ApiError::new(
-                400,
-                10173,
-                "stream mirrors can not also calculate counters",
-            ));
+            return Err(ErrorKind::MirrorWithCounters.err());
         }
         if m.consumer.as_ref().is_some_and(|c| !c.is_null()) {
             return Err(ApiError::not_supported("durable mirror consumers"));
         }
         if !m.filter_subject.is_empty() && !m.subject_transforms.is_empty() {
-            return Err(ApiError::new(
-                400,
-                10150,
-                "mirror with multiple subject transforms cannot also have a single subject filter",
-            ));
+            return Err(ErrorKind::MirrorTransformsAndFilter.err());
         }
         if cfg.subject_delete_marker_ttl > 0 {
-            return Err(ApiError::invalid_config(
-                "subject delete markers forbidden on mirrors",
-            ));
+            return Err(
+                ErrorKind::InvalidConfig.with("subject delete markers forbidden on mirrors")
+            );
         }
         for (i, t) in m.subject_transforms.iter().enumerate() {
             if !t.src.is_empty() && !valid_subject(&t.src) {
-                return Err(ApiError::new(
-                    400,
-                    10151,
-                    format!("mirror transform source: invalid subject {}", t.src),
-                ));
+                return Err(ErrorKind::MirrorTransformSource.with(&t.src));
             }
-            validate_mapping(&t.src, &t.dest)
-                .map_err(|e| ApiError::new(400, 10154, format!("mirror transform: {e}")))?;
+            validate_mapping(&t.src, &t.dest).map_err(|e| ErrorKind::MirrorTransform.with(e))?;
             for (j, u) in m.subject_transforms.iter().enumerate() {
                 if i != j && subjects_overlap(&t.src, &u.src) {
-                    return Err(ApiError::new(
-                        400,
-                        10152,
-                        "mirror subject filters can not overlap",
-                    ));
+                    return Err(ErrorKind::MirrorFiltersOverlap.err());
                 }
             }
         }
@@ -229,43 +200,30 @@ pub fn check_config(cfg: &StreamConfig) -> Result<(), ApiError> {
             return Err(external_not_supported());
         }
         if !valid_name(&m.name) {
-            return Err(ApiError::new(400, 10142, "mirrored stream name is invalid"));
+            return Err(ErrorKind::MirrorNameInvalid.err());
         }
     }
     let mut inames = std::collections::HashSet::new();
     for s in &cfg.sources {
         if !valid_name(&s.name) {
-            return Err(ApiError::new(400, 10141, "sourced stream name is invalid"));
+            return Err(ErrorKind::SourceNameInvalid.err());
         }
         if !inames.insert(s.iname()) {
-            return Err(ApiError::new(
-                400,
-                10140,
-                "duplicate source configuration detected",
-            ));
+            return Err(ErrorKind::DuplicateSource.err());
         }
         if !s.filter_subject.is_empty() && !s.subject_transforms.is_empty() {
-            return Err(ApiError::new(
-                400,
-                10144,
-                "source with multiple subject transforms cannot also have a single subject filter",
-            ));
+            return Err(ErrorKind::SourceTransformsAndFilter.err());
         }
         for t in &s.subject_transforms {
             if !t.src.is_empty() && !valid_subject(&t.src) {
-                return Err(ApiError::new(
-                    400,
-                    10145,
-                    format!("source transform source: invalid subject {}", t.src),
-                ));
+                return Err(ErrorKind::SourceTransformSource.with(&t.src));
             }
-            validate_mapping(&t.src, &t.dest)
-                .map_err(|e| ApiError::new(400, 10146, format!("source transform: {e}")))?;
+            validate_mapping(&t.src, &t.dest).map_err(|e| ErrorKind::SourceTransform.with(e))?;
         }
         for (i, t) in s.subject_transforms.iter().enumerate() {
             for (j, u) in s.subject_transforms.iter().enumerate() {
                 if i != j && subset_match(&t.src, &u.src) {
-                    return Err(ApiError::new(400, 10147, "source filters can not overlap"));
+                    return Err(ErrorKind::SourceFiltersOverlap.err());
                 }
             }
         }
@@ -284,7 +242,7 @@ fn external_not_supported() -> ApiError {
 }
 
 pub fn mirror_with_subjects() -> ApiError {
-    ApiError::new(400, 10034, "stream mirrors can not contain subjects")
+    ErrorKind::MirrorWithSubjects.err()
 }
 
 fn valid_subject(s: &str) -> bool {
@@ -325,11 +283,7 @@ pub fn check_with_streams(js: &JetStream, cfg: &mut StreamConfig) -> Result<(), 
         if let Some(o) = js.stream(&m.name) {
             let oc = o.config();
             if cfg.max_msg_size > 0 && oc.max_msg_size > 0 && cfg.max_msg_size < oc.max_msg_size {
-                return Err(ApiError::new(
-                    400,
-                    10030,
-                    "stream mirror must have max message size >= source",
-                ));
+                return Err(ErrorKind::MirrorMaxMessageSize.err());
             }
             cfg.mirror_direct = oc.allow_direct;
         }
@@ -338,16 +292,12 @@ pub fn check_with_streams(js: &JetStream, cfg: &mut StreamConfig) -> Result<(), 
         if let Some(o) = js.stream(&s.name) {
             let oc = o.config();
             if cfg.max_msg_size > 0 && oc.max_msg_size > 0 && cfg.max_msg_size < oc.max_msg_size {
-                return Err(ApiError::new(
-                    400,
-                    10046,
-                    "stream source must have max message size >= target",
-                ));
+                return Err(ErrorKind::SourceMaxMessageSize.err());
             }
         }
     }
     // Cycles: walk what this stream sources (and mirrors) through the existing streams.
-    let cycle = || ApiError::invalid_config("detected cycle");
+    let cycle = || ErrorKind::InvalidConfig.with("detected cycle");
     let mut visited = std::collections::HashSet::new();
     let mut queue = vec![cfg.clone()];
     while let Some(c) = (!queue.is_empty()).then(|| queue.remove(0)) {
@@ -382,13 +332,13 @@ fn lookup(js: &JetStream, cfg: &StreamConfig, name: &str) -> Option<StreamConfig
     if name == cfg.name {
         return Some(cfg.clone());
     }
-    js.stream(name).map(|s| s.config())
+    js.stream(name).map(|s| (*s.config()).clone())
 }
 
 /// Creation-time filter checks (the reference makes them when it adds the stream, with its
 /// stream-create error 10049).
 pub fn check_filters(cfg: &StreamConfig) -> Result<(), ApiError> {
-    let create_err = |t: String| ApiError::new(500, 10049, t);
+    let create_err = |t: String| ErrorKind::StreamCreate.with(t);
     if let Some(m) = &cfg.mirror {
         if m.subject_transforms.is_empty()
             && !m.filter_subject.is_empty()
@@ -486,6 +436,9 @@ pub struct Sourcing {
     mirror: Option<Arc<SourceState>>,
     sources: Vec<Arc<SourceState>>,
     stop: tokio::sync::watch::Sender<bool>,
+    /// The tasks wait for this before their first read (a new stream's create response
+    /// shows its sources before they first contact their origin, as the reference's).
+    go: tokio::sync::watch::Sender<bool>,
 }
 
 impl Sourcing {
@@ -513,6 +466,11 @@ impl Sourcing {
 
     pub fn stop(&self) {
         let _ = self.stop.send(true);
+    }
+
+    /// Lets the tasks start reading their origins.
+    pub fn go(&self) {
+        let _ = self.go.send(true);
     }
 }
 
@@ -579,11 +537,13 @@ pub fn start(
     cfg: &StreamConfig,
     gen: u64,
     previous: &Positions,
+    tx: &tokio::sync::mpsc::Sender<SourcedBatch>,
 ) -> Option<(Sourcing, HashMap<String, String>)> {
     if cfg.mirror.is_none() && cfg.sources.is_empty() {
         return None;
     }
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let (go, go_rx) = tokio::sync::watch::channel(false);
     let mirror = cfg.mirror.clone().map(|m| Arc::new(SourceState::new(m)));
     let sources: Vec<Arc<SourceState>> = cfg
         .sources
@@ -595,7 +555,7 @@ pub fn start(
     // back from the end of the target), the saved position, the previous generation's; the
     // furthest of those that name the same origin identity.
     let found = scan_positions(target, &sources);
-    let saved: Positions = load_positions(&target.dir, target.handle_log())
+    let saved: Positions = load_positions(&target.meta, &target.dir, target.handle_log())
         .into_iter()
         .map(|(k, p)| (k, (p.seq, p.ident)))
         .collect();
@@ -632,7 +592,8 @@ pub fn start(
                 true,
                 None,
                 gen,
-                stop_rx.clone(),
+                (stop_rx.clone(), go_rx.clone()),
+                tx.clone(),
             ),
         );
     }
@@ -646,7 +607,8 @@ pub fn start(
                 false,
                 idents.get(&s.iname).cloned(),
                 gen,
-                stop_rx.clone(),
+                (stop_rx.clone(), go_rx.clone()),
+                tx.clone(),
             ),
         );
     }
@@ -655,6 +617,7 @@ pub fn start(
             mirror,
             sources,
             stop,
+            go,
         },
         idents,
     ))
@@ -680,12 +643,12 @@ fn scan_positions(target: &Stream, sources: &[Arc<SourceState>]) -> HashMap<Stri
     if sources.is_empty() {
         return found;
     }
-    let inner = target.lock();
-    let st = inner.store.state();
+    let store = target.read();
+    let st = store.state();
     let mut seq = st.last_seq;
     while seq >= st.first_seq.max(1) && found.len() < sources.len() {
-        if let Some((_, true)) = inner.store.peek(seq) {
-            if let Ok(m) = inner.store.load(seq) {
+        if let Some((_, true)) = store.peek(seq) {
+            if let Ok(m) = store.load(seq) {
                 if let Some(v) = keel_protocol::headers::get_str(&m.hdr, "Nats-Stream-Source") {
                     if let Some((iname, s, ident)) = parse_source_header(v) {
                         found.entry(iname).or_insert((s, ident));
@@ -710,8 +673,12 @@ const POSITIONS_FILE: &str = "sources.json";
 /// The saved positions (checksummed like every metadata file; a damaged file counts as
 /// none: the scan of the target's own `Nats-Stream-Source` headers still finds where each
 /// source stopped).
-fn load_positions(dir: &Path, log: &crate::log::Log) -> HashMap<String, SavedPosition> {
-    super::files::read(&dir.join(POSITIONS_FILE), "Source positions", log)
+fn load_positions(
+    meta: &keel_store::MetaFiles,
+    dir: &Path,
+    log: &crate::log::Log,
+) -> HashMap<String, SavedPosition> {
+    super::files::read(meta, &dir.join(POSITIONS_FILE), "Source positions", log)
         .ok()
         .flatten()
         .and_then(|b| serde_json::from_slice(&b).ok())
@@ -720,6 +687,7 @@ fn load_positions(dir: &Path, log: &crate::log::Log) -> HashMap<String, SavedPos
 
 /// Rewrites the saved positions (write, rename; `durable` also fsyncs).
 pub fn save_positions(
+    meta: &keel_store::MetaFiles,
     log: &crate::log::Log,
     dir: &Path,
     sourcing: &Sourcing,
@@ -741,7 +709,7 @@ pub fn save_positions(
         .collect();
     let body = serde_json::to_vec(&map).expect("positions serialize");
     // Through keel-store's MetaFiles (the Fs seam): checksummed, atomically replaced.
-    if let Err(e) = super::files::write(&dir.join(POSITIONS_FILE), &body, durable) {
+    if let Err(e) = meta.write(&dir.join(POSITIONS_FILE), &body, durable) {
         crate::warn!(
             log,
             "Could not save source positions in {}: {e}",
@@ -781,6 +749,7 @@ fn spawn_until_shutdown(
     });
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run(
     server: Arc<Server>,
     target: std::sync::Weak<Stream>,
@@ -788,8 +757,20 @@ async fn run(
     mirror: bool,
     mut ident: Option<String>,
     gen: u64,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    (mut stop, mut go): (
+        tokio::sync::watch::Receiver<bool>,
+        tokio::sync::watch::Receiver<bool>,
+    ),
+    tx: tokio::sync::mpsc::Sender<SourcedBatch>,
 ) {
+    while !*go.borrow_and_update() {
+        tokio::select! {
+            r = go.changed() => if r.is_err() {
+                return;
+            },
+            _ = stop.changed() => return,
+        }
+    }
     let filters = state.cfg.filters();
     let transforms = state.cfg.transforms();
     let mut origin: Option<Arc<Stream>> = None;
@@ -801,7 +782,12 @@ async fn run(
         }
         let Some(t) = target.upgrade() else { return };
         // Streams recovered at startup start their sources before JetStream is published.
-        let Some(js) = server.jetstream.get().cloned() else {
+        // The origin is in the stream's own account.
+        let js = server
+            .jetstream
+            .get()
+            .and_then(|j| j.account(&t.account().name).cloned());
+        let Some(js) = js else {
             drop(t);
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(20)) => {}
@@ -813,7 +799,7 @@ async fn run(
         let found = js.stream(&state.cfg.name);
         match &found {
             None => {
-                state.set_error(Some(ApiError::stream_not_found()));
+                state.set_error(Some(ErrorKind::StreamNotFound.err()));
                 origin = None;
                 committed = None;
             }
@@ -872,11 +858,9 @@ async fn run(
                     gen,
                 };
                 drop(t);
-                let Some(t) = target.upgrade() else { return };
-                if t.sourced_queue().send(batch).await.is_err() {
+                if tx.send(batch).await.is_err() {
                     return;
                 }
-                drop(t);
                 let Ok(taken) = rx.await else { return };
                 let mut refused = false;
                 for (seq, r) in last_seqs.iter().zip(taken.iter()) {
@@ -947,26 +931,26 @@ fn read_batch(
     transforms: &[Transform],
     ident: &str,
 ) -> (Vec<(u64, SourcedMsg)>, u64) {
-    let inner = origin.lock();
-    let st = inner.store.state();
+    let store = origin.read();
+    let st = store.state();
     // The first read of a fresh target honours opt_start_seq / opt_start_time.
     let mut next = start + 1;
     if start == 0 {
         if state.cfg.opt_start_seq > 0 {
             next = state.cfg.opt_start_seq;
         } else if let Some(t) = state.cfg.start_time() {
-            next = first_at_or_after(&*inner.store, st.first_seq.max(1), st.last_seq, t);
+            next = first_at_or_after(&*store, st.first_seq.max(1), st.last_seq, t);
         }
     }
     let mut out = vec![];
     let mut bytes = 0;
     while out.len() < BATCH_MSGS && bytes < BATCH_BYTES && next <= st.last_seq {
         let m = if filters.is_empty() {
-            inner.store.load_next(next, ">")
+            store.load_next(next, ">")
         } else {
             filters
                 .iter()
-                .filter_map(|f| inner.store.load_next(next, f).ok())
+                .filter_map(|f| store.load_next(next, f).ok())
                 .min_by_key(|m| m.seq)
                 .ok_or(keel_store::StoreError::NotFound)
         };
@@ -993,11 +977,11 @@ fn read_batch(
     }
     let pending_from = next.max(start + 1);
     let lag = if filters.is_empty() {
-        inner.store.num_pending(pending_from, ">", false)
+        store.num_pending(pending_from, ">", false)
     } else {
         filters
             .iter()
-            .map(|f| inner.store.num_pending(pending_from, f, false))
+            .map(|f| store.num_pending(pending_from, f, false))
             .sum()
     };
     (out, lag)

@@ -149,7 +149,7 @@ pub fn take(server: &Server) -> Taken {
                 .streams
                 .push((st.name.clone(), [state.msgs, state.bytes, state.last_seq]));
         }
-        for c in st.consumer_list() {
+        for c in js.consumers_of(&st) {
             if taken.consumers.len() >= MAX_CONSUMERS {
                 break;
             }
@@ -305,7 +305,7 @@ pub fn data(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         for st in js.streams() {
             let state = st.state();
             let cfg = st.config();
-            let list = st.consumer_list();
+            let list = js.consumers_of(&st);
             match cfg.storage {
                 StorageType::Memory => mem += state.bytes,
                 StorageType::File => file += state.bytes,
@@ -351,10 +351,10 @@ pub fn data(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         server["jetstream"] = json!({
             "memory": mem,
             "storage": file,
-            "max_memory": js.max_memory,
-            "max_storage": js.max_store,
-            "memory_used": percent(mem, js.max_memory),
-            "storage_used": percent(file, js.max_store),
+            "max_memory": js.first().max_memory,
+            "max_storage": js.first().max_store,
+            "memory_used": percent(mem, js.first().max_memory),
+            "storage_used": percent(file, js.first().max_store),
             "api_total": api_total,
             "api_errors": api_errors,
             "api_level": jsz::api_level(),

@@ -102,13 +102,13 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         Some(js) => {
             let u = jsz::Usage::of(js);
             json!({
-                "config": jsz::config_json(js),
+                "config": jsz::config_json(js.first()),
                 "stats": {
                     "memory": u.memory,
                     "storage": u.storage,
                     "reserved_memory": u.reserved_memory,
                     "reserved_storage": u.reserved_storage,
-                    "accounts": 1,
+                    "accounts": js.all().len(),
                     "ha_assets": 0,
                     "api": jsz::api_json(jsz::api_level(), Some(js)),
                 },
@@ -951,7 +951,7 @@ pub(crate) fn account_detail(s: &Server, acc: &str) -> Result<Value, String> {
     let js_here = s
         .jetstream
         .get()
-        .is_some_and(|js| Arc::ptr_eq(&js.account, &account));
+        .is_some_and(|js| js.all().iter().any(|j| Arc::ptr_eq(&j.account, &account)));
     d.insert("jetstream_enabled".into(), js_here.into());
     d.insert("leafnode_connections".into(), 0.into());
     d.insert(
@@ -1226,9 +1226,8 @@ pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), Box<HealthError>>
     if p.js_enabled_only || p.account.is_empty() {
         return Ok(());
     }
-    // The one JetStream account; the reference answers the same for any other (including
-    // $SYS, which has no JetStream).
-    if p.account != js.account.name {
+    // An account without JetStream (including $SYS) is not found, as with the reference.
+    let Some(js) = js.account(p.account) else {
         let mut e = HealthError::new(
             404,
             "unavailable",
@@ -1237,7 +1236,7 @@ pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), Box<HealthError>>
         );
         e.account = p.account.into();
         return Err(Box::new(e));
-    }
+    };
     if p.stream.is_empty() {
         return Ok(());
     }
@@ -1255,7 +1254,7 @@ pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), Box<HealthError>>
         e.stream = p.stream.into();
         return Err(Box::new(e));
     };
-    if !p.consumer.is_empty() && !stream.consumers_lock().contains_key(p.consumer) {
+    if !p.consumer.is_empty() && js.consumer(&stream.name, p.consumer).is_none() {
         let mut e = HealthError::new(
             404,
             "unavailable",

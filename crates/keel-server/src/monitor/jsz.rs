@@ -1,5 +1,6 @@
-//! `/jsz`: JetStream usage, the `$G` account and, on request, its streams and consumers, in the
-//! reference's shape. Every stream and consumer is read under its own lock, one at a time.
+//! `/jsz`: JetStream usage, the accounts with JetStream and, on request, their streams and
+//! consumers, in the reference's shape. Every stream and consumer is read under its own
+//! lock, one at a time.
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use serde_json::{json, Map, Value};
 use super::query::Query;
 use super::Ctx;
 use crate::jetstream::stream::{StorageType, Stream};
-use crate::jetstream::JetStream;
+use crate::jetstream::{JetStream, JetStreams};
 use crate::time::{now_nanos, rfc3339};
 
 /// The JetStream API level keel implements (reported where the reference reports its own).
@@ -17,8 +18,8 @@ pub fn api_level() -> u32 {
 }
 
 /// `{level, total, errors}` of the JetStream API.
-pub fn api_json(level: u32, js: Option<&JetStream>) -> Value {
-    let (total, errors) = js.map_or((0, 0), JetStream::api_stats);
+pub fn api_json(level: u32, js: Option<&JetStreams>) -> Value {
+    let (total, errors) = js.map_or((0, 0), JetStreams::api_stats);
     json!({"level": level, "total": total, "errors": errors})
 }
 
@@ -31,7 +32,8 @@ pub struct Usage {
 }
 
 impl Usage {
-    pub fn of(js: &JetStream) -> Usage {
+    /// Every account's.
+    pub fn of(js: &JetStreams) -> Usage {
         Usage::from_streams(&js.streams())
     }
 
@@ -93,9 +95,12 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     let consumers_opt = q.bool("consumers")?;
     let config_opt = q.bool("config")?;
     q.bool("leader-only")?;
-    // Paging is over accounts, and there is one: only offset 0 shows it.
-    let offset = q.int("offset")?.max(0);
-    q.int("limit")?;
+    // Paging is over accounts.
+    let offset = q.int("offset")?.max(0) as usize;
+    let limit = match q.int("limit")? {
+        l if l > 0 => l as usize,
+        _ => usize::MAX,
+    };
     q.bool("raft")?;
     q.bool("stream-leader-only")?;
     if consumers_opt {
@@ -117,18 +122,72 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
 
     let streams = js.streams();
     let usage = Usage::from_streams(&streams);
-    // One pass over the streams: totals, and the details when they were asked for.
-    let want_detail = (accounts || !acc.is_empty()) && (acc.is_empty() || acc == js.account.name);
     let mut n_consumers = 0usize;
     let (mut messages, mut bytes) = (0u64, 0u64);
-    let mut details = Vec::new();
     for st in &streams {
         let state = st.state();
-        let consumers = st.consumer_list();
-        n_consumers += consumers.len();
+        n_consumers += st.consumers.len();
         messages += state.msgs;
         bytes += state.bytes;
-        if want_detail && streams_opt {
+    }
+
+    let first = js.first();
+    let mut v = json!({
+        "memory": usage.memory,
+        "storage": usage.storage,
+        "reserved_memory": usage.reserved_memory,
+        "reserved_storage": usage.reserved_storage,
+        "accounts": js.all().len(),
+        "ha_assets": 0,
+        "api": api_json(api_level(), Some(js)),
+        "server_id": s.server_id,
+        "now": rfc3339(now_nanos()),
+        "config": config_json(first),
+        "limits": {},
+        "streams": streams.len(),
+        "consumers": n_consumers,
+        "messages": messages,
+        "bytes": bytes,
+    });
+    if accounts || !acc.is_empty() {
+        let chosen: Vec<&Arc<JetStream>> = js
+            .all()
+            .iter()
+            .filter(|a| acc.is_empty() || acc == a.account.name)
+            .collect();
+        let mut details = Vec::new();
+        for a in chosen.iter().skip(offset).take(limit) {
+            details.push(account_detail(
+                ctx,
+                a,
+                streams_opt,
+                consumers_opt,
+                config_opt,
+            ));
+        }
+        if !details.is_empty() {
+            v["account_details"] = details.into();
+        }
+    }
+    v["total"] = js.all().len().into();
+    Ok(v)
+}
+
+/// One account's entry of `account_details` (with its streams when asked for).
+fn account_detail(
+    ctx: &Ctx,
+    js: &JetStream,
+    streams_opt: bool,
+    consumers_opt: bool,
+    config_opt: bool,
+) -> Value {
+    let streams = js.streams();
+    let usage = Usage::from_streams(&streams);
+    let mut details = Vec::new();
+    if streams_opt {
+        for st in &streams {
+            let state = st.state();
+            let consumers = js.consumers_of(&st.name);
             details.push(stream_detail(
                 ctx,
                 st,
@@ -139,44 +198,22 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
             ));
         }
     }
-
-    let mut v = json!({
+    // The account's own limits are unlimited: the reference shows -1 as uint64 here.
+    let mut a = json!({
+        "name": js.account.name,
+        "id": js.account.name,
         "memory": usage.memory,
         "storage": usage.storage,
-        "reserved_memory": usage.reserved_memory,
-        "reserved_storage": usage.reserved_storage,
-        "accounts": 1,
+        "reserved_memory": u64::MAX,
+        "reserved_storage": u64::MAX,
+        "accounts": 0,
         "ha_assets": 0,
-        "api": api_json(api_level(), Some(js)),
-        "server_id": s.server_id,
-        "now": rfc3339(now_nanos()),
-        "config": config_json(js),
-        "limits": {},
-        "streams": streams.len(),
-        "consumers": n_consumers,
-        "messages": messages,
-        "bytes": bytes,
+        "api": api_json(0, None),
     });
-    if want_detail && offset == 0 {
-        // The account's own limits are unlimited: the reference shows -1 as uint64 here.
-        let mut a = json!({
-            "name": js.account.name,
-            "id": js.account.name,
-            "memory": usage.memory,
-            "storage": usage.storage,
-            "reserved_memory": u64::MAX,
-            "reserved_storage": u64::MAX,
-            "accounts": 0,
-            "ha_assets": 0,
-            "api": api_json(0, None),
-        });
-        if streams_opt && !details.is_empty() {
-            a["stream_detail"] = details.into();
-        }
-        v["account_details"] = json!([a]);
+    if !details.is_empty() {
+        a["stream_detail"] = details.into();
     }
-    v["total"] = 1.into();
-    Ok(v)
+    a
 }
 
 fn stream_detail(

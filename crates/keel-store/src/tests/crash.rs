@@ -67,6 +67,9 @@ struct Case {
     /// syncs before writing the index, an erase syncs its tombstone first).
     maybe_synced: bool,
     failed: bool,
+    /// The failure that set `failed` was a sync's that rolled back at once (it said so):
+    /// the store takes writes again and the next sync has nothing to report.
+    rolled_back: bool,
     seed: u64,
     /// last_seq as of the last successful sync: sequences up to it were handed out and
     /// acknowledged, so they must never be handed out again.
@@ -125,6 +128,7 @@ impl Case {
         self.rep = rep;
         self.store = Some(s);
         self.failed = false;
+        self.rolled_back = false;
     }
 
     fn s(&mut self) -> &mut FileStore {
@@ -134,8 +138,9 @@ impl Case {
     fn io<T>(&mut self, r: Result<T>) -> Option<T> {
         match r {
             Ok(v) => Some(v),
-            Err(StoreError::Io(_)) => {
+            Err(StoreError::Io(e)) => {
                 self.failed = true;
+                self.rolled_back = e.ends_with("(writes since the last sync were rolled back)");
                 None
             }
             Err(_) => None,
@@ -234,6 +239,34 @@ impl Case {
         }
     }
 
+    /// A sync in its two halves with reads in between (what the server's stream actor
+    /// does), the reads checked against what was stored.
+    fn split_sync(&mut self) -> Result<()> {
+        let Some(mut job) = self.s().begin_sync()? else {
+            return Ok(());
+        };
+        let live: Vec<u64> = live(self.s()).into_iter().collect();
+        for _ in 0..3 {
+            if live.is_empty() {
+                break;
+            }
+            let q = live[self.rng.below(live.len() as u64) as usize];
+            if let Ok(m) = self.s().load(q) {
+                if !self.flipped {
+                    let got = (m.subject.to_vec(), m.hdr.to_vec(), m.data.to_vec(), m.ts);
+                    assert_eq!(
+                        self.all.get(&q),
+                        Some(&got),
+                        "seed {}: read of {q}",
+                        self.seed
+                    );
+                }
+            }
+        }
+        job.run();
+        self.s().finish_sync(job)
+    }
+
     fn crash(&mut self, stats: &mut Stats) {
         let now = self.store.as_ref().map(live).unwrap_or_default();
         if let Some(s) = self.store.take() {
@@ -300,11 +333,16 @@ impl Case {
         let r = self.s().sync();
         self.trace(format_args!("HEAL, sync => {r:?}"));
         self.dump();
-        assert!(
-            matches!(r, Err(StoreError::Io(_))),
-            "seed {}: a sync after a failure must report the rollback",
-            self.seed
-        );
+        if self.rolled_back {
+            assert_eq!(r, Ok(()), "seed {}: sync after a rollback", self.seed);
+        } else {
+            assert!(
+                matches!(r, Err(StoreError::Io(_))),
+                "seed {}: a sync after a failure must report the rollback",
+                self.seed
+            );
+        }
+        self.rolled_back = false;
         stats.rollbacks += 1;
         self.failed = false;
         self.rep = RecoveryReport::default();
@@ -496,9 +534,19 @@ impl Case {
                 };
                 let data = payload(subj[0], dlen, salt);
                 let ts = self.rng.below(1000) as i64;
-                let seq = self.s().state().last_seq + 1;
+                // Now and then at a given sequence past the next (a replica's store_at).
+                let gap = if self.rng.chance(8) {
+                    1 + self.rng.below(3)
+                } else {
+                    0
+                };
+                let seq = self.s().state().last_seq + 1 + gap;
                 let content = (subj.to_vec(), hdr.clone(), data.clone(), ts);
-                let r = self.s().store_msg(subj, &hdr, &data, ts);
+                let r = if gap > 0 {
+                    self.s().store_at(seq, subj, &hdr, &data, ts).map(|_| seq)
+                } else {
+                    self.s().store_msg(subj, &hdr, &data, ts)
+                };
                 self.trace(format_args!(
                     "store {} len {} => {r:?}",
                     String::from_utf8_lossy(subj),
@@ -583,7 +631,11 @@ impl Case {
             }
             68..=84 => {
                 let now = live(self.s());
-                let r = self.s().sync();
+                let r = if self.rng.chance(2) {
+                    self.split_sync()
+                } else {
+                    self.s().sync()
+                };
                 self.trace(format_args!("sync => {r:?}"));
                 if self.io(r).is_some() {
                     self.synced = now;
@@ -634,6 +686,7 @@ fn run_case(seed: u64, stats: &mut Stats) {
         rep: RecoveryReport::default(),
         maybe_synced: false,
         failed: false,
+        rolled_back: false,
         seed,
         synced_last: 0,
     };
@@ -667,6 +720,29 @@ fn acknowledged_messages_survive_power_failures() {
     assert!(stats.torn > 0 && stats.used_index > 0 && stats.flips > 0);
     assert!(stats.rollbacks > 0 && stats.data_losses > 0 && stats.reported_losses > 0);
     assert!(stats.compactions > 0 && stats.compaction_crashes > 0);
+}
+
+/// Seeds that once failed, run on their own whatever the default seed range is. 829: a
+/// record of a segment with `store_at` gaps was damaged while its index blocks were too,
+/// and the rebuild dropped it unreported. 7880: recovery did not see the gaps of a sealed
+/// sparse segment, so an unsynced gap was never recorded and a later recovery called it
+/// lost. 8948: a compaction dropped the tombstone of a message whose erase had been torn
+/// in an already compacted segment, so the torn bytes later read as a loss. 9935: a
+/// rebuilt index file counted the bytes of an entry it also listed as never counting.
+/// 32859: a failed sync that rolled back at once (it says so) has nothing left for the
+/// next sync to report. 48804: a torn erase was taken to hide the sequences after it, so
+/// an unsynced gap there read as lost. (Index files have a new field since, which moves
+/// where the simulator's damage lands; deterministic tests: in file_tests
+/// `lost_record_of_a_sparse_segment_under_a_damaged_index_is_reported`,
+/// `unsynced_gap_of_a_sealed_sparse_segment_is_never_reported_lost`,
+/// `torn_erase_hides_no_unsynced_gap`, and in segtable
+/// `summary_never_counts_an_entry_it_lists_as_erased`.)
+#[test]
+fn seeds_that_failed_once() {
+    let mut stats = Stats::default();
+    for seed in [829, 7880, 8948, 9935, 32859, 48804] {
+        run_case(seed, &mut stats);
+    }
 }
 
 /// Sync-per-message on the simulator really fsyncs once per sync, and none in store_msg.

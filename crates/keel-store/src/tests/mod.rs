@@ -75,3 +75,45 @@ mod mem_model {
         check_same(&s, &m, true);
     }
 }
+
+/// Truncation (the memory store; the file store refuses it for now).
+#[test]
+fn mem_truncate() {
+    use crate::{Limits, MemStore, Snapshot, Store};
+    let mut s = MemStore::new(Limits::default());
+    for i in 0..6u8 {
+        s.store_msg(b"a", b"", &[i], i as i64 * 10).unwrap();
+    }
+    s.remove(4, false).unwrap();
+    assert_eq!(s.truncate(4).unwrap(), 2);
+    assert_eq!(
+        s.snapshot(),
+        Snapshot {
+            first_seq: 1,
+            last_seq: 4,
+            last_ts: 20,
+            deleted: vec![(4, 4)]
+        }
+    );
+    assert_eq!(s.store_msg(b"a", b"", b"n", 99).unwrap(), 5);
+    assert_eq!(s.truncate(9).unwrap(), 0);
+    assert_eq!(s.truncate(0).unwrap(), 4);
+    let st = s.state();
+    assert_eq!(
+        (st.msgs, st.first_seq, st.last_seq, st.last_ts),
+        (0, 1, 0, 0)
+    );
+    let mut f = crate::FileStore::open(
+        &std::env::temp_dir().join(format!("keel-trunc-{}", std::process::id())),
+        Limits::default(),
+    )
+    .unwrap()
+    .0;
+    f.store_msg(b"a", b"", b"x", 1).unwrap();
+    assert!(matches!(
+        f.truncate(0),
+        Err(crate::StoreError::Unsupported(_))
+    ));
+    assert_eq!(f.truncate(1), Ok(0));
+    Box::new(f).destroy().unwrap();
+}

@@ -150,6 +150,68 @@ impl Model {
         n
     }
 
+    fn skip_to(&mut self, next: u64) {
+        if next <= self.last + 1 {
+            return;
+        }
+        if self.msgs.is_empty() {
+            self.reset(next);
+        } else {
+            self.last = next - 1;
+        }
+    }
+
+    pub fn store_at(
+        &mut self,
+        seq: u64,
+        subject: &str,
+        hdr: &[u8],
+        data: &[u8],
+        ts: i64,
+    ) -> Result<()> {
+        if seq <= self.last {
+            return Err(StoreError::Sequence {
+                seq,
+                last: self.last,
+            });
+        }
+        self.skip_to(seq);
+        self.store(subject, hdr, data, ts).map(|_| ())
+    }
+
+    pub fn truncate(&mut self, after: u64) -> u64 {
+        if after >= self.last {
+            return 0;
+        }
+        let gone: Vec<u64> = self.msgs.range(after + 1..).map(|(&q, _)| q).collect();
+        for &q in &gone {
+            self.remove(q);
+        }
+        self.last = after;
+        self.last_ts = self.msgs.values().next_back().map_or(0, |m| m.ts);
+        if self.msgs.is_empty() {
+            self.first = after + 1;
+            self.first_ts = 0;
+        }
+        gone.len() as u64
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let mut deleted: Vec<(u64, u64)> = Vec::new();
+        for q in self.deleted() {
+            match deleted.last_mut() {
+                Some((_, b)) if *b + 1 == q => *b = q,
+                _ => deleted.push((q, q)),
+            }
+        }
+        Snapshot {
+            first_seq: self.first,
+            last_seq: self.last,
+            last_ts: self.last_ts,
+            deleted,
+        }
+    }
+
     pub fn purge(&mut self, p: &Purge) -> u64 {
         let seq = p.seq.unwrap_or(0);
         let keep = p.keep.unwrap_or(0);
@@ -322,6 +384,17 @@ pub(crate) enum Op {
         data: usize,
         ts: i64,
     },
+    /// Store at `gap` past the next sequence (0: the next one).
+    StoreAt {
+        gap: u64,
+        subj: usize,
+        data: usize,
+        ts: i64,
+    },
+    /// Truncate `back` sequences off the end.
+    Truncate {
+        back: u64,
+    },
     Remove {
         seq: u64,
         erase: bool,
@@ -411,6 +484,9 @@ pub(crate) fn arb_op(with_bytes_limit: bool) -> impl Strategy<Value = Op> {
         12 => (0..SUBJECTS.len(), prop_oneof![Just(0usize), 1..20usize], 0..150usize, 0..100i64)
             .prop_map(|(subj, hdr, data, ts)| Op::Store { subj, hdr, data, ts }),
         3 => (0..60u64, any::<bool>()).prop_map(|(seq, erase)| Op::Remove { seq, erase }),
+        2 => (0..4u64, 0..SUBJECTS.len(), 0..100usize, 0..100i64)
+            .prop_map(|(gap, subj, data, ts)| Op::StoreAt { gap, subj, data, ts }),
+        1 => (0..6u64).prop_map(|back| Op::Truncate { back }),
         1 => arb_purge().prop_map(Op::Purge),
         1 => (0..150i64).prop_map(Op::Expire),
         1 => limits.prop_map(Op::SetLimits),
@@ -432,6 +508,7 @@ pub(crate) fn check_same(s: &dyn Store, m: &Model, compare_bytes: bool) {
     }
     assert_eq!(st, ms, "state");
     assert_eq!(s.deleted(), m.deleted(), "deleted");
+    assert_eq!(s.snapshot(), m.snapshot(), "snapshot");
     for &f in FILTERS {
         assert_eq!(s.subjects(f), m.subjects(f), "subjects {f}");
         assert_eq!(
@@ -495,6 +572,33 @@ pub(crate) fn apply(s: &mut dyn Store, m: &mut Model, op: &Op, step: u64) {
             let a = s.store_msg(subject.as_bytes(), &h, &d, *ts);
             let b = m.store(subject, &h, &d, *ts);
             assert_eq!(a, b, "store_msg");
+        }
+        Op::StoreAt {
+            gap,
+            subj,
+            data,
+            ts,
+        } => {
+            let d = payload(*subj as u8, *data, step);
+            let subject = SUBJECTS[*subj];
+            let seq = m.last + 1 + gap;
+            let a = s.store_at(seq, subject.as_bytes(), b"", &d, *ts);
+            let b = m.store_at(seq, subject, b"", &d, *ts);
+            assert_eq!(a, b, "store_at {seq}");
+            // Never at or below the last sequence.
+            let last = m.last;
+            assert_eq!(
+                s.store_at(last, subject.as_bytes(), b"", &d, *ts),
+                Err(StoreError::Sequence { seq: last, last })
+            );
+        }
+        Op::Truncate { back } => {
+            let after = m.last.saturating_sub(*back);
+            match s.truncate(after) {
+                // The file store cannot lower its last sequence yet.
+                Err(StoreError::Unsupported(_)) => {}
+                r => assert_eq!(r.unwrap(), m.truncate(after), "truncate {after}"),
+            }
         }
         Op::Remove { seq, erase } => {
             assert_eq!(s.remove(*seq, *erase).unwrap(), m.remove(*seq), "remove");

@@ -427,6 +427,103 @@ pub(crate) fn limits_update(mk: Mk) {
 }
 
 /// Invokes `$m!(name)` for every semantics test, so each store can instantiate them.
+/// `store_at`: a given sequence past the last one, the gap counted as deleted; never at or
+/// below the last; a refused message keeps the skip.
+pub(crate) fn store_at(mk: Mk) {
+    let mut s = mk(Limits::default());
+    s.store_at(3, b"a", b"", b"x", 10).unwrap();
+    let st = s.state();
+    assert_eq!((st.msgs, st.first_seq, st.last_seq), (1, 3, 3));
+    assert_eq!(
+        s.store_at(3, b"a", b"", b"x", 11),
+        Err(StoreError::Sequence { seq: 3, last: 3 })
+    );
+    s.store_at(6, b"b", b"", b"y", 12).unwrap();
+    assert_eq!(s.deleted(), vec![4, 5]);
+    assert_eq!(
+        s.snapshot(),
+        Snapshot {
+            first_seq: 3,
+            last_seq: 6,
+            last_ts: 12,
+            deleted: vec![(4, 5)]
+        }
+    );
+    assert_eq!(put(&mut *s, "c", "z"), 7);
+    assert_eq!(s.load(6).unwrap().data, &b"y"[..]);
+    s.set_limits(Limits {
+        max_msgs: 3,
+        discard: Discard::New,
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(
+        s.store_at(10, b"a", b"", b"x", 13),
+        Err(StoreError::MaxMsgs)
+    );
+    assert_eq!(s.state().last_seq, 9);
+    s.sync().unwrap();
+}
+
+/// A replica catches up from a snapshot: it drops what the snapshot has not, reports what
+/// it lacks, stores that with `store_at`, and ends equal to the leader.
+pub(crate) fn restore(mk: Mk) {
+    let mut leader = mk(Limits::default());
+    fill(&mut *leader);
+    leader.remove(3, false).unwrap();
+    leader.remove(6, false).unwrap();
+    leader
+        .purge(&Purge {
+            seq: Some(2),
+            ..Default::default()
+        })
+        .unwrap();
+    let snap = leader.snapshot();
+    assert_eq!(
+        (snap.first_seq, snap.last_seq, snap.deleted.clone()),
+        (2, 8, vec![(3, 3), (6, 6)])
+    );
+    let copy = |leader: &dyn Store, f: &mut dyn Store, missing: &[(u64, u64)]| {
+        for &(a, b) in missing {
+            for q in a..=b {
+                let m = leader.load(q).unwrap();
+                f.store_at(q, &m.subject, &m.hdr, &m.data, m.ts).unwrap();
+            }
+        }
+        f.skip_to(snap.last_seq + 1).unwrap();
+    };
+    // Behind: it has 1..=4 (3 not yet deleted).
+    let mut f = mk(Limits::default());
+    for subj in ["a", "b", "a.x", "b"] {
+        put(&mut *f, subj, "m");
+    }
+    let missing = f.restore(&snap).unwrap();
+    assert_eq!(missing, vec![(5, 5), (7, 8)]);
+    copy(&*leader, &mut *f, &missing);
+    assert_eq!(f.snapshot(), snap);
+    assert_eq!(f.state().msgs, leader.state().msgs);
+    // Empty: everything the snapshot has.
+    let mut f = mk(Limits::default());
+    let missing = f.restore(&snap).unwrap();
+    assert_eq!(missing, vec![(2, 2), (4, 5), (7, 8)]);
+    copy(&*leader, &mut *f, &missing);
+    assert_eq!(f.snapshot(), snap);
+    for q in [2, 4, 5, 7, 8] {
+        assert_eq!(f.load(q).unwrap().data, leader.load(q).unwrap().data);
+    }
+    // Ahead: the extra tail goes (where the store can truncate).
+    let mut f = mk(Limits::default());
+    fill(&mut *f);
+    put(&mut *f, "a", "extra");
+    match f.restore(&snap) {
+        Err(StoreError::Unsupported(_)) => {}
+        r => {
+            assert_eq!(r.unwrap(), vec![]);
+            assert_eq!(f.snapshot(), snap);
+        }
+    }
+}
+
 macro_rules! for_each_semantics_test {
     ($m:ident) => {
         $m!(basic);
@@ -443,6 +540,8 @@ macro_rules! for_each_semantics_test {
         $m!(limits_update);
         $m!(expiry_exempt);
         $m!(skip_to);
+        $m!(store_at);
+        $m!(restore);
     };
 }
 pub(crate) use for_each_semantics_test;

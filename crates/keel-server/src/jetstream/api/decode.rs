@@ -1,103 +1,12 @@
-//! JetStream API plumbing: the error type with the reference's codes and texts, and helpers
-//! that build responses with `type` first and `error` right after it, as the reference does.
+//! Request decoding (Go's view of a request: `null` as absent, keys matched case-insensitively,
+//! unknown fields refused in strict mode, Go's error texts) and the response helpers that put
+//! `type` first and `error` right after it, as the reference does.
 
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use super::schema::{Field, Schema};
-
-/// An API error as the reference reports it: HTTP-like `code`, NATS `err_code`, text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
-    pub code: u16,
-    pub err_code: u32,
-    pub description: String,
-}
-
-impl ApiError {
-    pub fn new(code: u16, err_code: u32, description: impl Into<String>) -> Self {
-        ApiError {
-            code,
-            err_code,
-            description: description.into(),
-        }
-    }
-
-    pub fn to_json(&self) -> Value {
-        let mut m = Map::new();
-        m.insert("code".into(), self.code.into());
-        m.insert("err_code".into(), self.err_code.into());
-        m.insert("description".into(), self.description.clone().into());
-        Value::Object(m)
-    }
-
-    pub fn stream_not_found() -> Self {
-        Self::new(404, 10059, "stream not found")
-    }
-    pub fn invalid_json_body(body: &[u8], e: &serde_json::Error) -> Self {
-        Self::new(
-            400,
-            10025,
-            format!("invalid JSON: {}", go_json_error(body, e, true)),
-        )
-    }
-    pub fn stream_mismatch() -> Self {
-        Self::new(400, 10056, "stream name in subject does not match request")
-    }
-    pub fn name_in_use() -> Self {
-        Self::new(
-            400,
-            10058,
-            "stream name already in use with a different configuration",
-        )
-    }
-    pub fn subjects_overlap() -> Self {
-        Self::new(400, 10065, "subjects overlap with an existing stream")
-    }
-    pub fn invalid_config(text: impl Into<String>) -> Self {
-        Self::new(500, 10052, text)
-    }
-    pub fn update_failed(text: impl Into<String>) -> Self {
-        Self::new(500, 10069, text)
-    }
-    pub fn no_message_found() -> Self {
-        Self::new(404, 10037, "no message found")
-    }
-    pub fn sequence_not_found(seq: u64) -> Self {
-        Self::new(400, 10043, format!("sequence {seq} not found"))
-    }
-    pub fn bad_request() -> Self {
-        Self::new(400, 10003, "bad request")
-    }
-    pub fn replicas_not_supported() -> Self {
-        Self::new(
-            500,
-            10074,
-            "replicas > 1 not supported in non-clustered mode",
-        )
-    }
-    pub fn insufficient_storage() -> Self {
-        Self::new(500, 10047, "insufficient storage resources available")
-    }
-    pub fn insufficient_memory() -> Self {
-        Self::new(500, 10028, "insufficient memory resources available")
-    }
-    pub fn max_streams() -> Self {
-        Self::new(400, 10027, "maximum number of streams reached")
-    }
-    pub fn sealed() -> Self {
-        Self::new(400, 10109, "invalid operation on sealed stream")
-    }
-    pub fn purge_failed(text: impl Into<String>) -> Self {
-        Self::new(500, 10110, text)
-    }
-    pub fn msg_delete_failed(text: impl Into<String>) -> Self {
-        Self::new(500, 10057, text)
-    }
-    pub fn not_supported(what: &str) -> Self {
-        Self::invalid_config(format!("{what} is not supported by keel-server yet"))
-    }
-}
+use super::errors::{ApiError, ErrorKind};
+use crate::jetstream::schema::{Field, Schema};
 
 /// serde_json's error in the words of Go's encoding/json, which clients and tests match on
 /// for the common syntax errors; `with_offset` appends Go's `at offset N` as the API does.
@@ -174,7 +83,7 @@ pub fn error_response(kind: &str, e: &ApiError, extra: &[(&str, Value)]) -> Vec<
 }
 
 /// Compact JSON with `<`, `>` and `&` escaped as the reference's encoder does.
-pub fn to_bytes(v: &Value) -> Vec<u8> {
+pub fn to_bytes<T: serde::Serialize + ?Sized>(v: &T) -> Vec<u8> {
     let s = serde_json::to_string(v).expect("JSON values serialize");
     let mut out = String::with_capacity(s.len() + 8);
     for c in s.chars() {
@@ -203,8 +112,7 @@ pub fn parse_request<T: DeserializeOwned + Default>(
     }
     let mut v: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::invalid_json_body(body, &e))?;
-    normalize(&mut v, schema, strict)
-        .map_err(|text| ApiError::new(400, 10025, format!("invalid JSON: {text}")))?;
+    normalize(&mut v, schema, strict).map_err(|text| ErrorKind::InvalidJson.with(text))?;
     serde_json::from_value(v).map_err(|e| ApiError::invalid_json_body(body, &e))
 }
 
@@ -265,11 +173,7 @@ pub fn expect_empty(body: &[u8]) -> Result<(), ApiError> {
     if empty {
         Ok(())
     } else {
-        Err(ApiError::new(
-            400,
-            10038,
-            "expected an empty request payload",
-        ))
+        Err(ErrorKind::NotEmptyRequest.err())
     }
 }
 

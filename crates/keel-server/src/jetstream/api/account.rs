@@ -1,0 +1,26 @@
+//! `$JS.API.INFO`: the account's JetStream usage, limits and API counters.
+
+use super::types::{AccountInfo, AccountLimits, ApiStats};
+use crate::jetstream::stream::{StorageType, API_LEVEL};
+use crate::jetstream::JetStream;
+
+pub fn info(js: &JetStream) -> AccountInfo {
+    let (memory, storage) = js.usage();
+    let streams = js.streams();
+    let (total, errors) = js.api_stats();
+    AccountInfo {
+        memory,
+        storage,
+        reserved_memory: js.reserved(StorageType::Memory, None),
+        reserved_storage: js.reserved(StorageType::File, None),
+        streams: streams.len(),
+        consumers: streams.iter().map(|s| s.consumers.len()).sum(),
+        limits: AccountLimits::of(&js.account.jetstream_limits()),
+        domain: js.domain.clone(),
+        api: ApiStats {
+            level: API_LEVEL,
+            total,
+            errors,
+        },
+    }
+}

@@ -1,0 +1,435 @@
+//! The consumer-side API (`CONSUMER.*`): request checks and the consumer's info. Consumers
+//! are created and deleted through the registry. (Their typed requests and responses come
+//! with the consumer-state split of issue 12 phase B.)
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::types::ListRequest;
+use super::{parse_request, to_bytes, ApiError, ErrorKind};
+use crate::jetstream::api::streams::refuse_pedantic;
+use crate::jetstream::stream::{self, StorageType};
+use crate::jetstream::{advisory, consumer, registry, schema, JetStream};
+use crate::router::Router;
+use crate::server::Server;
+use crate::time::{now_nanos, rfc3339};
+
+pub type Fields = Map<String, Value>;
+
+const NAMES_LIMIT: usize = 1024;
+const LIST_LIMIT: usize = 256;
+
+/// Go reports a string where a duration (nanoseconds) belongs by its field path; clients
+/// show that text, so name the field the same way.
+fn check_duration_fields(body: &[u8]) -> Result<(), ApiError> {
+    let Ok(Value::Object(req)) = serde_json::from_slice::<Value>(body) else {
+        return Ok(());
+    };
+    let Some(Value::Object(cfg)) = req.get("config") else {
+        return Ok(());
+    };
+    for field in [
+        "ack_wait",
+        "idle_heartbeat",
+        "inactive_threshold",
+        "max_expires",
+    ] {
+        if cfg.get(field).is_some_and(Value::is_string) {
+            return Err(ErrorKind::InvalidJson.with(format!("json: cannot unmarshal string into Go struct field CreateConsumerRequest.config.{field} of type time.Duration"
+                )));
+        }
+    }
+    Ok(())
+}
+
+fn consumer_not_found() -> ApiError {
+    ErrorKind::ConsumerNotFound.err()
+}
+
+/// An ephemeral consumer's generated name (the reference uses 8 random characters).
+fn random_name() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    (0..8)
+        .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+pub(super) fn consumer_create_durable(
+    js: &Arc<JetStream>,
+    server: &Arc<Server>,
+    router: &mut Router,
+    stream: &str,
+    durable: &str,
+    body: &[u8],
+) -> Result<Fields, ApiError> {
+    check_duration_fields(body)?;
+    let mut req: consumer::CreateRequest =
+        parse_request(body, &schema::CONSUMER_CREATE, js.strict)?;
+    refuse_pedantic(body)?;
+    if req.stream_name != stream {
+        return Err(ErrorKind::StreamMismatch.err());
+    }
+    let cfg = req.config.get_or_insert_with(Default::default);
+    match cfg.durable_name.as_deref() {
+        None | Some("") => return Err(ErrorKind::ConsumerDurableNotSet.err()),
+        Some(d) if d != durable => return Err(ErrorKind::ConsumerDurableMismatch.err()),
+        _ => {}
+    }
+    create_consumer(js, server, router, stream, Some(durable), req)
+}
+
+pub(super) fn consumer_create(
+    js: &Arc<JetStream>,
+    server: &Arc<Server>,
+    router: &mut Router,
+    stream: &str,
+    name: Option<&str>,
+    filter: Option<&str>,
+    body: &[u8],
+) -> Result<Fields, ApiError> {
+    check_duration_fields(body)?;
+    let mut req: consumer::CreateRequest =
+        parse_request(body, &schema::CONSUMER_CREATE, js.strict)?;
+    refuse_pedantic(body)?;
+    if req.stream_name != stream {
+        return Err(ErrorKind::StreamMismatch.err());
+    }
+    // A request without a config gets Go's zero config (ack none), as with the reference.
+    let cfg = req.config.get_or_insert_with(Default::default);
+    match name {
+        None => {
+            if cfg.durable_name.as_deref().is_some_and(|d| !d.is_empty()) {
+                return Err(ErrorKind::ConsumerEphemeralWithDurable.err());
+            }
+        }
+        Some(n) => {
+            // A durable name must match the subject; a plain name is overridden by it.
+            if cfg
+                .durable_name
+                .as_deref()
+                .is_some_and(|d| !d.is_empty() && d != n)
+            {
+                return Err(ErrorKind::ConsumerDurableMismatch.err());
+            }
+            cfg.name = Some(n.to_string());
+        }
+    }
+    if let Some(f) = filter {
+        if !cfg.filter_subjects.is_empty() {
+            return Err(ErrorKind::ConsumerMultipleFilters.err());
+        }
+        let cf = cfg.filters();
+        let matches = (cf.len() == 1 && cf[0] == f) || (cf.is_empty() && f == ">");
+        if !matches {
+            return Err(ErrorKind::ConsumerFilterMismatch.err());
+        }
+    }
+    create_consumer(js, server, router, stream, name, req)
+}
+
+fn create_consumer(
+    js: &Arc<JetStream>,
+    server: &Arc<Server>,
+    router: &mut Router,
+    stream_name: &str,
+    name: Option<&str>,
+    req: consumer::CreateRequest,
+) -> Result<Fields, ApiError> {
+    if !matches!(req.action.as_str(), "" | "create" | "update") {
+        return Err(
+            ErrorKind::InvalidJson.with(format!("unknown consumer action: {:?}", req.action))
+        );
+    }
+    let s = js
+        .stream(stream_name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    let scfg = s.config();
+    let mut cfg = req.config.expect("checked by callers");
+    if let Some(n) = name {
+        if cfg.name.as_deref().unwrap_or("").is_empty() {
+            cfg.name = Some(n.to_string());
+        }
+    }
+    if let Some(d) = cfg.durable_name.clone().filter(|d| !d.is_empty()) {
+        cfg.name = Some(d);
+    }
+    // The account's max_ack_pending is the default and the ceiling.
+    let ack_limit = js.account.jetstream_limits().max_ack_pending;
+    if ack_limit > 0 && cfg.ack_policy != consumer::AckPolicy::None {
+        if cfg.max_ack_pending == 0 {
+            cfg.max_ack_pending = ack_limit;
+        } else if cfg.max_ack_pending > ack_limit || cfg.max_ack_pending < 0 {
+            return Err(ErrorKind::ConsumerMaxAckPendingExceeds.with(ack_limit));
+        }
+    }
+    let cfg = cfg.normalize(scfg.retention)?;
+    if let Some(ds) = &cfg.deliver_subject {
+        // Delivering into the stream's own subjects would store every delivery again.
+        if scfg
+            .subjects
+            .iter()
+            .any(|s| stream::subjects_overlap(s, ds))
+        {
+            return Err(ErrorKind::ConsumerDeliverCycle.err());
+        }
+    }
+    let name = cfg.name.clone().unwrap_or_else(random_name);
+    let durable = cfg.durable_name.is_some();
+    let mut stored_cfg = cfg.clone();
+    if !durable && name.len() == 8 && cfg.name.is_none() {
+        stored_cfg.name = None;
+    }
+    let existing = js.consumer(stream_name, &name);
+    if let Some(c) = existing {
+        let mut current = c.config();
+        // An update never changes the pause (that is what CONSUMER.PAUSE is for).
+        stored_cfg.pause_until = current.pause_until.clone();
+        stored_cfg.set_req_level();
+        current.metadata.remove(stream::REQ_LEVEL_KEY);
+        let mut wanted = stored_cfg.clone();
+        wanted.metadata.remove(stream::REQ_LEVEL_KEY);
+        if current == wanted {
+            return Ok(c.info(server, true));
+        }
+        if req.action == "create" {
+            return Err(ErrorKind::ConsumerAlreadyExists.err());
+        }
+        current.check_update(&wanted)?;
+        wanted.check_supported()?;
+        c.set_config(stored_cfg);
+        c.persist_meta()
+            .map_err(|e| ErrorKind::ConsumerCreate.with(format!("could not save consumer: {e}")))?;
+        c.notify();
+        return Ok(c.info(server, true));
+    }
+    if req.action == "update" {
+        return Err(ErrorKind::ConsumerDoesNotExist.err());
+    }
+    cfg.check_supported()?;
+    let consumers = js.consumers_of(stream_name);
+    if scfg.max_consumers > 0 && consumers.len() as i64 >= scfg.max_consumers {
+        return Err(ErrorKind::MaxConsumers.err());
+    }
+    // The account's limit counts the consumers of all its streams.
+    let account_max = js.account.jetstream_limits().max_consumers;
+    if account_max >= 0
+        && js
+            .streams()
+            .iter()
+            .map(|s| s.consumers.len())
+            .sum::<usize>() as i64
+            >= account_max
+    {
+        return Err(ErrorKind::MaxConsumers.err());
+    }
+    if scfg.retention == stream::Retention::Workqueue {
+        let mine = cfg.filters();
+        for o in &consumers {
+            let theirs = o.config().filters();
+            if mine.is_empty() && theirs.is_empty() {
+                return Err(ErrorKind::WorkqueueMultipleUnfiltered.err());
+            }
+            let all = [">".to_string()];
+            let mine = if mine.is_empty() { &all[..] } else { &mine[..] };
+            let theirs = if theirs.is_empty() {
+                &all[..]
+            } else {
+                &theirs[..]
+            };
+            if mine
+                .iter()
+                .any(|a| theirs.iter().any(|b| stream::subjects_overlap(a, b)))
+            {
+                return Err(ErrorKind::WorkqueueNotUnique.err());
+            }
+        }
+    }
+    // Durable consumers of file streams keep their state on disk.
+    let dir = (durable && scfg.storage == StorageType::File && !cfg.mem_storage)
+        .then(|| s.dir.join("consumers").join(&name));
+    let meta = consumer::ConsumerMeta {
+        config: stored_cfg,
+        created: now_nanos(),
+    };
+    let c = registry::create_consumer(js, server, router, &s, name.clone(), meta, dir)?;
+    advisory::consumer_action(server, router, stream_name, &name, advisory::Action::Create);
+    Ok(c.info(server, true))
+}
+
+fn find_consumer(
+    js: &JetStream,
+    stream: &str,
+    name: &str,
+) -> Result<Arc<consumer::Consumer>, ApiError> {
+    js.stream(stream)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    js.consumer(stream, name)
+        .ok_or_else(|| ErrorKind::ConsumerNotFound.err())
+}
+
+pub(super) fn consumer_info(
+    js: &JetStream,
+    server: &Server,
+    stream: &str,
+    name: &str,
+) -> Result<Fields, ApiError> {
+    Ok(find_consumer(js, stream, name)?.info(server, true))
+}
+
+pub(super) fn consumer_names(
+    js: &JetStream,
+    stream: &str,
+    body: &[u8],
+) -> Result<Fields, ApiError> {
+    let req: ListRequest = parse_request(body, &schema::CONSUMER_NAMES, js.strict)?;
+    js.stream(stream)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    let all = js.consumers_of(stream);
+    Ok(page(
+        &all,
+        req.offset,
+        NAMES_LIMIT,
+        "consumers",
+        false,
+        |c| Value::from(c.name.clone()),
+    ))
+}
+
+pub(super) fn consumer_list(
+    js: &JetStream,
+    server: &Server,
+    stream: &str,
+    body: &[u8],
+) -> Result<Fields, ApiError> {
+    let req: ListRequest = parse_request(body, &schema::CONSUMER_NAMES, js.strict)?;
+    js.stream(stream)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    let all = js.consumers_of(stream);
+    Ok(page(
+        &all,
+        req.offset,
+        LIST_LIMIT,
+        "consumers",
+        false,
+        |c| Value::Object(c.info(server, false)),
+    ))
+}
+
+/// A paged NAMES/LIST response: `total, offset, limit` and one page of `key`. With
+/// `null_if_empty` an empty page is `null`, as the reference writes for STREAM.NAMES.
+fn page<T>(
+    all: &[T],
+    offset: usize,
+    limit: usize,
+    key: &str,
+    null_if_empty: bool,
+    item: impl Fn(&T) -> Value,
+) -> Fields {
+    let items: Vec<Value> = all.iter().skip(offset).take(limit).map(item).collect();
+    let mut f = Fields::new();
+    f.insert("total".into(), all.len().into());
+    f.insert("offset".into(), offset.into());
+    f.insert("limit".into(), limit.into());
+    f.insert(
+        key.into(),
+        if items.is_empty() && null_if_empty {
+            Value::Null
+        } else {
+            Value::Array(items)
+        },
+    );
+    f
+}
+
+/// `$JS.API.CONSUMER.PAUSE.<stream>.<consumer>` `{"pause_until": <time>}`: pauses
+/// deliveries until then; no time (or a past one) resumes. The response is the whole body.
+pub(super) fn consumer_pause(
+    js: &JetStream,
+    stream: &str,
+    name: &str,
+    body: &[u8],
+) -> Result<Vec<u8>, ApiError> {
+    #[derive(Deserialize, Default)]
+    #[serde(default)]
+    struct PauseRequest {
+        pause_until: Option<String>,
+    }
+    let trimmed = body.trim_ascii();
+    // Like the reference, only a JSON object or array is parsed; anything else resumes.
+    let req: PauseRequest = if trimmed.starts_with(b"{") || trimmed.starts_with(b"[") {
+        serde_json::from_slice(body).map_err(|e| ApiError::invalid_json_body(body, &e))?
+    } else {
+        PauseRequest::default()
+    };
+    let until = match req.pause_until.as_deref() {
+        Some(t) => consumer::parse_pause_until(t)?,
+        None => None,
+    };
+    let c = find_consumer(js, stream, name)?;
+    let mut cfg = c.config();
+    cfg.pause_until = until.as_ref().map(|(_, text)| text.clone());
+    cfg.set_req_level();
+    c.set_config(cfg);
+    c.persist_meta()
+        .map_err(|e| ErrorKind::ConsumerStore.with(e))?;
+    let (paused, remaining) = c.pause_state();
+    let mut m = super::response("consumer_pause");
+    m.insert("paused".into(), paused.into());
+    m.insert(
+        "pause_until".into(),
+        until.map_or_else(|| rfc3339(0), |(_, text)| text).into(),
+    );
+    if paused {
+        m.insert("pause_remaining".into(), remaining.into());
+    }
+    Ok(to_bytes(&Value::Object(m)))
+}
+
+/// `$JS.API.CONSUMER.UNPIN.<stream>.<consumer>` `{"group": <name>}`: drops the pin of a
+/// pinned_client consumer so another client can take over.
+pub(super) fn consumer_unpin(
+    js: &JetStream,
+    stream: &str,
+    name: &str,
+    body: &[u8],
+) -> Result<Fields, ApiError> {
+    #[derive(Deserialize)]
+    struct UnpinRequest {
+        #[serde(default)]
+        group: String,
+    }
+    let req: UnpinRequest = serde_json::from_slice(body)
+        .map_err(|e| ErrorKind::InvalidJson.with(super::go_json_error(body, &e, false)))?;
+    if req.group.is_empty() {
+        return Err(ErrorKind::InvalidJson.with("consumer group not specified"));
+    }
+    if !consumer::valid_group_name(&req.group) {
+        return Err(consumer::invalid_group_name());
+    }
+    let c = find_consumer(js, stream, name)?;
+    if !c.config().priority_groups.contains(&req.group) {
+        return Err(ErrorKind::ConsumerPriorityGroupUnknown.err());
+    }
+    c.unpin();
+    Ok(Fields::new())
+}
+
+pub(super) async fn consumer_delete(
+    js: &JetStream,
+    server: &Server,
+    router: &mut Router,
+    stream: &str,
+    name: &str,
+) -> Result<Fields, ApiError> {
+    let s = js
+        .stream(stream)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    if !registry::delete_consumer(js, server, router, &s, name, None).await {
+        return Err(consumer_not_found());
+    }
+    let mut f = Fields::new();
+    f.insert("success".into(), true.into());
+    Ok(f)
+}

@@ -1,0 +1,384 @@
+//! `STREAM.CREATE`, `UPDATE`, `INFO`, `NAMES`, `LIST`, `DELETE`, `PURGE`: checks and
+//! typed responses. The lifecycle itself (creating, updating, deleting) is the registry's;
+//! changes to a stream are its actor's, answered once they are committed.
+
+use std::sync::Arc;
+
+use keel_store::Purge;
+use serde::Deserialize;
+
+use super::types::{
+    ClusterInfo, ListRequest, Paged, PurgeRequest, PurgeResponse, StreamCreateResponse, StreamInfo,
+    StreamInfoRequest, StreamInfoResponse, StreamListResponse, StreamNamesResponse, StreamState,
+    SuccessResponse,
+};
+use super::{parse_request, ApiError, ErrorKind};
+use crate::jetstream::stream::{self, StorageType, Stream, StreamConfig};
+use crate::jetstream::{advisory, registry, schema, sourcing, JetStream};
+use crate::router::Router;
+use crate::server::Server;
+use crate::time::{now_nanos, rfc3339};
+
+const NAMES_LIMIT: usize = 1024;
+const LIST_LIMIT: usize = 256;
+/// Most subjects a stream info with `subjects_filter` lists.
+const SUBJECTS_LIMIT: usize = 100_000;
+
+/// One stream's info. `cluster`: the JetStream whose server leads it (a single server:
+/// always this one), for stream info; create, update and list leave it out.
+pub fn info(
+    s: &Stream,
+    dynamic_meta: bool,
+    cluster: Option<&JetStream>,
+    subjects_filter: Option<&str>,
+    deleted_details: bool,
+) -> StreamInfo {
+    let (state, subjects, deleted) = {
+        let store = s.read();
+        (
+            store.state(),
+            subjects_filter.map(|f| store.subjects(f)),
+            deleted_details.then(|| store.deleted()),
+        )
+    };
+    let mut mirror = None;
+    let mut sources = None;
+    for (k, v) in s.sourcing_info() {
+        match k {
+            "mirror" => mirror = Some(v),
+            _ => sources = Some(v),
+        }
+    }
+    StreamInfo {
+        config: s.config().to_json(dynamic_meta),
+        created: rfc3339(s.created),
+        state: StreamState::new(state, s.consumers.len(), subjects, deleted),
+        domain: cluster.and_then(|js| js.domain.clone()),
+        cluster: cluster.map(|js| ClusterInfo {
+            leader: js.server_name.clone(),
+        }),
+        mirror,
+        sources,
+        ts: rfc3339(now_nanos()),
+    }
+}
+
+fn parse_config(js: &JetStream, name: &str, body: &[u8]) -> Result<StreamConfig, ApiError> {
+    if body.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(ErrorKind::StreamMismatch.err());
+    }
+    let cfg: StreamConfig = parse_request(body, &schema::STREAM_CONFIG, js.strict)?;
+    refuse_pedantic(body)?;
+    if cfg.name != name {
+        return Err(ErrorKind::StreamMismatch.err());
+    }
+    cfg.normalize()
+}
+
+/// `pedantic: true` asks the server to refuse rather than adjust a config; Keel adjusts, so
+/// the request is refused as unsupported instead of being silently treated as non-pedantic.
+pub fn refuse_pedantic(body: &[u8]) -> Result<(), ApiError> {
+    #[derive(Deserialize)]
+    struct Pedantic {
+        #[serde(default)]
+        pedantic: Option<bool>,
+    }
+    match serde_json::from_slice::<Pedantic>(body) {
+        Ok(Pedantic {
+            pedantic: Some(true),
+        }) => Err(ApiError::not_supported("pedantic mode")),
+        _ => Ok(()),
+    }
+}
+
+fn check_overlap(js: &JetStream, cfg: &StreamConfig) -> Result<(), ApiError> {
+    for other in js.streams() {
+        if other.name == cfg.name {
+            continue;
+        }
+        let oc = other.config();
+        for a in &cfg.subjects {
+            if oc.subjects.iter().any(|b| stream::subjects_overlap(a, b)) {
+                return Err(ErrorKind::SubjectsOverlap.err());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Server-wide storage limits: a stream's max_bytes is a reservation against them.
+fn check_resources(
+    js: &JetStream,
+    cfg: &StreamConfig,
+    except: Option<&str>,
+) -> Result<(), ApiError> {
+    let err = match cfg.storage {
+        StorageType::Memory => ErrorKind::InsufficientMemory.err(),
+        StorageType::File => ErrorKind::InsufficientStorage.err(),
+    };
+    let acc = js.account.jetstream_limits();
+    if acc.max_bytes_required && cfg.max_bytes <= 0 {
+        return Err(ErrorKind::MaxBytesRequired.err());
+    }
+    let per_stream = match cfg.storage {
+        StorageType::Memory => acc.mem_max_stream_bytes,
+        StorageType::File => acc.disk_max_stream_bytes,
+    };
+    if per_stream > 0 && cfg.max_bytes > per_stream {
+        return Err(ErrorKind::StreamMaxBytesExceedsAccount.err());
+    }
+    // The server's limit holds every account's reservations, the account's its own.
+    let limits = [
+        (js.server_limit(cfg.storage), true),
+        (js.account_limit(cfg.storage), false),
+    ];
+    for (limit, all) in limits {
+        if limit < 0 {
+            continue;
+        }
+        if cfg.max_bytes > limit {
+            return Err(err);
+        }
+        let reserved = if all {
+            js.reserved_by_all(cfg.storage, except)
+        } else {
+            js.reserved(cfg.storage, except)
+        };
+        if cfg.max_bytes > 0 && reserved + cfg.max_bytes > limit {
+            return Err(err.clone());
+        }
+    }
+    Ok(())
+}
+
+pub async fn create(
+    js: &Arc<JetStream>,
+    server: &Arc<Server>,
+    router: &mut Router,
+    name: &str,
+    body: &[u8],
+) -> Result<StreamCreateResponse, ApiError> {
+    let mut cfg = parse_config(js, name, body)?;
+    if cfg.mirror_direct && cfg.mirror.is_none() {
+        return Err(
+            ErrorKind::InvalidConfig.with("stream has no mirror but does have mirror direct")
+        );
+    }
+    sourcing::check_with_streams(js, &mut cfg)?;
+    if let Some(existing) = js.stream(name) {
+        let mut current = (*existing.config()).clone();
+        current.metadata.remove(stream::REQ_LEVEL_KEY);
+        let mut wanted = cfg.clone();
+        wanted.metadata.remove(stream::REQ_LEVEL_KEY);
+        if current != wanted {
+            return Err(ErrorKind::StreamNameInUse.err());
+        }
+        return Ok(StreamCreateResponse {
+            info: info(&existing, true, None, None, false),
+            did_create: true,
+        });
+    }
+    sourcing::check_filters(&cfg)?;
+    check_overlap(js, &cfg)?;
+    check_resources(js, &cfg, None)?;
+    let max_streams = js.account.jetstream_limits().max_streams;
+    if max_streams >= 0 && js.streams().len() as i64 >= max_streams {
+        return Err(ErrorKind::MaxStreams.err());
+    }
+    let s = registry::create_stream(js, server, cfg).await?;
+    advisory::stream_action(server, router, name, advisory::Action::Create);
+    let created = StreamCreateResponse {
+        info: info(&s, true, None, None, false),
+        did_create: true,
+    };
+    s.start_sources();
+    Ok(created)
+}
+
+pub async fn update(
+    js: &Arc<JetStream>,
+    server: &Arc<Server>,
+    router: &mut Router,
+    name: &str,
+    body: &[u8],
+) -> Result<StreamInfo, ApiError> {
+    let mut cfg = parse_config(js, name, body)?;
+    let s = js
+        .stream(name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    let old = s.config();
+    old.check_update(&cfg)?;
+    if cfg.mirror_direct && cfg.mirror.is_none() {
+        return Err(
+            ErrorKind::InvalidConfig.with("stream has no mirror but does have mirror direct")
+        );
+    }
+    sourcing::check_with_streams(js, &mut cfg)?;
+    check_consumer_limits(js, &s, &old, &cfg)?;
+    check_overlap(js, &cfg)?;
+    check_resources(js, &cfg, Some(name))?;
+    registry::update_stream(&s, cfg).await?;
+    advisory::stream_action(server, router, name, advisory::Action::Update);
+    Ok(info(&s, true, None, None, false))
+}
+
+/// Lowering a stream's `consumer_limits` below what an existing consumer uses is refused,
+/// naming the consumers (the reference's check and text).
+fn check_consumer_limits(
+    js: &JetStream,
+    s: &Stream,
+    old: &StreamConfig,
+    new: &StreamConfig,
+) -> Result<(), ApiError> {
+    let (oi, ni) = (
+        old.consumer_limits.inactive_threshold,
+        new.consumer_limits.inactive_threshold,
+    );
+    let (om, nm) = (
+        old.consumer_limits.max_ack_pending,
+        new.consumer_limits.max_ack_pending,
+    );
+    if !((ni > 0 && ni != oi) || (nm > 0 && nm != om)) {
+        return Ok(());
+    }
+    let violating: Vec<String> = js
+        .consumers_of(&s.name)
+        .iter()
+        .filter(|c| {
+            let cfg = c.config();
+            (ni > 0 && cfg.inactive_threshold > ni) || (nm > 0 && cfg.max_ack_pending > nm)
+        })
+        .map(|c| c.name.clone())
+        .collect();
+    if violating.is_empty() {
+        return Ok(());
+    }
+    Err(ErrorKind::UpdateFailed.with(format!(
+        "change to limits violates consumers: {}",
+        violating.join(", ")
+    )))
+}
+
+pub fn stream_info(
+    js: &JetStream,
+    name: &str,
+    body: &[u8],
+) -> Result<StreamInfoResponse, ApiError> {
+    let req: StreamInfoRequest = parse_request(body, &schema::STREAM_INFO, js.strict)?;
+    let s = js
+        .stream(name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    let mut info = info(
+        &s,
+        true,
+        Some(js),
+        req.subjects_filter.as_deref(),
+        req.deleted_details,
+    );
+    // Paging applies to the subjects map when one was asked for.
+    let paged = match &req.subjects_filter {
+        Some(_) => {
+            let subjects = info.state.subjects.take().unwrap_or_default();
+            let total = subjects.len();
+            info.state.subjects = Some(if req.offset > 0 || total > SUBJECTS_LIMIT {
+                subjects
+                    .into_iter()
+                    .skip(req.offset)
+                    .take(SUBJECTS_LIMIT)
+                    .collect()
+            } else {
+                subjects
+            });
+            Paged {
+                total,
+                offset: req.offset,
+                limit: SUBJECTS_LIMIT,
+            }
+        }
+        None => Paged::default(),
+    };
+    Ok(StreamInfoResponse { paged, info })
+}
+
+fn filtered_streams(js: &JetStream, subject: Option<&str>) -> Vec<Arc<Stream>> {
+    js.streams()
+        .into_iter()
+        .filter(|s| match subject {
+            None | Some("") => true,
+            Some(f) => s
+                .config()
+                .subjects
+                .iter()
+                .any(|x| stream::subjects_overlap(x, f)),
+        })
+        .collect()
+}
+
+pub fn names(js: &JetStream, body: &[u8]) -> Result<StreamNamesResponse, ApiError> {
+    let req: ListRequest = parse_request(body, &schema::STREAM_NAMES, js.strict)?;
+    let all = filtered_streams(js, req.subject.as_deref());
+    let names: Vec<String> = all
+        .iter()
+        .skip(req.offset)
+        .take(NAMES_LIMIT)
+        .map(|s| s.name.clone())
+        .collect();
+    Ok(StreamNamesResponse {
+        paged: Paged {
+            total: all.len(),
+            offset: req.offset,
+            limit: NAMES_LIMIT,
+        },
+        streams: (!names.is_empty()).then_some(names),
+    })
+}
+
+pub fn list(js: &JetStream, body: &[u8]) -> Result<StreamListResponse, ApiError> {
+    let req: ListRequest = parse_request(body, &schema::STREAM_NAMES, js.strict)?;
+    let all = filtered_streams(js, req.subject.as_deref());
+    Ok(StreamListResponse {
+        paged: Paged {
+            total: all.len(),
+            offset: req.offset,
+            limit: LIST_LIMIT,
+        },
+        streams: all
+            .iter()
+            .skip(req.offset)
+            .take(LIST_LIMIT)
+            .map(|s| info(s, false, None, None, false))
+            .collect(),
+    })
+}
+
+pub async fn delete(
+    js: &Arc<JetStream>,
+    server: &Arc<Server>,
+    router: &mut Router,
+    name: &str,
+) -> Result<SuccessResponse, ApiError> {
+    registry::delete_stream(js, server, router, name).await?;
+    advisory::stream_action(server, router, name, advisory::Action::Delete);
+    Ok(SuccessResponse { success: true })
+}
+
+pub async fn purge(js: &JetStream, name: &str, body: &[u8]) -> Result<PurgeResponse, ApiError> {
+    let req: PurgeRequest = parse_request(body, &schema::STREAM_PURGE, js.strict)?;
+    let s = js
+        .stream(name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    let req = Purge {
+        filter: req.filter,
+        seq: req.seq,
+        keep: req.keep,
+    };
+    // The actor decides (sealed, deny_purge, the options) and answers once committed.
+    let purged = s
+        .ask(|reply| stream::Command::Purge { req, reply })
+        .await
+        .unwrap_or_else(|| Err(ErrorKind::StreamNotFound.err()))?;
+    Ok(PurgeResponse {
+        success: true,
+        purged,
+    })
+}

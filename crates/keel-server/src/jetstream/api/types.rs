@@ -1,0 +1,288 @@
+//! Typed requests and responses of the stream-side API (`$JS.API.INFO`, `STREAM.*`,
+//! `STREAM.MSG.*`). Field order is the reference's output order and optional fields are
+//! left out as it leaves them out; responses get `type` first (see [`Response`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::errors::ApiError;
+use crate::time::rfc3339;
+
+/// A response: `type` first, then the body's fields.
+#[derive(Serialize)]
+pub struct Response<'a, T: Serialize> {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(flatten)]
+    pub body: &'a T,
+}
+
+/// An error response: `type`, `error`, then the fields the reference writes even next to an
+/// error.
+#[derive(Serialize)]
+pub struct ErrorResponse<'a, T: Serialize> {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub error: &'a ApiError,
+    #[serde(flatten)]
+    pub extra: T,
+}
+
+/// The response type name of an API kind (`stream_info` ->
+/// `io.nats.jetstream.api.v1.stream_info_response`).
+pub fn type_name(kind: &str) -> String {
+    format!("io.nats.jetstream.api.v1.{kind}_response")
+}
+
+/// Paging of NAMES and LIST responses.
+#[derive(Serialize, Default, Clone, Copy)]
+pub struct Paged {
+    pub total: usize,
+    pub offset: usize,
+    pub limit: usize,
+}
+
+// ---- requests -------------------------------------------------------------------------
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct StreamInfoRequest {
+    pub subjects_filter: Option<String>,
+    pub deleted_details: bool,
+    pub offset: usize,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct ListRequest {
+    pub offset: usize,
+    pub subject: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct PurgeRequest {
+    pub filter: Option<String>,
+    pub seq: Option<u64>,
+    pub keep: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct MsgGetRequest {
+    pub seq: Option<u64>,
+    pub last_by_subj: Option<String>,
+    pub next_by_subj: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct MsgDeleteRequest {
+    pub seq: u64,
+    pub no_erase: bool,
+}
+
+// ---- stream info ----------------------------------------------------------------------
+
+#[derive(Serialize)]
+pub struct Lost {
+    pub msgs: Vec<u64>,
+    pub bytes: u64,
+}
+
+/// A stream's `state`.
+#[derive(Serialize)]
+pub struct StreamState {
+    pub messages: u64,
+    pub bytes: u64,
+    pub first_seq: u64,
+    pub first_ts: String,
+    pub last_seq: u64,
+    pub last_ts: String,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub num_subjects: u64,
+    #[serde(skip_serializing_if = "empty_map")]
+    pub subjects: Option<BTreeMap<String, u64>>,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub num_deleted: u64,
+    #[serde(skip_serializing_if = "empty_vec")]
+    pub deleted: Option<Vec<u64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost: Option<Lost>,
+    pub consumer_count: usize,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+fn empty_map(m: &Option<BTreeMap<String, u64>>) -> bool {
+    m.as_ref().is_none_or(|m| m.is_empty())
+}
+fn empty_vec(v: &Option<Vec<u64>>) -> bool {
+    v.as_ref().is_none_or(|v| v.is_empty())
+}
+
+impl StreamState {
+    pub fn new(
+        state: keel_store::State,
+        consumers: usize,
+        subjects: Option<BTreeMap<String, u64>>,
+        deleted: Option<Vec<u64>>,
+    ) -> StreamState {
+        StreamState {
+            messages: state.msgs,
+            bytes: state.bytes,
+            first_seq: state.first_seq,
+            first_ts: rfc3339(state.first_ts),
+            last_seq: state.last_seq,
+            last_ts: rfc3339(state.last_ts),
+            num_subjects: state.num_subjects,
+            subjects,
+            num_deleted: state.num_deleted,
+            deleted,
+            lost: state.lost.map(|l| Lost {
+                msgs: l.msgs,
+                bytes: l.bytes,
+            }),
+            consumer_count: consumers,
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct ClusterInfo {
+    pub leader: String,
+}
+
+/// Stream info: `config, created, state, [domain, cluster], [mirror, sources], ts`.
+#[derive(Serialize)]
+pub struct StreamInfo {
+    pub config: Value,
+    pub created: String,
+    pub state: StreamState,
+    /// Stream info names the domain before the cluster, as the reference.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sources: Option<Value>,
+    pub ts: String,
+}
+
+#[derive(Serialize)]
+pub struct StreamCreateResponse {
+    #[serde(flatten)]
+    pub info: StreamInfo,
+    pub did_create: bool,
+}
+
+#[derive(Serialize)]
+pub struct StreamInfoResponse {
+    #[serde(flatten)]
+    pub paged: Paged,
+    #[serde(flatten)]
+    pub info: StreamInfo,
+}
+
+#[derive(Serialize)]
+pub struct StreamNamesResponse {
+    #[serde(flatten)]
+    pub paged: Paged,
+    /// `null`, not `[]`, when no stream matches (the reference).
+    pub streams: Option<Vec<String>>,
+}
+
+#[derive(Serialize)]
+pub struct StreamListResponse {
+    #[serde(flatten)]
+    pub paged: Paged,
+    pub streams: Vec<StreamInfo>,
+}
+
+#[derive(Serialize)]
+pub struct SuccessResponse {
+    pub success: bool,
+}
+
+#[derive(Serialize)]
+pub struct PurgeResponse {
+    pub success: bool,
+    pub purged: u64,
+}
+
+// ---- messages -------------------------------------------------------------------------
+
+/// A message as STREAM.MSG.GET returns it (headers and payload base64, left out when
+/// empty).
+#[derive(Serialize)]
+pub struct StoredMessage {
+    pub subject: String,
+    pub seq: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hdrs: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+    pub time: String,
+}
+
+#[derive(Serialize)]
+pub struct MsgGetResponse {
+    pub message: StoredMessage,
+}
+
+// ---- account --------------------------------------------------------------------------
+
+#[derive(Serialize)]
+pub struct AccountLimits {
+    pub max_memory: i64,
+    pub max_storage: i64,
+    pub max_streams: i64,
+    pub max_consumers: i64,
+    pub max_ack_pending: i64,
+    pub memory_max_stream_bytes: i64,
+    pub storage_max_stream_bytes: i64,
+    pub max_bytes_required: bool,
+}
+
+impl AccountLimits {
+    /// The account's own limits (-1: none).
+    pub fn of(l: &crate::auth::conf::JsAccountOpts) -> AccountLimits {
+        AccountLimits {
+            max_memory: l.max_mem,
+            max_storage: l.max_file,
+            max_streams: l.max_streams,
+            max_consumers: l.max_consumers,
+            max_ack_pending: l.max_ack_pending,
+            memory_max_stream_bytes: l.mem_max_stream_bytes,
+            storage_max_stream_bytes: l.disk_max_stream_bytes,
+            max_bytes_required: l.max_bytes_required,
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct ApiStats {
+    pub level: u32,
+    pub total: u64,
+    pub errors: u64,
+}
+
+/// `$JS.API.INFO`.
+#[derive(Serialize)]
+pub struct AccountInfo {
+    pub memory: u64,
+    pub storage: u64,
+    pub reserved_memory: i64,
+    pub reserved_storage: i64,
+    pub streams: usize,
+    pub consumers: usize,
+    pub limits: AccountLimits,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    pub api: ApiStats,
+}

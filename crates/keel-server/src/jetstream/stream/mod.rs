@@ -1,0 +1,468 @@
+//! One stream. [`Stream`] is the shared handle everyone holds: its name, a read handle on its
+//! store, a view of its config, its committed watermark, its subscriptions and its sources'
+//! state, and a way to send its actor commands. The actor (`actor.rs`) is the stream's only
+//! writer: it decides (`decide.rs`) and applies (`apply.rs`) every change through its
+//! replicator (`replicator.rs`), and answers each command once the change is committed.
+
+pub mod actor;
+pub mod apply;
+pub mod config;
+pub mod decide;
+pub mod entry;
+pub mod meta;
+pub mod read;
+pub mod replicator;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use bytes::Bytes;
+use keel_store::{MetaFiles, State, Store};
+use serde_json::{Map, Value};
+use tokio::sync::{mpsc, oneshot, watch};
+
+pub use actor::Command;
+pub use config::{
+    config_json, null_default, subjects_overlap, valid_name, ConsumerLimits, DiscardPolicy,
+    Retention, StorageType, StreamConfig, API_LEVEL, REQ_LEVEL_KEY,
+};
+pub use decide::{parse_ttl, store_error};
+pub use meta::{leftover, read_meta, write_meta, StreamMeta};
+
+use super::registry::{ConsumerSet, JsUsage};
+use super::sourcing::{self, SourcedBatch};
+use crate::account::Account;
+use crate::client::ClientHandle;
+use crate::server::Server;
+use crate::sublist::Sub;
+use crate::time::rfc3339;
+use read::ReadHandle;
+
+/// How a stream is opened: the JetStream's settings it runs under.
+#[derive(Clone)]
+pub struct Settings {
+    /// Sync before acknowledging (the default); otherwise the sync interval syncs.
+    pub sync_always: bool,
+    /// `jetstream { sync_interval }`, when set.
+    pub sync_interval: Option<std::time::Duration>,
+    /// Server-wide limits (`max_memory_store`, `max_file_store`); -1: none.
+    pub max_memory: i64,
+    pub max_store: i64,
+    /// The account's usage, which this stream's bytes are part of.
+    pub usage: Arc<JsUsage>,
+    /// One budget (`jetstream { index_cache_size }`) for the index entries every file
+    /// stream of the server reads from disk.
+    pub index_cache: keel_store::SharedCache,
+    /// The server's count of fsyncs running on tokio workers (see `WriteHandle::sync`).
+    pub syncing: Arc<std::sync::atomic::AtomicUsize>,
+    /// Every account's usage (against the server-wide limits).
+    pub server_usage: Arc<JsUsage>,
+    /// The account whose stream this is (its JetStream limits lower the server's).
+    pub account: Arc<crate::account::Account>,
+    pub meta: MetaFiles,
+}
+
+pub struct Stream {
+    pub name: String,
+    pub created: i64,
+    pub dir: PathBuf,
+    /// Fixed at creation (an update may not change it).
+    pub storage: StorageType,
+    /// The JetStream instance's metadata files (configs, consumer state, source positions).
+    pub meta: MetaFiles,
+    store: ReadHandle,
+    /// The live config, swapped by the actor when an update is applied.
+    config: RwLock<Arc<StreamConfig>>,
+    handle: Arc<ClientHandle>,
+    subs: Mutex<Vec<Arc<Sub>>>,
+    /// Bytes stored, for account usage without taking the store's lock.
+    pub bytes: AtomicU64,
+    usage: Arc<JsUsage>,
+    /// Its consumers as the registry lists them (read-only views of their state).
+    pub consumers: ConsumerSet,
+    /// The last committed sequence: consumers and streams sourcing this one wake on it.
+    committed: watch::Sender<u64>,
+    /// The actor's command queue. Weak: the actor ends once its ingest queue has ended and
+    /// every task that may still send (consumers, the API mid-request) has let go.
+    commands: mpsc::WeakSender<Command>,
+    /// The running sources or mirror (None when it has neither).
+    sourcing: Mutex<Option<sourcing::Sourcing>>,
+    /// Origin identities per source index name, and whether positions await saving.
+    source_idents: Mutex<(HashMap<String, String>, bool)>,
+    /// Bumped (by the actor) each time the sources restart; see [`SourcedBatch`].
+    sourcing_gen: AtomicU64,
+}
+
+async fn ask<T>(
+    tx: &mpsc::Sender<Command>,
+    make: impl FnOnce(oneshot::Sender<T>) -> Command,
+) -> Option<T> {
+    let (reply, answer) = oneshot::channel();
+    tx.send(make(reply)).await.ok()?;
+    answer.await.ok()
+}
+
+impl Stream {
+    /// Opens (or creates) a stream's store, subscribes to its subjects and starts its actor.
+    pub fn open(
+        server: &Arc<Server>,
+        account: &Arc<Account>,
+        dir: &Path,
+        meta: StreamMeta,
+        settings: &Settings,
+    ) -> Result<Arc<Stream>, String> {
+        let config = meta.config;
+        let store: Box<dyn Store> = match config.storage {
+            StorageType::Memory => Box::new(keel_store::mem::MemStore::new(config.limits())),
+            StorageType::File => {
+                let msgs = dir.join("msgs");
+                let (mut fs, report) = keel_store::file::FileStore::open_with(
+                    &msgs,
+                    config.limits(),
+                    keel_store::file::FileStoreConfig {
+                        index_cache: Some(settings.index_cache.clone()),
+                        ..Default::default()
+                    },
+                )
+                .map_err(|e| e.to_string())?;
+                super::files::log_recovery(
+                    &server.log,
+                    &config.name,
+                    &msgs,
+                    &report,
+                    Some(&fs.state()),
+                );
+                crate::debug!(server.log, "Stream {} recovery: {report:?}", config.name);
+                fs.set_observer(super::files::observer(
+                    server.log.clone(),
+                    config.name.clone(),
+                    msgs,
+                ));
+                Box::new(fs)
+            }
+        };
+        let (handle, rx) = ClientHandle::internal(
+            server,
+            account,
+            format!("stream {}", config.name),
+            crate::inqueue::STREAM_QUEUE_BYTES,
+        );
+        let (write, read) = read::WriteHandle::new(store, settings.syncing.clone());
+        let mut leader = decide::Leader::new(&config);
+        let (bytes, last) = {
+            let mut s = write.lock();
+            leader.rebuild(&config, &mut **s);
+            (s.state().bytes, s.last_seq())
+        };
+        let (committed, _) = watch::channel(last);
+        let (cmd_tx, cmd_rx) = mpsc::channel(actor::COMMAND_QUEUE);
+        // Each source has at most one batch in flight, so a few slots are enough.
+        let (sourced_tx, sourced_rx) = mpsc::channel(8);
+        settings.usage.change(config.storage, 0, bytes);
+        let config = Arc::new(config);
+        let stream = Arc::new(Stream {
+            name: config.name.clone(),
+            created: meta.created,
+            dir: dir.to_path_buf(),
+            storage: config.storage,
+            meta: settings.meta.clone(),
+            store: read,
+            config: RwLock::new(config.clone()),
+            handle,
+            subs: Mutex::new(Vec::new()),
+            bytes: AtomicU64::new(bytes),
+            usage: settings.usage.clone(),
+            consumers: ConsumerSet::default(),
+            committed,
+            commands: cmd_tx.downgrade(),
+            sourcing: Mutex::new(None),
+            source_idents: Mutex::new((HashMap::new(), false)),
+            sourcing_gen: AtomicU64::new(0),
+        });
+        stream.subscribe();
+        // Before the actor runs, so the first batches are of this generation; they read
+        // once the stream is listed (`start_sources`).
+        stream.restart_sourcing(server, &sourced_tx, false);
+        let a = actor::Actor::new(
+            stream.clone(),
+            server.clone(),
+            write,
+            config,
+            leader,
+            replicator::LocalReplicator::new(settings.sync_always),
+            settings,
+        );
+        server.spawn(actor::run(a, rx, cmd_rx, cmd_tx, sourced_rx, sourced_tx));
+        Ok(stream)
+    }
+
+    /// Read access to the store (held for one read).
+    pub fn read(&self) -> read::ReadGuard<'_> {
+        self.store.read()
+    }
+
+    /// The live config.
+    pub fn config(&self) -> Arc<StreamConfig> {
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_config(&self, cfg: Arc<StreamConfig>) {
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = cfg;
+    }
+
+    pub fn retention(&self) -> Retention {
+        self.config().retention
+    }
+
+    pub fn state(&self) -> State {
+        self.read().state()
+    }
+
+    /// The server's log (the stream's handle carries it).
+    pub fn handle_log(&self) -> &crate::log::Log {
+        self.handle.log()
+    }
+
+    /// The account the stream serves.
+    pub fn account(&self) -> &Arc<Account> {
+        self.handle.account()
+    }
+
+    /// Records the stream's size (and its account's usage).
+    fn set_bytes(&self, bytes: u64) {
+        let old = self.bytes.swap(bytes, Ordering::Relaxed);
+        self.usage.change(self.storage, old, bytes);
+    }
+
+    /// The last committed sequence: consumers and streams sourcing this one wake on it,
+    /// and consumers deliver nothing past it.
+    pub fn committed_watch(&self) -> watch::Receiver<u64> {
+        self.committed.subscribe()
+    }
+
+    pub fn committed_seq(&self) -> u64 {
+        *self.committed.borrow()
+    }
+
+    /// A sender for the actor's commands (None once it has ended). Hold it only in a task
+    /// that ends with the server; the actor waits for every holder to let go at shutdown.
+    pub fn commands(&self) -> Option<mpsc::Sender<Command>> {
+        self.commands.upgrade()
+    }
+
+    /// Sends the actor a command and waits for its answer; None once the actor has ended.
+    pub async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+        ask(&self.commands()?, make).await
+    }
+
+    /// Deletes the stream's data and ends its actor. Unsubscribes it too, holding on to
+    /// the actor's queue meanwhile (its ingest ending would otherwise let it end first).
+    pub async fn destroy(&self) {
+        let tx = self.commands();
+        self.stop_sourcing();
+        self.unsubscribe();
+        if let Some(tx) = tx {
+            ask(&tx, |reply| Command::Delete { reply }).await;
+        }
+    }
+
+    /// The maintenance tick (expiry, the sync interval), skipped while the actor is busy.
+    pub fn tick(&self) {
+        if let Some(tx) = self.commands() {
+            let _ = tx.try_send(Command::Tick);
+        }
+    }
+
+    /// (Re)subscribes to the config's subjects, in the stream's account.
+    pub fn subscribe(&self) {
+        let subjects = self.config().subjects.clone();
+        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        for s in subs.drain(..) {
+            self.account().sublist.remove(&s);
+        }
+        for (i, subj) in subjects.iter().enumerate() {
+            let sub = Arc::new(Sub {
+                client: self.handle.clone(),
+                sid: Bytes::from(i.to_string()),
+                subject: Bytes::copy_from_slice(subj.as_bytes()),
+                queue: None,
+                max: AtomicU64::new(0),
+                delivered: AtomicU64::new(0),
+            });
+            self.account().sublist.insert(sub.clone());
+            subs.push(sub);
+        }
+    }
+
+    pub fn unsubscribe(&self) {
+        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        for s in subs.drain(..) {
+            self.account().sublist.remove(&s);
+        }
+        // Closing the handle ends the actor's ingest queue.
+        self.handle
+            .close(crate::client::CloseReason::ServerShutdown);
+    }
+
+    /// (Re)starts the sources or mirror for the current config: at open (before the actor
+    /// runs) and, by the actor, after an update, so a restart is ordered with the batches
+    /// it stores.
+    fn restart_sourcing(
+        self: &Arc<Self>,
+        server: &Arc<Server>,
+        tx: &mpsc::Sender<SourcedBatch>,
+        go: bool,
+    ) {
+        let cfg = self.config();
+        let mut slot = self.sourcing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut previous = sourcing::Positions::new();
+        if let Some(old) = slot.take() {
+            old.stop();
+            let idents = self.source_idents.lock().unwrap_or_else(|e| e.into_inner());
+            previous = old.positions(&idents.0);
+        }
+        // From here on batches the old tasks still have queued are refused.
+        let gen = self.sourcing_gen.fetch_add(1, Ordering::AcqRel) + 1;
+        *slot = sourcing::start(server, self, &cfg, gen, &previous, tx).map(|(s, idents)| {
+            let mut g = self.source_idents.lock().unwrap_or_else(|e| e.into_inner());
+            g.0 = idents;
+            if go {
+                s.go();
+            }
+            s
+        });
+    }
+
+    /// Lets the sources (or mirror) of a newly opened stream start reading.
+    pub fn start_sources(&self) {
+        if let Some(s) = self
+            .sourcing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            s.go();
+        }
+    }
+
+    fn sourcing_gen(&self) -> u64 {
+        self.sourcing_gen.load(Ordering::Acquire)
+    }
+
+    pub fn stop_sourcing(&self) {
+        let mut slot = self.sourcing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = slot.take() {
+            old.stop();
+        }
+    }
+
+    /// `mirror` / `sources` for stream info.
+    pub fn sourcing_info(&self) -> Vec<(&'static str, Value)> {
+        let slot = self.sourcing.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref().map(|s| s.info()).unwrap_or_default()
+    }
+
+    /// A mirror with `mirror_direct` that is caught up answers its origin's direct gets.
+    pub fn serves_mirror_direct(&self, origin: &str) -> bool {
+        let current = self
+            .sourcing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|s| s.mirror_current());
+        if !current {
+            return false;
+        }
+        let cfg = self.config();
+        cfg.mirror_direct && cfg.mirror.as_ref().is_some_and(|m| m.name == origin)
+    }
+
+    /// A source committed progress; its position is saved by [`Self::save_source_positions`].
+    pub(super) fn sources_progressed(&self, ident: Option<(String, String)>) {
+        let mut g = self.source_idents.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((iname, id)) = ident {
+            g.0.insert(iname, id);
+        }
+        g.1 = true;
+    }
+
+    /// Writes the sources' positions when they changed (`durable`: fsynced, at shutdown).
+    pub fn save_source_positions(&self, durable: bool) {
+        if self.storage != StorageType::File {
+            return;
+        }
+        let idents = {
+            let mut g = self.source_idents.lock().unwrap_or_else(|e| e.into_inner());
+            if !g.1 && !durable {
+                return;
+            }
+            g.1 = false;
+            g.0.clone()
+        };
+        let slot = self.sourcing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = slot.as_ref() {
+            sourcing::save_positions(
+                &self.meta,
+                self.handle.log(),
+                &self.dir,
+                s,
+                &idents,
+                durable,
+            );
+        }
+    }
+
+    /// Info `state` JSON.
+    pub fn state_json(
+        state: &State,
+        consumers: usize,
+        subjects: Option<&BTreeMap<String, u64>>,
+        deleted: Option<&[u64]>,
+    ) -> Value {
+        let mut m = Map::new();
+        m.insert("messages".into(), state.msgs.into());
+        m.insert("bytes".into(), state.bytes.into());
+        m.insert("first_seq".into(), state.first_seq.into());
+        m.insert("first_ts".into(), rfc3339(state.first_ts).into());
+        m.insert("last_seq".into(), state.last_seq.into());
+        m.insert("last_ts".into(), rfc3339(state.last_ts).into());
+        if state.num_subjects > 0 {
+            m.insert("num_subjects".into(), state.num_subjects.into());
+        }
+        if let Some(s) = subjects {
+            if !s.is_empty() {
+                m.insert(
+                    "subjects".into(),
+                    serde_json::to_value(s).expect("map serializes"),
+                );
+            }
+        }
+        if state.num_deleted > 0 {
+            m.insert("num_deleted".into(), state.num_deleted.into());
+        }
+        if let Some(d) = deleted {
+            if !d.is_empty() {
+                m.insert(
+                    "deleted".into(),
+                    serde_json::to_value(d).expect("vec serializes"),
+                );
+            }
+        }
+        if let Some(lost) = &state.lost {
+            let mut l = Map::new();
+            l.insert(
+                "msgs".into(),
+                serde_json::to_value(&lost.msgs).expect("vec serializes"),
+            );
+            l.insert("bytes".into(), lost.bytes.into());
+            m.insert("lost".into(), Value::Object(l));
+        }
+        m.insert("consumer_count".into(), consumers.into());
+        Value::Object(m)
+    }
+}

@@ -1,0 +1,83 @@
+//! The seam between deciding and applying. The leader hands each decided entry to its
+//! [`Replicator`]; once the replicator says the entries are committed, their effects may be
+//! seen (acks sent, consumers woken).
+//!
+//! [`LocalReplicator`] is a single server's: the local log is the store itself, so an entry
+//! is applied as it is proposed (the next decision sees it), and commit is the group-commit
+//! sync of everything applied since the last one. A Raft replicator (issue 15) appends
+//! proposed entries to the log instead, resolves `commit` once a quorum has them, and
+//! applies committed entries with the same [`apply`](super::apply::apply) on every replica.
+
+use std::future::Future;
+
+use keel_store::{Store, StoreError};
+
+use super::apply::{apply, Applied};
+use super::entry::StreamEntry;
+use super::read::WriteHandle;
+
+pub trait Replicator: Send + 'static {
+    /// Hands a decided entry on. The local replicator applies it at once and says what it
+    /// did; a refusal by the store (limits, a failed write) means the entry has no effect.
+    fn propose(
+        &mut self,
+        store: &mut dyn Store,
+        entry: &StreamEntry,
+    ) -> Result<Applied, StoreError>;
+
+    /// Waits until every entry proposed so far is committed. `force` makes it durable even
+    /// where commits are lazy (purges, deletes, delete markers, the sync interval) and
+    /// after a failed write (the sync rolls it back). An error means none of the entries
+    /// since the last commit is there: the store is back at its last commit.
+    fn commit<'a>(
+        &'a mut self,
+        store: &'a WriteHandle,
+        force: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+}
+
+/// One server's replicator: apply at once, commit = the group commit.
+pub struct LocalReplicator {
+    /// Sync at every commit (the default), or only when forced (lazy mode; a memory
+    /// store's sync does nothing).
+    sync_always: bool,
+    /// Something was proposed since the last commit.
+    pending: bool,
+}
+
+impl LocalReplicator {
+    pub fn new(sync_always: bool) -> LocalReplicator {
+        LocalReplicator {
+            sync_always,
+            pending: false,
+        }
+    }
+}
+
+impl Replicator for LocalReplicator {
+    fn propose(
+        &mut self,
+        store: &mut dyn Store,
+        entry: &StreamEntry,
+    ) -> Result<Applied, StoreError> {
+        let r = apply(store, entry);
+        self.pending |= r.is_ok();
+        r
+    }
+
+    fn commit<'a>(
+        &'a mut self,
+        store: &'a WriteHandle,
+        force: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        let sync = force || (self.pending && self.sync_always);
+        self.pending = false;
+        async move {
+            if sync {
+                store.sync()
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
