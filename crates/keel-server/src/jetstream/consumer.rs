@@ -668,6 +668,22 @@ pub struct ConsumerMeta {
     pub created: i64,
 }
 
+/// Writes a consumer's config file (`<dir>/meta.json`) durably.
+pub fn write_meta(
+    files: &keel_store::MetaFiles,
+    dir: &Path,
+    config: &ConsumerConfig,
+    created: i64,
+) -> std::io::Result<()> {
+    #[derive(Serialize)]
+    struct MetaRef<'a> {
+        config: &'a ConsumerConfig,
+        created: i64,
+    }
+    let body = serde_json::to_vec_pretty(&MetaRef { config, created })?;
+    files.write(&dir.join("meta.json"), &body, true)
+}
+
 pub struct State {
     pub config: ConsumerConfig,
     delivered: SeqPair,
@@ -982,17 +998,11 @@ impl Consumer {
         self.wake.notify_one();
     }
 
-    pub fn persist_meta(&self) -> std::io::Result<()> {
+    /// Writes (durably) `config` as this consumer's saved config. Called before the
+    /// config goes live (`set_config`), so a failed write leaves the consumer as it was.
+    pub fn persist_config(&self, config: &ConsumerConfig) -> std::io::Result<()> {
         let Some(dir) = &self.dir else { return Ok(()) };
-        let meta = ConsumerMeta {
-            config: self.config(),
-            created: self.created,
-        };
-        self.stream.meta.write(
-            &dir.join("meta.json"),
-            &serde_json::to_vec_pretty(&meta)?,
-            true,
-        )
+        write_meta(&self.stream.meta, dir, config, self.created)
     }
 
     /// Consumer info fields (without `type`). (Interest is looked up in the consumer's own

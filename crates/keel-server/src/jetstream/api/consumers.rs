@@ -198,10 +198,10 @@ fn create_consumer(
         }
         current.check_update(&wanted)?;
         wanted.check_supported()?;
-        c.set_config(stored_cfg);
-        c.persist_meta()
+        // Saved first: a failed write leaves the consumer as it was.
+        c.persist_config(&stored_cfg)
             .map_err(|e| ErrorKind::ConsumerCreate.with(format!("could not save consumer: {e}")))?;
-        c.notify();
+        c.set_config(stored_cfg);
         return Ok(c.info(server, true));
     }
     if req.action == "update" {
@@ -371,9 +371,10 @@ pub(super) fn consumer_pause(
     let mut cfg = c.config();
     cfg.pause_until = until.as_ref().map(|(_, text)| text.clone());
     cfg.set_req_level();
-    c.set_config(cfg);
-    c.persist_meta()
+    // Saved first: a failed write leaves the consumer as it was.
+    c.persist_config(&cfg)
         .map_err(|e| ErrorKind::ConsumerStore.with(e))?;
+    c.set_config(cfg);
     let (paused, remaining) = c.pause_state();
     let mut m = super::response("consumer_pause");
     m.insert("paused".into(), paused.into());
