@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use keel_store::StoredMsg;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::advisory::{ConsumerEvent, ConsumerEventKind};
+use super::api::types::{ConsumerInfo, PriorityGroupState, SequenceInfo};
 use super::api::{ApiError, ErrorKind};
 pub use super::consumer_state::SeqPair;
 use super::consumer_state::{ConsumerOp, Replicated};
@@ -985,69 +986,60 @@ impl Consumer {
         write_meta(&self.stream.meta, dir, config, self.created)
     }
 
-    /// Consumer info fields (without `type`). (Interest is looked up in the consumer's own
-    /// account; `_server` stays for the callers' sake until the API is typed.)
-    pub fn info(&self, _server: &Server, dynamic_meta: bool) -> Map<String, Value> {
+    /// Consumer info (without `type`). (Interest is looked up in the consumer's own
+    /// account; `_server` stays for the callers' sake.)
+    pub fn info(&self, _server: &Server, dynamic_meta: bool) -> ConsumerInfo {
         let mut st = self.lock();
         // Requests whose requester went away are not waiting (the reference checks here too).
         st.waiting
             .retain(|w| !self.handle.account().sublist.matches(&w.reply).is_empty());
         let num_pending = st.num_pending(&self.stream);
-        let mut f = Map::new();
-        f.insert("stream_name".into(), self.stream.name.clone().into());
-        f.insert("name".into(), self.name.clone().into());
-        f.insert("created".into(), rfc3339(self.created).into());
-        f.insert("config".into(), st.config.to_json(dynamic_meta));
-        let mut delivered = serde_json::to_value(st.rep.delivered).expect("pair serializes");
-        if st.last_delivery > 0 {
-            delivered["last_active"] = rfc3339(st.last_delivery).into();
-        }
-        f.insert("delivered".into(), delivered);
-        let mut floor = serde_json::to_value(st.rep.ack_floor).expect("pair serializes");
-        if st.last_ack > 0 {
-            floor["last_active"] = rfc3339(st.last_ack).into();
-        }
-        f.insert("ack_floor".into(), floor);
-        f.insert("num_ack_pending".into(), st.rep.pending.len().into());
-        // With max_deliver 1 nothing is redelivered; the reference reports 0.
-        let redelivered = if st.config.max_deliver == 1 {
-            0
-        } else {
-            st.rep.redelivered.len()
+        let active = |pair: SeqPair, ts: i64| SequenceInfo {
+            consumer_seq: pair.consumer_seq,
+            stream_seq: pair.stream_seq,
+            last_active: (ts > 0).then(|| rfc3339(ts)),
         };
-        f.insert("num_redelivered".into(), redelivered.into());
-        f.insert("num_waiting".into(), st.waiting.len().into());
-        f.insert("num_pending".into(), num_pending.into());
-        if let Some(ds) = &st.config.deliver_subject {
-            if !self
+        let push_bound = st.config.deliver_subject.as_ref().is_some_and(|ds| {
+            !self
                 .handle
                 .account()
                 .sublist
                 .matches(ds.as_bytes())
                 .is_empty()
-            {
-                f.insert("push_bound".into(), true.into());
-            }
-        }
+        });
         let (paused, remaining) = paused_for(st.pause_ns);
-        if paused {
-            f.insert("paused".into(), true.into());
-            f.insert("pause_remaining".into(), remaining.into());
+        ConsumerInfo {
+            stream_name: self.stream.name.clone(),
+            name: self.name.clone(),
+            created: rfc3339(self.created),
+            config: st.config.to_json(dynamic_meta),
+            delivered: active(st.rep.delivered, st.last_delivery),
+            ack_floor: active(st.rep.ack_floor, st.last_ack),
+            num_ack_pending: st.rep.pending.len(),
+            // With max_deliver 1 nothing is redelivered; the reference reports 0.
+            num_redelivered: if st.config.max_deliver == 1 {
+                0
+            } else {
+                st.rep.redelivered.len()
+            },
+            num_waiting: st.waiting.len(),
+            num_pending,
+            push_bound,
+            paused,
+            pause_remaining: paused.then_some(remaining),
+            ts: rfc3339(now_nanos()),
+            priority_groups: st
+                .config
+                .priority_groups
+                .first()
+                .map(|g| PriorityGroupState {
+                    group: g.clone(),
+                    pinned_client_id: st.pin.as_ref().map(|p| p.id.clone()),
+                    pinned_ts: rfc3339(st.pin.as_ref().map_or(0, |p| p.ts)),
+                })
+                .into_iter()
+                .collect(),
         }
-        f.insert("ts".into(), rfc3339(now_nanos()).into());
-        if let Some(g) = st.config.priority_groups.first() {
-            let mut pg = Map::new();
-            pg.insert("group".into(), g.clone().into());
-            if let Some(pin) = &st.pin {
-                pg.insert("pinned_client_id".into(), pin.id.clone().into());
-            }
-            pg.insert(
-                "pinned_ts".into(),
-                rfc3339(st.pin.as_ref().map_or(0, |p| p.ts)).into(),
-            );
-            f.insert("priority_groups".into(), vec![Value::Object(pg)].into());
-        }
-        f
     }
 
     /// The figures monitoring samples (the dashboard), without building the info JSON.
@@ -1678,10 +1670,19 @@ fn reset_request(
             if c.stream.retention() == Retention::Interest {
                 done.extend(skipped);
             }
-            let mut m = super::api::response(kind);
-            m.extend(c.info(server, true));
-            m.insert("reset_seq".into(), seq.into());
-            super::api::to_bytes(&Value::Object(m))
+            #[derive(Serialize)]
+            struct ResetResponse {
+                #[serde(flatten)]
+                info: ConsumerInfo,
+                reset_seq: u64,
+            }
+            super::api::to_bytes(&super::api::types::Response {
+                kind: super::api::types::type_name(kind),
+                body: &ResetResponse {
+                    info: c.info(server, true),
+                    reset_seq: seq,
+                },
+            })
         }
         Err(e) => super::api::error_response(kind, &e, &[("reset_seq", 0.into())]),
     };
