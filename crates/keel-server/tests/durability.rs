@@ -844,6 +844,92 @@ async fn full_disk_recovers_without_a_restart() {
     drop(disk);
 }
 
+/// Issue 12 item 5: a consumer change is written before it goes live. A directory where the
+/// config write's temporary file goes makes that write fail (even for root); the update and
+/// the pause then answer the reference's errors and the consumer stays as it was, live and
+/// after a restart; a create that cannot save leaves no consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_change_that_cannot_be_saved_leaves_it_as_it_was() {
+    if common::is_reference() {
+        return; // Keel's store layout.
+    }
+    let mut server = Server::start_jetstream();
+    let client = server.client().await;
+    let (_, v) = common::json_request(
+        &client,
+        "$JS.API.STREAM.CREATE.CF",
+        r#"{"name":"CF","subjects":["cf"]}"#,
+    )
+    .await;
+    assert!(v.get("error").is_none(), "{v}");
+    let create = |desc: &str, action: &str| {
+        format!(
+            r#"{{"stream_name":"CF","config":{{"durable_name":"D","ack_policy":"explicit","description":"{desc}"}},"action":"{action}"}}"#
+        )
+    };
+    let (_, v) = common::json_request(
+        &client,
+        "$JS.API.CONSUMER.CREATE.CF.D",
+        create("one", "create"),
+    )
+    .await;
+    assert!(v.get("error").is_none(), "{v}");
+    let consumers = server
+        .store_dir()
+        .unwrap()
+        .join("jetstream/$G/streams/CF/consumers");
+    let blocker = consumers.join("D/meta.json.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+
+    let (_, v) = common::json_request(
+        &client,
+        "$JS.API.CONSUMER.CREATE.CF.D",
+        create("two", "update"),
+    )
+    .await;
+    let (code, err_code, _) = common::api_error(&v);
+    assert_eq!((code, err_code), (500, 10012), "{v}");
+    let (_, v) = common::json_request(
+        &client,
+        "$JS.API.CONSUMER.PAUSE.CF.D",
+        r#"{"pause_until":"2099-01-01T00:00:00Z"}"#,
+    )
+    .await;
+    let (code, err_code, _) = common::api_error(&v);
+    assert_eq!((code, err_code), (500, 10104), "{v}");
+    let (_, info) = common::json_request(&client, "$JS.API.CONSUMER.INFO.CF.D", "").await;
+    assert_eq!(info["config"]["description"], "one", "{info}");
+    assert!(info["config"].get("pause_until").is_none(), "{info}");
+    assert_eq!(info["paused"], serde_json::Value::Null, "{info}");
+
+    std::fs::create_dir_all(consumers.join("E/meta.json.tmp")).unwrap();
+    let (_, v) = common::json_request(
+        &client,
+        "$JS.API.CONSUMER.CREATE.CF.E",
+        r#"{"stream_name":"CF","config":{"durable_name":"E","ack_policy":"explicit"},"action":"create"}"#,
+    )
+    .await;
+    let (code, err_code, _) = common::api_error(&v);
+    assert_eq!((code, err_code), (500, 10104), "{v}");
+    let (_, v) = common::json_request(&client, "$JS.API.CONSUMER.INFO.CF.E", "").await;
+    assert_eq!(common::api_error(&v).1, 10014, "{v}");
+
+    drop(client);
+    std::fs::remove_dir(&blocker).unwrap();
+    server.restart();
+    let client = server.client().await;
+    let (_, info) = common::json_request(&client, "$JS.API.CONSUMER.INFO.CF.D", "").await;
+    assert_eq!(info["config"]["description"], "one", "{info}");
+    // Once the write can succeed, the update goes through.
+    let (_, v) = common::json_request(
+        &client,
+        "$JS.API.CONSUMER.CREATE.CF.D",
+        create("two", "update"),
+    )
+    .await;
+    assert_eq!(v["config"]["description"], "two", "{v}");
+}
+
 /// Issue 9 item 6: a second server on the same store directory refuses to start, naming
 /// the directory and the holder's pid; the lock goes with the holder, even on SIGKILL.
 #[tokio::test]

@@ -8,7 +8,7 @@
 //! requests can read it, and durable consumers of file streams persist it: always before an
 //! acknowledged ack (AckSync) is confirmed, and otherwise at most every 20 ms when it changed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,10 +17,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use keel_store::StoredMsg;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::advisory::{ConsumerEvent, ConsumerEventKind};
+use super::api::types::{ConsumerInfo, PriorityGroupState, SequenceInfo};
 use super::api::{ApiError, ErrorKind};
+pub use super::consumer_state::SeqPair;
+use super::consumer_state::{ConsumerOp, Replicated};
 use super::stream::{null_default, Retention, Stream, REQ_LEVEL_KEY};
 use crate::client::{ClientHandle, InMsg};
 use crate::router::{Outgoing, Router};
@@ -576,20 +579,6 @@ impl ConsumerConfig {
     }
 }
 
-/// `{consumer_seq, stream_seq}` as info shows it.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SeqPair {
-    pub consumer_seq: u64,
-    pub stream_seq: u64,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Pending {
-    cseq: u64,
-    /// When an ack is due; passed deadlines queue the message for redelivery.
-    deadline: Instant,
-}
-
 /// A waiting pull request.
 struct PullRequest {
     id: u64,
@@ -668,13 +657,31 @@ pub struct ConsumerMeta {
     pub created: i64,
 }
 
+/// Writes a consumer's config file (`<dir>/meta.json`) durably.
+pub fn write_meta(
+    files: &keel_store::MetaFiles,
+    dir: &Path,
+    config: &ConsumerConfig,
+    created: i64,
+) -> std::io::Result<()> {
+    #[derive(Serialize)]
+    struct MetaRef<'a> {
+        config: &'a ConsumerConfig,
+        created: i64,
+    }
+    let body = serde_json::to_vec_pretty(&MetaRef { config, created })?;
+    files.write(&dir.join("meta.json"), &body, true)
+}
+
+/// A consumer's state: the replicated part (`rep`, changed only through [`State::apply`])
+/// and what only the leader has (the rest: delivery position, ack deadlines, waiting
+/// pulls, flow control, heartbeats, pins, pacing).
 pub struct State {
     pub config: ConsumerConfig,
-    delivered: SeqPair,
-    ack_floor: SeqPair,
-    pending: BTreeMap<u64, Pending>,
-    /// Deliveries so far of messages delivered more than once.
-    redelivered: HashMap<u64, u64>,
+    /// Delivered, ack floor, pending, delivery counts: what a follower needs.
+    rep: Replicated,
+    /// When each pending delivery's ack is due; a passed deadline queues it for redelivery.
+    deadlines: BTreeMap<u64, Instant>,
     /// Stream sequences due for redelivery, oldest first.
     rdq: BTreeSet<u64>,
     /// Initial deliveries of deliver-policy last_per_subject, in order.
@@ -804,10 +811,8 @@ impl Consumer {
         let now = Instant::now();
         let mut st = State {
             config,
-            delivered: SeqPair::default(),
-            ack_floor: SeqPair::default(),
-            pending: BTreeMap::new(),
-            redelivered: HashMap::new(),
+            rep: Replicated::default(),
+            deadlines: BTreeMap::new(),
             rdq: BTreeSet::new(),
             lps: VecDeque::new(),
             next_seq: 1,
@@ -838,21 +843,13 @@ impl Consumer {
         st.pause_ns = st.config.pause_ns();
         match saved {
             Loaded::Saved(s) => {
-                st.delivered = s.delivered;
-                st.ack_floor = s.ack_floor;
                 st.next_seq = s.delivered.stream_seq + 1;
                 // Delivered but unacked before the restart: redeliver them now.
-                for (sseq, cseq) in s.pending {
-                    st.pending.insert(
-                        sseq,
-                        Pending {
-                            cseq,
-                            deadline: now,
-                        },
-                    );
+                for &(sseq, _) in &s.pending {
+                    st.deadlines.insert(sseq, now);
                     st.rdq.insert(sseq);
                 }
-                st.redelivered = s.redelivered.into_iter().collect();
+                st.rep = s.into_replicated();
                 st.check_against(stream, &name);
             }
             Loaded::Fresh => st.init_position(stream),
@@ -982,82 +979,67 @@ impl Consumer {
         self.wake.notify_one();
     }
 
-    pub fn persist_meta(&self) -> std::io::Result<()> {
+    /// Writes (durably) `config` as this consumer's saved config. Called before the
+    /// config goes live (`set_config`), so a failed write leaves the consumer as it was.
+    pub fn persist_config(&self, config: &ConsumerConfig) -> std::io::Result<()> {
         let Some(dir) = &self.dir else { return Ok(()) };
-        let meta = ConsumerMeta {
-            config: self.config(),
-            created: self.created,
-        };
-        self.stream.meta.write(
-            &dir.join("meta.json"),
-            &serde_json::to_vec_pretty(&meta)?,
-            true,
-        )
+        write_meta(&self.stream.meta, dir, config, self.created)
     }
 
-    /// Consumer info fields (without `type`). (Interest is looked up in the consumer's own
-    /// account; `_server` stays for the callers' sake until the API is typed.)
-    pub fn info(&self, _server: &Server, dynamic_meta: bool) -> Map<String, Value> {
+    /// Consumer info (without `type`). (Interest is looked up in the consumer's own
+    /// account; `_server` stays for the callers' sake.)
+    pub fn info(&self, _server: &Server, dynamic_meta: bool) -> ConsumerInfo {
         let mut st = self.lock();
         // Requests whose requester went away are not waiting (the reference checks here too).
         st.waiting
             .retain(|w| !self.handle.account().sublist.matches(&w.reply).is_empty());
         let num_pending = st.num_pending(&self.stream);
-        let mut f = Map::new();
-        f.insert("stream_name".into(), self.stream.name.clone().into());
-        f.insert("name".into(), self.name.clone().into());
-        f.insert("created".into(), rfc3339(self.created).into());
-        f.insert("config".into(), st.config.to_json(dynamic_meta));
-        let mut delivered = serde_json::to_value(st.delivered).expect("pair serializes");
-        if st.last_delivery > 0 {
-            delivered["last_active"] = rfc3339(st.last_delivery).into();
-        }
-        f.insert("delivered".into(), delivered);
-        let mut floor = serde_json::to_value(st.ack_floor).expect("pair serializes");
-        if st.last_ack > 0 {
-            floor["last_active"] = rfc3339(st.last_ack).into();
-        }
-        f.insert("ack_floor".into(), floor);
-        f.insert("num_ack_pending".into(), st.pending.len().into());
-        // With max_deliver 1 nothing is redelivered; the reference reports 0.
-        let redelivered = if st.config.max_deliver == 1 {
-            0
-        } else {
-            st.redelivered.len()
+        let active = |pair: SeqPair, ts: i64| SequenceInfo {
+            consumer_seq: pair.consumer_seq,
+            stream_seq: pair.stream_seq,
+            last_active: (ts > 0).then(|| rfc3339(ts)),
         };
-        f.insert("num_redelivered".into(), redelivered.into());
-        f.insert("num_waiting".into(), st.waiting.len().into());
-        f.insert("num_pending".into(), num_pending.into());
-        if let Some(ds) = &st.config.deliver_subject {
-            if !self
+        let push_bound = st.config.deliver_subject.as_ref().is_some_and(|ds| {
+            !self
                 .handle
                 .account()
                 .sublist
                 .matches(ds.as_bytes())
                 .is_empty()
-            {
-                f.insert("push_bound".into(), true.into());
-            }
-        }
+        });
         let (paused, remaining) = paused_for(st.pause_ns);
-        if paused {
-            f.insert("paused".into(), true.into());
-            f.insert("pause_remaining".into(), remaining.into());
+        ConsumerInfo {
+            stream_name: self.stream.name.clone(),
+            name: self.name.clone(),
+            created: rfc3339(self.created),
+            config: st.config.to_json(dynamic_meta),
+            delivered: active(st.rep.delivered, st.last_delivery),
+            ack_floor: active(st.rep.ack_floor, st.last_ack),
+            num_ack_pending: st.rep.pending.len(),
+            // With max_deliver 1 nothing is redelivered; the reference reports 0.
+            num_redelivered: if st.config.max_deliver == 1 {
+                0
+            } else {
+                st.rep.redelivered.len()
+            },
+            num_waiting: st.waiting.len(),
+            num_pending,
+            push_bound,
+            paused,
+            pause_remaining: paused.then_some(remaining),
+            ts: rfc3339(now_nanos()),
+            priority_groups: st
+                .config
+                .priority_groups
+                .first()
+                .map(|g| PriorityGroupState {
+                    group: g.clone(),
+                    pinned_client_id: st.pin.as_ref().map(|p| p.id.clone()),
+                    pinned_ts: rfc3339(st.pin.as_ref().map_or(0, |p| p.ts)),
+                })
+                .into_iter()
+                .collect(),
         }
-        f.insert("ts".into(), rfc3339(now_nanos()).into());
-        if let Some(g) = st.config.priority_groups.first() {
-            let mut pg = Map::new();
-            pg.insert("group".into(), g.clone().into());
-            if let Some(pin) = &st.pin {
-                pg.insert("pinned_client_id".into(), pin.id.clone().into());
-            }
-            pg.insert(
-                "pinned_ts".into(),
-                rfc3339(st.pin.as_ref().map_or(0, |p| p.ts)).into(),
-            );
-            f.insert("priority_groups".into(), vec![Value::Object(pg)].into());
-        }
-        f
     }
 
     /// The figures monitoring samples (the dashboard), without building the info JSON.
@@ -1065,11 +1047,11 @@ impl Consumer {
         let st = self.lock();
         ConsumerNumbers {
             num_pending: st.num_pending(&self.stream),
-            num_ack_pending: st.pending.len() as u64,
-            num_redelivered: st.redelivered.len() as u64,
+            num_ack_pending: st.rep.pending.len() as u64,
+            num_redelivered: st.rep.redelivered.len() as u64,
             num_waiting: st.waiting.len() as u64,
-            delivered_stream_seq: st.delivered.stream_seq,
-            ack_floor_stream_seq: st.ack_floor.stream_seq,
+            delivered_stream_seq: st.rep.delivered.stream_seq,
+            ack_floor_stream_seq: st.rep.ack_floor.stream_seq,
             max_ack_pending: st.config.max_ack_pending,
             max_waiting: st.config.max_waiting,
             pull: st.config.deliver_subject.is_none(),
@@ -1093,12 +1075,7 @@ impl Consumer {
             // Its directory is being removed: writing would bring it back.
             return true;
         }
-        let saved = SavedState {
-            delivered: st.delivered,
-            ack_floor: st.ack_floor,
-            pending: st.pending.iter().map(|(s, p)| (*s, p.cseq)).collect(),
-            redelivered: st.redelivered.iter().map(|(s, n)| (*s, *n)).collect(),
-        };
+        let saved = SavedState::of(&st.rep);
         let bytes = serde_json::to_vec(&saved).expect("state serializes");
         if let Err(e) = self
             .stream
@@ -1125,8 +1102,10 @@ impl State {
         if !self.matches(subject) {
             return true;
         }
-        seq <= self.ack_floor.stream_seq
-            || (seq < self.next_seq && !self.pending.contains_key(&seq) && !self.rdq.contains(&seq))
+        seq <= self.rep.ack_floor.stream_seq
+            || (seq < self.next_seq
+                && !self.rep.pending.contains_key(&seq)
+                && !self.rdq.contains(&seq))
     }
 
     pub fn matches(&self, subject: &[u8]) -> bool {
@@ -1201,8 +1180,7 @@ impl State {
             }
         };
         let start = self.lps.front().copied().unwrap_or(self.next_seq);
-        self.delivered.stream_seq = start.saturating_sub(1);
-        self.ack_floor.stream_seq = start.saturating_sub(1);
+        self.rep.apply(&ConsumerOp::Start { seq: start });
     }
 
     /// A saved state ahead of the stream (a disk that lost messages the stream could not
@@ -1210,22 +1188,18 @@ impl State {
     /// end instead.
     fn check_against(&mut self, stream: &Stream, name: &str) {
         let last = stream.state().last_seq;
-        if self.delivered.stream_seq > last {
+        if self.rep.delivered.stream_seq > last {
             crate::warn!(
                 stream.handle_log(),
                 "Consumer {} > {name}: saved state has delivered up to {} but the stream ends at {last}; delivering from {}",
                 stream.name,
-                self.delivered.stream_seq,
+                self.rep.delivered.stream_seq,
                 last + 1
             );
-            self.delivered.stream_seq = last;
-            self.ack_floor.stream_seq = self.ack_floor.stream_seq.min(last);
             self.next_seq = last + 1;
-            let gone: Vec<u64> = self.pending.range(last + 1..).map(|(s, _)| *s).collect();
-            for s in gone {
-                self.pending.remove(&s);
-                self.rdq.remove(&s);
-            }
+            self.apply(ConsumerOp::Clamp { last });
+            // Loaded, not changed: nothing to save yet (as before the split).
+            self.dirty = false;
         }
     }
 
@@ -1249,14 +1223,12 @@ impl State {
                         Err(_) => break state.last_seq + 1,
                     }
                 };
-                self.delivered.stream_seq = self.next_seq - 1;
-                self.ack_floor.stream_seq = self.next_seq - 1;
+                self.rep.apply(&ConsumerOp::Start { seq: self.next_seq });
             }
             DeliverPolicy::Last | DeliverPolicy::LastPerSubject => {
                 let first = stream.state().first_seq.max(1);
                 self.next_seq = first;
-                self.delivered.stream_seq = first - 1;
-                self.ack_floor.stream_seq = first - 1;
+                self.rep.apply(&ConsumerOp::Start { seq: first });
             }
         }
     }
@@ -1317,18 +1289,36 @@ impl State {
         Duration::from_nanos(ns.max(1) as u64)
     }
 
-    /// Recomputes the ack floor from what is still pending.
-    fn update_floor(&mut self) {
-        match self.pending.iter().next() {
-            Some((&sseq, p)) => {
-                self.ack_floor = SeqPair {
-                    consumer_seq: p.cseq.saturating_sub(1),
-                    stream_seq: sseq.saturating_sub(1),
+    /// The one place the replicated state changes: applies `op` to it, then keeps the
+    /// leader's own bookkeeping (ack deadlines, the redelivery queue) in step with what it
+    /// removed. Returns the stream sequences the consumer is now done with.
+    fn apply(&mut self, op: ConsumerOp) -> Vec<u64> {
+        let applied = self.rep.apply(&op);
+        if applied.changed {
+            self.dirty = true;
+        }
+        match op {
+            ConsumerOp::Ack { .. } | ConsumerOp::Term { .. } | ConsumerOp::AckAll { .. } => {
+                for s in &applied.done {
+                    self.rdq.remove(s);
+                    self.deadlines.remove(s);
                 }
             }
-            None => self.ack_floor = self.delivered,
+            ConsumerOp::GiveUp { sseq } | ConsumerOp::Gone { sseq } => {
+                self.deadlines.remove(&sseq);
+            }
+            ConsumerOp::Clamp { last } => {
+                self.rdq.split_off(&(last + 1));
+                self.deadlines.split_off(&(last + 1));
+            }
+            ConsumerOp::Reset { .. } => {
+                self.rdq.clear();
+                self.deadlines.clear();
+            }
+            // Deadlines of (un)deliveries are set by the delivery code, which knows them.
+            ConsumerOp::Start { .. } | ConsumerOp::Delivered { .. } | ConsumerOp::Undo { .. } => {}
         }
-        self.dirty = true;
+        applied.done
     }
 
     /// Processes one ack payload for `sseq`. Returns stream sequences now done with.
@@ -1345,7 +1335,7 @@ impl State {
                 out.done = self.ack(sseq);
                 out.next = Some(rest.to_string());
             }
-            "-NAK" if self.pending.contains_key(&sseq) => {
+            "-NAK" if self.rep.pending.contains_key(&sseq) => {
                 self.on_nak(sseq);
                 let delay = serde_json::from_str::<Value>(rest)
                     .ok()
@@ -1353,8 +1343,8 @@ impl State {
                     .filter(|d| *d > 0);
                 match delay {
                     Some(d) => {
-                        if let Some(p) = self.pending.get_mut(&sseq) {
-                            p.deadline = Instant::now() + Duration::from_nanos(d as u64);
+                        if let Some(p) = self.deadlines.get_mut(&sseq) {
+                            *p = Instant::now() + Duration::from_nanos(d as u64);
                         }
                     }
                     None => {
@@ -1363,19 +1353,14 @@ impl State {
                 }
             }
             "+WPI" => {
-                let dc = self.redelivered.get(&sseq).copied().unwrap_or(1);
-                let wait = self.ack_wait_for(dc);
-                if let Some(p) = self.pending.get_mut(&sseq) {
-                    p.deadline = Instant::now() + wait;
+                let wait = self.ack_wait_for(self.rep.deliveries(sseq));
+                if let Some(p) = self.deadlines.get_mut(&sseq) {
+                    *p = Instant::now() + wait;
                 }
             }
-            "+TERM" if self.pending.contains_key(&sseq) => {
+            "+TERM" if self.rep.pending.contains_key(&sseq) => {
                 self.on_term(sseq, rest);
-                self.pending.remove(&sseq);
-                self.rdq.remove(&sseq);
-                self.redelivered.remove(&sseq);
-                self.update_floor();
-                out.done = vec![sseq];
+                out.done = self.apply(ConsumerOp::Term { sseq });
             }
             _ => {} // Unknown payloads are ignored, as by the reference.
         }
@@ -1383,35 +1368,17 @@ impl State {
     }
 
     fn ack(&mut self, sseq: u64) -> Vec<u64> {
-        let mut done = vec![];
         if self.config.ack_policy != AckPolicy::None {
             self.last_ack = now_nanos();
         }
         match self.config.ack_policy {
-            AckPolicy::None => {}
+            AckPolicy::None => vec![],
             AckPolicy::Explicit => {
                 self.sample_ack(sseq);
-                if self.pending.remove(&sseq).is_some() {
-                    self.rdq.remove(&sseq);
-                    self.redelivered.remove(&sseq);
-                    done.push(sseq);
-                    self.update_floor();
-                }
+                self.apply(ConsumerOp::Ack { sseq })
             }
-            AckPolicy::All => {
-                let acked: Vec<u64> = self.pending.range(..=sseq).map(|(s, _)| *s).collect();
-                for s in &acked {
-                    self.pending.remove(s);
-                    self.rdq.remove(s);
-                    self.redelivered.remove(s);
-                }
-                if !acked.is_empty() {
-                    done = acked;
-                    self.update_floor();
-                }
-            }
+            AckPolicy::All => self.apply(ConsumerOp::AckAll { sseq }),
         }
-        done
     }
 }
 
@@ -1643,7 +1610,7 @@ fn handle_msg(
         let (out, was_delivered) = {
             let mut st = c.lock();
             st.last_active = Instant::now();
-            let was_delivered = ack.sseq <= st.delivered.stream_seq;
+            let was_delivered = ack.sseq <= st.rep.delivered.stream_seq;
             (st.apply_ack(ack.sseq, m.payload()), was_delivered)
         };
         done.extend(out.done);
@@ -1703,10 +1670,19 @@ fn reset_request(
             if c.stream.retention() == Retention::Interest {
                 done.extend(skipped);
             }
-            let mut m = super::api::response(kind);
-            m.extend(c.info(server, true));
-            m.insert("reset_seq".into(), seq.into());
-            super::api::to_bytes(&Value::Object(m))
+            #[derive(Serialize)]
+            struct ResetResponse {
+                #[serde(flatten)]
+                info: ConsumerInfo,
+                reset_seq: u64,
+            }
+            super::api::to_bytes(&super::api::types::Response {
+                kind: super::api::types::type_name(kind),
+                body: &ResetResponse {
+                    info: c.info(server, true),
+                    reset_seq: seq,
+                },
+            })
         }
         Err(e) => super::api::error_response(kind, &e, &[("reset_seq", 0.into())]),
     };
@@ -1728,7 +1704,7 @@ impl State {
     /// the sequence and, for a forward move, the skipped sequences (retention may drop them).
     fn reset(&mut self, seq: u64, stream: &Stream) -> Result<(u64, Vec<u64>), &'static str> {
         let seq = if seq == 0 {
-            self.ack_floor.stream_seq + 1
+            self.rep.ack_floor.stream_seq + 1
         } else {
             match self.config.deliver_policy {
                 DeliverPolicy::All => seq,
@@ -1764,7 +1740,7 @@ impl State {
             }
         }
         .max(1);
-        let old_floor = self.ack_floor.stream_seq;
+        let old_floor = self.rep.ack_floor.stream_seq;
         let skipped: Vec<u64> = if seq > old_floor + 1 {
             let store = stream.read();
             let mut v = vec![];
@@ -1780,16 +1756,9 @@ impl State {
         } else {
             vec![]
         };
-        self.pending.clear();
-        self.redelivered.clear();
-        self.rdq.clear();
+        self.apply(ConsumerOp::Reset { seq });
         self.lps.clear();
         self.next_seq = seq;
-        self.delivered = SeqPair {
-            consumer_seq: 0,
-            stream_seq: seq - 1,
-        };
-        self.ack_floor = self.delivered;
         self.last_delivery = 0;
         self.last_ack = 0;
         self.replay_prev = None;
@@ -1974,8 +1943,8 @@ impl State {
             consider(self.last_save + SAVE_INTERVAL);
         }
         if self.config.ack_policy != AckPolicy::None {
-            for p in self.pending.values() {
-                consider(p.deadline);
+            for &d in self.deadlines.values() {
+                consider(d);
             }
         }
         for w in &self.waiting {
@@ -2014,9 +1983,9 @@ fn timers(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
         let mut st = c.lock();
         if st.config.ack_policy != AckPolicy::None {
             let due: Vec<u64> = st
-                .pending
+                .deadlines
                 .iter()
-                .filter(|(s, p)| p.deadline <= now && !st.rdq.contains(s))
+                .filter(|(s, d)| **d <= now && !st.rdq.contains(s))
                 .map(|(s, _)| *s)
                 .collect();
             for s in due {
@@ -2025,8 +1994,8 @@ fn timers(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
                 }
                 st.rdq.insert(s);
                 // Park it far away until it is redelivered.
-                if let Some(p) = st.pending.get_mut(&s) {
-                    p.deadline = now + Duration::from_secs(86400 * 365);
+                if let Some(d) = st.deadlines.get_mut(&s) {
+                    *d = now + Duration::from_secs(86400 * 365);
                 }
             }
         }
@@ -2043,7 +2012,7 @@ fn timers(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
             st.last_prune = now;
             prune_dead(&mut st, server, router);
         }
-        let (last_c, last_s) = (st.delivered.consumer_seq, st.delivered.stream_seq);
+        let (last_c, last_s) = (st.rep.delivered.consumer_seq, st.rep.delivered.stream_seq);
         let mut i = 0;
         while i < st.waiting.len() {
             let w = &mut st.waiting[i];
@@ -2133,10 +2102,8 @@ struct Undo {
     epoch: u64,
     seq: u64,
     deliveries: u64,
-    delivered: SeqPair,
-    ack_floor: SeqPair,
-    pending: Option<Pending>,
-    redelivered: Option<u64>,
+    before: super::consumer_state::UndoPoint,
+    deadline: Option<Instant>,
     last_delivery: i64,
     from_lps: bool,
     request: Option<u64>,
@@ -2239,7 +2206,8 @@ fn next_waiting(
             if let Some(g) = &w.group {
                 let wanted = g.min_pending > 0 || g.min_ack_pending > 0;
                 let backed_up = (g.min_pending > 0 && g.min_pending as u64 <= pending_incl)
-                    || (g.min_ack_pending > 0 && g.min_ack_pending as usize <= st.pending.len());
+                    || (g.min_ack_pending > 0
+                        && g.min_ack_pending as usize <= st.rep.pending.len());
                 if wanted && !backed_up {
                     st.waiting.rotate_left(1);
                     cycled += 1;
@@ -2338,12 +2306,11 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
         }
         // Redeliveries first, then new messages within max_ack_pending.
         let (msg, deliveries) = if let Some(seq) = st.rdq.pop_first() {
-            let dc = st.redelivered.get(&seq).copied().unwrap_or(1) + 1;
+            let dc = st.rep.deliveries(seq) + 1;
             if st.config.max_deliver > 0 && dc > st.config.max_deliver as u64 {
                 // Out of attempts: it stays unacked but is never sent again.
                 st.on_max_deliveries(seq, dc - 1);
-                st.pending.remove(&seq);
-                st.update_floor();
+                st.apply(ConsumerOp::GiveUp { sseq: seq });
                 continue;
             }
             let loaded = c.stream.read().load(seq);
@@ -2351,9 +2318,7 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
                 Ok(m) => (m, dc),
                 Err(_) => {
                     // Gone from the stream (deleted, expired): nothing to redeliver.
-                    st.pending.remove(&seq);
-                    st.redelivered.remove(&seq);
-                    st.update_floor();
+                    st.apply(ConsumerOp::Gone { sseq: seq });
                     continue;
                 }
             }
@@ -2361,7 +2326,7 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
             let limit = st.config.max_ack_pending;
             if st.config.ack_policy != AckPolicy::None
                 && limit > 0
-                && st.pending.len() as i64 >= limit
+                && st.rep.pending.len() as i64 >= limit
             {
                 break Stop::AckPending;
             }
@@ -2387,7 +2352,7 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
         }
         // Sized as the reference does: subject, ack reply subject, headers, payload.
         let pending_after = st.num_pending(&c.stream);
-        let cseq = st.delivered.consumer_seq + 1;
+        let cseq = st.rep.delivered.consumer_seq + 1;
         let ack_subject = format!(
             "$JS.ACK.{}.{}.{}.{}.{}.{}.{}",
             c.stream.name, c.name, deliveries, msg.seq, cseq, msg.ts, pending_after
@@ -2423,32 +2388,23 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
             epoch: st.epoch,
             seq: msg.seq,
             deliveries,
-            delivered: st.delivered,
-            ack_floor: st.ack_floor,
-            pending: st.pending.get(&msg.seq).copied(),
-            redelivered: st.redelivered.get(&msg.seq).copied(),
+            before: st.rep.undo_point(msg.seq),
+            deadline: st.deadlines.get(&msg.seq).copied(),
             last_delivery: st.last_delivery,
             from_lps,
             request,
             size,
         };
-        st.delivered.consumer_seq = cseq;
-        if deliveries == 1 {
-            st.delivered.stream_seq = st.delivered.stream_seq.max(msg.seq);
-        } else {
-            st.redelivered.insert(msg.seq, deliveries);
-        }
-        if st.config.ack_policy == AckPolicy::None {
-            st.update_floor();
-        } else {
+        let tracked = st.config.ack_policy != AckPolicy::None;
+        st.apply(ConsumerOp::Delivered {
+            sseq: msg.seq,
+            cseq,
+            deliveries,
+            tracked,
+        });
+        if tracked {
             let wait = st.ack_wait_for(deliveries);
-            st.pending.insert(
-                msg.seq,
-                Pending {
-                    cseq,
-                    deadline: Instant::now() + wait,
-                },
-            );
+            st.deadlines.insert(msg.seq, Instant::now() + wait);
         }
         if st.replay_until > 0 && st.next_seq > st.replay_until && st.lps.is_empty() {
             st.replay_until = 0; // Caught up: new messages go out at once.
@@ -2540,24 +2496,14 @@ fn undo_delivery(st: &mut State, u: Undo) {
     if st.epoch != u.epoch {
         return; // A reset replaced the state meanwhile.
     }
-    st.delivered = u.delivered;
-    st.ack_floor = u.ack_floor;
-    match u.pending {
-        Some(p) => {
-            st.pending.insert(u.seq, p);
-        }
-        None => {
-            st.pending.remove(&u.seq);
-        }
-    }
-    match u.redelivered {
-        Some(n) => {
-            st.redelivered.insert(u.seq, n);
-        }
-        None => {
-            st.redelivered.remove(&u.seq);
-        }
-    }
+    st.apply(ConsumerOp::Undo {
+        sseq: u.seq,
+        before: u.before,
+    });
+    match u.deadline {
+        Some(d) => st.deadlines.insert(u.seq, d),
+        None => st.deadlines.remove(&u.seq),
+    };
     st.last_delivery = u.last_delivery;
     if st.config.is_push() {
         st.fc_bytes = st.fc_bytes.saturating_sub(u.size);
@@ -2679,6 +2625,25 @@ impl SavedState {
         let (floor, top) = (self.ack_floor.stream_seq, self.delivered.stream_seq);
         floor <= top && self.pending.iter().all(|&(s, _)| s > floor && s <= top)
     }
+
+    /// The snapshot of the replicated state that is written.
+    fn of(r: &Replicated) -> SavedState {
+        SavedState {
+            delivered: r.delivered,
+            ack_floor: r.ack_floor,
+            pending: r.pending.iter().map(|(s, c)| (*s, *c)).collect(),
+            redelivered: r.redelivered.iter().map(|(s, n)| (*s, *n)).collect(),
+        }
+    }
+
+    fn into_replicated(self) -> Replicated {
+        Replicated {
+            delivered: self.delivered,
+            ack_floor: self.ack_floor,
+            pending: self.pending.into_iter().collect(),
+            redelivered: self.redelivered.into_iter().collect(),
+        }
+    }
 }
 
 pub fn read_meta(
@@ -2694,28 +2659,28 @@ pub fn read_meta(
 /// Advisory hooks: what the reference reports about deliveries, recorded as events.
 impl State {
     fn deliveries(&self, sseq: u64) -> u64 {
-        self.redelivered.get(&sseq).copied().unwrap_or(1)
+        self.rep.deliveries(sseq)
     }
 
     fn on_nak(&mut self, sseq: u64) {
-        let Some(p) = self.pending.get(&sseq) else {
+        let Some(&cseq) = self.rep.pending.get(&sseq) else {
             return;
         };
         let kind = ConsumerEventKind::Nak {
             stream_seq: sseq,
-            consumer_seq: p.cseq,
+            consumer_seq: cseq,
             deliveries: self.deliveries(sseq),
         };
         self.events.push(ConsumerEvent::new(kind));
     }
 
     fn on_term(&mut self, sseq: u64, reason: &str) {
-        let Some(p) = self.pending.get(&sseq) else {
+        let Some(&cseq) = self.rep.pending.get(&sseq) else {
             return;
         };
         let kind = ConsumerEventKind::Terminated {
             stream_seq: sseq,
-            consumer_seq: p.cseq,
+            consumer_seq: cseq,
             deliveries: self.deliveries(sseq),
             reason: reason.to_string(),
         };
@@ -2738,14 +2703,15 @@ impl State {
             return false;
         }
         self.on_max_deliveries(sseq, dc);
-        self.pending.remove(&sseq);
-        self.update_floor();
+        self.apply(ConsumerOp::GiveUp { sseq });
         true
     }
 
     /// The `sample_freq` metric for an explicit ack of a pending delivery.
     fn sample_ack(&mut self, sseq: u64) {
-        let Some(p) = self.pending.get(&sseq).copied() else {
+        let (Some(&cseq), Some(&deadline)) =
+            (self.rep.pending.get(&sseq), self.deadlines.get(&sseq))
+        else {
             return;
         };
         if !super::advisory::should_sample(&self.config.sample_freq) {
@@ -2753,13 +2719,12 @@ impl State {
         }
         let dc = self.deliveries(sseq);
         // The deadline is the delivery (or last progress) plus the ack wait.
-        let since = p
-            .deadline
+        let since = deadline
             .checked_sub(self.ack_wait_for(dc))
             .map_or(0, |t| t.elapsed().as_nanos() as i64);
         let kind = ConsumerEventKind::Ack {
             stream_seq: sseq,
-            consumer_seq: p.cseq,
+            consumer_seq: cseq,
             deliveries: dc,
             ack_time: since,
         };

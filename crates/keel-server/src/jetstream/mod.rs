@@ -10,6 +10,7 @@
 pub mod advisory;
 pub mod api;
 pub mod consumer;
+pub mod consumer_state;
 pub mod counter;
 pub mod expiry;
 pub mod files;

@@ -537,7 +537,7 @@ pub async fn delete_stream(
 }
 
 /// Starts a consumer from a checked config and lists it; its config is written before it
-/// is listed (a create that fails leaves nothing behind).
+/// starts (a create that fails leaves nothing behind and delivers nothing).
 pub fn create_consumer(
     js: &JetStream,
     server: &Arc<Server>,
@@ -547,22 +547,19 @@ pub fn create_consumer(
     meta: consumer::ConsumerMeta,
     dir: Option<PathBuf>,
 ) -> Result<Arc<Consumer>, ApiError> {
-    let cdir = dir.clone();
-    let (c, task) = Consumer::start(server, s, name, meta, dir, js.requests.clone());
-    if let Err(e) = c.persist_meta() {
-        c.stop(server, router);
-        drop(task);
-        if let Some(d) = cdir {
-            if let Err(e) = js.meta.remove_dir_all(&d) {
+    if let Some(d) = &dir {
+        if let Err(e) = consumer::write_meta(&js.meta, d, &meta.config, meta.created) {
+            if let Err(e) = js.meta.remove_dir_all(d) {
                 crate::error!(
                     server.log,
                     "Could not remove consumer data {}: {e}",
                     d.display()
                 );
             }
+            return Err(ErrorKind::ConsumerStore.with(e));
         }
-        return Err(ErrorKind::ConsumerStore.with(e));
     }
+    let (c, task) = Consumer::start(server, s, name, meta, dir, js.requests.clone());
     if !js
         .registry
         .insert_consumer(&js.account.name, &s.name, c.clone(), task)

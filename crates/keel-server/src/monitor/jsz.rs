@@ -239,11 +239,12 @@ fn stream_detail(
         let list: Vec<Value> = consumers
             .iter()
             .map(|c| {
-                let mut info = c.info(&ctx.server, false);
-                if !with_config {
-                    info.shift_remove("config");
+                let mut info =
+                    serde_json::to_value(c.info(&ctx.server, false)).expect("info serializes");
+                if let (false, Some(m)) = (with_config, info.as_object_mut()) {
+                    m.shift_remove("config");
                 }
-                Value::Object(info)
+                info
             })
             .collect();
         d.insert("consumer_detail".into(), list.into());

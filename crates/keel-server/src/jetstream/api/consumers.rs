@@ -1,13 +1,13 @@
 //! The consumer-side API (`CONSUMER.*`): request checks and the consumer's info. Consumers
-//! are created and deleted through the registry. (Their typed requests and responses come
-//! with the consumer-state split of issue 12 phase B.)
+//! are created and deleted through the registry. Info, create, names and list answer typed
+//! responses (`types.rs`); pause, unpin and delete still build their few fields.
 
 use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::types::ListRequest;
+use super::types::{ConsumerInfo, ConsumerListResponse, ConsumerNamesResponse, ListRequest, Paged};
 use super::{parse_request, to_bytes, ApiError, ErrorKind};
 use crate::jetstream::api::streams::refuse_pedantic;
 use crate::jetstream::stream::{self, StorageType};
@@ -63,7 +63,7 @@ pub(super) fn consumer_create_durable(
     stream: &str,
     durable: &str,
     body: &[u8],
-) -> Result<Fields, ApiError> {
+) -> Result<ConsumerInfo, ApiError> {
     check_duration_fields(body)?;
     let mut req: consumer::CreateRequest =
         parse_request(body, &schema::CONSUMER_CREATE, js.strict)?;
@@ -88,7 +88,7 @@ pub(super) fn consumer_create(
     name: Option<&str>,
     filter: Option<&str>,
     body: &[u8],
-) -> Result<Fields, ApiError> {
+) -> Result<ConsumerInfo, ApiError> {
     check_duration_fields(body)?;
     let mut req: consumer::CreateRequest =
         parse_request(body, &schema::CONSUMER_CREATE, js.strict)?;
@@ -136,7 +136,7 @@ fn create_consumer(
     stream_name: &str,
     name: Option<&str>,
     req: consumer::CreateRequest,
-) -> Result<Fields, ApiError> {
+) -> Result<ConsumerInfo, ApiError> {
     if !matches!(req.action.as_str(), "" | "create" | "update") {
         return Err(
             ErrorKind::InvalidJson.with(format!("unknown consumer action: {:?}", req.action))
@@ -198,10 +198,10 @@ fn create_consumer(
         }
         current.check_update(&wanted)?;
         wanted.check_supported()?;
-        c.set_config(stored_cfg);
-        c.persist_meta()
+        // Saved first: a failed write leaves the consumer as it was.
+        c.persist_config(&stored_cfg)
             .map_err(|e| ErrorKind::ConsumerCreate.with(format!("could not save consumer: {e}")))?;
-        c.notify();
+        c.set_config(stored_cfg);
         return Ok(c.info(server, true));
     }
     if req.action == "update" {
@@ -274,7 +274,7 @@ pub(super) fn consumer_info(
     server: &Server,
     stream: &str,
     name: &str,
-) -> Result<Fields, ApiError> {
+) -> Result<ConsumerInfo, ApiError> {
     Ok(find_consumer(js, stream, name)?.info(server, true))
 }
 
@@ -282,19 +282,17 @@ pub(super) fn consumer_names(
     js: &JetStream,
     stream: &str,
     body: &[u8],
-) -> Result<Fields, ApiError> {
+) -> Result<ConsumerNamesResponse, ApiError> {
     let req: ListRequest = parse_request(body, &schema::CONSUMER_NAMES, js.strict)?;
     js.stream(stream)
         .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
     let all = js.consumers_of(stream);
-    Ok(page(
-        &all,
-        req.offset,
-        NAMES_LIMIT,
-        "consumers",
-        false,
-        |c| Value::from(c.name.clone()),
-    ))
+    Ok(ConsumerNamesResponse {
+        paged: paged(all.len(), req.offset, NAMES_LIMIT),
+        consumers: page(&all, req.offset, NAMES_LIMIT)
+            .map(|c| c.name.clone())
+            .collect(),
+    })
 }
 
 pub(super) fn consumer_list(
@@ -302,45 +300,31 @@ pub(super) fn consumer_list(
     server: &Server,
     stream: &str,
     body: &[u8],
-) -> Result<Fields, ApiError> {
+) -> Result<ConsumerListResponse, ApiError> {
     let req: ListRequest = parse_request(body, &schema::CONSUMER_NAMES, js.strict)?;
     js.stream(stream)
         .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
     let all = js.consumers_of(stream);
-    Ok(page(
-        &all,
-        req.offset,
-        LIST_LIMIT,
-        "consumers",
-        false,
-        |c| Value::Object(c.info(server, false)),
-    ))
+    Ok(ConsumerListResponse {
+        paged: paged(all.len(), req.offset, LIST_LIMIT),
+        consumers: page(&all, req.offset, LIST_LIMIT)
+            .map(|c| c.info(server, false))
+            .collect(),
+    })
 }
 
-/// A paged NAMES/LIST response: `total, offset, limit` and one page of `key`. With
-/// `null_if_empty` an empty page is `null`, as the reference writes for STREAM.NAMES.
-fn page<T>(
-    all: &[T],
-    offset: usize,
-    limit: usize,
-    key: &str,
-    null_if_empty: bool,
-    item: impl Fn(&T) -> Value,
-) -> Fields {
-    let items: Vec<Value> = all.iter().skip(offset).take(limit).map(item).collect();
-    let mut f = Fields::new();
-    f.insert("total".into(), all.len().into());
-    f.insert("offset".into(), offset.into());
-    f.insert("limit".into(), limit.into());
-    f.insert(
-        key.into(),
-        if items.is_empty() && null_if_empty {
-            Value::Null
-        } else {
-            Value::Array(items)
-        },
-    );
-    f
+/// `total, offset, limit` of a NAMES/LIST response.
+fn paged(total: usize, offset: usize, limit: usize) -> Paged {
+    Paged {
+        total,
+        offset,
+        limit,
+    }
+}
+
+/// One page of `all`.
+fn page<T>(all: &[T], offset: usize, limit: usize) -> impl Iterator<Item = &T> {
+    all.iter().skip(offset).take(limit)
 }
 
 /// `$JS.API.CONSUMER.PAUSE.<stream>.<consumer>` `{"pause_until": <time>}`: pauses
@@ -371,9 +355,10 @@ pub(super) fn consumer_pause(
     let mut cfg = c.config();
     cfg.pause_until = until.as_ref().map(|(_, text)| text.clone());
     cfg.set_req_level();
-    c.set_config(cfg);
-    c.persist_meta()
+    // Saved first: a failed write leaves the consumer as it was.
+    c.persist_config(&cfg)
         .map_err(|e| ErrorKind::ConsumerStore.with(e))?;
+    c.set_config(cfg);
     let (paused, remaining) = c.pause_state();
     let mut m = super::response("consumer_pause");
     m.insert("paused".into(), paused.into());

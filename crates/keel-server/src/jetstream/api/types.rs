@@ -1,5 +1,5 @@
-//! Typed requests and responses of the stream-side API (`$JS.API.INFO`, `STREAM.*`,
-//! `STREAM.MSG.*`). Field order is the reference's output order and optional fields are
+//! Typed requests and responses of the API (`$JS.API.INFO`, `STREAM.*`,
+//! `STREAM.MSG.*`, consumer info, create, names and list). Field order is the reference's output order and optional fields are
 //! left out as it leaves them out; responses get `type` first (see [`Response`]).
 
 use std::collections::BTreeMap;
@@ -285,4 +285,67 @@ pub struct AccountInfo {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub domain: Option<String>,
     pub api: ApiStats,
+}
+
+// ---- consumer responses ---------------------------------------------------------------
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// `delivered` / `ack_floor` of consumer info: the pair, then when it last moved.
+#[derive(Serialize)]
+pub struct SequenceInfo {
+    pub consumer_seq: u64,
+    pub stream_seq: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_active: Option<String>,
+}
+
+/// A priority group's state in consumer info.
+#[derive(Serialize)]
+pub struct PriorityGroupState {
+    pub group: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_client_id: Option<String>,
+    pub pinned_ts: String,
+}
+
+/// Consumer info (create, info, list, `/jsz`), in the reference's field order; the optional
+/// fields are left out as it leaves them out.
+#[derive(Serialize)]
+pub struct ConsumerInfo {
+    pub stream_name: String,
+    pub name: String,
+    pub created: String,
+    pub config: Value,
+    pub delivered: SequenceInfo,
+    pub ack_floor: SequenceInfo,
+    pub num_ack_pending: usize,
+    pub num_redelivered: usize,
+    pub num_waiting: usize,
+    pub num_pending: u64,
+    #[serde(skip_serializing_if = "is_false")]
+    pub push_bound: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    pub paused: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause_remaining: Option<i64>,
+    pub ts: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub priority_groups: Vec<PriorityGroupState>,
+}
+
+#[derive(Serialize)]
+pub struct ConsumerNamesResponse {
+    #[serde(flatten)]
+    pub paged: Paged,
+    pub consumers: Vec<String>,
+}
+
+#[derive(Serialize)]
+pub struct ConsumerListResponse {
+    #[serde(flatten)]
+    pub paged: Paged,
+    pub consumers: Vec<ConsumerInfo>,
 }
