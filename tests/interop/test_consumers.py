@@ -3,8 +3,8 @@ durable resume after a killed worker / a SIGKILLed server (walkthrough 1), push
 subscribe (plain and queue), nak / nak with delay / in_progress / term, consumer
 info fields, ordered consumers, and KV watch / history / keys.
 
-Expectations are the reference nats-server's (KEEL_TEST_SERVER=nats); the wire
-exchanges are in /work/shared/reference/consumers-and-acks.md.
+Expectations are the reference nats-server's (KEEL_TEST_SERVER=nats runs
+the same tests against it).
 """
 
 from __future__ import annotations

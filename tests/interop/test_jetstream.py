@@ -2,8 +2,8 @@
 publish acks and dedup, Nats-Expected-* errors, limits, purge variants, get_msg,
 direct get, message delete, deny_delete/deny_purge and a SIGKILL restart.
 
-Expectations are the reference nats-server's (KEEL_TEST_SERVER=nats) as recorded in
-/work/shared/reference/jetstream-api.md; error checks use the `err_code` nats-py
+Expectations are the reference nats-server's (KEEL_TEST_SERVER=nats runs the
+same tests against it); error checks use the `err_code` nats-py
 exposes on its JetStream APIError subclasses.
 """
 

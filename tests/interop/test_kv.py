@@ -1,6 +1,6 @@
 """Key-value buckets as nats-py 2.16.0 drives them (stream KV_<bucket> on $KV.<bucket>.>):
 create, put/get, update with a revision, create-if-absent, delete, purge, history, keys.
-See /work/shared/reference/kv.md for the wire exchanges."""
+The same tests run against the reference with KEEL_TEST_SERVER=nats."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Raw-socket protocol conformance: byte-level behaviour observed from nats-server 2.15.1
-(see /work/shared/reference/core-protocol.md and captures/core/*.txt)."""
+(each test also runs against it: KEEL_TEST_SERVER=nats)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-//! Replays bytes nats-server 2.15.1 really sent on routes: the literal captures in the route
-//! research notes (/work/notes/research-routes.md §2-§6) and a longer capture of a real server
-//! talking to a raw-socket peer (tests/data, made by tests/data/capture_route_peer.py). Each
+//! Replays bytes nats-server 2.15.1 really sent on routes: short literal captures (below)
+//! and a longer capture of a real server talking to a raw-socket peer (tests/data, made by tests/data/capture_route_peer.py). Each
 //! trace must parse into the expected ops, whole and split at every byte, and Keel's encoders
 //! must write the same bytes back.
 

@@ -15,37 +15,14 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, Context};
 use async_nats::{Client, Message, Subscriber};
 use bytes::Bytes;
-use common::{api_error, json_request, next_msg, within, Server, STEP};
+use common::{api, api_error, api_ok, js_setup, json_request, next_msg, within, STEP};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
 const API: &str = "$JS.API";
 const SEC: i64 = 1_000_000_000;
-
-async fn setup() -> (Server, Client, Context) {
-    let server = Server::start_jetstream();
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    (server, client, js)
-}
-
-async fn api(client: &Client, subject: &str, body: Value) -> Value {
-    let body = if body.is_null() {
-        String::new()
-    } else {
-        body.to_string()
-    };
-    json_request(client, subject, body).await.1
-}
-
-async fn api_ok(client: &Client, subject: &str, body: Value) -> Value {
-    let resp = api(client, subject, body).await;
-    assert!(resp.get("error").is_none(), "{subject} failed: {resp}");
-    resp
-}
 
 async fn create_stream(client: &Client, name: &str, subjects: &[&str]) {
     api_ok(
@@ -198,7 +175,7 @@ fn counters(i: &Value) -> (u64, u64, u64, u64) {
 /// unsubscribed). One publish must stay pending for the next worker, delivered once.
 #[tokio::test]
 async fn unsubscribed_pull_request_is_dropped() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "W", &["w.>"]).await;
     create_consumer(&client, "W", "worker", json!({})).await;
     let worker = _s.client().await;
@@ -231,7 +208,7 @@ async fn unsubscribed_pull_request_is_dropped() {
 /// be used up on the dead request: the next worker gets the message, first delivery.
 #[tokio::test]
 async fn closed_connection_pull_request_is_dropped() {
-    let (s, client, _js) = setup().await;
+    let (s, client, _js) = js_setup().await;
     create_stream(&client, "W", &["w.>"]).await;
     create_consumer(
         &client,
@@ -296,7 +273,7 @@ async fn child_pull_worker() {
 /// restarted subscriber must get all 5 messages published meanwhile.
 #[tokio::test]
 async fn sigkilled_worker_long_poll() {
-    let (s, client, _js) = setup().await;
+    let (s, client, _js) = js_setup().await;
     create_stream(&client, "B", &["b.>"]).await;
     create_consumer(&client, "B", "worker", json!({})).await;
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
@@ -348,7 +325,7 @@ async fn sigkilled_worker_long_poll() {
 /// dead requests: a live worker still gets in and gets the message.
 #[tokio::test]
 async fn crash_looping_worker_cannot_fill_max_waiting() {
-    let (s, client, _js) = setup().await;
+    let (s, client, _js) = js_setup().await;
     create_stream(&client, "C", &["c.>"]).await;
     create_consumer(&client, "C", "worker", json!({"max_waiting": 2})).await;
     for n in 0..5 {
@@ -387,7 +364,7 @@ async fn crash_looping_worker_cannot_fill_max_waiting() {
 
 #[tokio::test]
 async fn stream_delete_stops_its_consumers() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "D", &["d.>"]).await;
     create_consumer(&client, "D", "dur", json!({})).await;
     let mut waiting = pull(
@@ -420,7 +397,7 @@ async fn stream_delete_stops_its_consumers() {
 
 #[tokio::test]
 async fn pull_heartbeat_over_half_of_expires_is_refused() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "H", &["h.>"]).await;
     create_consumer(&client, "H", "c", json!({})).await;
     for body in [
@@ -447,7 +424,7 @@ async fn pull_heartbeat_over_half_of_expires_is_refused() {
 
 #[tokio::test]
 async fn no_wait_with_expires_waits_for_messages() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "N", &["n.>"]).await;
     create_consumer(&client, "N", "c", json!({})).await;
     // Nothing there: it waits the whole expiry, then times out (not an immediate 404).
@@ -483,7 +460,7 @@ async fn no_wait_with_expires_waits_for_messages() {
 /// the create. Ten in a row used to take over a second.
 #[tokio::test]
 async fn new_push_consumer_delivers_at_once() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "P", &["p.>"]).await;
     publish(&client, "p.x", "first").await;
     let started = Instant::now();
@@ -524,7 +501,7 @@ async fn new_push_consumer_delivers_at_once() {
 
 #[tokio::test]
 async fn stream_options_without_effect_are_refused() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     let resp = api(
         &client,
         &format!("{API}.STREAM.CREATE.M"),
@@ -582,7 +559,7 @@ async fn stream_options_without_effect_are_refused() {
 
 #[tokio::test]
 async fn priority_group_config_validation() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "G", &["g.>"]).await;
     let cases = [
         (
@@ -638,7 +615,7 @@ async fn priority_group_config_validation() {
 
 #[tokio::test]
 async fn priority_group_pull_validation() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "G", &["g.>"]).await;
     create_consumer(&client, "G", "plain", json!({})).await;
     create_consumer(
@@ -684,7 +661,7 @@ async fn priority_group_pull_validation() {
 /// Overflow: a request with `min_pending` is only served while that many are pending.
 #[tokio::test]
 async fn priority_overflow_serves_only_when_backed_up() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "O", &["o.>"]).await;
     create_consumer(
         &client,
@@ -724,7 +701,7 @@ async fn priority_overflow_serves_only_when_backed_up() {
 /// requests wait; a wrong id gets 423; unpinning hands the pin to the next request.
 #[tokio::test]
 async fn priority_pinned_client() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "Q", &["q.>"]).await;
     create_consumer(
         &client,
@@ -819,7 +796,7 @@ async fn priority_pinned_client() {
 /// Prioritized: waiting requests with a lower priority number are served first.
 #[tokio::test]
 async fn priority_prioritized_serves_lower_numbers_first() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "R", &["r.>"]).await;
     create_consumer(
         &client,
@@ -857,7 +834,7 @@ async fn priority_prioritized_serves_lower_numbers_first() {
 
 #[tokio::test]
 async fn pause_and_resume() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "P", &["p.>"]).await;
     create_consumer(&client, "P", "c", json!({})).await;
     publish(&client, "p.x", "held").await;
@@ -931,7 +908,7 @@ async fn pause_and_resume() {
 /// `pause_until` in the create config pauses a push consumer until then.
 #[tokio::test]
 async fn pause_until_in_config_holds_push_delivery() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "P", &["p.>"]).await;
     publish(&client, "p.x", "one").await;
     let until = chrono_in(2);
@@ -977,7 +954,7 @@ fn chrono_in(secs: u64) -> String {
 
 #[tokio::test]
 async fn reset_to_ack_floor_and_to_sequence() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"]).await;
     create_consumer(&client, "S", "c", json!({})).await;
     for n in 1..=3 {
@@ -1042,7 +1019,7 @@ async fn reset_to_ack_floor_and_to_sequence() {
 /// Replay policy original: stored messages go out as far apart as they were stored.
 #[tokio::test]
 async fn replay_original_paces_by_stored_timestamps() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "T", &["t.>"]).await;
     for n in 1..=3 {
         publish(&client, "t.x", &n.to_string()).await;

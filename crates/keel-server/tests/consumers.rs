@@ -6,8 +6,7 @@
 //! state across a SIGKILL of the server.
 //!
 //! Expectations are the observed behaviour of the reference nats-server
-//! 2.15.1 (run with `KEEL_TEST_REFERENCE=1` to check them against it); see
-//! /work/shared/reference/consumers-and-acks.md and jetstream-api.md. Wire
+//! 2.15.1 (run with `KEEL_TEST_REFERENCE=1` to check them against it). Wire
 //! level checks use raw requests / subscriptions so status codes, headers and
 //! error JSON are asserted exactly, not the client library's reading of them.
 //! Timing-based checks use 1 s ack waits and generous upper bounds.
@@ -22,7 +21,10 @@ use async_nats::jetstream::kv;
 use async_nats::jetstream::{self, AckKind, Context};
 use async_nats::{Client, HeaderMap, Message, Subscriber};
 use bytes::Bytes;
-use common::{api_error, json_request, next_msg, within, Server, STEP};
+use common::{
+    api, api_err, api_error, api_ok, consumer_info, js_setup, json_request, merge, next_msg,
+    within, Server, STEP,
+};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
@@ -32,45 +34,6 @@ const SEC: u64 = 1_000_000_000;
 // ---------------------------------------------------------------------------
 // helpers
 // ---------------------------------------------------------------------------
-
-/// A JetStream-enabled server plus a core client and a JetStream context.
-async fn setup() -> (Server, Client, Context) {
-    let server = Server::start_jetstream();
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    (server, client, js)
-}
-
-fn merge(base: &mut Value, extra: Value) {
-    if let Value::Object(map) = extra {
-        for (k, v) in map {
-            base[k] = v;
-        }
-    }
-}
-
-/// Raw JetStream API request; `Value::Null` sends an empty body.
-async fn api(client: &Client, subject: &str, body: Value) -> Value {
-    let body = if body.is_null() {
-        String::new()
-    } else {
-        body.to_string()
-    };
-    json_request(client, subject, body).await.1
-}
-
-/// Raw API request that must succeed.
-async fn api_ok(client: &Client, subject: &str, body: Value) -> Value {
-    let resp = api(client, subject, body).await;
-    assert!(resp.get("error").is_none(), "{subject} failed: {resp}");
-    resp
-}
-
-/// Raw API request (raw body bytes) that must fail: `(code, err_code, description)`.
-async fn api_err(client: &Client, subject: &str, body: impl Into<Bytes>) -> (u64, u64, String) {
-    let (_, resp) = json_request(client, subject, body).await;
-    api_error(&resp)
-}
 
 /// Creates a memory stream (plus `extra` config keys) through the raw API.
 async fn create_stream(client: &Client, name: &str, subjects: &[&str], extra: Value) -> Value {
@@ -98,15 +61,6 @@ async fn create_raw(client: &Client, stream: &str, name: &str, config: Value) ->
         client,
         &format!("{API}.CONSUMER.CREATE.{stream}.{name}"),
         json!({"stream_name": stream, "config": config}),
-    )
-    .await
-}
-
-async fn consumer_info(client: &Client, stream: &str, name: &str) -> Value {
-    api_ok(
-        client,
-        &format!("{API}.CONSUMER.INFO.{stream}.{name}"),
-        Value::Null,
     )
     .await
 }
@@ -415,7 +369,7 @@ fn keys(v: &Value) -> Vec<String> {
 
 #[tokio::test]
 async fn create_named_form_durable_and_not() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
 
     let r = create_raw(
@@ -557,7 +511,7 @@ async fn create_named_form_durable_and_not() {
 
 #[tokio::test]
 async fn create_filtered_subject_form() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     publish(&client, "s.a", "1").await;
     publish(&client, "s.b", "2").await;
@@ -636,7 +590,7 @@ async fn create_filtered_subject_form() {
 
 #[tokio::test]
 async fn create_legacy_durable_form() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
 
     let r = api(
@@ -690,7 +644,7 @@ async fn create_legacy_durable_form() {
 
 #[tokio::test]
 async fn create_ephemeral_form() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
 
     let r = api(
@@ -741,7 +695,7 @@ async fn create_ephemeral_form() {
 
 #[tokio::test]
 async fn create_request_errors() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
 
     let body = json!({"stream_name": "NOPE", "config": {"name": "x", "ack_policy": "explicit"}});
@@ -794,7 +748,7 @@ async fn create_request_errors() {
 
 #[tokio::test]
 async fn consumer_info_fields() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     for i in 1..=5 {
         publish(&client, "s.a", &format!("m{i}")).await;
@@ -911,7 +865,7 @@ async fn consumer_info_fields() {
 
 #[tokio::test]
 async fn names_and_list() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
 
     let empty = api_ok(&client, &format!("{API}.CONSUMER.NAMES.S"), Value::Null).await;
@@ -998,7 +952,7 @@ async fn names_and_list() {
 
 #[tokio::test]
 async fn delete_and_not_found() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     create_consumer(&client, "S", "c", json!({})).await;
     create_consumer(&client, "S", "doomed", json!({})).await;
@@ -1057,7 +1011,7 @@ async fn delete_and_not_found() {
 
 #[tokio::test]
 async fn update_rules() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     let base = json!({"name": "c", "durable_name": "c", "ack_policy": "explicit"});
     create_raw(&client, "S", "c", base.clone()).await;
@@ -1153,7 +1107,7 @@ async fn update_rules() {
 
 #[tokio::test]
 async fn create_action_create_and_update() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     let cfg = json!({"name": "c", "durable_name": "c", "ack_policy": "explicit"});
     let req = |config: Value, action: &str| json!({"stream_name": "S", "config": config, "action": action});
@@ -1240,7 +1194,7 @@ async fn create_action_create_and_update() {
 
 #[tokio::test]
 async fn consumer_name_validation() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     let subject = format!("{API}.CONSUMER.CREATE.S");
     let body = |name: &str| json!({"stream_name": "S", "config": {"name": name, "ack_policy": "explicit"}});
@@ -1282,7 +1236,7 @@ async fn consumer_name_validation() {
 
 #[tokio::test]
 async fn workqueue_consumer_rules() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "WQ", &["wq.>"], json!({"retention": "workqueue"})).await;
 
     let r = create_raw(
@@ -1383,7 +1337,7 @@ async fn workqueue_consumer_rules() {
 
 #[tokio::test]
 async fn flow_control_and_heartbeat_rules() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
 
     let r = create_raw(
@@ -1450,7 +1404,7 @@ async fn flow_control_and_heartbeat_rules() {
 
 #[tokio::test]
 async fn contradictory_configs_are_json_errors() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     let cases: Vec<(Value, (u64, u64, &str))> = vec![
         (
@@ -1523,7 +1477,7 @@ async fn contradictory_configs_are_json_errors() {
 
 #[tokio::test]
 async fn pull_batch_and_ack_subject_format() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "PULL", &["pull.>"], json!({})).await;
     publish(&client, "pull.a", "first").await;
     publish_with_headers(&client, "pull.b", &[("X-Trace", "t-2")], "second").await;
@@ -1619,7 +1573,7 @@ async fn pull_batch_and_ack_subject_format() {
 
 #[tokio::test]
 async fn pull_no_wait_gets_404() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     publish(&client, "s.a", "only").await;
     create_consumer(&client, "S", "c", json!({})).await;
@@ -1645,7 +1599,7 @@ async fn pull_no_wait_gets_404() {
 
 #[tokio::test]
 async fn pull_expires_gets_408() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     create_consumer(&client, "S", "c", json!({})).await;
 
@@ -1695,7 +1649,7 @@ async fn pull_expires_gets_408() {
 
 #[tokio::test]
 async fn pull_request_body_forms() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     create_consumer(&client, "S", "c", json!({})).await;
 
@@ -1733,7 +1687,7 @@ async fn pull_request_body_forms() {
 
 #[tokio::test]
 async fn pull_max_bytes() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     let payload = "x".repeat(40);
     for _ in 0..3 {
@@ -1791,7 +1745,7 @@ async fn pull_max_bytes() {
 
 #[tokio::test]
 async fn pull_consumer_limits_and_push_consumer_pull() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "LIM", &["lim.>"], json!({})).await;
     create_consumer(
         &client,
@@ -1866,7 +1820,7 @@ async fn pull_consumer_limits_and_push_consumer_pull() {
 
 #[tokio::test]
 async fn pull_idle_heartbeat() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     publish(&client, "s.a", "one").await;
     create_consumer(&client, "S", "c", json!({})).await;
@@ -1902,7 +1856,7 @@ async fn pull_idle_heartbeat() {
 
 #[tokio::test]
 async fn ack_plain_empty_and_double_ack() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     for i in 1..=4 {
         publish(&client, "s.a", &format!("m{i}")).await;
@@ -1966,7 +1920,7 @@ async fn ack_plain_empty_and_double_ack() {
 
 #[tokio::test]
 async fn nak_redelivers_at_once() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     publish(&client, "s.a", "one").await;
     publish(&client, "s.a", "two").await;
@@ -2017,7 +1971,7 @@ async fn nak_redelivers_at_once() {
 
 #[tokio::test]
 async fn nak_with_delay() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     publish(&client, "s.a", "delay-1").await;
     create_consumer(&client, "S", "c", json!({})).await;
@@ -2061,7 +2015,7 @@ async fn nak_with_delay() {
 
 #[tokio::test]
 async fn in_progress_extends_ack_wait() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     publish(&client, "s.a", "wpi").await;
     create_consumer(&client, "S", "c", json!({"ack_wait": SEC})).await;
@@ -2092,7 +2046,7 @@ async fn in_progress_extends_ack_wait() {
 
 #[tokio::test]
 async fn term_stops_redelivery() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     publish(&client, "s.a", "t1").await;
     publish(&client, "s.a", "t2").await;
@@ -2136,7 +2090,7 @@ async fn term_stops_redelivery() {
 
 #[tokio::test]
 async fn ack_wait_redelivery() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     publish(&client, "s.a", "slow").await;
     create_consumer(&client, "S", "c", json!({"ack_wait": SEC})).await;
@@ -2164,7 +2118,7 @@ async fn ack_wait_redelivery() {
 
 #[tokio::test]
 async fn max_deliver_stops_redelivery() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     publish(&client, "s.a", "poison").await;
     create_consumer(
@@ -2192,7 +2146,7 @@ async fn max_deliver_stops_redelivery() {
 
 #[tokio::test]
 async fn max_ack_pending_limits_outstanding() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     for i in 1..=5 {
         publish(&client, "s.a", &format!("m{i}")).await;
@@ -2231,7 +2185,7 @@ async fn max_ack_pending_limits_outstanding() {
 
 #[tokio::test]
 async fn ack_policy_all() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     for i in 1..=3 {
         publish(&client, "s.a", &format!("m{i}")).await;
@@ -2258,7 +2212,7 @@ async fn ack_policy_all() {
 
 #[tokio::test]
 async fn ack_policy_none() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     for i in 1..=3 {
         publish(&client, "s.a", &format!("m{i}")).await;
@@ -2294,7 +2248,7 @@ async fn ack_policy_none() {
 
 #[tokio::test]
 async fn ack_next_delivers_to_reply() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     for i in 1..=3 {
         publish(&client, "s.a", &format!("nxt-{i}")).await;
@@ -2339,7 +2293,7 @@ async fn ack_next_delivers_to_reply() {
 
 /// Stream S (`s.>`): s.a "a1", s.b "b1", s.a "a2", s.c "c1", s.b "b2".
 async fn policy_stream() -> (Server, Client, Context) {
-    let (s, client, js) = setup().await;
+    let (s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     for (subject, payload) in [
         ("s.a", "a1"),
@@ -2460,7 +2414,7 @@ async fn deliver_policy_by_start_sequence() {
 
 #[tokio::test]
 async fn deliver_policy_by_start_time() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     for i in 1..=3 {
         publish(&client, "s.a", &format!("t{i}")).await;
@@ -2580,7 +2534,7 @@ async fn filter_subject_and_filter_subjects() {
 
 #[tokio::test]
 async fn headers_only_delivery() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     publish(&client, "s.a", "one").await;
     publish_with_headers(&client, "s.b", &[("X-App", "y")], "three").await;
@@ -2601,7 +2555,7 @@ async fn headers_only_delivery() {
 
 #[tokio::test]
 async fn push_deliver_subject() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "PUSH", &["push.>"], json!({})).await;
     publish(&client, "push.a", "one").await;
     publish_with_headers(&client, "push.b", &[("X-App", "y")], "two").await;
@@ -2664,7 +2618,7 @@ async fn push_deliver_subject() {
 
 #[tokio::test]
 async fn push_deliver_group() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     let mut q1 = client
         .queue_subscribe("deliver.q", "grp".into())
@@ -2702,7 +2656,7 @@ async fn push_deliver_group() {
 
 #[tokio::test]
 async fn push_idle_heartbeat() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     publish(&client, "s.a", "one").await;
     publish(&client, "s.a", "two").await;
@@ -2735,7 +2689,7 @@ async fn push_idle_heartbeat() {
 
 #[tokio::test]
 async fn push_flow_control() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "FC", &["fc.>"], json!({})).await;
     let big = "x".repeat(8 * 1024);
     for _ in 0..300 {
@@ -2797,7 +2751,7 @@ async fn hundred(client: &Client) {
 
 #[tokio::test]
 async fn ordered_pull_consumer_reads_in_order() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     hundred(&client).await;
     let stream = js.get_stream("S").await.unwrap();
     let consumer = stream
@@ -2822,7 +2776,7 @@ async fn ordered_pull_consumer_reads_in_order() {
 
 #[tokio::test]
 async fn ordered_push_consumer_reads_in_order() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     hundred(&client).await;
     let stream = js.get_stream("S").await.unwrap();
     let consumer = stream
@@ -2871,7 +2825,7 @@ async fn next_entry(watch: &mut kv::Watch) -> kv::Entry {
 
 #[tokio::test]
 async fn kv_watch() {
-    let (_s, _client, js) = setup().await;
+    let (_s, _client, js) = js_setup().await;
     let kv = bucket(&js).await;
     kv.put("a.one", "1".into()).await.unwrap();
     kv.put("a.two", "2".into()).await.unwrap();
@@ -2952,7 +2906,7 @@ async fn kv_watch() {
 
 #[tokio::test]
 async fn kv_history() {
-    let (_s, _client, js) = setup().await;
+    let (_s, _client, js) = js_setup().await;
     let kv = bucket(&js).await;
     for v in ["v1", "v2", "v3"] {
         kv.put("k", v.to_string().into()).await.unwrap();
@@ -2990,7 +2944,7 @@ async fn kv_history() {
 
 #[tokio::test]
 async fn kv_keys() {
-    let (_s, _client, js) = setup().await;
+    let (_s, _client, js) = js_setup().await;
     let kv = bucket(&js).await;
     kv.put("app.color", "blue".into()).await.unwrap();
     kv.put("app.size", "L".into()).await.unwrap();
@@ -3018,7 +2972,7 @@ async fn kv_keys() {
 
 #[tokio::test]
 async fn retention_interest() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "I", &["i.>"], json!({"retention": "interest"})).await;
     // No consumer yet: acknowledged but not kept.
     assert_eq!(publish(&client, "i.a", "nobody").await, 1);
@@ -3058,7 +3012,7 @@ async fn retention_interest() {
 
 #[tokio::test]
 async fn retention_workqueue() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "WQ", &["wq.>"], json!({"retention": "workqueue"})).await;
     for i in 1..=3 {
         publish(&client, "wq.job", &format!("job{i}")).await;
@@ -3090,7 +3044,7 @@ async fn retention_workqueue() {
 
 #[tokio::test]
 async fn bad_acks_are_ignored() {
-    let (_s, client, js) = setup().await;
+    let (_s, client, js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     for i in 1..=3 {
         publish(&client, "s.a", &format!("m{i}")).await;
@@ -3146,7 +3100,7 @@ async fn bad_acks_are_ignored() {
 
 #[tokio::test]
 async fn bad_pull_requests() {
-    let (_s, client, _js) = setup().await;
+    let (_s, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({})).await;
     publish(&client, "s.a", "m1").await;
     create_consumer(&client, "S", "c", json!({})).await;
@@ -3244,7 +3198,7 @@ const PERSIST_SETTLE: Duration = Duration::from_millis(1000);
 
 #[tokio::test]
 async fn consumer_state_survives_sigkill() {
-    let (mut server, client, _js) = setup().await;
+    let (mut server, client, _js) = js_setup().await;
     create_stream(&client, "S", &["s.>"], json!({"storage": "file"})).await;
     for i in 1..=5 {
         publish(&client, "s.a", &format!("m{i}")).await;

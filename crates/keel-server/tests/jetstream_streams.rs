@@ -3,8 +3,7 @@
 //! store durability across a SIGKILL.
 //!
 //! Expectations come from the reference nats-server 2.15.1 (run these tests
-//! with `KEEL_TEST_REFERENCE=1` to check them against it) and from the
-//! byte-level observations in /work/shared/reference/jetstream-api.md. Error
+//! with `KEEL_TEST_REFERENCE=1` to check them against it). Error
 //! checks go through raw requests so the wire JSON (`code`, `err_code`,
 //! `description`) is asserted, not the client library's interpretation.
 
@@ -19,7 +18,7 @@ use async_nats::jetstream::stream::{Config, DirectGetErrorKind, DiscardPolicy, S
 use async_nats::jetstream::{self, Context};
 use async_nats::{Client, HeaderMap};
 use bytes::Bytes;
-use common::{api_error, json_request, within, Server};
+use common::{api_err, api_error, js_setup, json_request, within, Server};
 use serde_json::{json, Value};
 
 const API: &str = "$JS.API";
@@ -27,14 +26,6 @@ const API: &str = "$JS.API";
 // ---------------------------------------------------------------------------
 // helpers
 // ---------------------------------------------------------------------------
-
-/// A JetStream-enabled server plus a core client and a JetStream context.
-async fn setup() -> (Server, Client, Context) {
-    let server = Server::start_jetstream();
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    (server, client, js)
-}
 
 /// Creates a stream from a raw JSON config; panics on an error response.
 async fn create_raw(client: &Client, config: Value) -> Value {
@@ -115,13 +106,6 @@ fn assert_error_ack(ack: &Value, stream: &str, code: u64, err_code: u64, descrip
     assert!(ack.get("type").is_none(), "error acks carry no type: {ack}");
 }
 
-/// Raw API request whose response must be an error; returns
-/// `(code, err_code, description)` and the whole response.
-async fn api_err(client: &Client, subject: &str, body: impl Into<Bytes>) -> (u64, u64, String) {
-    let (_, resp) = json_request(client, subject, body).await;
-    api_error(&resp)
-}
-
 /// The JetStream API error carried somewhere in an error's source chain.
 fn js_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a jetstream::Error> {
     let mut cur = Some(err);
@@ -195,7 +179,7 @@ async fn wait_for_state(
 
 #[tokio::test]
 async fn account_info_shape_and_counters() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
 
     let (text, info) = json_request(&client, &format!("{API}.INFO"), "").await;
     assert!(
@@ -340,7 +324,7 @@ const DEFAULT_CONFIG_KEYS: &[&str] = &[
 
 #[tokio::test]
 async fn create_minimal_fills_in_defaults() {
-    let (_server, client, _js) = setup().await;
+    let (_server, client, _js) = js_setup().await;
 
     let (text, resp) = json_request(
         &client,
@@ -526,7 +510,7 @@ async fn check_full_config(js: &Context, client: &Client, name: &str, storage: S
 
 #[tokio::test]
 async fn create_with_full_config_memory_and_file() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     check_full_config(&js, &client, "FULLMEM", StorageType::Memory).await;
     check_full_config(&js, &client, "FULLFILE", StorageType::File).await;
     let (_, info) = json_request(&client, &format!("{API}.INFO"), "").await;
@@ -536,7 +520,7 @@ async fn create_with_full_config_memory_and_file() {
 
 #[tokio::test]
 async fn create_repeated_and_conflicting() {
-    let (_server, client, _js) = setup().await;
+    let (_server, client, _js) = js_setup().await;
     let cfg = json!({"name": "S", "subjects": ["s.>"]});
     create_raw(&client, cfg.clone()).await;
 
@@ -624,7 +608,7 @@ async fn create_repeated_and_conflicting() {
 
 #[tokio::test]
 async fn missing_stream_is_10059_everywhere() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
 
     // Byte-exact INFO error (paging fields follow the error).
     let (text, _) = json_request(&client, &format!("{API}.STREAM.INFO.NOPE"), "").await;
@@ -676,7 +660,7 @@ async fn missing_stream_is_10059_everywhere() {
 
 #[tokio::test]
 async fn update_allowed_and_refused_changes() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     let config = Config {
         name: "UPD".to_string(),
         subjects: vec!["upd.a".to_string()],
@@ -838,7 +822,7 @@ async fn check_byte_accounting(client: &Client, js: &Context, name: &str, memory
 
 #[tokio::test]
 async fn info_state_byte_accounting_file() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     check_byte_accounting(&client, &js, "BFILE", false).await;
     let (_, info) = json_request(&client, &format!("{API}.INFO"), "").await;
     assert_eq!(info["storage"], state(&client, "BFILE").await["bytes"]);
@@ -846,7 +830,7 @@ async fn info_state_byte_accounting_file() {
 
 #[tokio::test]
 async fn info_state_byte_accounting_memory() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     check_byte_accounting(&client, &js, "BMEM", true).await;
     let (_, info) = json_request(&client, &format!("{API}.INFO"), "").await;
     assert_eq!(info["memory"], state(&client, "BMEM").await["bytes"]);
@@ -854,7 +838,7 @@ async fn info_state_byte_accounting_memory() {
 
 #[tokio::test]
 async fn info_subjects_filter_and_deleted_details() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     create_raw(&client, json!({"name": "S", "subjects": ["s.>"]})).await;
     for (i, subject) in ["s.a", "s.b", "s.a", "s.b", "s.a", "s.c.d"]
         .iter()
@@ -949,7 +933,7 @@ async fn info_subjects_filter_and_deleted_details() {
 
 #[tokio::test]
 async fn stream_names_and_list() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
 
     // No streams at all.
     let (text, _) = json_request(&client, &format!("{API}.STREAM.NAMES"), "").await;
@@ -1079,7 +1063,7 @@ async fn stream_names_and_list() {
 
 #[tokio::test]
 async fn publish_acks_and_dedup() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     create_raw(
         &client,
         json!({"name": "P", "subjects": ["p.>"], "duplicate_window": 60_000_000_000u64}),
@@ -1145,7 +1129,7 @@ async fn publish_acks_and_dedup() {
 
 #[tokio::test]
 async fn dedup_window_expires() {
-    let (_server, client, _js) = setup().await;
+    let (_server, client, _js) = js_setup().await;
     create_raw(
         &client,
         json!({"name": "D", "subjects": ["d"], "duplicate_window": 1_000_000_000u64}),
@@ -1174,7 +1158,7 @@ async fn dedup_window_expires() {
 
 #[tokio::test]
 async fn publish_expected_headers() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     create_raw(&client, json!({"name": "P", "subjects": ["p.>"]})).await;
 
     publish_ok(&client, "p.a", b"one", 1).await;
@@ -1329,7 +1313,7 @@ async fn publish_expected_headers() {
 
 #[tokio::test]
 async fn publish_limits_errors() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
 
     // max_msg_size counts headers too.
     create_raw(
@@ -1426,7 +1410,7 @@ async fn publish_limits_errors() {
 
 #[tokio::test]
 async fn limits_max_msgs_and_per_subject_discard_old() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
 
     create_raw(
         &client,
@@ -1485,7 +1469,7 @@ async fn limits_max_msgs_and_per_subject_discard_old() {
 
 #[tokio::test]
 async fn limits_max_bytes_discard_old() {
-    let (_server, client, _js) = setup().await;
+    let (_server, client, _js) = js_setup().await;
     // File store: 30 + 3 + 19 = 52 bytes per message; 160 holds 3.
     create_raw(
         &client,
@@ -1529,7 +1513,7 @@ async fn limits_max_bytes_discard_old() {
 
 #[tokio::test]
 async fn limits_max_age_expires_without_writes() {
-    let (_server, client, _js) = setup().await;
+    let (_server, client, _js) = js_setup().await;
     for (name, storage) in [("AGEF", "file"), ("AGEM", "memory")] {
         let subject = name.to_lowercase();
         create_raw(
@@ -1557,7 +1541,7 @@ async fn limits_max_age_expires_without_writes() {
 
 #[tokio::test]
 async fn rollup_sub_and_all() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
 
     // Without allow_rollup_hdrs the header is refused.
     create_raw(&client, json!({"name": "NR", "subjects": ["nr"]})).await;
@@ -1609,7 +1593,7 @@ async fn rollup_sub_and_all() {
 
 #[tokio::test]
 async fn purge_variants() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     create_raw(&client, json!({"name": "P", "subjects": ["p.*"]})).await;
     let mut seq = 0;
     for subject in ["p.a", "p.a", "p.a", "p.b", "p.b", "p.b", "p.c", "p.c"] {
@@ -1717,7 +1701,7 @@ async fn purge_variants() {
 
 #[tokio::test]
 async fn msg_get_by_seq_last_and_next() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     create_raw(&client, json!({"name": "G", "subjects": ["g.*"]})).await;
     publish_raw(&client, "g.a", &[("X-Tag", "t1")], b"a1").await;
     publish_ok(&client, "g.b", b"b1", 2).await;
@@ -1853,7 +1837,7 @@ async fn msg_get_by_seq_last_and_next() {
 
 #[tokio::test]
 async fn msg_delete_and_again() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     create_raw(&client, json!({"name": "DEL", "subjects": ["del"]})).await;
     for i in 1..=4u64 {
         publish_ok(&client, "del", format!("m{i}").as_bytes(), i).await;
@@ -1932,7 +1916,7 @@ async fn msg_delete_and_again() {
 
 #[tokio::test]
 async fn direct_get() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     create_raw(
         &client,
         json!({"name": "DG", "subjects": ["dg.*"], "allow_direct": true}),
@@ -2037,7 +2021,7 @@ async fn direct_get() {
 
 #[tokio::test]
 async fn deny_delete_and_deny_purge() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     create_raw(
         &client,
         json!({"name": "DD", "subjects": ["dd.>"], "deny_delete": true, "deny_purge": true}),
@@ -2074,7 +2058,7 @@ async fn deny_delete_and_deny_purge() {
 
 #[tokio::test]
 async fn stream_delete() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     create_raw(&client, json!({"name": "GONE", "subjects": ["gone.>"]})).await;
     publish_ok(&client, "gone.a", b"x", 1).await;
 
@@ -2256,7 +2240,7 @@ async fn file_stream_survives_sigkill() {
 /// stream stays.
 #[tokio::test]
 async fn stream_delete_refuses_a_body() {
-    let (_server, client, _js) = setup().await;
+    let (_server, client, _js) = js_setup().await;
     create_raw(&client, json!({"name": "KEEP", "subjects": ["keep"]})).await;
     for body in ["x", "null", "[]", "0", " ", r#"{"a":1}"#, r#""s""#, "{bad"] {
         let (text, _) = json_request(&client, &format!("{API}.STREAM.DELETE.KEEP"), body).await;

@@ -1,6 +1,6 @@
 //! Key-value buckets through async-nats' `jetstream::kv`: a bucket is a stream
 //! `KV_<bucket>` on `$KV.<bucket>.>`; every operation is a plain JetStream
-//! publish / message get / ordered consumer (see /work/shared/reference/kv.md).
+//! publish / message get / ordered consumer.
 //!
 //! Run with `KEEL_TEST_REFERENCE=1` to check the expectations against the
 //! reference nats-server.
@@ -14,16 +14,9 @@ use async_nats::jetstream::stream::{DiscardPolicy, StorageType};
 use async_nats::jetstream::{self, Context};
 use async_nats::Client;
 use bytes::Bytes;
-use common::{api_error, json_request, within, Server};
+use common::{api_error, js_setup, json_request, within};
 use futures::TryStreamExt;
 use serde_json::{json, Value};
-
-async fn setup() -> (Server, Client, Context) {
-    let server = Server::start_jetstream();
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    (server, client, js)
-}
 
 async fn bucket(js: &Context, name: &str, history: i64) -> Store {
     within(
@@ -77,7 +70,7 @@ async fn keys(store: &Store) -> Vec<String> {
 
 #[tokio::test]
 async fn bucket_stream_config() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     let store = bucket(&js, "cfg", 5).await;
     assert_eq!(store.stream_name, "KV_cfg");
 
@@ -136,7 +129,7 @@ async fn bucket_stream_config() {
 
 #[tokio::test]
 async fn put_get_and_revisions() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     let store = bucket(&js, "pg", 5).await;
 
     assert_eq!(store.put("app.color", "blue".into()).await.expect("put"), 1);
@@ -200,7 +193,7 @@ async fn put_get_and_revisions() {
 
 #[tokio::test]
 async fn update_and_create_with_expected_revision() {
-    let (_server, _client, js) = setup().await;
+    let (_server, _client, js) = js_setup().await;
     let store = bucket(&js, "upd", 5).await;
 
     // create: only if the key does not exist.
@@ -240,7 +233,7 @@ async fn update_and_create_with_expected_revision() {
 
 #[tokio::test]
 async fn delete_and_purge() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     let store = bucket(&js, "dp", 5).await;
 
     store.put("gone", "1".into()).await.unwrap();
@@ -305,7 +298,7 @@ async fn delete_and_purge() {
 
 #[tokio::test]
 async fn history_keeps_the_last_n() {
-    let (_server, _client, js) = setup().await;
+    let (_server, _client, js) = js_setup().await;
     let store = bucket(&js, "hist", 5).await;
 
     for i in 1..=7 {
@@ -339,7 +332,7 @@ async fn history_keeps_the_last_n() {
 
 #[tokio::test]
 async fn keys_skip_deleted_and_purged() {
-    let (_server, client, js) = setup().await;
+    let (_server, client, js) = js_setup().await;
     let store = bucket(&js, "keys", 3).await;
     assert!(keys(&store).await.is_empty(), "empty bucket has no keys");
 

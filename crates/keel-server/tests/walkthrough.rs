@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use async_nats::Client;
-use common::{json_request, within, Server};
+use common::{api_ok, consumer_info, json_request, within, Server};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -236,30 +236,10 @@ impl Worker {
 // helpers
 // ---------------------------------------------------------------------------
 
-async fn api_ok(client: &Client, subject: &str, body: Value) -> Value {
-    let body = if body.is_null() {
-        String::new()
-    } else {
-        body.to_string()
-    };
-    let (_, resp) = json_request(client, subject, body).await;
-    assert!(resp.get("error").is_none(), "{subject} failed: {resp}");
-    resp
-}
-
 async fn publish(client: &Client, subject: &str, payload: &str) -> u64 {
     let (text, ack) = json_request(client, subject, payload.to_string()).await;
     assert!(ack.get("error").is_none(), "publish {subject}: {text}");
     ack["seq"].as_u64().expect("PubAck seq")
-}
-
-async fn consumer_info(client: &Client, stream: &str, consumer: &str) -> Value {
-    api_ok(
-        client,
-        &format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}"),
-        Value::Null,
-    )
-    .await
 }
 
 fn seqs(v: &Value) -> (u64, u64) {

@@ -46,10 +46,13 @@ pub fn keel_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_keel-server"))
 }
 
-/// The reference nats-server: from PATH, else the project's venv (tests that mix the two
-/// servers in one cluster run it even without KEEL_TEST_REFERENCE).
+/// The reference nats-server: from PATH, else the `.venv` that scripts/test.sh makes
+/// (tests that mix the two servers in one cluster run it even without KEEL_TEST_REFERENCE).
 pub fn reference_binary() -> PathBuf {
-    let venv = PathBuf::from("/work/venv/bin/nats-server");
+    let venv = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../.venv/bin/nats-server"
+    ));
     let on_path = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join("nats-server").is_file()))
         .unwrap_or(false);
@@ -908,6 +911,48 @@ pub async fn api_ok(
     let (text, resp) = json_request(client, subject, body).await;
     assert!(resp.get("error").is_none(), "{subject} failed: {text}");
     resp
+}
+
+/// A JetStream-enabled server plus a core client and a JetStream context.
+pub async fn js_setup() -> (Server, async_nats::Client, async_nats::jetstream::Context) {
+    let server = Server::start_jetstream();
+    let client = server.client().await;
+    let js = async_nats::jetstream::new(client.clone());
+    (server, client, js)
+}
+
+/// A `$JS.API.*` request with a JSON body (`Null` sends an empty body); returns the
+/// response, error or not.
+pub async fn api(
+    client: &async_nats::Client,
+    subject: &str,
+    body: serde_json::Value,
+) -> serde_json::Value {
+    let body = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
+    json_request(client, subject, body).await.1
+}
+
+/// A `$JS.API.*` request (raw body bytes) that must fail: `(code, err_code, description)`.
+pub async fn api_err(
+    client: &async_nats::Client,
+    subject: &str,
+    body: impl Into<bytes::Bytes>,
+) -> (u64, u64, String) {
+    let (_, resp) = json_request(client, subject, body).await;
+    api_error(&resp)
+}
+
+/// Sets `extra`'s keys on `base` (a config plus the keys a test adds or overrides).
+pub fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
+    if let serde_json::Value::Object(map) = extra {
+        for (k, v) in map {
+            base[k] = v;
+        }
+    }
 }
 
 /// `$JS.API.CONSUMER.INFO.<stream>.<consumer>`, which must succeed.
