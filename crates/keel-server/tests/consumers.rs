@@ -31,6 +31,22 @@ use serde_json::{json, Value};
 const API: &str = "$JS.API";
 const SEC: u64 = 1_000_000_000;
 
+/// A consumer info's (and create response's) keys, in the reference's order.
+const CONSUMER_INFO_KEYS: [&str; 12] = [
+    "type",
+    "stream_name",
+    "name",
+    "created",
+    "config",
+    "delivered",
+    "ack_floor",
+    "num_ack_pending",
+    "num_redelivered",
+    "num_waiting",
+    "num_pending",
+    "ts",
+];
+
 // ---------------------------------------------------------------------------
 // helpers
 // ---------------------------------------------------------------------------
@@ -380,23 +396,7 @@ async fn create_named_form_durable_and_not() {
     )
     .await;
     assert!(r.get("error").is_none(), "{r}");
-    assert_eq!(
-        keys(&r),
-        [
-            "type",
-            "stream_name",
-            "name",
-            "created",
-            "config",
-            "delivered",
-            "ack_floor",
-            "num_ack_pending",
-            "num_redelivered",
-            "num_waiting",
-            "num_pending",
-            "ts"
-        ]
-    );
+    assert_eq!(keys(&r), CONSUMER_INFO_KEYS);
     assert_eq!(
         r["type"],
         "io.nats.jetstream.api.v1.consumer_create_response"
@@ -755,23 +755,7 @@ async fn consumer_info_fields() {
     }
     create_consumer(&client, "S", "c", json!({})).await;
     let fresh = consumer_info(&client, "S", "c").await;
-    assert_eq!(
-        keys(&fresh),
-        [
-            "type",
-            "stream_name",
-            "name",
-            "created",
-            "config",
-            "delivered",
-            "ack_floor",
-            "num_ack_pending",
-            "num_redelivered",
-            "num_waiting",
-            "num_pending",
-            "ts"
-        ]
-    );
+    assert_eq!(keys(&fresh), CONSUMER_INFO_KEYS);
     assert_eq!(
         fresh["type"],
         "io.nats.jetstream.api.v1.consumer_info_response"
@@ -910,19 +894,12 @@ async fn names_and_list() {
             "list items carry no type: {item}"
         );
         assert_eq!(item["stream_name"], "S");
-        for k in [
-            "name",
-            "created",
-            "config",
-            "delivered",
-            "ack_floor",
-            "num_ack_pending",
-            "num_redelivered",
-            "num_waiting",
-            "num_pending",
-            "ts",
-        ] {
-            assert!(item.get(k).is_some(), "list item lacks {k}: {item}");
+        // A list item is an info without `type`.
+        for k in CONSUMER_INFO_KEYS
+            .iter()
+            .filter(|k| !["type", "stream_name"].contains(k))
+        {
+            assert!(item.get(*k).is_some(), "list item lacks {k}: {item}");
         }
         listed.insert(item["name"].as_str().unwrap().to_string());
     }
