@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{
-    expect_no_msg, free_port, http_get, is_reference, next_msg, sync, within, Node, Proxy,
-    ProxyMode, RawClient,
+    expect_no_msg, free_port, http_get, is_reference, next_msg, serve_echo, sync, until_answered,
+    within, Node, Proxy, ProxyMode, RawClient,
 };
 use futures::StreamExt;
 
@@ -302,18 +302,11 @@ async fn a_peer_is_picked_in_proportion_to_its_members() {
 async fn request_reply_and_no_responders_across_nodes() {
     let (a, b, c) = three().await;
     let responder = c.client().await;
-    let mut svc = responder.subscribe("svc.echo").await.unwrap();
+    let svc = responder.subscribe("svc.echo").await.unwrap();
     sync(&responder).await;
     a.wait_route_interest("svc.echo", true).await;
     b.wait_route_interest("svc.echo", true).await;
-    let r = responder.clone();
-    let serve = tokio::spawn(async move {
-        while let Some(m) = svc.next().await {
-            if let Some(reply) = m.reply {
-                r.publish(reply, m.payload).await.unwrap();
-            }
-        }
-    });
+    let serve = serve_echo(&responder, svc);
     for n in [&a, &b] {
         let cl = n.client().await;
         let resp = within("request", cl.request("svc.echo", "ping".into()))
@@ -1052,17 +1045,10 @@ async fn accounts_keep_their_messages_apart_across_routes() {
 
     // Request/reply within account A across the route; B's subscriber is not asked.
     let mut svc_b = sub_b.subscribe("acc.svc").await.unwrap();
-    let mut svc_a = sub_a.subscribe("acc.svc").await.unwrap();
+    let svc_a = sub_a.subscribe("acc.svc").await.unwrap();
     sync(&sub_a).await;
     sync(&sub_b).await;
-    let r = sub_a.clone();
-    let serve = tokio::spawn(async move {
-        while let Some(m) = svc_a.next().await {
-            if let Some(reply) = m.reply {
-                r.publish(reply, m.payload).await.unwrap();
-            }
-        }
-    });
+    let serve = serve_echo(&sub_a, svc_a);
     let resp = within("request in A", async {
         loop {
             match pub_a.request("acc.svc", "ping".into()).await {
@@ -1104,28 +1090,11 @@ async fn imports_and_exports_work_across_routes() {
 
     // A service B exports, answered on the other server, asked from A.
     let responder = user(&b, "b").await;
-    let mut svc = responder.subscribe("svc.echo").await.unwrap();
+    let svc = responder.subscribe("svc.echo").await.unwrap();
     sync(&responder).await;
-    let r = responder.clone();
-    let serve = tokio::spawn(async move {
-        while let Some(m) = svc.next().await {
-            if let Some(reply) = m.reply {
-                r.publish(reply, m.payload).await.unwrap();
-            }
-        }
-    });
+    let serve = serve_echo(&responder, svc);
     // Until the responder's interest reached A's server, a request goes unanswered.
-    within("the responder's interest crosses the route", async {
-        while !matches!(
-            tokio::time::timeout(
-                Duration::from_millis(200),
-                pub_a.request("svc.echo", "p".into())
-            )
-            .await,
-            Ok(Ok(_))
-        ) {}
-    })
-    .await;
+    until_answered(&pub_a, "svc.echo").await;
     for _ in 0..3 {
         let resp = within(
             "a service answered across the route",

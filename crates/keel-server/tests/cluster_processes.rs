@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{
-    expect_no_msg, is_reference, keel_binary, next_msg, reference_binary, sync, within, Node,
-    Server,
+    expect_no_msg, is_reference, keel_binary, next_msg, reference_binary, serve_echo, sync,
+    until_answered, within, Node, Server,
 };
 use futures::StreamExt;
 
@@ -350,27 +350,10 @@ async fn accounts_across_a_keel_server_and_a_nats_server() {
         expect_no_msg(&mut feed).await;
 
         // B's service, answered on the other server, asked from A.
-        let mut svc = sb.subscribe("svc.echo").await.unwrap();
+        let svc = sb.subscribe("svc.echo").await.unwrap();
         sync(&sb).await;
-        let r = sb.clone();
-        let serve = tokio::spawn(async move {
-            while let Some(m) = svc.next().await {
-                if let Some(reply) = m.reply {
-                    r.publish(reply, m.payload).await.unwrap();
-                }
-            }
-        });
-        within("the responder's interest crosses the route", async {
-            while !matches!(
-                tokio::time::timeout(
-                    Duration::from_millis(200),
-                    pa.request("svc.echo", "p".into())
-                )
-                .await,
-                Ok(Ok(_))
-            ) {}
-        })
-        .await;
+        let serve = serve_echo(&sb, svc);
+        until_answered(&pa, "svc.echo").await;
         let resp = within("request", pa.request("svc.echo", "ping".into()))
             .await
             .expect("answered across the route");

@@ -913,6 +913,38 @@ pub async fn api_ok(
     resp
 }
 
+/// Answers every request `sub` gets with its own payload, through `client`, until aborted.
+pub fn serve_echo(
+    client: &async_nats::Client,
+    mut sub: async_nats::Subscriber,
+) -> tokio::task::JoinHandle<()> {
+    use futures::StreamExt;
+    let client = client.clone();
+    tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            if let Some(reply) = m.reply {
+                client.publish(reply, m.payload).await.unwrap();
+            }
+        }
+    })
+}
+
+/// Requests on `subject` until one is answered: the responder's interest reached the
+/// requester's server.
+pub async fn until_answered(client: &async_nats::Client, subject: &str) {
+    within("the responder's interest crosses the route", async {
+        while !matches!(
+            tokio::time::timeout(
+                Duration::from_millis(200),
+                client.request(subject.to_string(), "p".into())
+            )
+            .await,
+            Ok(Ok(_))
+        ) {}
+    })
+    .await
+}
+
 /// A JetStream-enabled server plus a core client and a JetStream context.
 pub async fn js_setup() -> (Server, async_nats::Client, async_nats::jetstream::Context) {
     let server = Server::start_jetstream();
