@@ -825,34 +825,14 @@ async fn consumer(conn: &ConnSettings, a: &ConsumerCheck) -> Check {
     let waiting = u(&info, "num_waiting") as i64;
     let pending = u(&info, "num_pending") as i64;
     let redelivered = u(&info, "num_redelivered") as i64;
-    c.pd(Perf::new(
-        "ack_pending",
-        ack_pending as f64,
-        0.0,
-        ack_crit.max(0) as f64,
-        "",
-    ));
-    c.pd(Perf::new(
-        "pull_waiting",
-        waiting as f64,
-        0.0,
-        wait_crit.max(0) as f64,
-        "",
-    ));
-    c.pd(Perf::new(
-        "pending",
-        pending as f64,
-        0.0,
-        unproc_crit.max(0) as f64,
-        "",
-    ));
-    c.pd(Perf::new(
-        "redelivered",
-        redelivered as f64,
-        0.0,
-        redel_crit.max(0) as f64,
-        "",
-    ));
+    for (name, value, crit) in [
+        ("ack_pending", ack_pending, ack_crit),
+        ("pull_waiting", waiting, wait_crit),
+        ("pending", pending, unproc_crit),
+        ("redelivered", redelivered, redel_crit),
+    ] {
+        c.pd(Perf::new(name, value as f64, 0.0, crit.max(0) as f64, ""));
+    }
     let now = now_ns();
     let since = |v: &Value| {
         v.get("last_active")

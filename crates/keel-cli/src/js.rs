@@ -190,6 +190,21 @@ impl Js {
             .map_err(stream_error(stream))
     }
 
+    /// `STREAM.INFO` for the stream behind a KV or object store bucket, with
+    /// `missing()` as the error when that stream does not exist.
+    pub async fn bucket_stream_info(
+        &self,
+        stream: &str,
+        missing: impl FnOnce() -> String,
+    ) -> Res<Value> {
+        self.api(&format!("STREAM.INFO.{stream}"), None)
+            .await
+            .map_err(|e| match e.err_code() {
+                Some(ERR_STREAM_NOT_FOUND) => missing(),
+                _ => String::from(e),
+            })
+    }
+
     /// `CONSUMER.INFO` for one consumer, with errors naming it.
     pub async fn consumer_info(&self, stream: &str, consumer: &str) -> Res<Value> {
         check_name("stream", stream)?;

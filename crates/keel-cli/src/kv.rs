@@ -293,17 +293,8 @@ async fn edit(js: &Js, a: &EditArgs, json_out: bool) -> Res<()> {
     check_name("bucket", &a.bucket)?;
     let stream = format!("KV_{}", a.bucket);
     let current = js
-        .api(&format!("STREAM.INFO.{stream}"), None)
-        .await
-        .map_err(|e| match e.err_code() {
-            Some(crate::js::ERR_STREAM_NOT_FOUND) => {
-                format!(
-                    "bucket {} not found (list buckets with `keel kv ls`)",
-                    a.bucket
-                )
-            }
-            _ => String::from(e),
-        })?;
+        .bucket_stream_info(&stream, || not_found(&a.bucket))
+        .await?;
     let mut cfg = current["config"].as_object().cloned().unwrap_or_default();
     let old = cfg.clone();
     if let Some(h) = a.history {
@@ -472,11 +463,16 @@ async fn compact(js: &Js, a: &CompactArgs) -> Res<()> {
     Ok(())
 }
 
+/// The error for a bucket that does not exist.
+fn not_found(name: &str) -> String {
+    format!("bucket {name} not found (list buckets with `keel kv ls`)")
+}
+
 async fn bucket(js: &Js, name: &str) -> Res<kv::Store> {
     check_name("bucket", name)?;
     js.ctx.get_key_value(name).await.map_err(|e| {
         if e.kind() == jetstream::context::KeyValueErrorKind::GetBucket {
-            format!("bucket {name} not found (list buckets with `keel kv ls`)")
+            not_found(name)
         } else {
             format!("cannot open bucket {name}: {e}")
         }
@@ -769,14 +765,8 @@ async fn ls(js: &Js, a: &LsArgs, json_out: bool) -> Res<()> {
 async fn info(js: &Js, name: &str, json_out: bool) -> Res<()> {
     check_name("bucket", name)?;
     let info = js
-        .api(&format!("STREAM.INFO.KV_{name}"), None)
-        .await
-        .map_err(|e| match e.err_code() {
-            Some(crate::js::ERR_STREAM_NOT_FOUND) => {
-                format!("bucket {name} not found (list buckets with `keel kv ls`)")
-            }
-            _ => String::from(e),
-        })?;
+        .bucket_stream_info(&format!("KV_{name}"), || not_found(name))
+        .await?;
     if json_out {
         print_json(&info);
         return Ok(());

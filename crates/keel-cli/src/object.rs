@@ -187,11 +187,16 @@ pub async fn run(conn: &ConnSettings, cmd: &ObjectCmd, json_out: bool) -> Res<()
     }
 }
 
+/// The error for an object store bucket that does not exist.
+fn not_found(name: &str) -> String {
+    format!("object store bucket {name} not found (list them with `keel object ls`)")
+}
+
 async fn bucket(js: &Js, name: &str) -> Res<object_store::ObjectStore> {
     check_name("bucket", name)?;
     js.ctx.get_object_store(name).await.map_err(|e| {
         if e.kind() == jetstream::context::ObjectStoreErrorKind::GetStore {
-            format!("object store bucket {name} not found (list them with `keel object ls`)")
+            not_found(name)
         } else {
             format!("cannot open object store bucket {name}: {e}")
         }
@@ -450,14 +455,8 @@ fn show_object(i: &object_store::ObjectInfo, json_out: bool) {
 async fn bucket_info(js: &Js, name: &str, json_out: bool) -> Res<()> {
     check_name("bucket", name)?;
     let info = js
-        .api(&format!("STREAM.INFO.OBJ_{name}"), None)
-        .await
-        .map_err(|e| match e.err_code() {
-            Some(crate::js::ERR_STREAM_NOT_FOUND) => {
-                format!("object store bucket {name} not found (list them with `keel object ls`)")
-            }
-            _ => String::from(e),
-        })?;
+        .bucket_stream_info(&format!("OBJ_{name}"), || not_found(name))
+        .await?;
     if json_out {
         print_json(&info);
         return Ok(());
