@@ -64,11 +64,7 @@ impl WriteHandle {
         // each ack: ~50 us and half the context switches). Once most workers sit in an
         // fsync, block_in_place moves this worker's other tasks to another thread.
         let busy = self.1.fetch_add(1, Ordering::AcqRel) + 1;
-        let free_worker = tokio::runtime::Handle::try_current().is_ok_and(|h| {
-            h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
-                && busy < h.metrics().num_workers()
-        });
-        if free_worker {
+        if workers().is_some_and(|n| busy < n) {
             job.run();
         } else {
             blocking(|| job.run());
@@ -90,11 +86,17 @@ impl WriteHandle {
 /// Runs blocking work (an fsync) on this thread, telling a multi-thread tokio runtime to
 /// move its other tasks elsewhere meanwhile.
 pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    let multi = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi {
+    if workers().is_some() {
         tokio::task::block_in_place(f)
     } else {
         f()
     }
+}
+
+/// The worker threads of the current multi-thread tokio runtime (None outside one).
+fn workers() -> Option<usize> {
+    tokio::runtime::Handle::try_current()
+        .ok()
+        .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+        .map(|h| h.metrics().num_workers())
 }
