@@ -317,9 +317,7 @@ impl Router {
         };
         let mut delivered = false;
         for sub in &result.psubs {
-            if sub.client.is_route()
-                || sub.client.internal_queue().is_some() && !crate::system::serves_peers(sub)
-            {
+            if !crate::route::serves_peers(sub) {
                 continue;
             }
             delivered |= self.deliver(server, sub, &local);
@@ -370,7 +368,7 @@ impl Router {
             let start = self.next_rand() as usize % group.len();
             for i in 0..group.len() {
                 let sub = &group[(start + i) % group.len()];
-                if sub.client.is_route() || sub.client.internal_queue().is_some() {
+                if !crate::route::serves_peers(sub) {
                     continue;
                 }
                 if self.deliver(server, sub, &local) {

@@ -133,14 +133,6 @@ impl AccountInterest {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether a subscription is this server's own interest, to tell peers about.
-    /// In-process clients stay local (JetStream is per server), but for the system
-    /// services that serve the cluster (`system::serves_peers`).
-    fn local(sub: &Sub) -> bool {
-        !sub.client.is_route()
-            && (sub.client.internal_queue().is_none() || crate::system::serves_peers(sub))
-    }
-
     /// A newly registered route: it gets everything counted so far, then every change.
     pub(crate) fn attach(&self, route: &Arc<Route>) {
         let mut st = self.lock();
@@ -179,7 +171,7 @@ impl AccountInterest {
 
 impl SubHook for AccountInterest {
     fn added(&self, sub: &Arc<Sub>) {
-        if !Self::local(sub) {
+        if !super::serves_peers(sub) {
             return;
         }
         let shadows = self.shadows_of(&sub.subject, &sub.queue);
@@ -215,7 +207,7 @@ impl SubHook for AccountInterest {
     }
 
     fn removed(&self, sub: &Arc<Sub>) {
-        if !Self::local(sub) {
+        if !super::serves_peers(sub) {
             return;
         }
         let shadows = self.lock().shadows.remove(&(Arc::as_ptr(sub) as usize));

@@ -856,3 +856,12 @@ pub(crate) fn interface_ips() -> Vec<std::net::IpAddr> {
     }
     out
 }
+
+/// Whether `sub` is this server's own interest, which peers are told about and whose
+/// messages from peers it gets: a client's, not another route's; in-process clients stay
+/// local (JetStream is per server) but for the system services that serve the cluster
+/// (`system::serves_peers`).
+pub(crate) fn serves_peers(sub: &crate::sublist::Sub) -> bool {
+    !sub.client.is_route()
+        && (sub.client.internal_queue().is_none() || crate::system::serves_peers(sub))
+}
