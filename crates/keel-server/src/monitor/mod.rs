@@ -65,16 +65,7 @@ pub async fn bind(server: &Server) -> std::io::Result<TcpListener> {
 
 /// Serves monitoring requests until the server shuts down; over TLS with `https_port`.
 pub async fn serve(server: Arc<Server>, listener: TcpListener) {
-    let tls = if server.opts.https_port.is_some() {
-        server.opts.tls.as_ref().map(|t| {
-            (
-                tokio_rustls::TlsAcceptor::from(t.monitor.clone()),
-                t.opts.timeout(),
-            )
-        })
-    } else {
-        None
-    };
+    let https = server.opts.https_port.is_some();
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
     let ctx = Arc::new(Ctx::new(server.clone(), port));
     if server.opts.http_dashboard {
@@ -84,13 +75,15 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener) {
     loop {
         tokio::select! {
             r = listener.accept() => match r {
-                Ok((stream, _)) => match &tls {
+                // The server's TLS setup now, so a reload's certificates apply here too.
+                Ok((stream, _)) => match https.then(|| server.tls()).flatten() {
                     None => {
                         let _ = stream.set_nodelay(true);
                         server.spawn(connection(ctx.clone(), stream));
                     }
-                    Some((acceptor, timeout)) => {
-                        let (ctx, acceptor, timeout) = (ctx.clone(), acceptor.clone(), *timeout);
+                    Some(t) => {
+                        let acceptor = tokio_rustls::TlsAcceptor::from(t.monitor.clone());
+                        let (ctx, timeout) = (ctx.clone(), t.opts.timeout());
                         server.spawn(async move {
                             let _ = stream.set_nodelay(true);
                             // A client that never finishes its handshake holds a task no longer.
