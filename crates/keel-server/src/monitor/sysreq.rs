@@ -173,7 +173,6 @@ pub(crate) fn statsz(ctx: &Ctx) -> Value {
         "received": received,
         "received_from_clients": received,
         "slow_consumers": v["slow_consumers"],
-        "active_servers": 1 + s.cluster.get().map_or(0, |c| c.num_peers()),
     });
     // The reference's per-route numbers, from the same figures as `/routez`.
     if s.cluster.get().is_some_and(|c| c.num_peers() > 0) {
@@ -194,13 +193,10 @@ pub(crate) fn statsz(ctx: &Ctx) -> Value {
                     .collect()
             })
             .unwrap_or_default();
-        // In the reference's order: routes, then active_servers.
-        let active = out
-            .as_object_mut()
-            .and_then(|m| m.shift_remove("active_servers"));
         out["routes"] = Value::Array(routes);
-        out["active_servers"] = active.unwrap_or_default();
     }
+    // After the routes, in the reference's order.
+    out["active_servers"] = (1 + s.cluster.get().map_or(0, |c| c.num_peers())).into();
     if let Some(js) = v.get("jetstream").filter(|j| j.get("config").is_some()) {
         let mut js = js.clone();
         if let Some(c) = js.get_mut("config").and_then(Value::as_object_mut) {
