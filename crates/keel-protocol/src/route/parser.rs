@@ -264,6 +264,22 @@ struct MsgTokens {
     tail: [(usize, usize); 4],
 }
 
+/// The ranges of up to `N` arguments from `start`, and their count; a count of `N + 1`
+/// says there were more.
+fn arg_ranges<const N: usize>(line: &[u8], start: usize) -> ([(usize, usize); N], usize) {
+    let mut t = Tokens::<true>::new(line, start);
+    let mut a = [(0, 0); N];
+    let mut n = 0;
+    while let Some(r) = t.next_range() {
+        if n == N {
+            return (a, N + 1);
+        }
+        a[n] = r;
+        n += 1;
+    }
+    (a, n)
+}
+
 impl MsgTokens {
     #[inline]
     fn new(line: &[u8], start: usize) -> Self {
@@ -509,15 +525,9 @@ impl RouteParser {
     ) -> Result<Option<RouteOp>, RouteParseError> {
         const BAD: RouteParseError = RouteParseError::BadArgs("processRemoteSub Parse Error");
         let start = self.arg_start(line, pos)?;
-        let mut t = Tokens::<true>::new(line, start);
-        let mut a = [(0, 0); 5];
-        let mut n = 0;
-        while let Some(r) = t.next_range() {
-            if n == a.len() {
-                return Err(BAD);
-            }
-            a[n] = r;
-            n += 1;
+        let (a, n) = arg_ranges::<5>(line, start);
+        if n > a.len() {
+            return Err(BAD);
         }
         let with_acc = self.pinned.is_none();
         let subj = leaf as usize + with_acc as usize;
@@ -548,15 +558,9 @@ impl RouteParser {
     ) -> Result<Option<RouteOp>, RouteParseError> {
         const BAD: RouteParseError = RouteParseError::BadArgs("processRemoteUnsub parse error");
         let start = self.arg_start(line, pos)?;
-        let mut t = Tokens::<true>::new(line, start);
-        let mut a = [(0, 0); 4];
-        let mut n = 0;
-        while let Some(r) = t.next_range() {
-            if n == a.len() {
-                return Err(BAD);
-            }
-            a[n] = r;
-            n += 1;
+        let (a, n) = arg_ranges::<4>(line, start);
+        if n > a.len() {
+            return Err(BAD);
         }
         let with_origin = leaf && self.unsub_origin;
         let with_acc = self.pinned.is_none();
@@ -672,17 +676,8 @@ impl RouteParser {
     ) -> Result<Option<RouteOp>, RouteParseError> {
         let bad = RouteParseError::BadArgs;
         let start = self.arg_start(line, pos)?;
-        let mut t = Tokens::<true>::new(line, start);
-        let mut a = [(0, 0); 4];
-        let mut n = 0;
-        while let Some(r) = t.next_range() {
-            if n == a.len() {
-                n += 1;
-                break;
-            }
-            a[n] = r;
-            n += 1;
-        }
+        // More than four arguments (n == 5) matches no form below.
+        let (a, n) = arg_ranges::<4>(line, start);
         let size = |(s, e): (usize, usize)| lex::parse_size::<9>(&line[s..e]);
         let (reply, hdr_len, total) = if headers {
             let (reply, h, s) = match n {
