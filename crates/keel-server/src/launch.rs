@@ -87,7 +87,12 @@ pub async fn start(opts: Opts, log: Log) -> Result<Running, ()> {
         match crate::jetstream::JetStreams::start(&server) {
             Ok(js) => {
                 log_jetstream(log, js.first());
-                let _ = server.jetstream.set(js);
+                let _ = server.jetstream.set(js.clone());
+                if let Err(e) = start_meta(&server, &js).await {
+                    error!(log, "Could not start JetStream cluster: {e}");
+                    stop_early(&server);
+                    return Err(());
+                }
             }
             Err(e) => {
                 error!(log, "Could not start JetStream: {e}");
@@ -204,6 +209,31 @@ pub async fn start(opts: Opts, log: Log) -> Result<Running, ()> {
 
 /// The reference's JetStream block; clients' test helpers parse the Store Directory line
 /// to clean up after the server.
+/// With a cluster and the system account (the Raft transport's), JetStream starts its meta
+/// group.
+async fn start_meta(
+    server: &Arc<Server>,
+    js: &Arc<crate::jetstream::JetStreams>,
+) -> Result<(), String> {
+    if server.cluster.get().is_none() {
+        return Ok(());
+    }
+    let Some(sys) = server.accounts.system_account().cloned() else {
+        warn!(
+            server.log,
+            "JetStream cluster needs the system account: JetStream stays on this server"
+        );
+        return Ok(());
+    };
+    info!(server.log, "Starting JetStream cluster");
+    info!(server.log, "Creating JetStream metadata controller");
+    let host = crate::jetstream::raft::RaftHost::start(server, sys);
+    let backend = Box::new(crate::jetstream::raft::log::MemBackend::default());
+    let meta = crate::jetstream::cluster::Meta::start(server, host, backend).await?;
+    let _ = js.meta.set(meta);
+    Ok(())
+}
+
 fn log_jetstream(log: &Log, js: &crate::jetstream::JetStream) {
     info!(log, "Starting JetStream");
     info!(log, "---------------- JETSTREAM ----------------");
@@ -267,6 +297,10 @@ impl Running {
             warn!(server.log, "Some tasks did not end within {TASKS_LIMIT:?}");
         }
         if let Some(js) = server.jetstream.get().cloned() {
+            if let Some(meta) = js.meta.get() {
+                meta.shutdown().await;
+                meta.host.shutdown().await;
+            }
             let _ = tokio::task::spawn_blocking(move || js.shutdown()).await;
         }
         info!(server.log, "Server Exiting..");

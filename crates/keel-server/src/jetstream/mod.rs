@@ -8,12 +8,14 @@
 //! ARCHITECTURE.md ("JetStream inside") has the whole shape.
 
 pub mod advisory;
+pub mod cluster;
 pub mod api;
 pub mod consumer;
 pub mod consumer_state;
 pub mod counter;
 pub mod expiry;
 pub mod files;
+pub mod raft;
 pub mod registry;
 pub mod republish;
 pub mod schema;
@@ -43,6 +45,8 @@ pub struct JetStreams {
     pub registry: Arc<registry::Registry>,
     /// Held for the life of the process: one server per store directory.
     _lock: keel_store::DirLock,
+    /// In a cluster: the meta group (`cluster.rs`).
+    pub meta: std::sync::OnceLock<Arc<cluster::Meta>>,
 }
 
 impl JetStreams {
@@ -110,6 +114,7 @@ impl JetStreams {
             list,
             registry,
             _lock: lock,
+            meta: std::sync::OnceLock::new(),
         }))
     }
 

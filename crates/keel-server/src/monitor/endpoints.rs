@@ -1223,7 +1223,18 @@ pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), Box<HealthError>>
             "JetStream not enabled".into(),
         )));
     };
-    if p.js_enabled_only || p.account.is_empty() {
+    if p.js_enabled_only {
+        return Ok(());
+    }
+    if js.meta.get().is_some_and(|m| m.leader().is_none()) {
+        return Err(Box::new(HealthError::new(
+            503,
+            "unavailable",
+            "JETSTREAM",
+            "JetStream has not established contact with a meta leader".into(),
+        )));
+    }
+    if p.account.is_empty() {
         return Ok(());
     }
     // An account without JetStream (including $SYS) is not found, as with the reference.

@@ -169,6 +169,10 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
             v["account_details"] = details.into();
         }
     }
+    if let (Some(meta), Some(cluster)) = (js.meta.get(), s.cluster.get()) {
+        v["meta_cluster"] = meta.jsz(&cluster.name());
+        v["ha_assets"] = 1.into();
+    }
     v["total"] = js.all().len().into();
     Ok(v)
 }

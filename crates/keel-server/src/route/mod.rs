@@ -353,7 +353,7 @@ impl Cluster {
         if server.opts.jetstream {
             warn!(
                 log,
-                "JetStream is not clustered yet: it serves this server's clients only"
+                "JetStream streams are not replicated yet: each stays on the server that created it"
             );
         }
         info!(
@@ -863,5 +863,7 @@ pub(crate) fn interface_ips() -> Vec<std::net::IpAddr> {
 /// (`system::serves_peers`).
 pub(crate) fn serves_peers(sub: &crate::sublist::Sub) -> bool {
     !sub.client.is_route()
-        && (sub.client.internal_queue().is_none() || crate::system::serves_peers(sub))
+        && (sub.client.internal_queue().is_none()
+            || crate::system::serves_peers(sub)
+            || crate::jetstream::raft::serves_peers(sub))
 }

@@ -1,0 +1,466 @@
+//! Raft for clustered JetStream, on openraft (we do not write consensus).
+//!
+//! Every server of a JetStream cluster runs one [`RaftHost`]: the openraft groups it is a
+//! member of (the meta group `_meta_`, later one per replicated stream), sharing one
+//! transport. The transport is the cluster itself: RPCs are messages in the system account
+//! (`$KEEL.RAFT.<peer>.<kind>`, answered on `$KEEL.RAFT.R.<peer>.<n>`), carried by the
+//! routes, so Raft traffic gets the routes' TLS and authentication and needs no port of its
+//! own (the reference sends its Raft traffic through the system account the same way).
+//!
+//! A node's id is derived from its server name (stable across restarts, as the reference's
+//! peer id is), and its [`Peer`] carries the name.
+
+pub mod log;
+pub mod meta;
+
+use std::collections::HashMap;
+use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+
+use crate::account::Account;
+use crate::client::{ClientHandle, InMsg};
+use crate::router::{Outgoing, Router};
+use crate::server::Server;
+use crate::sublist::Sub;
+
+/// A member of a Raft group: a server, by name.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Peer {
+    pub name: String,
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+/// What a group's log carries: each state machine encodes its own entries (the meta
+/// group's assignments as JSON; stream entries compactly), so the log and the transport
+/// stay generic.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cmd(pub Vec<u8>);
+
+impl std::fmt::Display for Cmd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cmd({} bytes)", self.0.len())
+    }
+}
+
+/// A state machine's answer to an applied entry, encoded by the state machine.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct CmdResult(pub Vec<u8>);
+
+openraft::declare_raft_types!(
+    pub TypeConfig:
+        D = Cmd,
+        R = CmdResult,
+        NodeId = u64,
+        Node = Peer,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type NodeId = u64;
+
+/// The reference's peer id: 8 characters of base62 from SHA-256 of the server name.
+pub fn peer_hash(name: &str) -> String {
+    const DIGITS: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let d = Sha256::digest(name.as_bytes());
+    d[..8]
+        .iter()
+        .map(|b| DIGITS[(*b as usize) % 62] as char)
+        .collect()
+}
+
+/// A node's Raft id: the first 8 bytes of SHA-256 of its server name, so every server
+/// computes every other's id from its name.
+pub fn node_id(name: &str) -> NodeId {
+    let d = Sha256::digest(name.as_bytes());
+    u64::from_be_bytes(d[..8].try_into().expect("8 bytes")) & (u64::MAX >> 1)
+}
+
+/// openraft's timers. The reference uses seconds (heartbeat 1 s, election 4-9 s); these
+/// are shorter so that a leader's loss is noticed within about a second, while an idle group
+/// still costs a few messages a second.
+pub fn config(name: &str) -> Arc<openraft::Config> {
+    let cfg = openraft::Config {
+        cluster_name: name.to_string(),
+        heartbeat_interval: 250,
+        election_timeout_min: 1000,
+        election_timeout_max: 2000,
+        install_snapshot_timeout: 5000,
+        max_payload_entries: 256,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(10_000),
+        ..Default::default()
+    };
+    Arc::new(cfg.validate().expect("valid raft config"))
+}
+
+/// The sid of the Raft transport's subscriptions (routes announce them: `serves_peers`).
+pub(crate) const RAFT_SID: &[u8] = b"raft";
+
+/// Whether `sub` is the Raft transport's, which peers must reach.
+pub(crate) fn serves_peers(sub: &Sub) -> bool {
+    sub.client.internal_queue().is_some() && sub.sid == RAFT_SID
+}
+
+/// Queue in front of the transport: Raft batches are bounded by `max_payload_entries`.
+const QUEUE_BYTES: usize = 64 * 1024 * 1024;
+
+/// How long an RPC waits for its answer when openraft gives no deadline.
+const RPC_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Serialize, Deserialize)]
+enum Rpc {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+/// One server's Raft groups and their transport.
+pub struct RaftHost {
+    pub name: String,
+    pub id: NodeId,
+    hash: String,
+    server: Weak<Server>,
+    account: Arc<Account>,
+    groups: RwLock<HashMap<String, Raft>>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Bytes>>>,
+    next: AtomicU64,
+    /// Answers go out through one router (short lock per answer).
+    answers: Mutex<Router>,
+    /// When each peer (by peer hash) was last heard from, for `current`/`active`.
+    heard: Mutex<HashMap<String, Instant>>,
+}
+
+impl RaftHost {
+    /// Subscribes the transport in the system account and starts serving RPCs.
+    pub fn start(server: &Arc<Server>, account: Arc<Account>) -> Arc<RaftHost> {
+        let name = server.server_name.clone();
+        let hash = peer_hash(&name);
+        let (handle, rx) = ClientHandle::internal(
+            server,
+            &account,
+            "raft transport".into(),
+            QUEUE_BYTES,
+        );
+        for subject in [
+            format!("$KEEL.RAFT.{hash}.*"),
+            format!("$KEEL.RAFT.R.{hash}.*"),
+        ] {
+            account.sublist.insert(Arc::new(Sub {
+                client: handle.clone(),
+                sid: Bytes::from_static(RAFT_SID),
+                subject: Bytes::from(subject),
+                queue: None,
+                max: AtomicU64::new(0),
+                delivered: AtomicU64::new(0),
+            }));
+        }
+        let host = Arc::new(RaftHost {
+            id: node_id(&name),
+            name,
+            hash,
+            server: Arc::downgrade(server),
+            answers: Mutex::new(Router::new(account.clone(), 0x5246)),
+            account,
+            groups: RwLock::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            heard: Mutex::new(HashMap::new()),
+        });
+        server.spawn(serve(host.clone(), rx));
+        host
+    }
+
+    /// Makes `raft` reachable as group `group` on this server.
+    pub fn add_group(&self, group: &str, raft: Raft) {
+        self.groups
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(group.to_string(), raft);
+    }
+
+    pub fn remove_group(&self, group: &str) -> Option<Raft> {
+        self.groups
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(group)
+    }
+
+    pub fn group(&self, group: &str) -> Option<Raft> {
+        self.groups
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(group)
+            .cloned()
+    }
+
+    /// The network factory of one group.
+    pub fn network(self: &Arc<Self>, group: &str) -> Network {
+        Network {
+            host: self.clone(),
+            group: group.to_string(),
+        }
+    }
+
+    fn publish(&self, router: &mut Router, subject: Bytes, reply: Option<Bytes>, data: Bytes) {
+        let Some(server) = self.server.upgrade() else {
+            return;
+        };
+        router.route(
+            &server,
+            &Outgoing {
+                subject: &subject,
+                reply: reply.as_ref(),
+                hdr_len: None,
+                data: &data,
+            },
+            None,
+        );
+        router.flush();
+    }
+
+    /// Sends one RPC to `target` and waits for its encoded answer.
+    async fn call(
+        &self,
+        router: &mut Router,
+        target: &Peer,
+        kind: &str,
+        group: &str,
+        rpc: &Rpc,
+        timeout: Duration,
+    ) -> Result<Bytes, NetworkError> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(n, tx);
+        let body = bincode::serialize(&(group, rpc)).map_err(|e| NetworkError::new(&e))?;
+        let subject = Bytes::from(format!("$KEEL.RAFT.{}.{kind}", peer_hash(&target.name)));
+        let reply = Bytes::from(format!("$KEEL.RAFT.R.{}.{n}", self.hash));
+        self.publish(router, subject, Some(reply), Bytes::from(body));
+        let r = tokio::time::timeout(timeout, rx).await;
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&n);
+        match r {
+            Ok(Ok(b)) => {
+                self.heard_from(peer_hash(&target.name).as_bytes());
+                Ok(b)
+            }
+            Ok(Err(_)) => Err(NetworkError::new(&std::io::Error::other("transport closed"))),
+            Err(_) => Err(NetworkError::new(&std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer from {} in {timeout:?}", target.name),
+            ))),
+        }
+    }
+
+    fn heard_from(&self, hash: &[u8]) {
+        if let Ok(h) = std::str::from_utf8(hash) {
+            self.heard
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(h.to_string(), Instant::now());
+        }
+    }
+
+    /// How long ago `name` was last heard from (an RPC or an answer), if ever.
+    pub fn since_heard(&self, name: &str) -> Option<Duration> {
+        self.heard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&peer_hash(name))
+            .map(|t| t.elapsed())
+    }
+
+    /// Shuts every group down (server shutdown).
+    pub async fn shutdown(&self) {
+        let groups: Vec<Raft> = self
+            .groups
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, r)| r)
+            .collect();
+        for g in groups {
+            let _ = g.shutdown().await;
+        }
+    }
+}
+
+async fn serve(host: Arc<RaftHost>, mut rx: crate::inqueue::Receiver) {
+    let answer_prefix = format!("$KEEL.RAFT.R.{}.", host.hash);
+    let mut batch = Vec::new();
+    while rx.recv_many(&mut batch, 256, 8 * 1024 * 1024).await > 0 {
+        for m in batch.drain(..) {
+            if let Some(n) = m.subject.strip_prefix(answer_prefix.as_bytes()) {
+                let n: u64 = std::str::from_utf8(n)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
+                let tx = host
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&n);
+                if let Some(tx) = tx {
+                    let _ = tx.send(m.data.slice(m.hdr_len..));
+                }
+                continue;
+            }
+            // A request: each is handled on its own task, so a slow group (a snapshot
+            // install, a long append) does not hold up the others.
+            let host = host.clone();
+            tokio::spawn(async move { answer(&host, m).await });
+        }
+    }
+}
+
+async fn answer(host: &RaftHost, m: InMsg) {
+    let Some(reply) = m.reply.clone() else {
+        return;
+    };
+    // The reply names the caller: `$KEEL.RAFT.R.<peer>.<n>`.
+    if let Some(rest) = reply.strip_prefix(b"$KEEL.RAFT.R.".as_slice()) {
+        if let Some(dot) = rest.iter().position(|b| *b == b'.') {
+            host.heard_from(&rest[..dot]);
+        }
+    }
+    let Ok((group, rpc)) = bincode::deserialize::<(String, Rpc)>(m.payload()) else {
+        return;
+    };
+    // A group this server does not (yet) have: no answer, the caller times out and retries
+    // (a stream group is created on every member when its assignment applies).
+    let Some(raft) = host.group(&group) else {
+        return;
+    };
+    let body = match rpc {
+        Rpc::Append(req) => bincode::serialize(&raft.append_entries(req).await),
+        Rpc::Vote(req) => bincode::serialize(&raft.vote(req).await),
+        Rpc::Snapshot(req) => bincode::serialize(&raft.install_snapshot(req).await),
+    };
+    let Ok(body) = body else {
+        return;
+    };
+    let mut router = host.answers.lock().unwrap_or_else(|e| e.into_inner());
+    host.publish(&mut router, reply, None, Bytes::from(body));
+}
+
+/// A group's network factory (openraft makes one client per follower).
+pub struct Network {
+    host: Arc<RaftHost>,
+    group: String,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Conn;
+
+    async fn new_client(&mut self, _target: NodeId, node: &Peer) -> Conn {
+        Conn {
+            router: Router::new(self.host.account.clone(), 0x5247),
+            host: self.host.clone(),
+            group: self.group.clone(),
+            target: node.clone(),
+        }
+    }
+}
+
+/// One group's RPCs to one peer.
+pub struct Conn {
+    host: Arc<RaftHost>,
+    group: String,
+    target: Peer,
+    router: Router,
+}
+
+impl Conn {
+    async fn rpc<R: DeserializeOwned, E: std::error::Error + DeserializeOwned>(
+        &mut self,
+        kind: &str,
+        rpc: Rpc,
+        option: &RPCOption,
+    ) -> Result<R, RPCError<NodeId, Peer, RaftError<NodeId, E>>> {
+        let timeout = option.hard_ttl().min(RPC_TIMEOUT);
+        let b = self
+            .host
+            .call(
+                &mut self.router,
+                &self.target,
+                kind,
+                &self.group,
+                &rpc,
+                timeout,
+            )
+            .await
+            .map_err(RPCError::Network)?;
+        let r: Result<R, RaftError<NodeId, E>> =
+            bincode::deserialize(&b).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        r.map_err(|e| {
+            RPCError::RemoteError(RemoteError::new_with_node(
+                node_id(&self.target.name),
+                self.target.clone(),
+                e,
+            ))
+        })
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Conn {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Peer, RaftError<NodeId>>> {
+        self.rpc("AE", Rpc::Append(rpc), &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, Peer, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        self.rpc("IS", Rpc::Snapshot(rpc), &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Peer, RaftError<NodeId>>> {
+        self.rpc("V", Rpc::Vote(rpc), &option).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_ids_match_the_reference() {
+        // Captured from nats-server 2.15.1: servers A, B and C.
+        assert_eq!(peer_hash("A"), "NUmM6cRx");
+        assert_eq!(peer_hash("B"), "b2oh2L6w");
+        assert_eq!(peer_hash("C"), "jZ6RvVRH");
+    }
+}

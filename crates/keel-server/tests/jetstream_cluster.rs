@@ -1,0 +1,117 @@
+//! Clusters, part 2 (issue 15): clustered JetStream. Three JetStream servers in one test
+//! process (the in-process harness, through `common::Node`), or with `KEEL_TEST_REFERENCE=1`
+//! reference processes, so every expectation here also holds for nats-server 2.15.
+//!
+//! Waiting is on what the monitoring endpoints show for both servers: `/jsz`'s
+//! `meta_cluster` and `/healthz`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{free_port, http_get, Node};
+
+/// A full mesh of JetStream servers named `names`, each listing every route (itself too,
+/// as generated configs do).
+async fn mesh(names: &[&str]) -> Vec<Node> {
+    let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
+    let routes: Vec<String> = ports
+        .iter()
+        .map(|p| format!("\"nats://127.0.0.1:{p}\""))
+        .collect();
+    let mut nodes = Vec::new();
+    for (name, port) in names.iter().zip(&ports) {
+        let conf = format!(
+            "server_name: {name}\njetstream {{ max_mem_store: 64MB, max_file_store: 256MB }}\n\
+             cluster {{\n  name: jsc\n  listen: \"127.0.0.1:{port}\"\n  routes: [{}]\n}}\n",
+            routes.join(", ")
+        );
+        nodes.push(Node::start_jetstream(&conf).await);
+    }
+    nodes
+}
+
+async fn jsz(n: &Node) -> serde_json::Value {
+    let r = http_get(n.monitor_port(), "/jsz").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    serde_json::from_str(&r.body).expect("jsz JSON")
+}
+
+/// Waits until every one of `nodes` names the same meta leader, other than `not`, and
+/// returns it.
+async fn meta_leader(nodes: &[&Node], not: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut leaders = Vec::new();
+        for n in nodes {
+            leaders.push(jsz(n).await["meta_cluster"]["leader"].clone());
+        }
+        if leaders[0].is_string()
+            && leaders[0] != not
+            && leaders.iter().all(|l| *l == leaders[0])
+        {
+            return leaders[0].as_str().unwrap().to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no common meta leader: {leaders:?}\n{}",
+            nodes[0].log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn meta_group_elects_a_leader_and_survives_losing_it() {
+    let names = ["N1", "N2", "N3"];
+    let mut nodes = mesh(&names).await;
+    let leader = meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    assert!(names.contains(&leader.as_str()), "{leader}");
+
+    // The reference's meta_cluster: the leader and its peer id, the others as replicas.
+    let j = jsz(&nodes[0]).await;
+    let mc = &j["meta_cluster"];
+    assert_eq!(mc["name"], "jsc");
+    assert_eq!(mc["cluster_size"], 3);
+    assert_eq!(mc["quorum_needed"], 2);
+    let peer = mc["peer"].as_str().unwrap();
+    assert_eq!(peer.len(), 8, "{mc}");
+    let replicas = mc["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 2, "{mc}");
+    for r in replicas {
+        assert_ne!(r["name"], "N1", "the answering server is not listed: {mc}");
+        assert!(r["peer"].as_str().unwrap().len() == 8, "{mc}");
+    }
+    for n in &nodes {
+        let h = http_get(n.monitor_port(), "/healthz").await;
+        assert_eq!(h.status, 200, "{}", h.body);
+    }
+
+    // The leader goes: the other two elect one of themselves.
+    let i = names.iter().position(|n| *n == leader).unwrap();
+    let old = nodes.remove(i);
+    old.shutdown().await;
+    let next = meta_leader(&nodes.iter().collect::<Vec<_>>(), &leader).await;
+    assert_ne!(next, leader);
+
+    // With one of three left there is no quorum: health says so.
+    let lost = nodes.pop().unwrap();
+    lost.shutdown().await;
+    let last = &nodes[0];
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let h = http_get(last.monitor_port(), "/healthz").await;
+        if h.status == 503 {
+            assert_eq!(
+                h.body,
+                r#"{"status":"unavailable","error":"JetStream has not established contact with a meta leader"}"#
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} {}", h.status, h.body);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let h = http_get(last.monitor_port(), "/healthz?js-enabled-only=true").await;
+    assert_eq!(h.status, 200, "{}", h.body);
+    nodes.pop().unwrap().shutdown().await;
+}
