@@ -2,11 +2,13 @@
 //! cluster's JetStream servers and whose log holds the stream assignments
 //! (`raft::meta`).
 //!
-//! **Forming the group.** A server waits until it has routes to at least as many peers as it
-//! has configured routes (less one, for a list that names the server itself) and its view
+//! **Forming the group.** A server waits until it has routes to at least as many JetStream
+//! peers as it has configured routes (less one, for a list that names the server itself)
+//! and its view
 //! of the cluster has stayed the same for two seconds; then the server with the lowest name
 //! in that view initializes the group with every server in it. The others are contacted by
-//! that leader. A server that joins later (a route to a JetStream server that is not a
+//! that leader. A seed (no configured routes) alone for two seconds forms a group of one.
+//! A server that joins later (a route to a JetStream server that is not a
 //! member) is added by the meta leader, first as a learner (it catches up from the log or
 //! a snapshot), then as a voter.
 
@@ -233,6 +235,7 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
         let mut now_view: BTreeSet<String> = cluster
             .routes()
             .iter()
+            .filter(|r| r.remote_jetstream())
             .map(|r| r.remote_name())
             .filter(|n| !n.is_empty())
             .collect();
@@ -276,7 +279,7 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
         let initialized = metrics.membership_config.voter_ids().count() > 0;
         if !initialized {
             let configured = cluster.opts.routes.len();
-            let needed = configured.saturating_sub(1).max(1);
+            let needed = configured.saturating_sub(1);
             let lowest = view.iter().next() == Some(&meta.host.name);
             if view.len() > needed
                 && lowest

@@ -117,6 +117,8 @@ struct RemoteSub {
 struct Meta {
     remote_id: String,
     remote_name: String,
+    /// The peer runs JetStream (its INFO says so).
+    remote_jetstream: bool,
     /// This server dialed it (or took over that duty from a duplicate it replaced).
     solicited: bool,
     /// It is a configured route (or took over from one).
@@ -169,6 +171,11 @@ impl Route {
 
     pub fn remote_name(&self) -> String {
         self.meta().remote_name.clone()
+    }
+
+    /// Whether the peer runs JetStream.
+    pub fn remote_jetstream(&self) -> bool {
+        self.meta().remote_jetstream
     }
 
     /// `did_solicit` in `/routez`.
@@ -909,6 +916,7 @@ impl Conn {
             let mut m = self.route.meta();
             m.remote_id = info.server_id.clone();
             m.remote_name = info.server_name.clone();
+            m.remote_jetstream = info.jetstream;
             m.connect_urls = info.connect_urls.clone();
         }
         self.route.handle.set_headers(info.headers);

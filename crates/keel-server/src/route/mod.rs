@@ -318,6 +318,8 @@ impl Cluster {
             },
             ldm: self.lame_duck.load(Ordering::Relaxed),
             compression: "off".into(),
+            // Peers with JetStream form the meta group (`jetstream::cluster`).
+            jetstream: server.opts.jetstream,
             ..RouteInfo::default()
         }
     }
