@@ -11,6 +11,18 @@ use std::time::{Duration, Instant};
 
 use common::{free_port, http_get, Node};
 
+/// The system account (for the meta stepdown) and an application account with JetStream.
+const ACCOUNTS: &str = "accounts {\n  SYS: { users: [{user: sys, password: pass}] }\n  \
+     APP: { jetstream: enabled, users: [{user: app, password: pass}] }\n}\n\
+     system_account: SYS\n";
+
+async fn connect(n: &Node, user: &str) -> async_nats::Client {
+    async_nats::ConnectOptions::with_user_and_password(user.into(), "pass".into())
+        .connect(n.url())
+        .await
+        .expect("connect")
+}
+
 /// A full mesh of JetStream servers named `names`, each listing every route (itself too,
 /// as generated configs do).
 async fn mesh(names: &[&str]) -> Vec<Node> {
@@ -22,7 +34,7 @@ async fn mesh(names: &[&str]) -> Vec<Node> {
     let mut nodes = Vec::new();
     for (name, port) in names.iter().zip(&ports) {
         let conf = format!(
-            "server_name: {name}\njetstream {{ max_mem_store: 64MB, max_file_store: 256MB }}\n\
+            "server_name: {name}\n{ACCOUNTS}\njetstream {{ max_mem_store: 64MB, max_file_store: 256MB }}\n\
              cluster {{\n  name: jsc\n  listen: \"127.0.0.1:{port}\"\n  routes: [{}]\n}}\n",
             routes.join(", ")
         );
@@ -114,4 +126,38 @@ async fn meta_group_elects_a_leader_and_survives_losing_it() {
     let h = http_get(last.monitor_port(), "/healthz?js-enabled-only=true").await;
     assert_eq!(h.status, 200, "{}", h.body);
     nodes.pop().unwrap().shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn meta_leader_steps_down_when_the_system_account_asks() {
+    let nodes = mesh(&["S1", "S2", "S3"]).await;
+    let all: Vec<&Node> = nodes.iter().collect();
+    let leader = meta_leader(&all, "").await;
+    // From an application account: no answer at all (the reference logs a warning).
+    let app = connect(&nodes[1], "app").await;
+    let r = tokio::time::timeout(
+        Duration::from_secs(3),
+        app.request("$JS.API.META.LEADER.STEPDOWN", "".into()),
+    )
+    .await;
+    assert!(!matches!(r, Ok(Ok(_))), "an application account was answered");
+    // From the system account, on any server: the leader answers and steps down.
+    let sys = connect(&nodes[2], "sys").await;
+    let msg = common::within(
+        "stepdown reply",
+        sys.request("$JS.API.META.LEADER.STEPDOWN", "".into()),
+    )
+    .await
+    .expect("stepdown answered");
+    let v: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap();
+    assert_eq!(
+        v["type"], "io.nats.jetstream.api.v1.meta_leader_stepdown_response",
+        "{v}"
+    );
+    assert_eq!(v["success"], true, "{v}");
+    let next = meta_leader(&all, &leader).await;
+    assert_ne!(next, leader);
+    for n in nodes {
+        n.shutdown().await;
+    }
 }

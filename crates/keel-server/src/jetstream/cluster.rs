@@ -61,7 +61,66 @@ impl Meta {
             leader_since: std::sync::Mutex::new((None, 0)),
         });
         server.spawn(tend(meta.clone(), Arc::downgrade(server)));
+        meta.serve_api(server);
         Ok(meta)
+    }
+
+    /// `$JS.API.META.LEADER.STEPDOWN`, which the reference takes from the system account
+    /// only (other accounts never reach this subscription, which lives there). Every server
+    /// subscribes (routes announce it, `raft::serves_peers`); the leader answers.
+    fn serve_api(self: &Arc<Self>, server: &Arc<Server>) {
+        let account = self.host.account().clone();
+        let (handle, mut rx) = crate::client::ClientHandle::internal(
+            server,
+            &account,
+            "meta leader stepdown".into(),
+            64 * 1024,
+        );
+        account.sublist.insert(Arc::new(crate::sublist::Sub {
+            client: handle,
+            sid: bytes::Bytes::from_static(raft::RAFT_SID),
+            subject: bytes::Bytes::from_static(b"$JS.API.META.LEADER.STEPDOWN"),
+            queue: None,
+            max: std::sync::atomic::AtomicU64::new(0),
+            delivered: std::sync::atomic::AtomicU64::new(0),
+        }));
+        let meta = self.clone();
+        let weak = Arc::downgrade(server);
+        server.spawn(async move {
+            let mut router = crate::router::Router::new(account, 0x4d53);
+            while let Some(m) = rx.recv().await {
+                let Some(reply) = m.reply.clone() else {
+                    continue;
+                };
+                if !meta.is_leader() {
+                    continue;
+                }
+                let Some(server) = weak.upgrade() else {
+                    return;
+                };
+                let req: Value = serde_json::from_slice(m.payload()).unwrap_or(Value::Null);
+                let body = if req.get("placement").is_some_and(|p| !p.is_null()) {
+                    // openraft 0.9 cannot hand leadership to a chosen server.
+                    json!({"type": "io.nats.jetstream.api.v1.meta_leader_stepdown_response",
+                           "error": {"code": 400, "err_code": 10003,
+                                     "description": "bad request: placement on stepdown is not supported"}})
+                } else {
+                    let m2 = meta.clone();
+                    tokio::spawn(async move {
+                        let _ = m2.step_down().await;
+                    });
+                    json!({"type": "io.nats.jetstream.api.v1.meta_leader_stepdown_response",
+                           "success": true})
+                };
+                crate::jetstream::api::reply(
+                    &server,
+                    &mut router,
+                    &reply,
+                    serde_json::to_vec(&body).unwrap_or_default(),
+                );
+                router.flush();
+            }
+        });
     }
 
     /// The meta leader's server name, if there is one.

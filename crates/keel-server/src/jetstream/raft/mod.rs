@@ -187,6 +187,11 @@ impl RaftHost {
         host
     }
 
+    /// The system account, where the transport lives.
+    pub fn account(&self) -> &Arc<Account> {
+        &self.account
+    }
+
     /// Makes `raft` reachable as group `group` on this server.
     pub fn add_group(&self, group: &str, raft: Raft) {
         self.groups
