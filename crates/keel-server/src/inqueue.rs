@@ -84,6 +84,10 @@ pub struct InQueue {
     full: AtomicBool,
     ready: Notify,
     room: Notify,
+    /// The subscriber serves the whole cluster (clustered JetStream's streams, consumers
+    /// and the Raft transport): routes announce its subscriptions and bring it peers'
+    /// messages (`route::serves_peers`).
+    cluster_wide: AtomicBool,
 }
 
 impl InQueue {
@@ -104,7 +108,17 @@ impl InQueue {
             full: AtomicBool::new(false),
             ready: Notify::new(),
             room: Notify::new(),
+            cluster_wide: AtomicBool::new(false),
         })
+    }
+
+    /// Makes the subscriber's subscriptions cluster-wide (set before it subscribes).
+    pub fn set_cluster_wide(&self) {
+        self.cluster_wide.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_cluster_wide(&self) -> bool {
+        self.cluster_wide.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

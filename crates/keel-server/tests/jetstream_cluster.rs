@@ -161,3 +161,87 @@ async fn meta_leader_steps_down_when_the_system_account_asks() {
         n.shutdown().await;
     }
 }
+
+/// A JSON API request as the application account.
+async fn api(c: &async_nats::Client, subject: &str, body: &str) -> serde_json::Value {
+    let m = common::within(subject, c.request(subject.to_string(), body.to_string().into()))
+        .await
+        .unwrap_or_else(|e| panic!("{subject}: {e}"));
+    serde_json::from_slice(&m.payload).expect("API JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_r1_stream_is_placed_on_one_server_and_served_from_every_server() {
+    let nodes = mesh(&["P1", "P2", "P3"]).await;
+    let all: Vec<&Node> = nodes.iter().collect();
+    meta_leader(&all, "").await;
+    let clients = [
+        connect(&nodes[0], "app").await,
+        connect(&nodes[1], "app").await,
+        connect(&nodes[2], "app").await,
+    ];
+    let created = api(
+        &clients[1],
+        "$JS.API.STREAM.CREATE.ORDERS",
+        r#"{"name":"ORDERS","subjects":["orders.>"],"storage":"file","num_replicas":1}"#,
+    )
+    .await;
+    assert!(created.get("error").is_none(), "{created}");
+    assert_eq!(created["config"]["name"], "ORDERS", "{created}");
+    let host = created["cluster"]["leader"].as_str().unwrap().to_string();
+    assert!(["P1", "P2", "P3"].contains(&host.as_str()), "{created}");
+    // The same create again is answered with the stream as it is.
+    let again = api(
+        &clients[2],
+        "$JS.API.STREAM.CREATE.ORDERS",
+        r#"{"name":"ORDERS","subjects":["orders.>"],"storage":"file","num_replicas":1}"#,
+    )
+    .await;
+    assert!(again.get("error").is_none(), "{again}");
+    // A stream whose subjects overlap is refused, whichever server is asked.
+    let overlap = api(
+        &clients[0],
+        "$JS.API.STREAM.CREATE.MORE",
+        r#"{"name":"MORE","subjects":["orders.new"]}"#,
+    )
+    .await;
+    assert_eq!(overlap["error"]["err_code"], 10065, "{overlap}");
+    // Publishing from every server reaches it, and each gets its PubAck.
+    for (i, c) in clients.iter().enumerate() {
+        let ack = common::within(
+            "pub ack",
+            c.request("orders.new", format!("{{\"id\":{i}}}").into()),
+        )
+        .await
+        .expect("pub ack");
+        let v: serde_json::Value = serde_json::from_slice(&ack.payload).unwrap();
+        assert_eq!(v["stream"], "ORDERS", "{v}");
+        assert_eq!(v["seq"], i as u64 + 1, "{v}");
+    }
+    // Info and names from every server.
+    for c in &clients {
+        let info = api(c, "$JS.API.STREAM.INFO.ORDERS", "").await;
+        assert_eq!(info["state"]["messages"], 3, "{info}");
+        assert_eq!(info["cluster"]["leader"], host.as_str(), "{info}");
+        let names = api(c, "$JS.API.STREAM.NAMES", "").await;
+        assert_eq!(names["streams"], serde_json::json!(["ORDERS"]), "{names}");
+    }
+    // R6 is more than the reference allows; R4 more than this cluster has.
+    let r4 = api(
+        &clients[0],
+        "$JS.API.STREAM.CREATE.R4",
+        r#"{"name":"R4","subjects":["r4"],"num_replicas":4}"#,
+    )
+    .await;
+    assert_eq!(r4["error"]["err_code"], 10005, "{r4}");
+    // Deleted from another server: gone everywhere.
+    let deleted = api(&clients[2], "$JS.API.STREAM.DELETE.ORDERS", "").await;
+    assert_eq!(deleted["success"], true, "{deleted}");
+    for c in &clients {
+        let info = api(c, "$JS.API.STREAM.INFO.ORDERS", "").await;
+        assert_eq!(info["error"]["err_code"], 10059, "{info}");
+    }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::raft::log::{LogBackend, LogStore};
-use super::raft::meta::{MetaMachine, MetaOp};
+use super::raft::meta::{MetaMachine, MetaOp, MetaState, StreamAssignment};
 use super::raft::{self, node_id, peer_hash, Cmd, NodeId, Peer, Raft, RaftHost};
 use crate::server::Server;
 use crate::{info, warn};
@@ -31,6 +31,7 @@ pub struct Meta {
     pub raft: Raft,
     pub machine: MetaMachine,
     pub host: Arc<RaftHost>,
+    pub cluster_name: String,
     /// When this server last saw a leader change (for `leader_since`).
     leader_since: std::sync::Mutex<(Option<NodeId>, i64)>,
 }
@@ -43,7 +44,7 @@ impl Meta {
         backend: Box<dyn LogBackend>,
     ) -> Result<Arc<Meta>, String> {
         let log = LogStore::open(backend).map_err(|e| format!("meta log: {e}"))?;
-        let machine = MetaMachine::new();
+        let (machine, applied) = MetaMachine::new();
         let raft = Raft::new(
             host.id,
             raft::config(META_GROUP),
@@ -58,9 +59,15 @@ impl Meta {
             raft,
             machine,
             host,
+            cluster_name: server
+                .cluster
+                .get()
+                .map(|c| c.name())
+                .unwrap_or_default(),
             leader_since: std::sync::Mutex::new((None, 0)),
         });
         server.spawn(tend(meta.clone(), Arc::downgrade(server)));
+        server.spawn(follow(meta.clone(), Arc::downgrade(server), applied));
         meta.serve_api(server);
         Ok(meta)
     }
@@ -76,6 +83,9 @@ impl Meta {
             "meta leader stepdown".into(),
             64 * 1024,
         );
+        if let Some(q) = handle.internal_queue() {
+            q.set_cluster_wide();
+        }
         account.sublist.insert(Arc::new(crate::sublist::Sub {
             client: handle,
             sid: bytes::Bytes::from_static(raft::RAFT_SID),
@@ -379,6 +389,431 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
                     }
                 }
                 break;
+            }
+        }
+    }
+}
+
+/// How many times a request may be forwarded (a leader change in flight can make the
+/// first target forward it once more).
+const MAX_HOPS: u8 = 2;
+
+/// The hop count of a forwarded request (its sid says so; a client's request has none).
+fn hops(m: &crate::client::InMsg) -> u8 {
+    m.sid
+        .strip_prefix(b"fwd".as_slice())
+        .and_then(|d| std::str::from_utf8(d).ok())
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The stream a per-stream API request is about.
+fn stream_of<'a>(tokens: &[&'a str]) -> Option<&'a str> {
+    match tokens {
+        ["STREAM", "INFO" | "PURGE" | "UPDATE" | "CREATE", name] => Some(name),
+        ["STREAM", "MSG", "GET" | "DELETE", name] => Some(name),
+        ["DIRECT", "GET", name, ..] => Some(name),
+        ["CONSUMER", "DURABLE", "CREATE", stream, ..] => Some(stream),
+        ["CONSUMER", "MSG", "NEXT", stream, ..] => Some(stream),
+        ["CONSUMER", _, stream, ..] => Some(stream),
+        _ => None,
+    }
+}
+
+impl Meta {
+    /// The assignment of `account`'s stream `name`.
+    pub fn assignment(&self, account: &str, name: &str) -> Option<StreamAssignment> {
+        self.machine
+            .state()
+            .streams
+            .get(account)
+            .and_then(|m| m.get(name))
+            .cloned()
+    }
+
+    /// Sends a JetStream API request on to `to`, which handles it as if its client had
+    /// sent it there; the answer goes straight to the request's reply subject.
+    fn forward(&self, to: &str, account: &str, m: &crate::client::InMsg, hops: u8) {
+        let body = super::raft::Forwarded {
+            account: account.to_string(),
+            subject: m.subject.to_vec(),
+            reply: m.reply.as_ref().map(|r| r.to_vec()),
+            hdr_len: m.hdr_len,
+            data: m.data.to_vec(),
+            hops,
+        };
+        self.host.forward(to, &body);
+    }
+}
+
+/// A clustered account's API request: forwarded to the server that answers it (the meta
+/// leader for creates, deletes and lists; the stream's leader for everything about one
+/// stream), or handled here in the cluster's way. False: handle it locally as usual.
+pub async fn api(
+    js: &Arc<super::JetStream>,
+    server: &Arc<Server>,
+    router: &mut crate::router::Router,
+    m: &crate::client::InMsg,
+    tokens: &[&str],
+) -> bool {
+    let Some(meta) = server.jetstream.get().and_then(|j| j.meta.get()).cloned() else {
+        return false;
+    };
+    let Some(reply) = m.reply.clone() else {
+        return false;
+    };
+    let hops = hops(m);
+    let account = js.account.name.clone();
+    let meta_level = match tokens {
+        ["STREAM", "CREATE", name] => meta.assignment(&account, name).is_none(),
+        ["STREAM", "DELETE", _] | ["STREAM", "NAMES"] | ["STREAM", "LIST"] | ["INFO"] => true,
+        _ => false,
+    };
+    if meta_level {
+        if meta.is_leader() {
+            return meta_api(js, server, router, &meta, m, tokens, &reply).await;
+        }
+        match meta.leader() {
+            Some(l) if hops < MAX_HOPS => meta.forward(&l, &account, m, hops + 1),
+            _ => unavailable(server, router, &reply, tokens),
+        }
+        return true;
+    }
+    let Some(stream) = stream_of(tokens) else {
+        return false;
+    };
+    let Some(a) = meta.assignment(&account, stream) else {
+        return false; // Not in the cluster: answered here (not found).
+    };
+    if js.stream(stream).is_some() {
+        return false; // This server holds it (R1: it is the leader).
+    }
+    if matches!(tokens, ["CONSUMER", "MSG", "NEXT", ..]) {
+        // The consumer's own subscription, on its leader, gets the pull request.
+        return true;
+    }
+    match a.peers.first() {
+        Some(l) if hops < MAX_HOPS && *l != meta.host.name => {
+            meta.forward(l, &account, m, hops + 1)
+        }
+        _ => unavailable(server, router, &reply, tokens),
+    }
+    true
+}
+
+/// `503 10008`, the reference's answer while a group has no leader.
+fn unavailable(
+    server: &Server,
+    router: &mut crate::router::Router,
+    reply: &bytes::Bytes,
+    tokens: &[&str],
+) {
+    let kind = match tokens {
+        ["INFO"] => "account_info",
+        ["STREAM", op, ..] => match *op {
+            "CREATE" => "stream_create",
+            "DELETE" => "stream_delete",
+            "NAMES" => "stream_names",
+            "LIST" => "stream_list",
+            "INFO" => "stream_info",
+            "UPDATE" => "stream_update",
+            "PURGE" => "stream_purge",
+            _ => "stream_msg_get",
+        },
+        _ => "consumer_info",
+    };
+    let e = super::api::ErrorKind::ClusterUnavailable.err();
+    super::api::reply(server, router, reply, super::api::error_body_for(kind, &e));
+    router.flush();
+}
+
+/// The meta leader's part of the API.
+async fn meta_api(
+    js: &Arc<super::JetStream>,
+    server: &Arc<Server>,
+    router: &mut crate::router::Router,
+    meta: &Arc<Meta>,
+    m: &crate::client::InMsg,
+    tokens: &[&str],
+    reply: &bytes::Bytes,
+) -> bool {
+    let account = js.account.name.clone();
+    let (kind, result): (&str, Result<Option<Vec<u8>>, super::api::ApiError>) = match tokens {
+        ["STREAM", "CREATE", name] => (
+            "stream_create",
+            create(js, meta, name, m.payload(), reply).await.map(|_| None),
+        ),
+        ["STREAM", "DELETE", name] => ("stream_delete", delete(js, meta, name).await),
+        ["STREAM", "NAMES"] => ("stream_names", names(js, meta, m.payload())),
+        // The account's numbers and the list are this server's view for now.
+        _ => return false,
+    };
+    let body = match result {
+        Ok(None) => return true, // The stream's leader answers.
+        Ok(Some(b)) => b,
+        Err(e) => super::api::error_body_for(kind, &e),
+    };
+    super::api::reply(server, router, reply, body);
+    router.flush();
+    let _ = account;
+    true
+}
+
+/// STREAM.CREATE on the meta leader: checked against every assignment, placed, and
+/// proposed; the first peer creates it when the assignment applies and answers then.
+async fn create(
+    js: &Arc<super::JetStream>,
+    meta: &Meta,
+    name: &str,
+    body: &[u8],
+    reply: &bytes::Bytes,
+) -> Result<(), super::api::ApiError> {
+    use super::api::ErrorKind;
+    let cfg = super::api::streams::parse_config(js, name, body)?;
+    let state = meta.machine.state();
+    let mine = state.streams.get(&js.account.name);
+    for (other, a) in mine.into_iter().flatten() {
+        if other == name {
+            continue;
+        }
+        let subjects: Vec<String> = a
+            .config
+            .get("subjects")
+            .and_then(|s| serde_json::from_value(s.clone()).ok())
+            .unwrap_or_default();
+        for s in &cfg.subjects {
+            if subjects
+                .iter()
+                .any(|b| super::stream::subjects_overlap(s, b))
+            {
+                return Err(ErrorKind::SubjectsOverlap.err());
+            }
+        }
+    }
+    let max_streams = js.account.jetstream_limits().max_streams;
+    if max_streams >= 0 && mine.map_or(0, |m| m.len()) as i64 >= max_streams {
+        return Err(ErrorKind::MaxStreams.err());
+    }
+    let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let peers = place(meta, &state, cfg.num_replicas.max(1) as usize, &raw)?;
+    let replicas = peers.len();
+    if replicas > 1 {
+        // Replicated streams come with their Raft groups (next step).
+        return Err(ErrorKind::ReplicasNotSupported.err());
+    }
+    let group = if replicas > 1 {
+        format!(
+            "S-R{replicas}{}-{}",
+            if cfg.storage == super::stream::StorageType::Memory {
+                "M"
+            } else {
+                "F"
+            },
+            crate::account::random_token(8)
+        )
+    } else {
+        String::new()
+    };
+    let op = MetaOp::AssignStream {
+        account: js.account.name.clone(),
+        name: name.to_string(),
+        assignment: StreamAssignment {
+            config: raw,
+            peers,
+            group,
+            created: crate::time::now_nanos(),
+            reply: Some(String::from_utf8_lossy(reply).into_owned()),
+        },
+    };
+    meta.propose(&op)
+        .await
+        .map_err(|_| ErrorKind::ClusterUnavailable.err())
+}
+
+/// Chooses `replicas` servers among the meta group's members that are up: the ones with
+/// the fewest streams first (ties by name), this server among them when it can be.
+fn place(
+    meta: &Meta,
+    state: &MetaState,
+    replicas: usize,
+    cfg: &Value,
+) -> Result<Vec<String>, super::api::ApiError> {
+    use super::api::ErrorKind;
+    let p = &cfg["placement"];
+    if p["cluster"]
+        .as_str()
+        .is_some_and(|c| !c.is_empty() && c != meta.cluster_name)
+    {
+        return Err(ErrorKind::NoSuitablePeers.err());
+    }
+    // Servers have no tags (no `server_tags` yet), so any tag is unmatched.
+    let tags: Vec<&str> = p["tags"]
+        .as_array()
+        .map(|t| t.iter().filter_map(|x| x.as_str()).collect())
+        .unwrap_or_default();
+    if !tags.is_empty() {
+        return Err(ErrorKind::NoSuitablePeersReason.with(format!(
+            ", tags not matched ['{}']",
+            tags.join("', '")
+        )));
+    }
+    let m = meta.raft.metrics().borrow().clone();
+    let mut load: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, p) in m.membership_config.nodes() {
+        let up = p.name == meta.host.name
+            || meta
+                .host
+                .since_heard(&p.name)
+                .is_some_and(|d| d < Duration::from_secs(10));
+        if up {
+            load.insert(p.name.clone(), 0);
+        }
+    }
+    for streams in state.streams.values() {
+        for a in streams.values() {
+            for p in &a.peers {
+                if let Some(n) = load.get_mut(p) {
+                    *n += 1;
+                }
+            }
+        }
+    }
+    if replicas > load.len() {
+        return Err(ErrorKind::NoSuitablePeers.err());
+    }
+    let mut ranked: Vec<(usize, String)> = load.into_iter().map(|(n, l)| (l, n)).collect();
+    ranked.sort();
+    Ok(ranked.into_iter().take(replicas).map(|(_, n)| n).collect())
+}
+
+/// STREAM.DELETE on the meta leader: proposed; every peer deletes its replica when it
+/// applies; answered once committed.
+async fn delete(
+    js: &Arc<super::JetStream>,
+    meta: &Meta,
+    name: &str,
+) -> Result<Option<Vec<u8>>, super::api::ApiError> {
+    use super::api::ErrorKind;
+    if meta.assignment(&js.account.name, name).is_none() {
+        return Err(ErrorKind::StreamNotFound.err());
+    }
+    let op = MetaOp::RemoveStream {
+        account: js.account.name.clone(),
+        name: name.to_string(),
+    };
+    meta.propose(&op)
+        .await
+        .map_err(|_| ErrorKind::ClusterUnavailable.err())?;
+    Ok(Some(
+        br#"{"type":"io.nats.jetstream.api.v1.stream_delete_response","success":true}"#.to_vec(),
+    ))
+}
+
+/// STREAM.NAMES from the assignments.
+fn names(
+    js: &Arc<super::JetStream>,
+    meta: &Meta,
+    body: &[u8],
+) -> Result<Option<Vec<u8>>, super::api::ApiError> {
+    let req: super::api::types::ListRequest =
+        super::api::parse_request(body, &super::schema::STREAM_NAMES, js.strict)?;
+    let state = meta.machine.state();
+    let all: Vec<&String> = state
+        .streams
+        .get(&js.account.name)
+        .into_iter()
+        .flatten()
+        .filter(|(_, a)| match req.subject.as_deref() {
+            None | Some("") => true,
+            Some(f) => a
+                .config
+                .get("subjects")
+                .and_then(|s| s.as_array())
+                .is_some_and(|s| {
+                    s.iter()
+                        .filter_map(|x| x.as_str())
+                        .any(|x| super::stream::subjects_overlap(x, f))
+                }),
+        })
+        .map(|(n, _)| n)
+        .collect();
+    let limit = 1024;
+    let page: Vec<&String> = all.iter().skip(req.offset).take(limit).copied().collect();
+    let v = json!({
+        "type": "io.nats.jetstream.api.v1.stream_names_response",
+        "total": all.len(),
+        "offset": req.offset,
+        "limit": limit,
+        "streams": if page.is_empty() { Value::Null } else { json!(page) },
+    });
+    Ok(Some(serde_json::to_vec(&v).unwrap_or_default()))
+}
+
+/// Makes this server's streams follow the meta group's applied changes: a new assignment
+/// naming this server creates its replica (the first peer answers the create request); a
+/// removal deletes it. Only applied changes act, never a difference between states, so a
+/// server whose meta state is still catching up never deletes a stream.
+pub async fn follow(
+    meta: Arc<Meta>,
+    server: std::sync::Weak<Server>,
+    mut applied: tokio::sync::mpsc::UnboundedReceiver<MetaOp>,
+) {
+    let Some(mut shutdown) = server.upgrade().map(|s| s.shutdown_rx()) else {
+        return;
+    };
+    loop {
+        let op = tokio::select! {
+            op = applied.recv() => op,
+            _ = shutdown.changed() => None,
+        };
+        let Some(op) = op else {
+            return;
+        };
+        let Some(server) = server.upgrade() else {
+            return;
+        };
+        let Some(jss) = server.jetstream.get().cloned() else {
+            return;
+        };
+        match op {
+            MetaOp::AssignStream {
+                account,
+                name,
+                assignment,
+            } => {
+                if !assignment.peers.contains(&meta.host.name) {
+                    continue;
+                }
+                let Some(js) = jss.account(&account).cloned() else {
+                    continue;
+                };
+                if js.stream(&name).is_some() {
+                    continue;
+                }
+                let body = serde_json::to_vec(&assignment.config).unwrap_or_default();
+                let mut router = crate::router::Router::new(js.account.clone(), 0x4153);
+                let r = super::api::streams::create(&js, &server, &mut router, &name, &body).await;
+                let answer = assignment.peers.first() == Some(&meta.host.name);
+                if let (true, Some(reply)) = (answer, assignment.reply.as_ref()) {
+                    let body = super::api::encoded_for("stream_create", r);
+                    let reply = bytes::Bytes::from(reply.clone());
+                    super::api::reply(&server, &mut router, &reply, body);
+                }
+                router.flush();
+            }
+            MetaOp::RemoveStream { account, name } => {
+                let Some(js) = jss.account(&account).cloned() else {
+                    continue;
+                };
+                if js.stream(&name).is_none() {
+                    continue;
+                }
+                let mut router = crate::router::Router::new(js.account.clone(), 0x4453);
+                if let Err(e) = super::api::streams::delete(&js, &server, &mut router, &name).await
+                {
+                    warn!(server.log, "JetStream cluster could not delete stream '{account} > {name}': {e:?}");
+                }
+                router.flush();
             }
         }
     }

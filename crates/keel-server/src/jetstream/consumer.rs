@@ -864,6 +864,11 @@ impl Consumer {
             format!("consumer {} > {name}", stream.name),
             crate::inqueue::CONSUMER_QUEUE_BYTES,
         );
+        if stream.cluster_wide() {
+            if let Some(q) = handle.internal_queue() {
+                q.set_cluster_wide();
+            }
+        }
         let c = Arc::new(Consumer {
             name: name.clone(),
             stream: stream.clone(),

@@ -79,6 +79,10 @@ impl JetStreams {
             .map_or(keel_store::DEFAULT_INDEX_CACHE, |n| n as usize);
         let index_cache = keel_store::SharedCache(keel_store::IndexCache::new(cache));
         let syncing = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        // Clustered: a cluster and the system account (the Raft transport's) are there;
+        // streams and consumers then serve the whole cluster (`launch::start_meta`).
+        let clustered =
+            opts.cluster.enabled() && server.accounts.system_account().is_some();
         let mut list = Vec::new();
         for account in server.accounts.jetstream_accounts() {
             let streams_dir = store_dir
@@ -105,6 +109,9 @@ impl JetStreams {
                 meta: meta.clone(),
                 index_cache: index_cache.clone(),
                 syncing: syncing.clone(),
+                api_queue: std::sync::OnceLock::new(),
+                clustered,
+                cluster: server.cluster.get().filter(|_| clustered).cloned(),
             });
             registry::recover(&js, server)?;
             js.serve(server, requests_rx);
@@ -199,6 +206,13 @@ pub struct JetStream {
     /// Server-wide: streams' syncs whose fsync is running on a tokio worker right now
     /// (see `stream::read::WriteHandle::sync`).
     pub syncing: Arc<std::sync::atomic::AtomicUsize>,
+    /// The API's queue: requests forwarded from other servers of a cluster go in here.
+    pub(crate) api_queue: std::sync::OnceLock<Arc<crate::inqueue::InQueue>>,
+    /// In a cluster (`cluster.rs`): streams' and consumers' subscriptions are announced to
+    /// the routes, so their clients may be on any server.
+    pub clustered: bool,
+    /// The cluster, when clustered.
+    pub cluster: Option<Arc<crate::route::Cluster>>,
 }
 
 impl JetStream {
@@ -215,6 +229,9 @@ impl JetStream {
             "JetStream API".into(),
             crate::inqueue::API_QUEUE_BYTES,
         );
+        if let Some(q) = handle.internal_queue() {
+            let _ = js.api_queue.set(q.clone());
+        }
         let domain_api = js.domain.as_ref().map(|d| format!("$JS.{d}.API.>"));
         for subject in std::iter::once("$JS.API.>".to_string()).chain(domain_api) {
             js.account.sublist.insert(Arc::new(Sub {
@@ -229,6 +246,11 @@ impl JetStream {
         server.spawn(api::run(js.clone(), server.clone(), rx));
         server.spawn(registry::run(js.clone(), server.clone(), requests_rx));
         server.spawn(maintenance_loop(js.clone(), server.clone()));
+    }
+
+    /// The cluster's name, for clustered JetStream's `cluster` objects.
+    pub fn cluster_name(&self) -> Option<String> {
+        self.cluster.as_ref().map(|c| c.name())
     }
 
     pub fn stream(&self, name: &str) -> Option<Arc<Stream>> {
@@ -261,6 +283,7 @@ impl JetStream {
             meta: self.meta.clone(),
             index_cache: self.index_cache.clone(),
             syncing: self.syncing.clone(),
+            cluster_wide: self.clustered,
         }
     }
 

@@ -107,6 +107,11 @@ error_table! {
     WrongLastMsgId = (400, 10070, "wrong last msg ID: {}");
     WrongLastSequence = (400, 10071, "wrong last sequence: {}");
     ReplicasNotSupported = (500, 10074, "replicas > 1 not supported in non-clustered mode");
+    // Clusters.
+    NoSuitablePeers = (400, 10005, "no suitable peers for placement");
+    /// The same with the reason appended (`, tags not matched ['x']`).
+    NoSuitablePeersReason = (400, 10005, "no suitable peers for placement{}");
+    ClusterUnavailable = (503, 10008, "JetStream system temporarily unavailable");
     /// Storing failed (limits with discard new, a storage failure: the reason as detail).
     StoreFailed = (503, 10077, "{}");
     HeaderTooLarge = (400, 10097, "header size exceeds maximum allowed of 64k");

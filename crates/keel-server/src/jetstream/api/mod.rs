@@ -115,6 +115,16 @@ fn encoded<T: Serialize>(kind: &str, r: Result<T, ApiError>) -> Result<Vec<u8>, 
 }
 
 /// An error response, with the fields the reference writes even next to an error.
+/// A response body: the value, or the error in `kind`'s error response.
+pub(crate) fn encoded_for<T: Serialize>(kind: &str, r: Result<T, ApiError>) -> Vec<u8> {
+    encoded(kind, r).unwrap_or_else(|e| error_body(kind, &e))
+}
+
+/// `kind`'s error response carrying `e`.
+pub(crate) fn error_body_for(kind: &str, e: &ApiError) -> Vec<u8> {
+    error_body(kind, e)
+}
+
 fn error_body(kind: &str, e: &ApiError) -> Vec<u8> {
     #[derive(Serialize)]
     struct Streams {
@@ -178,6 +188,11 @@ async fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut 
     };
     let body = m.payload();
     let tokens: Vec<&str> = rest.split('.').collect();
+    // In a cluster, a request may belong to another server (forwarded there) or to the
+    // meta group.
+    if super::cluster::api(js, server, router, &m, &tokens).await {
+        return;
+    }
     // Direct get answers with the message itself, not JSON.
     if tokens.first() == Some(&"DIRECT") {
         if tokens.len() >= 3 && tokens[1] == "GET" {

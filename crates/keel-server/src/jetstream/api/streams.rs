@@ -55,6 +55,7 @@ pub fn info(
         state: StreamState::new(state, s.consumers.len(), subjects, deleted),
         domain: cluster.and_then(|js| js.domain.clone()),
         cluster: cluster.map(|js| ClusterInfo {
+            name: js.cluster_name(),
             leader: js.server_name.clone(),
         }),
         mirror,
@@ -63,7 +64,11 @@ pub fn info(
     }
 }
 
-fn parse_config(js: &JetStream, name: &str, body: &[u8]) -> Result<StreamConfig, ApiError> {
+pub(crate) fn parse_config(
+    js: &JetStream,
+    name: &str,
+    body: &[u8],
+) -> Result<StreamConfig, ApiError> {
     if body.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(ErrorKind::StreamMismatch.err());
     }
@@ -72,7 +77,14 @@ fn parse_config(js: &JetStream, name: &str, body: &[u8]) -> Result<StreamConfig,
     if cfg.name != name {
         return Err(ErrorKind::StreamMismatch.err());
     }
-    cfg.normalize()
+    let cfg = cfg.normalize()?;
+    if cfg.num_replicas > 1 && !js.clustered {
+        return Err(ErrorKind::ReplicasNotSupported.err());
+    }
+    if cfg.num_replicas > 5 {
+        return Err(ErrorKind::InvalidConfig.with("maximum replicas is 5"));
+    }
+    Ok(cfg)
 }
 
 /// `pedantic: true` asks the server to refuse rather than adjust a config; Keel adjusts, so
@@ -174,7 +186,7 @@ pub async fn create(
             return Err(ErrorKind::StreamNameInUse.err());
         }
         return Ok(StreamCreateResponse {
-            info: info(&existing, true, None, None, false),
+            info: info(&existing, true, js.clustered.then_some(&**js), None, false),
             did_create: true,
         });
     }
@@ -188,7 +200,7 @@ pub async fn create(
     let s = registry::create_stream(js, server, cfg).await?;
     advisory::stream_action(server, router, name, advisory::Action::Create);
     let created = StreamCreateResponse {
-        info: info(&s, true, None, None, false),
+        info: info(&s, true, js.clustered.then_some(&**js), None, false),
         did_create: true,
     };
     s.start_sources();

@@ -153,6 +153,9 @@ impl StreamState {
 
 #[derive(Serialize)]
 pub struct ClusterInfo {
+    /// The cluster's name (clustered JetStream only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     pub leader: String,
 }
 

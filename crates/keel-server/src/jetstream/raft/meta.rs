@@ -13,7 +13,7 @@ use openraft::{
     StoredMembership,
 };
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::{CmdResult, NodeId, Peer, TypeConfig};
 
@@ -28,6 +28,9 @@ pub struct StreamAssignment {
     pub group: String,
     /// Nanoseconds since the epoch, the meta leader's clock.
     pub created: i64,
+    /// Where the create request's answer goes (the first peer answers it).
+    #[serde(default)]
+    pub reply: Option<String>,
 }
 
 /// One meta change, decided by the meta leader.
@@ -92,28 +95,29 @@ struct Inner {
     snapshot: Option<(SnapshotMeta<NodeId, Peer>, Vec<u8>)>,
 }
 
-/// The meta state machine; `watch()` sees the state after every applied batch.
+/// The meta state machine; `watch()` sees the state after every applied batch, and every
+/// applied op is also sent to the receiver `new` returns (the server's streams follow
+/// them, `cluster::follow`).
 #[derive(Clone)]
 pub struct MetaMachine {
     inner: Arc<Mutex<Inner>>,
     tx: Arc<watch::Sender<MetaState>>,
-}
-
-impl Default for MetaMachine {
-    fn default() -> Self {
-        Self::new()
-    }
+    ops: mpsc::UnboundedSender<MetaOp>,
 }
 
 impl MetaMachine {
-    pub fn new() -> MetaMachine {
-        MetaMachine {
+    pub fn new() -> (MetaMachine, mpsc::UnboundedReceiver<MetaOp>) {
+        // Unbounded, but fed only by applied meta entries: stream creates and deletes.
+        let (ops, rx) = mpsc::unbounded_channel();
+        let m = MetaMachine {
             inner: Arc::new(Mutex::new(Inner {
                 saved: Saved::default(),
                 snapshot: None,
             })),
             tx: Arc::new(watch::channel(MetaState::default()).0),
-        }
+            ops,
+        };
+        (m, rx)
     }
 
     pub fn watch(&self) -> watch::Receiver<MetaState> {
@@ -187,6 +191,9 @@ impl RaftStateMachine<TypeConfig> for MetaMachine {
                         let op: MetaOp = serde_json::from_slice(&cmd.0).map_err(sm_err)?;
                         let changed = g.saved.state.apply(&op);
                         out.push(CmdResult(vec![changed as u8]));
+                        if changed {
+                            let _ = self.ops.send(op);
+                        }
                     }
                 }
             }

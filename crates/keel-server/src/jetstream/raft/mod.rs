@@ -113,9 +113,12 @@ pub fn config(name: &str) -> Arc<openraft::Config> {
 /// The sid of the Raft transport's subscriptions (routes announce them: `serves_peers`).
 pub(crate) const RAFT_SID: &[u8] = b"raft";
 
-/// Whether `sub` is the Raft transport's, which peers must reach.
+/// Whether `sub` belongs to an in-process subscriber that serves the whole cluster (the
+/// Raft transport, the meta stepdown, clustered streams and consumers).
 pub(crate) fn serves_peers(sub: &Sub) -> bool {
-    sub.client.internal_queue().is_some() && sub.sid == RAFT_SID
+    sub.client
+        .internal_queue()
+        .is_some_and(|q| q.is_cluster_wide())
 }
 
 /// Queue in front of the transport: Raft batches are bounded by `max_payload_entries`.
@@ -123,6 +126,17 @@ const QUEUE_BYTES: usize = 64 * 1024 * 1024;
 
 /// How long an RPC waits for its answer when openraft gives no deadline.
 const RPC_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A JetStream API request sent on to the server that answers it (`cluster::api`).
+#[derive(Serialize, Deserialize)]
+pub struct Forwarded {
+    pub account: String,
+    pub subject: Vec<u8>,
+    pub reply: Option<Vec<u8>>,
+    pub hdr_len: usize,
+    pub data: Vec<u8>,
+    pub hops: u8,
+}
 
 #[derive(Serialize, Deserialize)]
 enum Rpc {
@@ -158,6 +172,9 @@ impl RaftHost {
             "raft transport".into(),
             QUEUE_BYTES,
         );
+        if let Some(q) = handle.internal_queue() {
+            q.set_cluster_wide();
+        }
         for subject in [
             format!("$KEEL.RAFT.{hash}.*"),
             format!("$KEEL.RAFT.R.{hash}.*"),
@@ -296,6 +313,45 @@ impl RaftHost {
             .map(|t| t.elapsed())
     }
 
+    /// Sends a JetStream API request to server `to` (no answer: the request's own reply
+    /// subject gets it).
+    pub fn forward(&self, to: &str, req: &Forwarded) {
+        let Ok(body) = bincode::serialize(req) else {
+            return;
+        };
+        let subject = Bytes::from(format!("$KEEL.RAFT.{}.FWD", peer_hash(to)));
+        let mut router = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        self.publish(&mut router, subject, None, Bytes::from(body));
+    }
+
+    /// A forwarded request: into its account's API queue, as if a client here sent it.
+    fn take_forwarded(&self, m: &InMsg) {
+        let Ok(f) = bincode::deserialize::<Forwarded>(m.payload()) else {
+            return;
+        };
+        let Some(server) = self.server.upgrade() else {
+            return;
+        };
+        let Some(js) = server.jetstream.get().and_then(|j| j.account(&f.account).cloned()) else {
+            return;
+        };
+        let Some(q) = js.api_queue.get() else {
+            return;
+        };
+        let sid = Bytes::from(format!("fwd{}", f.hops));
+        q.push(
+            &f.subject,
+            &sid,
+            f.reply.as_deref(),
+            f.hdr_len,
+            &f.data,
+            crate::inqueue::Publisher {
+                origin: 0,
+                client: false,
+            },
+        );
+    }
+
     /// Shuts every group down (server shutdown).
     pub async fn shutdown(&self) {
         let groups: Vec<Raft> = self
@@ -329,6 +385,10 @@ async fn serve(host: Arc<RaftHost>, mut rx: crate::inqueue::Receiver) {
                 if let Some(tx) = tx {
                     let _ = tx.send(m.data.slice(m.hdr_len..));
                 }
+                continue;
+            }
+            if m.subject.ends_with(b".FWD") {
+                host.take_forwarded(&m);
                 continue;
             }
             // A request: each is handled on its own task, so a slow group (a snapshot

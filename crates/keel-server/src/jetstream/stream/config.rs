@@ -252,9 +252,6 @@ impl StreamConfig {
         if self.num_replicas < 0 {
             return Err(ErrorKind::ReplicasNegative.err());
         }
-        if self.num_replicas > 1 {
-            return Err(ErrorKind::ReplicasNotSupported.err());
-        }
         if self.max_age < 0 {
             return Err(ErrorKind::InvalidConfig.with("max age can not be negative"));
         }

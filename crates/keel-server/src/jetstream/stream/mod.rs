@@ -62,6 +62,9 @@ pub struct Settings {
     /// The account whose stream this is (its JetStream limits lower the server's).
     pub account: Arc<crate::account::Account>,
     pub meta: MetaFiles,
+    /// Clustered JetStream: the stream's (and its consumers') subscriptions serve the
+    /// whole cluster.
+    pub cluster_wide: bool,
 }
 
 pub struct Stream {
@@ -149,6 +152,11 @@ impl Stream {
             format!("stream {}", config.name),
             crate::inqueue::STREAM_QUEUE_BYTES,
         );
+        if settings.cluster_wide {
+            if let Some(q) = handle.internal_queue() {
+                q.set_cluster_wide();
+            }
+        }
         let (write, read) = read::WriteHandle::new(store, settings.syncing.clone());
         let mut leader = decide::Leader::new(&config);
         let (bytes, last) = {
@@ -226,6 +234,13 @@ impl Stream {
     /// The server's log (the stream's handle carries it).
     pub fn handle_log(&self) -> &crate::log::Log {
         self.handle.log()
+    }
+
+    /// Whether the stream (and so its consumers) serves the whole cluster.
+    pub fn cluster_wide(&self) -> bool {
+        self.handle
+            .internal_queue()
+            .is_some_and(|q| q.is_cluster_wide())
     }
 
     /// The account the stream serves.
