@@ -853,7 +853,8 @@ async fn jetstream_stays_local_to_its_server_in_a_cluster() {
     let other = member("t", &[js.route_url()]).await;
     js.wait_remotes(1).await;
     assert!(
-        js.log().contains("JetStream streams are not replicated yet"),
+        js.log()
+            .contains("JetStream streams are not replicated yet"),
         "{}",
         js.log()
     );

@@ -58,10 +58,7 @@ async fn meta_leader(nodes: &[&Node], not: &str) -> String {
         for n in nodes {
             leaders.push(jsz(n).await["meta_cluster"]["leader"].clone());
         }
-        if leaders[0].is_string()
-            && leaders[0] != not
-            && leaders.iter().all(|l| *l == leaders[0])
-        {
+        if leaders[0].is_string() && leaders[0] != not && leaders.iter().all(|l| *l == leaders[0]) {
             return leaders[0].as_str().unwrap().to_string();
         }
         assert!(
@@ -140,7 +137,10 @@ async fn meta_leader_steps_down_when_the_system_account_asks() {
         app.request("$JS.API.META.LEADER.STEPDOWN", "".into()),
     )
     .await;
-    assert!(!matches!(r, Ok(Ok(_))), "an application account was answered");
+    assert!(
+        !matches!(r, Ok(Ok(_))),
+        "an application account was answered"
+    );
     // From the system account, on any server: the leader answers and steps down.
     let sys = connect(&nodes[2], "sys").await;
     let msg = common::within(
@@ -164,9 +164,12 @@ async fn meta_leader_steps_down_when_the_system_account_asks() {
 
 /// A JSON API request as the application account.
 async fn api(c: &async_nats::Client, subject: &str, body: &str) -> serde_json::Value {
-    let m = common::within(subject, c.request(subject.to_string(), body.to_string().into()))
-        .await
-        .unwrap_or_else(|e| panic!("{subject}: {e}"));
+    let m = common::within(
+        subject,
+        c.request(subject.to_string(), body.to_string().into()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{subject}: {e}"));
     serde_json::from_slice(&m.payload).expect("API JSON")
 }
 

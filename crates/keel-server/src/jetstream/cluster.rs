@@ -59,11 +59,7 @@ impl Meta {
             raft,
             machine,
             host,
-            cluster_name: server
-                .cluster
-                .get()
-                .map(|c| c.name())
-                .unwrap_or_default(),
+            cluster_name: server.cluster.get().map(|c| c.name()).unwrap_or_default(),
             leader_since: std::sync::Mutex::new((None, 0)),
         });
         server.spawn(tend(meta.clone(), Arc::downgrade(server)));
@@ -217,7 +213,10 @@ impl Meta {
 
     /// `leader_since` of the current leader (this server's view), nanoseconds.
     pub fn leader_since(&self) -> i64 {
-        self.leader_since.lock().unwrap_or_else(|e| e.into_inner()).1
+        self.leader_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
     }
 
     /// Makes another voter leader: this one stops sending heartbeats for longer than an
@@ -350,10 +349,7 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
             let configured = cluster.opts.routes.len();
             let needed = configured.saturating_sub(1);
             let lowest = view.iter().next() == Some(&meta.host.name);
-            if view.len() > needed
-                && lowest
-                && stable_since.elapsed() >= Duration::from_secs(2)
-            {
+            if view.len() > needed && lowest && stable_since.elapsed() >= Duration::from_secs(2) {
                 let members: BTreeMap<NodeId, Peer> = view
                     .iter()
                     .map(|n| (node_id(n), Peer { name: n.clone() }))
@@ -541,7 +537,9 @@ async fn meta_api(
     let (kind, result): (&str, Result<Option<Vec<u8>>, super::api::ApiError>) = match tokens {
         ["STREAM", "CREATE", name] => (
             "stream_create",
-            create(js, meta, name, m.payload(), reply).await.map(|_| None),
+            create(js, meta, name, m.payload(), reply)
+                .await
+                .map(|_| None),
         ),
         ["STREAM", "DELETE", name] => ("stream_delete", delete(js, meta, name).await),
         ["STREAM", "NAMES"] => ("stream_names", names(js, meta, m.payload())),
@@ -652,10 +650,8 @@ fn place(
         .map(|t| t.iter().filter_map(|x| x.as_str()).collect())
         .unwrap_or_default();
     if !tags.is_empty() {
-        return Err(ErrorKind::NoSuitablePeersReason.with(format!(
-            ", tags not matched ['{}']",
-            tags.join("', '")
-        )));
+        return Err(ErrorKind::NoSuitablePeersReason
+            .with(format!(", tags not matched ['{}']", tags.join("', '"))));
     }
     let m = meta.raft.metrics().borrow().clone();
     let mut load: BTreeMap<String, usize> = BTreeMap::new();
@@ -811,7 +807,10 @@ pub async fn follow(
                 let mut router = crate::router::Router::new(js.account.clone(), 0x4453);
                 if let Err(e) = super::api::streams::delete(&js, &server, &mut router, &name).await
                 {
-                    warn!(server.log, "JetStream cluster could not delete stream '{account} > {name}': {e:?}");
+                    warn!(
+                        server.log,
+                        "JetStream cluster could not delete stream '{account} > {name}': {e:?}"
+                    );
                 }
                 router.flush();
             }

@@ -8,8 +8,8 @@
 //! ARCHITECTURE.md ("JetStream inside") has the whole shape.
 
 pub mod advisory;
-pub mod cluster;
 pub mod api;
+pub mod cluster;
 pub mod consumer;
 pub mod consumer_state;
 pub mod counter;
@@ -81,8 +81,7 @@ impl JetStreams {
         let syncing = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         // Clustered: a cluster and the system account (the Raft transport's) are there;
         // streams and consumers then serve the whole cluster (`launch::start_meta`).
-        let clustered =
-            opts.cluster.enabled() && server.accounts.system_account().is_some();
+        let clustered = opts.cluster.enabled() && server.accounts.system_account().is_some();
         let mut list = Vec::new();
         for account in server.accounts.jetstream_accounts() {
             let streams_dir = store_dir

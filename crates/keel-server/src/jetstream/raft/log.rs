@@ -6,6 +6,9 @@
 //! are on disk: a follower confirms an append, and a leader counts itself, only after its
 //! fsync. That is what makes a quorum ack mean "on disk on a quorum".
 
+// openraft's storage traits fix the error type (`StorageError`, large); helpers return it too.
+#![allow(clippy::result_large_err)]
+
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::io;

@@ -3,6 +3,9 @@
 //! is a voter; the meta leader alone decides creates, updates and deletes, and every server
 //! applies the same assignments and then makes its local streams match them.
 
+// openraft's storage traits fix the error type (`StorageError`, large); helpers return it too.
+#![allow(clippy::result_large_err)]
+
 use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::sync::{Arc, Mutex};
@@ -163,8 +166,7 @@ impl RaftStateMachine<TypeConfig> for MetaMachine {
 
     async fn applied_state(
         &mut self,
-    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, Peer>), StorageError<NodeId>>
-    {
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, Peer>), StorageError<NodeId>> {
         let g = self.lock();
         Ok((g.saved.applied, g.saved.membership.clone()))
     }

@@ -166,12 +166,8 @@ impl RaftHost {
     pub fn start(server: &Arc<Server>, account: Arc<Account>) -> Arc<RaftHost> {
         let name = server.server_name.clone();
         let hash = peer_hash(&name);
-        let (handle, rx) = ClientHandle::internal(
-            server,
-            &account,
-            "raft transport".into(),
-            QUEUE_BYTES,
-        );
+        let (handle, rx) =
+            ClientHandle::internal(server, &account, "raft transport".into(), QUEUE_BYTES);
         if let Some(q) = handle.internal_queue() {
             q.set_cluster_wide();
         }
@@ -287,7 +283,9 @@ impl RaftHost {
                 self.heard_from(peer_hash(&target.name).as_bytes());
                 Ok(b)
             }
-            Ok(Err(_)) => Err(NetworkError::new(&std::io::Error::other("transport closed"))),
+            Ok(Err(_)) => Err(NetworkError::new(&std::io::Error::other(
+                "transport closed",
+            ))),
             Err(_) => Err(NetworkError::new(&std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!("no answer from {} in {timeout:?}", target.name),
@@ -332,7 +330,11 @@ impl RaftHost {
         let Some(server) = self.server.upgrade() else {
             return;
         };
-        let Some(js) = server.jetstream.get().and_then(|j| j.account(&f.account).cloned()) else {
+        let Some(js) = server
+            .jetstream
+            .get()
+            .and_then(|j| j.account(&f.account).cloned())
+        else {
             return;
         };
         let Some(q) = js.api_queue.get() else {
