@@ -436,6 +436,7 @@ mod io;
 pub mod lock;
 pub mod mem;
 pub mod meta;
+pub mod raftlog;
 mod ranges;
 mod record;
 mod segtable;
@@ -448,6 +449,7 @@ pub use file::{
 pub use lock::{lock_dir, DirLock};
 pub use mem::MemStore;
 pub use meta::{MetaFiles, MetaRead};
+pub use raftlog::{RaftLog, RaftLogConfig, RaftSyncJob};
 
 #[cfg(test)]
 mod tests;
