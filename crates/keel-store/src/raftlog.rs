@@ -104,23 +104,27 @@ fn parse(b: &[u8]) -> Option<(u8, u64, usize)> {
     Some((kind, u64_at(rec, 16), HDR + plen))
 }
 
-/// Is there a valid entry record with an index above `index` at or after `from`? (Then
-/// the bad bytes before it are not a torn tail: something was written after them.)
-fn valid_entry_after(b: &[u8], from: usize, index: u64) -> bool {
+/// The highest index of a valid entry record at or after `from` whose index is above
+/// `index`. (Then the bad bytes before it are not a torn tail: something was written
+/// after them.)
+fn last_entry_after(b: &[u8], from: usize, index: u64) -> Option<u64> {
     let mut o = from;
+    let mut found = None;
     while o + HDR <= b.len() {
         let Some(rel) = b[o..].windows(4).position(|w| w == MAGIC) else {
-            return false;
+            break;
         };
         o += rel;
-        if let Some((KIND_ENTRY, i, _)) = parse(&b[o..]) {
+        if let Some((KIND_ENTRY, i, len)) = parse(&b[o..]) {
             if i > index {
-                return true;
+                found = found.max(Some(i));
+                o += len;
+                continue;
             }
         }
         o += 1;
     }
-    false
+    found
 }
 
 /// What a segment's head says, as of the sync that last wrote it.
@@ -299,18 +303,39 @@ impl RaftLog {
 
     fn recover(&mut self) -> io::Result<Vec<String>> {
         let mut problems = Vec::new();
+        let mut repair_state = false;
         self.state = match self.meta.read(&self.path("state")) {
             MetaRead::Missing => None,
             MetaRead::Current(b) | MetaRead::Unchecked(b) => Some(b),
             MetaRead::Older { body, damage } => {
                 problems.push(format!("state file: {damage} (an older state is used)"));
+                repair_state = true;
                 Some(body)
             }
             MetaRead::Damaged(why) => {
-                problems.push(format!("state file unreadable, no state: {why}"));
+                problems.push(format!(
+                    "state file unreadable, no state (its copies are moved to damaged-state*): \
+                     {why}"
+                ));
+                // Out of the way, so that the damage is reported once.
+                for suffix in ["", ".tmp", ".prev"] {
+                    let from = self.path(&format!("state{suffix}"));
+                    match self
+                        .fs
+                        .rename(&from, &self.path(&format!("damaged-state{suffix}")))
+                    {
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                        _ => {}
+                    }
+                }
+                self.fs.sync_dir(&self.dir)?;
                 None
             }
         };
+        // Written again, so that the damage is reported once.
+        if let (true, Some(b)) = (repair_state, &self.state) {
+            self.meta.write(&self.path("state"), b, true)?;
+        }
         let mut names: Vec<(u64, String)> = self
             .fs
             .list(&self.dir)?
@@ -323,10 +348,17 @@ impl RaftLog {
         // the whole log look missing.
         let first_seg = names.first().map(|(f, _)| *f);
         let guess = first_seg.map_or(0, |f| f.saturating_sub(1));
+        let mut repair_purged = true;
         self.purged = match self.meta.read(&self.path("purged")) {
-            MetaRead::Missing => 0,
+            MetaRead::Missing => {
+                repair_purged = false;
+                0
+            }
             MetaRead::Current(b) | MetaRead::Unchecked(b) => match parse_u64(&b) {
-                Some(v) => v,
+                Some(v) => {
+                    repair_purged = false;
+                    v
+                }
                 None => {
                     problems.push(format!("purge point unreadable; assuming {guess}"));
                     guess
@@ -342,19 +374,25 @@ impl RaftLog {
                 guess
             }
         };
-        // The highest synced_last any head claims: entries up to it were durable.
+        if repair_purged {
+            let p = self.purged.to_string();
+            self.meta.write(&self.path("purged"), p.as_bytes(), true)?;
+        }
+        // The highest synced_last any head claims: entries up to it were durable, so a break
+        // in the chain below it is damage (reported, the rest kept aside), above it a torn
+        // tail of an unfinished sync (cut).
         let mut claimed = 0u64;
-        // Once the chain of entries breaks, everything after is cut: moved aside when the
-        // break is damage, removed when it is a torn tail.
+        for (_, name) in &names {
+            if let Some(h) = self.read_heads(&self.path(name))?.0 {
+                claimed = claimed.max(h.synced_last);
+            }
+        }
         let mut broken: Option<bool> = None;
         let mut changed_dir = false;
         for k in 0..names.len() {
             let (first, name) = names[k].clone();
             let path = self.path(&name);
             if let Some(damage) = broken {
-                if let Some(h) = self.read_heads(&path)?.0 {
-                    claimed = claimed.max(h.synced_last);
-                }
                 self.cut_file(&path, &name, damage)?;
                 changed_dir = true;
                 continue;
@@ -376,6 +414,7 @@ impl RaftLog {
                 (None, Some(Some(b))) => (Some(b), 1),
                 _ => (None, 0),
             };
+            let mut heads_damaged = false;
             let head = match head {
                 Some(h) => h,
                 // Its creation never completed (nothing was ever synced in it).
@@ -388,6 +427,7 @@ impl RaftLog {
                     problems.push(format!(
                         "segment {name}: both heads damaged; all its bytes are taken as synced"
                     ));
+                    heads_damaged = true;
                     Head {
                         first,
                         synced_len: data.len() as u64,
@@ -396,21 +436,33 @@ impl RaftLog {
                     }
                 }
             };
-            claimed = claimed.max(head.synced_last);
             self.count = self.count.max(head.count);
             let expect = self
                 .segs
                 .last()
                 .map_or(self.purged + 1, |s| s.end().max(self.purged + 1));
-            if head.first != first || first > expect {
-                let what = if head.first != first {
-                    format!("segment {name}: its head names first index {}", head.first)
-                } else {
-                    format!("entries {expect}..={} are missing", first - 1)
-                };
-                problems.push(format!("{what}; the log ends at {}", expect - 1));
+            if head.first != first {
+                problems.push(format!(
+                    "segment {name}: its head names first index {}; the log ends at {}",
+                    head.first,
+                    expect - 1
+                ));
                 broken = Some(true);
                 self.cut_file(&path, &name, true)?;
+                changed_dir = true;
+                continue;
+            }
+            if first > expect {
+                let damage = claimed >= expect;
+                if damage {
+                    problems.push(format!(
+                        "entries {expect}..={} are missing; the log ends at {}",
+                        first - 1,
+                        expect - 1
+                    ));
+                }
+                broken = Some(damage);
+                self.cut_file(&path, &name, damage)?;
                 changed_dir = true;
                 continue;
             }
@@ -440,7 +492,8 @@ impl RaftLog {
                     }
                 }
             }
-            if (data.len() as u64) < head.synced_len {
+            // (A segment cut short within its heads never held a synced entry.)
+            if (data.len() as u64) < head.synced_len && head.synced_len > HEADS_LEN as u64 {
                 problems.push(format!(
                     "segment {name}: {} synced bytes missing at its end",
                     head.synced_len - data.len() as u64
@@ -449,12 +502,16 @@ impl RaftLog {
             }
             let next = first + offs.len() as u64;
             if let Some(b) = bad {
-                let damage =
-                    (b as u64) < head.synced_len || valid_entry_after(&data, b + 1, next - 1);
+                let after = last_entry_after(&data, b + 1, next - 1);
+                let damage = (b as u64) < head.synced_len || after.is_some() || claimed >= next;
                 if damage {
+                    let rest = match after {
+                        Some(i) => format!(" (entries up to {i} follow it)"),
+                        None => String::new(),
+                    };
                     problems.push(format!(
-                        "segment {name}: entry {next} at offset {b} is damaged; the log ends at \
-                         {} (the rest of the segment is in {})",
+                        "segment {name}: entry {next} at offset {b} is damaged{rest}; the log \
+                         ends at {}; the rest of the segment is in {}",
                         next - 1,
                         quarantine_name(first, b as u64)
                     ));
@@ -477,9 +534,21 @@ impl RaftLog {
                 file.truncate(b as u64)?;
                 file.sync()?;
                 data.truncate(b);
-            } else if last_seg && (data.len() as u64) > head.synced_len {
-                // Written by a sync that may not have completed: durable from now on, before
-                // anyone acts on it (a vote on a log that is not on disk is not safe).
+            } else if heads_damaged {
+                // Written again, so that the damage is reported once.
+                self.count += 1;
+                let hb = encode_head(&Head {
+                    first,
+                    synced_len: data.len() as u64,
+                    synced_last: next - 1,
+                    count: self.count,
+                });
+                file.write_at(&[&hb[..], &hb[..]].concat(), 0)?;
+                file.sync()?;
+            } else if (data.len() as u64) > head.synced_len {
+                // Written by a sync that may not have completed (or, after a process crash,
+                // only in the page cache): durable from now on, before anyone acts on it (a
+                // vote on a log that is not on disk is not safe).
                 file.sync()?;
             }
             if offs.is_empty() && (next_first.is_none() || broken.is_some()) {
@@ -502,7 +571,11 @@ impl RaftLog {
             });
         }
         // A last segment that holds only purged entries goes (its removal was not durable).
-        while self.segs.first().is_some_and(|s| s.end() <= self.purged + 1) {
+        while self
+            .segs
+            .first()
+            .is_some_and(|s| s.end() <= self.purged + 1)
+        {
             let s = self.segs.remove(0);
             let p = self.path(&seg_name(s.first));
             drop(s);
@@ -522,7 +595,8 @@ impl RaftLog {
                 s.sync_file = None;
             }
         }
-        if changed_dir {
+        // The kept segments' names may not be durable either (a process crash).
+        if changed_dir || !self.segs.is_empty() {
             self.fs.sync_dir(&self.dir)?;
         }
         self.synced_last = last;
@@ -557,7 +631,9 @@ impl RaftLog {
 
     /// Copies damaged bytes of a segment out of the log (durably) for the operator.
     fn quarantine(&self, bytes: &[u8], first: u64, off: u64) -> io::Result<()> {
-        let mut f = self.fs.open(&self.path(&quarantine_name(first, off)), true)?;
+        let mut f = self
+            .fs
+            .open(&self.path(&quarantine_name(first, off)), true)?;
         f.truncate(0)?;
         f.write_at(bytes, 0)?;
         f.sync()
@@ -595,10 +671,7 @@ impl RaftLog {
 
     /// Index of the last entry, or the purge point when the log holds none.
     pub fn last_index(&self) -> u64 {
-        self.segs
-            .last()
-            .map_or(0, |s| s.end() - 1)
-            .max(self.purged)
+        self.segs.last().map_or(0, |s| s.end() - 1).max(self.purged)
     }
 
     /// The purge point: entries up to it are gone (durable across reopen).
@@ -638,7 +711,8 @@ impl RaftLog {
             };
             if roll {
                 self.flush(&mut buf, &mut offs)?;
-                self.roll(i).map_err(|e| self.fail("creating a segment", e))?;
+                self.roll(i)
+                    .map_err(|e| self.fail("creating a segment", e))?;
             }
             let s = self.segs.last().unwrap();
             offs.push(s.len + buf.len() as u64);
@@ -779,12 +853,15 @@ impl RaftLog {
             let slot = s.next_slot as u64 * HEAD_LEN as u64;
             let path = self.path(&seg_name(s.first));
             let s = &mut self.segs[i];
-            let r = s.file.write_at(&h, slot).and_then(|_| match s.sync_file.take() {
-                Some(f) => Ok(f),
-                // Not expected (every writable segment keeps one); a fresh descriptor
-                // still fsyncs the file.
-                None => self.fs.open(&path, false),
-            });
+            let r = s
+                .file
+                .write_at(&h, slot)
+                .and_then(|_| match s.sync_file.take() {
+                    Some(f) => Ok(f),
+                    // Not expected (every writable segment keeps one); a fresh descriptor
+                    // still fsyncs the file.
+                    None => self.fs.open(&path, false),
+                });
             match r {
                 Ok(f) => {
                     s.next_slot = 1 - s.next_slot;

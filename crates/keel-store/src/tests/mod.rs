@@ -4,6 +4,7 @@ mod crash;
 mod faults;
 mod file_tests;
 pub(crate) mod model;
+mod raftlog;
 pub(crate) mod semantics;
 mod sim;
 
