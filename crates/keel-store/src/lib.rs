@@ -357,6 +357,31 @@ pub trait Store: Send {
         job.finish().1.map_err(StoreError::from)
     }
 
+    /// Sets the applied marker: up to [`MAX_APPLIED`] opaque bytes (a Raft replica's last
+    /// applied log index, say). Held in memory until the next completed sync, which makes it
+    /// durable atomically with the data written before it: after a power failure the store
+    /// reopens with the marker of a completed sync and exactly the data of that sync (a
+    /// file store that has a marker cuts whatever was written after it), never a marker
+    /// ahead of its data nor data ahead of its marker.
+    fn set_applied(&mut self, _marker: &[u8]) -> Result<()> {
+        Err(StoreError::Unsupported("this store keeps no applied marker"))
+    }
+
+    /// The marker last set; after reopening (or [`discard_unsynced`](Store::discard_unsynced)),
+    /// the one of the last completed sync. Empty when none was ever set (stores written
+    /// before markers existed read as empty).
+    fn applied(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    /// Rolls the store back to its last completed sync: data and marker as that sync made
+    /// them durable, everything since dropped (what a replica does before it applies its log
+    /// again from the marker). The file store reports the rebuild to its observer as after
+    /// a failed sync. Refused while a sync is in progress.
+    fn discard_unsynced(&mut self) -> Result<()> {
+        Err(StoreError::Unsupported("this store cannot roll back"))
+    }
+
     /// Removes one message; `erase` also overwrites its bytes on disk. Ok(false) if absent.
     fn remove(&mut self, seq: u64, erase: bool) -> Result<bool>;
     /// Returns how many messages were purged.
@@ -402,6 +427,16 @@ pub trait Store: Send {
     fn close(&mut self) -> Result<()>;
     /// Deletes the stream's data for good (STREAM.DELETE).
     fn destroy(self: Box<Self>) -> Result<()>;
+}
+
+/// Longest applied marker (see [`Store::set_applied`]).
+pub const MAX_APPLIED: usize = 32;
+
+fn check_applied(marker: &[u8]) -> Result<()> {
+    if marker.len() > MAX_APPLIED {
+        return Err(StoreError::Unsupported("applied marker longer than 32 bytes"));
+    }
+    Ok(())
 }
 
 /// Reference accounting for one message in a file-backed stream.
