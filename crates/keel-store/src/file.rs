@@ -721,7 +721,8 @@ impl FileStore {
     /// the sync writes anything or the marker changed); returns the marker it carries. It
     /// lists the stretches of records this sync wrote, so recovery can check they are all
     /// on disk before it trusts the marker.
-    fn write_applied(&mut self) -> io::Result<Option<Vec<u8>>> {
+    /// (Segments this sync deletes once it completed are left out: they hold nothing live.)
+    fn write_applied(&mut self, dead: &[u32]) -> io::Result<Option<Vec<u8>>> {
         let Some(m) = self.applied.clone() else {
             return Ok(None);
         };
@@ -731,7 +732,8 @@ impl FileStore {
         // Rolled first if it would not fit, so that its stretches include its own segment.
         let upper = record::record_len(0, 0, 1 + m.len() + 4 + 20 * (self.dirty.len() + 2));
         let cur = self.active_len();
-        if self.nsegs() == 0 || (cur > HEADS_LEN as u64 && cur + upper as u64 > self.cfg.segment_size)
+        if self.nsegs() == 0
+            || (cur > HEADS_LEN as u64 && cur + upper as u64 > self.cfg.segment_size)
         {
             self.roll()?;
         }
@@ -740,6 +742,7 @@ impl FileStore {
         ids.push(self.segs()[active].id);
         ids.sort_unstable();
         ids.dedup();
+        ids.retain(|id| !dead.contains(id));
         let mut spans = Vec::new();
         for id in ids {
             if let Some(i) = self.seg_by_id(id) {
@@ -861,7 +864,8 @@ impl FileStore {
         if self.ledger_dirty.get() {
             self.write_ledger()?;
         }
-        let applied = self.write_applied()?;
+        let dead_ids: Vec<u32> = dead.iter().map(|&i| self.segs()[i].id).collect();
+        let applied = self.write_applied(&dead_ids)?;
         self.flush_wbuf()?;
         // Index files found damaged (their entries were rebuilt from the records), and
         // sealed segments whose records changed in place, are written again.
@@ -1106,7 +1110,8 @@ impl FileStore {
             self.applied_done = Some(Vec::new());
             return Ok(());
         };
-        if a.beyond {
+        // A head a later sync rewrote may claim sequences handed out after it, too.
+        if a.beyond || self.core.get_mut().last_seq != a.last_seq {
             let Some(k) = self.seg_by_id(a.seg) else {
                 return Err(StoreError::Io(format!(
                     "applied record in segment {} not found after recovery",
@@ -1727,11 +1732,17 @@ impl Store for FileStore {
     fn set_applied(&mut self, marker: &[u8]) -> Result<()> {
         crate::check_applied(marker)?;
         if self.applied.is_none() {
+            // First use: everything so far durable, then the flag, then a first applied
+            // record (empty marker) for that state. A crash in between finds the flag and no
+            // applied record, with nothing written after the first sync: nothing to cut.
+            self.sync()?;
             let r = (|| {
                 drop(self.fs.open(&self.path(APPLIED_FLAG), true)?);
                 self.fs.sync_dir(&self.dir)
             })();
             r?;
+            self.applied = Some(Vec::new());
+            self.sync()?;
         }
         self.applied = Some(marker.to_vec());
         Ok(())
@@ -1895,6 +1906,13 @@ impl Store for FileStore {
                     self.write_tomb(seq, x.meta.ts, &x.subject, x.p.len)?;
                 }
                 self.do_sync()?;
+                if self.applied.is_some() {
+                    // One more applied record, so the newest one's stretches never hold the
+                    // overwritten record: a torn overwrite must not make recovery distrust
+                    // it (and go back past the erase's own sync).
+                    self.applied_written = None;
+                    self.do_sync()?;
+                }
                 self.erase_at(seq, loc)?;
             }
             self.settle()
@@ -2516,7 +2534,10 @@ fn find_applied(fs: &dyn Fs, dir: &Path) -> io::Result<Option<AppliedAt>> {
                     marker,
                     last_seq: r.seq,
                     last_ts: r.ts,
-                    beyond: followed || k + 1 < ids.len(),
+                    // A torn write after it counts too (its header may claim a sequence).
+                    beyond: followed
+                        || data[off + len..].iter().any(|&b| b != 0)
+                        || k + 1 < ids.len(),
                 }));
             }
         }
@@ -2524,8 +2545,11 @@ fn find_applied(fs: &dyn Fs, dir: &Path) -> io::Result<Option<AppliedAt>> {
     Ok(None)
 }
 
+/// (segment id, from, to): records a sync wrote.
+type Written = (u32, u64, u64);
+
 /// (marker, stretches) of an applied record's body, if well formed.
-fn decode_applied(d: &[u8]) -> Option<(Vec<u8>, Vec<(u32, u64, u64)>)> {
+fn decode_applied(d: &[u8]) -> Option<(Vec<u8>, Vec<Written>)> {
     let ml = *d.first()? as usize;
     let marker = d.get(1..1 + ml)?.to_vec();
     let mut o = 1 + ml;
@@ -2737,6 +2761,9 @@ fn recover(
         // Free space a preallocation left is not part of the segment's records.
         if let Some(z) = out.zero_from {
             rp.cur().flushed = z;
+            // Where the records end is what the last sync left (an applied record lists
+            // the next sync's records from here).
+            rp.cur().done_len = Some(z);
         }
         if !active && !rp.cur().in_memory() {
             let s = rp.cur();

@@ -364,7 +364,9 @@ pub trait Store: Send {
     /// file store that has a marker cuts whatever was written after it), never a marker
     /// ahead of its data nor data ahead of its marker.
     fn set_applied(&mut self, _marker: &[u8]) -> Result<()> {
-        Err(StoreError::Unsupported("this store keeps no applied marker"))
+        Err(StoreError::Unsupported(
+            "this store keeps no applied marker",
+        ))
     }
 
     /// The marker last set; after reopening (or [`discard_unsynced`](Store::discard_unsynced)),
@@ -434,7 +436,9 @@ pub const MAX_APPLIED: usize = 32;
 
 fn check_applied(marker: &[u8]) -> Result<()> {
     if marker.len() > MAX_APPLIED {
-        return Err(StoreError::Unsupported("applied marker longer than 32 bytes"));
+        return Err(StoreError::Unsupported(
+            "applied marker longer than 32 bytes",
+        ));
     }
     Ok(())
 }

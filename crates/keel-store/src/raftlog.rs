@@ -397,7 +397,6 @@ impl RaftLog {
                 changed_dir = true;
                 continue;
             }
-            let last_seg = k + 1 == names.len();
             let next_first = names.get(k + 1).map(|(f, _)| *f);
             // A segment whose entries are all purged (its removal was not durable yet).
             if next_first.is_some_and(|n| n <= self.purged + 1) {
@@ -417,8 +416,9 @@ impl RaftLog {
             let mut heads_damaged = false;
             let head = match head {
                 Some(h) => h,
-                // Its creation never completed (nothing was ever synced in it).
-                None if last_seg && data.len() <= HEADS_LEN => {
+                // Its creation never completed (nothing was ever synced in it; a later
+                // segment of the same unsynced writes may exist).
+                None if data.len() <= HEADS_LEN => {
                     self.fs.remove(&path)?;
                     changed_dir = true;
                     continue;
@@ -684,8 +684,7 @@ impl RaftLog {
     /// durable: a sync makes it so. Nothing is appended when any entry is refused.
     pub fn append(&mut self, entries: &[(u64, &[u8])]) -> Result<()> {
         self.writable()?;
-        let mut next = self.last_index() + 1;
-        for &(i, p) in entries {
+        for (next, &(i, p)) in (self.last_index() + 1..).zip(entries) {
             if i != next {
                 return Err(StoreError::Sequence {
                     seq: i,
@@ -695,7 +694,6 @@ impl RaftLog {
             if p.len() > MAX_PAYLOAD {
                 return Err(StoreError::Unsupported("raft log entry too large"));
             }
-            next += 1;
         }
         let mut buf = Vec::new();
         let mut offs = Vec::new();

@@ -1,5 +1,6 @@
 //! Tests shared by both stores.
 
+mod applied;
 mod crash;
 mod faults;
 mod file_tests;
