@@ -370,8 +370,9 @@ pub trait Store: Send {
     }
 
     /// The marker last set; after reopening (or [`discard_unsynced`](Store::discard_unsynced)),
-    /// the one of the last completed sync. Empty when none was ever set (stores written
-    /// before markers existed read as empty).
+    /// the one of the last completed sync (after a power failure during a sync whose writes
+    /// had all reached the disk, that sync's, with all of its data). Empty when none was
+    /// ever set (stores written before markers existed read as empty).
     fn applied(&self) -> Vec<u8> {
         Vec::new()
     }
