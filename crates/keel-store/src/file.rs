@@ -1727,8 +1727,9 @@ impl Store for FileStore {
     }
 
     /// The marker is written as the last record of every sync that writes anything once a
-    /// marker was set (with the stretches of records that sync wrote); the first one also
-    /// creates the `applied` file, so that opening knows to look for it.
+    /// marker was set (with the stretches of records that sync wrote). The first call syncs
+    /// (so it fails while a sync is in progress) and creates `applied.flag`, so that opening
+    /// knows to look for markers.
     fn set_applied(&mut self, marker: &[u8]) -> Result<()> {
         crate::check_applied(marker)?;
         if self.applied.is_none() {
@@ -2441,7 +2442,7 @@ fn summary_fits(
 
 /// Created (durably) when a store first gets an applied marker: only such a store looks
 /// for applied records at open (the others never pay for the scan).
-const APPLIED_FLAG: &str = "applied";
+const APPLIED_FLAG: &str = "applied.flag";
 
 /// The applied record a store goes back to at open.
 pub(crate) struct AppliedAt {

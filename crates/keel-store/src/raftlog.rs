@@ -234,7 +234,8 @@ impl RaftSyncJob {
 }
 
 /// A Raft group's log. Indexes are contiguous: the log holds `first_index()..=last_index()`
-/// (empty when `first_index() > last_index()`).
+/// (empty when `first_index() > last_index()`). `Send`: keep it behind the caller's lock and
+/// run a [`RaftSyncJob`] outside it.
 pub struct RaftLog {
     fs: Arc<dyn Fs>,
     meta: MetaFiles,

@@ -322,6 +322,13 @@ fn appends_continue_during_a_sync() {
 }
 
 #[test]
+fn log_and_job_move_between_threads() {
+    fn send<T: Send + 'static>() {}
+    send::<RaftLog>();
+    send::<crate::RaftSyncJob>();
+}
+
+#[test]
 fn state_is_saved_durably() {
     let sim = SimFs::new(7);
     let dir = Path::new("/g");
