@@ -199,6 +199,12 @@ pub struct FileStore {
     done_ts: i64,
     /// The last sequence known durable, which heads record.
     proven_seq: u64,
+    /// The applied marker (see `set_applied`): as set, as the last applied record written
+    /// carries it, and as of the last completed sync. None until a marker is set; from
+    /// then on every sync that writes anything ends with an applied record.
+    applied: Option<Vec<u8>>,
+    applied_written: Option<Vec<u8>>,
+    applied_done: Option<Vec<u8>>,
     observer: Option<Observer>,
 }
 
@@ -270,6 +276,8 @@ struct SyncPlan {
     active: Option<u32>,
     /// It fsyncs the directory.
     dir: bool,
+    /// The marker its applied record carries.
+    applied: Option<Vec<u8>>,
 }
 
 impl FileStore {
@@ -293,7 +301,16 @@ impl FileStore {
         mut cfg: FileStoreConfig,
     ) -> Result<(FileStore, RecoveryReport)> {
         cfg.segment_size = cfg.segment_size.clamp(2 * HEADS_LEN as u64, 1 << 30);
-        let (mut store, rep) = recover(fs, dir, cfg)?;
+        // Read before recovery touches anything: which sync the store goes back to.
+        let applied = if fs.open(&dir.join(APPLIED_FLAG), false).is_ok() {
+            Some(find_applied(&*fs, dir)?)
+        } else {
+            None
+        };
+        let (mut store, mut rep) = recover(fs, dir, cfg)?;
+        if let Some(found) = applied {
+            store.back_to_applied(found, &mut rep)?;
+        }
         // Limits may have shrunk while closed; whatever they discard is made durable
         // before the caller sees the store, like everything else recovery settled.
         store.set_limits(limits)?;
@@ -700,6 +717,64 @@ impl FileStore {
         Ok(())
     }
 
+    /// Appends the applied record that ends a sync's writes (when the store has a marker and
+    /// the sync writes anything or the marker changed); returns the marker it carries. It
+    /// lists the stretches of records this sync wrote, so recovery can check they are all
+    /// on disk before it trusts the marker.
+    /// (Segments this sync deletes once it completed are left out: they hold nothing live.)
+    fn write_applied(&mut self, dead: &[u32]) -> io::Result<Option<Vec<u8>>> {
+        let Some(m) = self.applied.clone() else {
+            return Ok(None);
+        };
+        if self.dirty.is_empty() && self.applied_written.as_ref() == Some(&m) {
+            return Ok(None);
+        }
+        // Rolled first if it would not fit, so that its stretches include its own segment.
+        let upper = record::record_len(0, 0, 1 + m.len() + 4 + 20 * (self.dirty.len() + 2));
+        let cur = self.active_len();
+        if self.nsegs() == 0
+            || (cur > HEADS_LEN as u64 && cur + upper as u64 > self.cfg.segment_size)
+        {
+            self.roll()?;
+        }
+        let active = self.nsegs() - 1;
+        let mut ids = self.dirty.clone();
+        ids.push(self.segs()[active].id);
+        ids.sort_unstable();
+        ids.dedup();
+        ids.retain(|id| !dead.contains(id));
+        let mut spans = Vec::new();
+        for id in ids {
+            if let Some(i) = self.seg_by_id(id) {
+                let s = &self.t().segs[i];
+                let base = if s.head { HEADS_LEN as u64 } else { 0 };
+                let from = s.done_len.unwrap_or(base).max(base);
+                let to = if i == active {
+                    s.flushed + self.wbuf.len() as u64
+                } else {
+                    s.flushed
+                };
+                spans.push((id, from, to));
+            }
+        }
+        let mut body = Vec::with_capacity(1 + m.len() + 4 + 20 * spans.len());
+        body.push(m.len() as u8);
+        body.extend_from_slice(&m);
+        body.extend_from_slice(&(spans.len() as u32).to_le_bytes());
+        for (id, from, to) in spans {
+            body.extend_from_slice(&id.to_le_bytes());
+            body.extend_from_slice(&from.to_le_bytes());
+            body.extend_from_slice(&to.to_le_bytes());
+        }
+        let (last, ts) = {
+            let c = self.core.get_mut();
+            (c.last_seq, c.last_ts)
+        };
+        self.append(Kind::Applied, last, ts, b"", b"", &body)?;
+        self.applied_written = Some(m.clone());
+        Ok(Some(m))
+    }
+
     fn do_sync(&mut self) -> io::Result<()> {
         let (plan, mut job) = self.sync_prepare()?;
         job.run();
@@ -789,6 +864,8 @@ impl FileStore {
         if self.ledger_dirty.get() {
             self.write_ledger()?;
         }
+        let dead_ids: Vec<u32> = dead.iter().map(|&i| self.segs()[i].id).collect();
+        let applied = self.write_applied(&dead_ids)?;
         self.flush_wbuf()?;
         // Index files found damaged (their entries were rebuilt from the records), and
         // sealed segments whose records changed in place, are written again.
@@ -843,6 +920,7 @@ impl FileStore {
             dead: dead.iter().map(|&i| self.segs()[i].id).collect(),
             active,
             dir: dir.is_some(),
+            applied,
         };
         Ok((plan, SyncJob::new(files, dir)))
     }
@@ -879,6 +957,9 @@ impl FileStore {
         dead.sort_unstable();
         // Everything written so far is durable.
         self.syncs_done += 1;
+        if plan.applied.is_some() {
+            self.applied_done = plan.applied;
+        }
         self.marker_done = self.marker;
         let c = self.core.get_mut();
         self.done_seq = c.last_seq;
@@ -996,6 +1077,9 @@ impl FileStore {
             }
         };
         fresh.core.get_mut().set_limits(limits);
+        // The marker goes back with the data: it is the one the last completed sync wrote.
+        fresh.applied = self.applied_done.clone();
+        fresh.applied_done = self.applied_done.clone();
         if let Err(e) = fresh.settle().and_then(|_| fresh.do_sync()) {
             fresh.closed = true;
             let msg = format!("{why}; sync after rollback failed: {e}");
@@ -1008,6 +1092,74 @@ impl FileStore {
         // The old state must not close (and write an index) when dropped.
         self.closed = true;
         *self = fresh;
+        Ok(())
+    }
+
+    /// A store with an applied marker reopens exactly as of the sync that wrote the newest
+    /// applied record found intact (with its stretches): what was written after it is cut
+    /// (the existing rollback, as after a failed sync), so the marker is never behind nor
+    /// ahead of the data.
+    fn back_to_applied(
+        &mut self,
+        found: Option<AppliedAt>,
+        rep: &mut RecoveryReport,
+    ) -> Result<()> {
+        let Some(a) = found else {
+            // Marked as in use, but no sync wrote a marker yet: the empty one.
+            self.applied = Some(Vec::new());
+            self.applied_done = Some(Vec::new());
+            return Ok(());
+        };
+        // A head a later sync rewrote may claim sequences handed out after it, too.
+        if a.beyond || self.core.get_mut().last_seq != a.last_seq {
+            let Some(k) = self.seg_by_id(a.seg) else {
+                return Err(StoreError::Io(format!(
+                    "applied record in segment {} not found after recovery",
+                    a.seg
+                )));
+            };
+            // The cut segment's index file lists what goes.
+            let _ = self.fs.remove(&self.path(&idx_name(a.seg)));
+            let n = self.nsegs();
+            for i in 0..n {
+                let s = &mut self.segs()[i];
+                if i == k {
+                    s.done_len = Some(a.end);
+                    s.proven_len = s.proven_len.min(a.end);
+                } else if i > k {
+                    s.done_len = None;
+                } else {
+                    s.done_len = Some(s.flushed);
+                }
+            }
+            self.done_seq = a.last_seq;
+            self.done_ts = a.last_ts;
+            self.proven_seq = self.proven_seq.min(a.last_seq);
+            self.applied_done = Some(a.marker.clone());
+            let bytes = (k..n)
+                .map(|i| {
+                    let s = &self.t().segs[i];
+                    s.flushed - if i == k { a.end.min(s.flushed) } else { 0 }
+                })
+                .sum::<u64>();
+            self.failed = Some("writes after the last applied marker's sync".into());
+            self.rollback()?;
+            // Reported like any incomplete write (never acknowledged); sequences past the
+            // marker's sync are not handed out any more.
+            rep.torn.push(TornWrite {
+                segment: a.seg,
+                offset: a.end,
+                bytes,
+                cut: true,
+            });
+            rep.torn_bytes += bytes;
+            rep.unacked.retain_mut(|r| {
+                r.1 = r.1.min(a.last_seq);
+                r.0 <= r.1
+            });
+        }
+        self.applied = Some(a.marker.clone());
+        self.applied_done = Some(a.marker);
         Ok(())
     }
 
@@ -1574,6 +1726,45 @@ impl Store for FileStore {
         }
     }
 
+    /// The marker is written as the last record of every sync that writes anything once a
+    /// marker was set (with the stretches of records that sync wrote). The first call syncs
+    /// (so it fails while a sync is in progress) and creates `applied.flag`, so that opening
+    /// knows to look for markers.
+    fn set_applied(&mut self, marker: &[u8]) -> Result<()> {
+        crate::check_applied(marker)?;
+        if self.applied.is_none() {
+            // First use: everything so far durable, then the flag, then a first applied
+            // record (empty marker) for that state. A crash in between finds the flag and no
+            // applied record, with nothing written after the first sync: nothing to cut.
+            self.sync()?;
+            let r = (|| {
+                drop(self.fs.open(&self.path(APPLIED_FLAG), true)?);
+                self.fs.sync_dir(&self.dir)
+            })();
+            r?;
+            self.applied = Some(Vec::new());
+            self.sync()?;
+        }
+        self.applied = Some(marker.to_vec());
+        Ok(())
+    }
+
+    fn applied(&self) -> Vec<u8> {
+        self.applied.clone().unwrap_or_default()
+    }
+
+    fn discard_unsynced(&mut self) -> Result<()> {
+        if self.closed {
+            return Err(StoreError::Io("store is closed".into()));
+        }
+        if self.in_flight.is_some() {
+            return Err(StoreError::Io("a sync is in progress".into()));
+        }
+        self.failed
+            .get_or_insert_with(|| "discarding the writes since the last sync".into());
+        self.rollback()
+    }
+
     fn begin_sync(&mut self) -> Result<Option<SyncJob>> {
         if self.closed {
             return Err(StoreError::Io("store is closed".into()));
@@ -1716,6 +1907,13 @@ impl Store for FileStore {
                     self.write_tomb(seq, x.meta.ts, &x.subject, x.p.len)?;
                 }
                 self.do_sync()?;
+                if self.applied.is_some() {
+                    // One more applied record, so the newest one's stretches never hold the
+                    // overwritten record: a torn overwrite must not make recovery distrust
+                    // it (and go back past the erase's own sync).
+                    self.applied_written = None;
+                    self.do_sync()?;
+                }
                 self.erase_at(seq, loc)?;
             }
             self.settle()
@@ -2063,7 +2261,7 @@ impl Replay {
                     self.apply_claim(r.seq, hi, bits);
                 }
             }
-            Kind::Head => {}
+            Kind::Head | Kind::Applied => {}
         }
         self.core.removed.clear();
     }
@@ -2242,6 +2440,157 @@ fn summary_fits(
     }
 }
 
+/// Created (durably) when a store first gets an applied marker: only such a store looks
+/// for applied records at open (the others never pay for the scan).
+const APPLIED_FLAG: &str = "applied.flag";
+
+/// The applied record a store goes back to at open.
+pub(crate) struct AppliedAt {
+    seg: u32,
+    /// Where the record ends.
+    end: u64,
+    marker: Vec<u8>,
+    last_seq: u64,
+    last_ts: i64,
+    /// Records or segments follow it (written after its sync).
+    beyond: bool,
+}
+
+/// The newest applied record whose listed stretches are all intact records (so everything
+/// its sync wrote is on disk), looking from the newest segment back. Reads only segment
+/// files, before recovery changes them.
+fn find_applied(fs: &dyn Fs, dir: &Path) -> io::Result<Option<AppliedAt>> {
+    let mut ids: Vec<u32> = fs
+        .list(dir)?
+        .iter()
+        .filter_map(|n| parse_seg_name(n))
+        .collect();
+    ids.sort_unstable();
+    let mut files: BTreeMap<u32, Option<Vec<u8>>> = BTreeMap::new();
+    let mut read = |id: u32| -> io::Result<Option<Vec<u8>>> {
+        if let Some(d) = files.get(&id) {
+            return Ok(d.clone());
+        }
+        let d = match fs.open(&dir.join(seg_name(id)), false) {
+            Ok(f) => {
+                let mut b = vec![0; f.len()? as usize];
+                f.read_at(&mut b, 0)?;
+                Some(b)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        files.insert(id, d.clone());
+        Ok(d)
+    };
+    for (k, &id) in ids.iter().enumerate().rev() {
+        let Some(data) = read(id)? else { continue };
+        // (offset, record length) of each applied record, and whether a record follows.
+        let mut found: Vec<(usize, usize, bool)> = Vec::new();
+        let mut o = match record::parse_head(&data) {
+            HeadParse::None => 0,
+            _ => HEADS_LEN.min(data.len()),
+        };
+        while o < data.len() {
+            match record::parse(&data[o..]) {
+                Parse::Ok(r) => {
+                    if let Some(last) = found.last_mut() {
+                        last.2 = true;
+                    }
+                    if r.kind == Kind::Applied {
+                        found.push((o, r.len, false));
+                    }
+                    o += r.len;
+                }
+                Parse::Bad => match record::resync(&data, o + 1) {
+                    Some(n) => o = n,
+                    None => break,
+                },
+            }
+        }
+        for &(off, len, followed) in found.iter().rev() {
+            let Parse::Ok(r) = record::parse(&data[off..]) else {
+                continue;
+            };
+            let Some((marker, spans)) = decode_applied(r.data) else {
+                continue;
+            };
+            let mut intact = true;
+            for (sid, from, to) in spans {
+                let whole = if sid == id {
+                    Some(data.clone())
+                } else {
+                    read(sid)?
+                };
+                let to = if sid == id { to.min(off as u64) } else { to };
+                if !whole.is_some_and(|d| records_between(&d, from, to)) {
+                    intact = false;
+                    break;
+                }
+            }
+            if intact {
+                return Ok(Some(AppliedAt {
+                    seg: id,
+                    end: (off + len) as u64,
+                    marker,
+                    last_seq: r.seq,
+                    last_ts: r.ts,
+                    // A torn write after it counts too (its header may claim a sequence).
+                    beyond: followed
+                        || data[off + len..].iter().any(|&b| b != 0)
+                        || k + 1 < ids.len(),
+                }));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// (segment id, from, to): records a sync wrote.
+type Written = (u32, u64, u64);
+
+/// (marker, stretches) of an applied record's body, if well formed.
+fn decode_applied(d: &[u8]) -> Option<(Vec<u8>, Vec<Written>)> {
+    let ml = *d.first()? as usize;
+    let marker = d.get(1..1 + ml)?.to_vec();
+    let mut o = 1 + ml;
+    let n = u32::from_le_bytes(d.get(o..o + 4)?.try_into().ok()?) as usize;
+    o += 4;
+    if d.len() != o + n.checked_mul(20)? {
+        return None;
+    }
+    let mut spans = Vec::with_capacity(n);
+    for _ in 0..n {
+        let id = u32::from_le_bytes(d[o..o + 4].try_into().ok()?);
+        let from = u64::from_le_bytes(d[o + 4..o + 12].try_into().ok()?);
+        let to = u64::from_le_bytes(d[o + 12..o + 20].try_into().ok()?);
+        spans.push((id, from, to));
+        o += 20;
+    }
+    Some((marker, spans))
+}
+
+/// Is `d[from..to]` a run of valid records ending exactly at `to`? A compacted segment
+/// (it starts with a claim) counts as intact: compaction only rewrites synced data.
+fn records_between(d: &[u8], from: u64, to: u64) -> bool {
+    if let Parse::Ok(r) = record::parse(d.get(HEADS_LEN..).unwrap_or(&[])) {
+        if r.kind == Kind::Claim {
+            return true;
+        }
+    }
+    let (mut o, to) = (from as usize, to as usize);
+    if to > d.len() || o > to {
+        return false;
+    }
+    while o < to {
+        match record::parse(&d[o..to]) {
+            Parse::Ok(r) => o += r.len,
+            Parse::Bad => return false,
+        }
+    }
+    o == to
+}
+
 fn recover(
     fs: Arc<dyn Fs>,
     dir: &Path,
@@ -2413,6 +2762,9 @@ fn recover(
         // Free space a preallocation left is not part of the segment's records.
         if let Some(z) = out.zero_from {
             rp.cur().flushed = z;
+            // Where the records end is what the last sync left (an applied record lists
+            // the next sync's records from here).
+            rp.cur().done_len = Some(z);
         }
         if !active && !rp.cur().in_memory() {
             let s = rp.cur();
@@ -2797,6 +3149,9 @@ fn recover(
         done_seq: ls,
         done_ts: lts,
         proven_seq: synced_seq.min(ls),
+        applied: None,
+        applied_written: None,
+        applied_done: None,
         observer: None,
     };
     // The active segment needs a head slot, which every sync rewrites, and its entries

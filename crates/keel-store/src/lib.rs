@@ -357,6 +357,34 @@ pub trait Store: Send {
         job.finish().1.map_err(StoreError::from)
     }
 
+    /// Sets the applied marker: up to [`MAX_APPLIED`] opaque bytes (a Raft replica's last
+    /// applied log index, say). Held in memory until the next completed sync, which makes it
+    /// durable atomically with the data written before it: after a power failure the store
+    /// reopens with the marker of a completed sync and exactly the data of that sync (a
+    /// file store that has a marker cuts whatever was written after it), never a marker
+    /// ahead of its data nor data ahead of its marker.
+    fn set_applied(&mut self, _marker: &[u8]) -> Result<()> {
+        Err(StoreError::Unsupported(
+            "this store keeps no applied marker",
+        ))
+    }
+
+    /// The marker last set; after reopening (or [`discard_unsynced`](Store::discard_unsynced)),
+    /// the one of the last completed sync (after a power failure during a sync whose writes
+    /// had all reached the disk, that sync's, with all of its data). Empty when none was
+    /// ever set (stores written before markers existed read as empty).
+    fn applied(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    /// Rolls the store back to its last completed sync: data and marker as that sync made
+    /// them durable, everything since dropped (what a replica does before it applies its log
+    /// again from the marker). The file store reports the rebuild to its observer as after
+    /// a failed sync. Refused while a sync is in progress.
+    fn discard_unsynced(&mut self) -> Result<()> {
+        Err(StoreError::Unsupported("this store cannot roll back"))
+    }
+
     /// Removes one message; `erase` also overwrites its bytes on disk. Ok(false) if absent.
     fn remove(&mut self, seq: u64, erase: bool) -> Result<bool>;
     /// Returns how many messages were purged.
@@ -404,6 +432,18 @@ pub trait Store: Send {
     fn destroy(self: Box<Self>) -> Result<()>;
 }
 
+/// Longest applied marker (see [`Store::set_applied`]).
+pub const MAX_APPLIED: usize = 32;
+
+fn check_applied(marker: &[u8]) -> Result<()> {
+    if marker.len() > MAX_APPLIED {
+        return Err(StoreError::Unsupported(
+            "applied marker longer than 32 bytes",
+        ));
+    }
+    Ok(())
+}
+
 /// Reference accounting for one message in a file-backed stream.
 pub fn file_msg_size(subject: usize, hdr: usize, data: usize) -> u64 {
     if hdr == 0 {
@@ -436,6 +476,7 @@ mod io;
 pub mod lock;
 pub mod mem;
 pub mod meta;
+pub mod raftlog;
 mod ranges;
 mod record;
 mod segtable;
@@ -448,6 +489,7 @@ pub use file::{
 pub use lock::{lock_dir, DirLock};
 pub use mem::MemStore;
 pub use meta::{MetaFiles, MetaRead};
+pub use raftlog::{RaftLog, RaftLogConfig, RaftSyncJob};
 
 #[cfg(test)]
 mod tests;

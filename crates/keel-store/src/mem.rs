@@ -17,12 +17,14 @@ pub(crate) struct MemMsg {
 /// Stream storage in memory.
 pub struct MemStore {
     core: Core<SlotTable<MemMsg>>,
+    applied: Vec<u8>,
 }
 
 impl MemStore {
     pub fn new(limits: Limits) -> Self {
         MemStore {
             core: Core::new(limits, SlotTable::new()),
+            applied: Vec::new(),
         }
     }
 
@@ -98,6 +100,26 @@ impl Store for MemStore {
 
     fn sync(&mut self) -> Result<()> {
         Ok(())
+    }
+
+    /// Kept as set: nothing outlives the process, so there is no older durable marker.
+    fn set_applied(&mut self, marker: &[u8]) -> Result<()> {
+        crate::check_applied(marker)?;
+        self.applied = marker.to_vec();
+        Ok(())
+    }
+
+    fn applied(&self) -> Vec<u8> {
+        self.applied.clone()
+    }
+
+    /// Unsupported: the memory store keeps no copy of its state at a sync to go back to
+    /// (every write takes effect at once, and nothing survives a restart anyway; a replica
+    /// on a memory store rebuilds it from a snapshot and its log).
+    fn discard_unsynced(&mut self) -> Result<()> {
+        Err(StoreError::Unsupported(
+            "the memory store keeps no synced state to roll back to",
+        ))
     }
 
     fn load(&self, seq: u64) -> Result<StoredMsg> {

@@ -108,7 +108,7 @@ impl MetaFiles {
         Self::on(Arc::new(StdFs))
     }
 
-    fn on(fs: Arc<dyn Fs>) -> MetaFiles {
+    pub(crate) fn on(fs: Arc<dyn Fs>) -> MetaFiles {
         MetaFiles {
             fs,
             durable: Arc::default(),

@@ -9,8 +9,8 @@
 //!
 //! The CRC covers the length too, so a flipped length bit cannot make a shorter or longer
 //! slice of bytes look valid. All integers are little-endian. Kinds: messages, tombstones,
-//! markers and erased messages (appended), the ledger (appended whole when it changes), and
-//! the head (two fixed slots at the start of a segment, rewritten in place at each sync).
+//! markers and erased messages (appended), the ledger (appended whole when it changes), the
+//! applied marker (appended at a sync), and the head (two fixed slots at the start of a segment, rewritten in place at each sync).
 
 pub(crate) const MAGIC: [u8; 4] = *b"KEEL";
 pub(crate) const HDR: usize = 40;
@@ -38,6 +38,12 @@ pub(crate) enum Kind {
     /// body the last (u64) and a bitmap over the range of the messages copied. Every other
     /// sequence of the range was removed durably before the compaction.
     Claim = 7,
+    /// The applied marker, the last record a sync appends when the store has one: the body
+    /// is the marker (length u8, bytes) and the stretches of segment records the sync
+    /// wrote (count u32, then segment id u32, from u64, to u64 each); `seq` and `ts` are
+    /// last_seq and last_ts. Recovery trusts the newest one whose stretches are all intact
+    /// and cuts what was written after it (see `FileStore::set_applied`).
+    Applied = 8,
 }
 
 impl Kind {
@@ -50,6 +56,7 @@ impl Kind {
             5 => Kind::Head,
             6 => Kind::Ledger,
             7 => Kind::Claim,
+            8 => Kind::Applied,
             _ => return None,
         })
     }

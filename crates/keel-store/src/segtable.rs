@@ -967,7 +967,9 @@ impl FileTable {
             return true;
         }
         if !ix.in_range(seq) {
-            return false;
+            // Past the entries: an erase torn mid-overwrite at the segment's end leaves no
+            // entry either, and its bytes are there if the claim kept it.
+            return self.claim_kept(si, seq);
         }
         // No entry: the claim removed it, or it was kept and lost its entry since (an
         // erase torn mid-overwrite is no entry, but its bytes are still there).

@@ -1030,3 +1030,80 @@ fn torn_erase_hides_no_unsynced_gap() {
     assert!(st.lost.is_none());
     assert_eq!(s.load(1).unwrap().seq, 1);
 }
+
+/// A torn erase of the last message of a compacted segment: the segment's entries end
+/// before it, and a later compaction of the segment holding its tombstone must still keep
+/// the tombstone (it dropped it, and the torn bytes then read as a lost message).
+#[test]
+fn tombstone_of_a_torn_erase_past_a_compacted_segments_entries_is_kept() {
+    let d = TempDir::new();
+    let (mut s, _) = open(&d.0, Limits::default());
+    // Segment 1 full of messages, the next ones in segment 2.
+    let mut n = 0;
+    while s.segment_of(n).is_none_or(|g| g == 1) {
+        n = put(&mut s, "a", &payload(1, 300, n));
+    }
+    let last1 = n - 1;
+    for i in 0..8 {
+        put(&mut s, "b", &payload(2, 300, i));
+    }
+    s.sync().unwrap();
+    // All but its last two go; it is compacted.
+    for q in 1..last1 - 1 {
+        s.remove(q, false).unwrap();
+    }
+    s.sync().unwrap();
+    let job = s.compact_begin().expect("segment 1 is mostly dead");
+    assert_eq!(job.segment(), 1);
+    s.compact_end(job.run()).unwrap();
+    let n4 = last1;
+    // The erase of its last message writes the tombstone in the active segment, syncs,
+    // overwrites.
+    assert!(s.remove(n4, true).unwrap());
+    let tomb_seg = s.segment_of(s.state().last_seq).unwrap();
+    s.close().unwrap();
+    drop(s);
+    // The overwrite was torn.
+    let seg = d.0.join("0000000001.seg");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let mut o = HEAD;
+    let mut erased = None;
+    while let crate::record::Parse::Ok(r) = crate::record::parse(&bytes[o..]) {
+        if r.kind == crate::record::Kind::Erased && r.seq == n4 {
+            erased = Some((o, r.len));
+        }
+        o += r.len;
+    }
+    let (at, len) = erased.expect("the erased record");
+    bytes[at + len - 1] ^= 1;
+    std::fs::write(&seg, &bytes).unwrap();
+    remove_indexes(&d.0);
+    let (mut s, rep) = open(&d.0, Limits::default());
+    assert!(rep.lost.is_empty() && rep.damaged.is_empty(), "{rep:?}");
+    // Now the tombstone's segment is sealed and emptied, and compacted.
+    for i in 0..40 {
+        put(&mut s, "c", &payload(3, 300, i));
+    }
+    s.sync().unwrap();
+    let last = s.state().last_seq;
+    let in_tomb_seg: Vec<u64> = (last1 + 1..=last)
+        .filter(|&q| s.segment_of(q) == Some(tomb_seg))
+        .collect();
+    // All but one: mostly dead, not empty (an empty one is deleted instead).
+    for &q in &in_tomb_seg[..in_tomb_seg.len() - 1] {
+        s.remove(q, false).unwrap();
+    }
+    s.sync().unwrap();
+    let mut compacted = false;
+    while let Some(job) = s.compact_begin() {
+        compacted |= job.segment() == tomb_seg;
+        s.compact_end(job.run()).unwrap();
+    }
+    assert!(compacted, "the tombstone's segment was compacted");
+    s.close().unwrap();
+    drop(s);
+    remove_indexes(&d.0);
+    let (s, rep) = open(&d.0, Limits::default());
+    assert!(rep.lost.is_empty() && rep.damaged.is_empty(), "{rep:?}");
+    assert!(s.state().lost.is_none());
+}

@@ -1,9 +1,11 @@
 //! Tests shared by both stores.
 
+mod applied;
 mod crash;
 mod faults;
 mod file_tests;
 pub(crate) mod model;
+mod raftlog;
 pub(crate) mod semantics;
 mod sim;
 
