@@ -228,7 +228,18 @@ async fn start_meta(
     info!(server.log, "Starting JetStream cluster");
     info!(server.log, "Creating JetStream metadata controller");
     let host = crate::jetstream::raft::RaftHost::start(server, sys);
-    let backend = Box::new(crate::jetstream::raft::log::MemBackend::default());
+    let dir = js
+        .first()
+        .store_dir
+        .join("jetstream")
+        .join("_cluster_")
+        .join("meta");
+    let (backend, problems) = crate::jetstream::raft::log::FileBackend::open(&dir)
+        .map_err(|e| format!("meta log in {}: {e}", dir.display()))?;
+    for p in problems {
+        warn!(server.log, "JetStream cluster meta log: {p}");
+    }
+    let backend = Box::new(backend);
     let meta = crate::jetstream::cluster::Meta::start(server, host, backend).await?;
     let _ = js.meta.set(meta);
     Ok(())

@@ -43,7 +43,7 @@ impl Meta {
         host: Arc<RaftHost>,
         backend: Box<dyn LogBackend>,
     ) -> Result<Arc<Meta>, String> {
-        let log = LogStore::open(backend).map_err(|e| format!("meta log: {e}"))?;
+        let log = LogStore::open(backend, true).map_err(|e| format!("meta log: {e}"))?;
         let (machine, applied) = MetaMachine::new();
         let raft = Raft::new(
             host.id,
@@ -777,7 +777,10 @@ pub async fn follow(
                 name,
                 assignment,
             } => {
-                if !assignment.peers.contains(&meta.host.name) {
+                // Replaying the log at start: a stream removed later is not made again.
+                if !assignment.peers.contains(&meta.host.name)
+                    || meta.assignment(&account, &name).is_none()
+                {
                     continue;
                 }
                 let Some(js) = jss.account(&account).cloned() else {

@@ -31,6 +31,14 @@ pub trait LogBackend: Send + 'static {
     fn append(&mut self, entries: &[(u64, Vec<u8>)]) -> io::Result<()>;
     /// Makes everything appended so far durable.
     fn sync(&mut self) -> io::Result<()>;
+    /// A sync in two halves, the fsync (`run`) with no lock held: None when the backend
+    /// has no such split (then `sync` is called under the lock).
+    fn begin_sync(&mut self) -> io::Result<Option<keel_store::RaftSyncJob>> {
+        Ok(None)
+    }
+    fn finish_sync(&mut self, _job: keel_store::RaftSyncJob) -> io::Result<()> {
+        Ok(())
+    }
     fn read(&self, from: u64, to_inclusive: u64) -> io::Result<Vec<(u64, Bytes)>>;
     /// Durably removes every entry after `index`.
     fn truncate_after(&mut self, index: u64) -> io::Result<()>;
@@ -86,6 +94,64 @@ impl LogBackend for MemBackend {
     }
 }
 
+/// On disk: keel-store's Raft log (segmented, CRC'd, through its `Fs` seam).
+pub struct FileBackend(keel_store::RaftLog);
+
+impl FileBackend {
+    /// Opens (or creates) the log in `dir`; what recovery found damaged is returned to be
+    /// logged (the log ends before it, and the leader sends the rest again).
+    pub fn open(dir: &std::path::Path) -> io::Result<(FileBackend, Vec<String>)> {
+        let (log, problems) = keel_store::RaftLog::open(dir).map_err(store_io)?;
+        Ok((FileBackend(log), problems))
+    }
+}
+
+fn store_io(e: keel_store::StoreError) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+impl LogBackend for FileBackend {
+    fn append(&mut self, entries: &[(u64, Vec<u8>)]) -> io::Result<()> {
+        let refs: Vec<(u64, &[u8])> = entries.iter().map(|(i, b)| (*i, b.as_slice())).collect();
+        self.0.append(&refs).map_err(store_io)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        self.0.sync().map_err(store_io)
+    }
+    fn begin_sync(&mut self) -> io::Result<Option<keel_store::RaftSyncJob>> {
+        self.0.begin_sync().map_err(store_io)
+    }
+    fn finish_sync(&mut self, job: keel_store::RaftSyncJob) -> io::Result<()> {
+        self.0.finish_sync(job).map_err(store_io)
+    }
+    fn read(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Bytes)>> {
+        let from = from.max(self.0.first_index());
+        let to = to.min(self.0.last_index());
+        if from > to {
+            return Ok(Vec::new());
+        }
+        self.0.entries(from..=to).map_err(store_io)
+    }
+    fn truncate_after(&mut self, index: u64) -> io::Result<()> {
+        if index >= self.0.last_index() {
+            return Ok(());
+        }
+        self.0.truncate_after(index).map_err(store_io)
+    }
+    fn purge_upto(&mut self, index: u64) -> io::Result<()> {
+        self.0.purge_upto(index).map_err(store_io)
+    }
+    fn last_index(&self) -> Option<u64> {
+        (self.0.last_index() >= self.0.first_index()).then(|| self.0.last_index())
+    }
+    fn save_state(&mut self, body: &[u8]) -> io::Result<()> {
+        self.0.save_state(body).map_err(store_io)
+    }
+    fn load_state(&self) -> io::Result<Option<Vec<u8>>> {
+        Ok(self.0.load_state())
+    }
+}
+
 /// The durable state beside the entries.
 #[derive(Serialize, Deserialize, Default, Clone)]
 struct Hard {
@@ -97,6 +163,10 @@ struct Hard {
 struct Inner {
     backend: Box<dyn LogBackend>,
     hard: Hard,
+    /// Save the committed id durably (the meta group: its state machine lives in memory
+    /// and is rebuilt from the log up to it at start). A stream's state machine keeps its
+    /// own applied marker, so its log saves no committed id (an fsync less per batch).
+    persist_committed: bool,
 }
 
 /// One group's log, as openraft sees it. Cheap to clone (the reader is a clone).
@@ -111,12 +181,16 @@ fn io_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
 }
 
 impl LogStore {
-    pub fn open(backend: Box<dyn LogBackend>) -> io::Result<LogStore> {
+    pub fn open(backend: Box<dyn LogBackend>, persist_committed: bool) -> io::Result<LogStore> {
         let hard = match backend.load_state()? {
             Some(b) => serde_json::from_slice(&b).map_err(io::Error::other)?,
             None => Hard::default(),
         };
-        let inner = Arc::new(Mutex::new(Inner { backend, hard }));
+        let inner = Arc::new(Mutex::new(Inner {
+            backend,
+            hard,
+            persist_committed,
+        }));
         // One syncer per log: callbacks queue in order; each round runs one fsync for all
         // of them. (Unbounded, but at most one entry per append openraft has in flight,
         // which its own max_payload_entries and replication window bound.)
@@ -129,8 +203,27 @@ impl LogStore {
                     return;
                 };
                 let r = tokio::task::spawn_blocking(move || {
-                    let mut g = inner.lock().unwrap_or_else(|e| e.into_inner());
-                    g.backend.sync()
+                    let job = inner
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .backend
+                        .begin_sync()?;
+                    match job {
+                        // The fsync with no lock held: appends go on meanwhile.
+                        Some(mut job) => {
+                            job.run();
+                            inner
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .backend
+                                .finish_sync(job)
+                        }
+                        None => inner
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .backend
+                            .sync(),
+                    }
                 })
                 .await
                 .unwrap_or_else(|e| Err(io::Error::other(e)));
@@ -227,10 +320,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         &mut self,
         committed: Option<LogId<NodeId>>,
     ) -> Result<(), StorageError<NodeId>> {
-        // Not fsynced on its own: a committed id lost in a crash is learnt again from the
-        // leader; it only lets a restarted node apply sooner.
         let mut g = self.lock();
         g.hard.committed = committed;
+        if g.persist_committed {
+            Self::save_hard(&mut g)?;
+        }
         Ok(())
     }
 
