@@ -26,6 +26,44 @@ async fn connect(n: &Node, user: &str) -> async_nats::Client {
 /// A full mesh of JetStream servers named `names`, each listing every route (itself too,
 /// as generated configs do).
 async fn mesh(names: &[&str]) -> Vec<Node> {
+    let (nodes, _) = mesh_in(names, None).await;
+    nodes
+}
+
+/// The configs of a mesh (each server's), with store directories under `stores` if given.
+fn mesh_confs(names: &[&str], stores: Option<&std::path::Path>) -> Vec<String> {
+    let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
+    let routes: Vec<String> = ports
+        .iter()
+        .map(|p| format!("\"nats://127.0.0.1:{p}\""))
+        .collect();
+    names
+        .iter()
+        .zip(&ports)
+        .map(|(name, port)| {
+            let store = stores
+                .map(|d| format!(", store_dir: \"{}\"", d.join(name).display()))
+                .unwrap_or_default();
+            format!(
+                "server_name: {name}\n{ACCOUNTS}\njetstream {{ max_mem_store: 64MB, max_file_store: 256MB{store} }}\n\
+                 cluster {{\n  name: jsc\n  listen: \"127.0.0.1:{port}\"\n  routes: [{}]\n}}\n",
+                routes.join(", ")
+            )
+        })
+        .collect()
+}
+
+async fn mesh_in(names: &[&str], stores: Option<&std::path::Path>) -> (Vec<Node>, Vec<String>) {
+    let confs = mesh_confs(names, stores);
+    let mut nodes = Vec::new();
+    for c in &confs {
+        nodes.push(Node::start_jetstream(c).await);
+    }
+    (nodes, confs)
+}
+
+#[allow(dead_code)]
+async fn old_mesh(names: &[&str]) -> Vec<Node> {
     let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
     let routes: Vec<String> = ports
         .iter()
@@ -244,6 +282,100 @@ async fn an_r1_stream_is_placed_on_one_server_and_served_from_every_server() {
         let info = api(c, "$JS.API.STREAM.INFO.ORDERS", "").await;
         assert_eq!(info["error"]["err_code"], 10059, "{info}");
     }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// Publishes `body` on `subject` until a PubAck comes (a leader change in flight may drop
+/// or refuse one attempt; the acked sequence is what counts).
+async fn publish_acked(c: &async_nats::Client, subject: &str, body: String) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = tokio::time::timeout(
+            Duration::from_secs(2),
+            c.request(subject.to_string(), body.clone().into()),
+        )
+        .await;
+        if let Ok(Ok(m)) = r {
+            let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+            if let Some(seq) = v["seq"].as_u64().filter(|s| *s > 0) {
+                return seq;
+            }
+        }
+        assert!(Instant::now() < deadline, "no ack for {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_r3_stream_keeps_every_acked_message_when_its_leader_goes() {
+    let stores = common::TempDir::new("r3");
+    let names = ["R1", "R2", "R3"];
+    let (mut nodes, confs) = mesh_in(&names, Some(stores.path())).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c0 = connect(&nodes[0], "app").await;
+    let created = api(
+        &c0,
+        "$JS.API.STREAM.CREATE.ORDERS",
+        r#"{"name":"ORDERS","subjects":["orders.>"],"storage":"file","num_replicas":3}"#,
+    )
+    .await;
+    assert!(created.get("error").is_none(), "{created}");
+    let cl = &created["cluster"];
+    assert_eq!(cl["name"], "jsc", "{created}");
+    assert!(
+        cl["raft_group"].as_str().unwrap().starts_with("S-R3F-"),
+        "{created}"
+    );
+    let leader = cl["leader"].as_str().unwrap().to_string();
+    assert!(names.contains(&leader.as_str()), "{created}");
+    let replicas = cl["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 2, "{created}");
+    assert!(
+        replicas.iter().all(|r| r["name"] != leader.as_str()),
+        "{created}"
+    );
+
+    // Acked publishes from every server.
+    let mut acked = Vec::new();
+    for i in 0..30 {
+        let c = connect(&nodes[i % 3], "app").await;
+        let seq = publish_acked(&c, "orders.new", format!("{{\"id\":{i}}}")).await;
+        acked.push((seq, i));
+    }
+    let seqs: Vec<u64> = acked.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs, (1..=30).collect::<Vec<u64>>());
+
+    // The leader goes: the others elect one of themselves and keep every acked message.
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    nodes.remove(li).shutdown().await;
+    let survivor = connect(&nodes[0], "app").await;
+    let seq = publish_acked(&survivor, "orders.new", "{\"id\":30}".to_string()).await;
+    assert_eq!(seq, 31, "a sequence was lost or reused");
+    let info = api(&survivor, "$JS.API.STREAM.INFO.ORDERS", "").await;
+    assert_eq!(info["state"]["messages"], 31, "{info}");
+    assert_ne!(info["cluster"]["leader"], leader.as_str(), "{info}");
+    for seq in [1u64, 15, 30, 31] {
+        let m = api(
+            &survivor,
+            "$JS.API.STREAM.MSG.GET.ORDERS",
+            &format!("{{\"seq\":{seq}}}"),
+        )
+        .await;
+        assert_eq!(m["message"]["seq"], seq, "{m}");
+    }
+
+    // The old leader comes back and catches up from the log.
+    let back = Node::start_jetstream(&confs[li]).await;
+    let bc = connect(&back, "app").await;
+    let seq = publish_acked(&bc, "orders.new", "{\"id\":31}".to_string()).await;
+    assert_eq!(seq, 32);
+    // Every replica holds the same messages: take the others down one at a time and read
+    // from the one left with the old leader.
+    let info = api(&bc, "$JS.API.STREAM.INFO.ORDERS", "").await;
+    assert_eq!(info["state"]["messages"], 32, "{info}");
+    back.shutdown().await;
     for n in nodes {
         n.shutdown().await;
     }

@@ -481,14 +481,21 @@ pub async fn api(
     let Some(a) = meta.assignment(&account, stream) else {
         return false; // Not in the cluster: answered here (not found).
     };
-    if js.stream(stream).is_some() {
-        return false; // This server holds it (R1: it is the leader).
+    let local = js.stream(stream);
+    if local.as_ref().is_some_and(|s| s.leads()) {
+        return false; // This server leads it (an R1 stream's one server).
     }
     if matches!(tokens, ["CONSUMER", "MSG", "NEXT", ..]) {
         // The consumer's own subscription, on its leader, gets the pull request.
         return true;
     }
-    match a.peers.first() {
+    // A replica knows its group's leader; others ask the first peer, which does.
+    let me = &meta.host.name;
+    let target = local
+        .and_then(|s| s.leader_name())
+        .filter(|l| l != me)
+        .or_else(|| a.peers.iter().find(|p| *p != me).cloned());
+    match target.as_ref() {
         Some(l) if hops < MAX_HOPS && *l != meta.host.name => {
             meta.forward(l, &account, m, hops + 1)
         }
@@ -595,9 +602,11 @@ async fn create(
     let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let peers = place(meta, &state, cfg.num_replicas.max(1) as usize, &raw)?;
     let replicas = peers.len();
-    if replicas > 1 {
-        // Replicated streams come with their Raft groups (next step).
-        return Err(ErrorKind::ReplicasNotSupported.err());
+    if replicas > 1 && cfg.storage == super::stream::StorageType::Memory {
+        // A replicated stream's leader rolls its store back after a failed commit, which
+        // a memory store cannot do yet.
+        return Err(ErrorKind::InvalidConfig
+            .with("replicated memory streams are not supported yet: use file storage"));
     }
     let group = if replicas > 1 {
         format!(
@@ -793,6 +802,26 @@ pub async fn follow(
                 let mut router = crate::router::Router::new(js.account.clone(), 0x4153);
                 let r = super::api::streams::create(&js, &server, &mut router, &name, &body).await;
                 let answer = assignment.peers.first() == Some(&meta.host.name);
+                // A replicated stream is answered once it has a leader, as the reference
+                // does (a publish right after the answer then finds one).
+                if answer && assignment.peers.len() > 1 && r.is_ok() {
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while Instant::now() < deadline
+                        && js.stream(&name).is_some_and(|s| {
+                            s.leader_name().is_none()
+                                || (!s.leads()
+                                    && s.leader_name().as_deref() == Some(meta.host.name.as_str()))
+                        })
+                    {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                let r = r.map(|mut c| {
+                    if let Some(s) = js.stream(&name) {
+                        c.info.cluster = Some(super::api::streams::cluster_info(&js, &s));
+                    }
+                    c
+                });
                 if let (true, Some(reply)) = (answer, assignment.reply.as_ref()) {
                     let body = super::api::encoded_for("stream_create", r);
                     let reply = bytes::Bytes::from(reply.clone());

@@ -43,8 +43,9 @@ pub struct JetStreams {
     list: Vec<Arc<JetStream>>,
     /// Every account's streams and consumers.
     pub registry: Arc<registry::Registry>,
-    /// Held for the life of the process: one server per store directory.
-    _lock: keel_store::DirLock,
+    /// Held until shutdown: one server per store directory (released then, so a server
+    /// restarted in the same process, as tests do, can take it).
+    lock: std::sync::Mutex<Option<keel_store::DirLock>>,
     /// In a cluster: the meta group (`cluster.rs`).
     pub meta: std::sync::OnceLock<Arc<cluster::Meta>>,
 }
@@ -111,6 +112,7 @@ impl JetStreams {
                 api_queue: std::sync::OnceLock::new(),
                 clustered,
                 cluster: server.cluster.get().filter(|_| clustered).cloned(),
+                system_account: server.accounts.system_account().map(|a| a.name.clone()),
             });
             registry::recover(&js, server)?;
             js.serve(server, requests_rx);
@@ -119,7 +121,7 @@ impl JetStreams {
         Ok(Arc::new(JetStreams {
             list,
             registry,
-            _lock: lock,
+            lock: std::sync::Mutex::new(Some(lock)),
             meta: std::sync::OnceLock::new(),
         }))
     }
@@ -167,6 +169,7 @@ impl JetStreams {
         for js in &self.list {
             js.shutdown();
         }
+        self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
 
@@ -212,6 +215,7 @@ pub struct JetStream {
     pub clustered: bool,
     /// The cluster, when clustered.
     pub cluster: Option<Arc<crate::route::Cluster>>,
+    system_account: Option<String>,
 }
 
 impl JetStream {
@@ -245,6 +249,11 @@ impl JetStream {
         server.spawn(api::run(js.clone(), server.clone(), rx));
         server.spawn(registry::run(js.clone(), server.clone(), requests_rx));
         server.spawn(maintenance_loop(js.clone(), server.clone()));
+    }
+
+    /// The system account's name (Raft traffic's account, `traffic_account`).
+    pub fn system_account_name(&self) -> Option<String> {
+        self.system_account.clone()
     }
 
     /// The cluster's name, for clustered JetStream's `cluster` objects.

@@ -451,9 +451,25 @@ pub async fn create_stream(
 ) -> Result<Arc<Stream>, ApiError> {
     let name = cfg.name.clone();
     let dir = js.streams_dir.join(&name);
+    // Clustered: a replicated stream's group, from its assignment.
+    let group = server
+        .jetstream
+        .get()
+        .and_then(|j| j.meta.get())
+        .and_then(|m| m.assignment(&js.account.name, &name))
+        .filter(|a| !a.group.is_empty())
+        .map(|a| crate::jetstream::raft::stream::GroupSpec {
+            group: a.group,
+            peers: a.peers,
+        });
+    let bootstrap = group
+        .as_ref()
+        .is_some_and(|g| g.peers.first() == Some(&server.server_name));
     let meta = StreamMeta {
         config: cfg,
         created: now_nanos(),
+        cluster: group,
+        bootstrap,
     };
     if let Err(e) = stream::write_meta(&js.meta, &dir, &meta) {
         let _ = js.meta.remove_dir_all(&dir);

@@ -8,9 +8,9 @@ use keel_store::Purge;
 use serde::Deserialize;
 
 use super::types::{
-    ClusterInfo, ListRequest, Paged, PurgeRequest, PurgeResponse, StreamCreateResponse, StreamInfo,
-    StreamInfoRequest, StreamInfoResponse, StreamListResponse, StreamNamesResponse, StreamState,
-    SuccessResponse,
+    ClusterInfo, ListRequest, Paged, PeerInfo, PurgeRequest, PurgeResponse, StreamCreateResponse,
+    StreamInfo, StreamInfoRequest, StreamInfoResponse, StreamListResponse, StreamNamesResponse,
+    StreamState, SuccessResponse,
 };
 use super::{parse_request, ApiError, ErrorKind};
 use crate::jetstream::stream::{self, StorageType, Stream, StreamConfig};
@@ -54,14 +54,71 @@ pub fn info(
         created: rfc3339(s.created),
         state: StreamState::new(state, s.consumers.len(), subjects, deleted),
         domain: cluster.and_then(|js| js.domain.clone()),
-        cluster: cluster.map(|js| ClusterInfo {
-            name: js.cluster_name(),
-            leader: js.server_name.clone(),
-        }),
+        cluster: cluster.map(|js| cluster_info(js, s)),
         mirror,
         sources,
         ts: rfc3339(now_nanos()),
     }
+}
+
+/// The `cluster` object: the server that leads it; for a replicated stream its group,
+/// since when, and the other peers with how far behind each is.
+pub fn cluster_info(js: &JetStream, s: &Stream) -> ClusterInfo {
+    let mut ci = ClusterInfo {
+        name: js.cluster_name(),
+        raft_group: None,
+        leader: js.server_name.clone(),
+        leader_since: None,
+        system_account: None,
+        traffic_account: None,
+        replicas: None,
+    };
+    let (Some(spec), Some(r)) = (s.group.as_ref(), s.replica.get()) else {
+        return ci;
+    };
+    ci.raft_group = Some(spec.group.clone());
+    ci.system_account = Some(true);
+    ci.traffic_account = js.system_account_name();
+    ci.leader = s.leader_name().unwrap_or_default();
+    let since = r.leader_since.load(std::sync::atomic::Ordering::Relaxed);
+    if since > 0 && ci.leader == js.server_name {
+        ci.leader_since = Some(rfc3339(since));
+    }
+    let host = r.host();
+    let m = r.raft.get().map(|raft| raft.metrics().borrow().clone());
+    let mut peers: Vec<PeerInfo> = spec
+        .peers
+        .iter()
+        .filter(|p| **p != ci.leader)
+        .map(|p| {
+            let heard = host.as_ref().and_then(|h| h.since_heard(p));
+            let matched = m
+                .as_ref()
+                .and_then(|m| m.replication.as_ref())
+                .and_then(|rep| rep.get(&crate::jetstream::raft::node_id(p)).cloned())
+                .flatten()
+                .map(|l| l.index);
+            let last = m.as_ref().and_then(|m| m.last_log_index).unwrap_or(0);
+            let lag = match matched {
+                Some(i) => last.saturating_sub(i),
+                None if *p == js.server_name => 0,
+                None => last,
+            };
+            let recent = *p == js.server_name
+                || heard.is_some_and(|d| d < std::time::Duration::from_secs(10));
+            PeerInfo {
+                name: p.clone(),
+                current: recent && lag == 0,
+                offline: !recent,
+                active: heard.map(|d| d.as_nanos() as u64).unwrap_or(0),
+                lag,
+                peer: crate::jetstream::raft::peer_hash(p),
+            }
+        })
+        .collect();
+    peers.sort_by(|a, b| a.name.cmp(&b.name));
+    ci.replicas = Some(peers);
+    ci
 }
 
 pub(crate) fn parse_config(

@@ -156,7 +156,37 @@ pub struct ClusterInfo {
     /// The cluster's name (clustered JetStream only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// A replicated stream's Raft group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raft_group: Option<String>,
     pub leader: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_since: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_account: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traffic_account: Option<String>,
+    /// The other peers, by name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<Vec<PeerInfo>>,
+}
+
+/// One peer of a replicated stream as its leader sees it.
+#[derive(Serialize)]
+pub struct PeerInfo {
+    pub name: String,
+    pub current: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub offline: bool,
+    /// Nanoseconds since it was last heard from.
+    pub active: u64,
+    #[serde(skip_serializing_if = "crate::jetstream::api::types::is_zero_u64")]
+    pub lag: u64,
+    pub peer: String,
+}
+
+pub fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Stream info: `config, created, state, [domain, cluster], [mirror, sources], ts`.

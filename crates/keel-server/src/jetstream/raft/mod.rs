@@ -12,6 +12,7 @@
 
 pub mod log;
 pub mod meta;
+pub mod stream;
 
 use std::collections::HashMap;
 use std::io::Cursor;

@@ -79,6 +79,10 @@ pub enum Command {
     },
     /// STREAM.DELETE (its consumers are gone): destroy the store and end.
     Delete { reply: oneshot::Sender<()> },
+    /// A replicated stream's server became its ready leader: the config its state machine
+    /// applied goes live here, and the leader's memory (dedup window, TTLs) is rebuilt
+    /// from the store before anything is decided.
+    Lead { reply: oneshot::Sender<()> },
 }
 
 /// The actor: its store (the write handle) and everything else (the [`Core`]), apart so
@@ -528,6 +532,8 @@ impl<R: Replicator> Actor<R> {
         let meta = StreamMeta {
             config: cfg,
             created: self.core.stream.created,
+            cluster: self.core.stream.group.clone(),
+            bootstrap: false,
         };
         super::write_meta(&self.core.stream.meta, &self.core.stream.dir, &meta).map_err(|e| {
             ErrorKind::UpdateFailed.with(format!("could not save stream config: {e}"))
@@ -544,6 +550,8 @@ impl<R: Replicator> Actor<R> {
             let back = StreamMeta {
                 config: (*old).clone(),
                 created: self.core.stream.created,
+                cluster: self.core.stream.group.clone(),
+                bootstrap: false,
             };
             let _ = super::write_meta(&self.core.stream.meta, &self.core.stream.dir, &back);
             return Err(e);
@@ -643,6 +651,31 @@ impl<R: Replicator> Actor<R> {
     }
 
     async fn command(&mut self, c: Command, sourced_tx: &mpsc::Sender<SourcedBatch>) {
+        if let Command::Lead { reply } = c {
+            let cfg = self.core.stream.config();
+            self.core.leader.compile(&cfg);
+            self.core.leader.rebuild(&cfg, &mut **self.store.lock());
+            self.core.cfg = cfg;
+            let _ = reply.send(());
+            return;
+        }
+        if !self.core.replicator.is_leader() {
+            // A follower's actor decides nothing: the leader's entries reach its store
+            // through the group's state machine.
+            match c {
+                Command::Purge { reply, .. } => {
+                    let _ = reply.send(Err(ErrorKind::ClusterUnavailable.err()));
+                }
+                Command::DeleteMsg { reply, .. } => {
+                    let _ = reply.send(Err(ErrorKind::ClusterUnavailable.err()));
+                }
+                Command::Update { reply, .. } | Command::SkipTo { reply, .. } => {
+                    let _ = reply.send(Err(ErrorKind::ClusterUnavailable.err()));
+                }
+                _ => {}
+            }
+            return;
+        }
         match c {
             Command::Purge { req, reply } => {
                 let r = match decide::decide_purge(&self.core.cfg, &req) {
@@ -692,7 +725,7 @@ impl<R: Replicator> Actor<R> {
             Command::ReleaseInterest => self.release_interest(),
             Command::Tick => self.tick().await,
             Command::Compacted { segment, done } => self.compacted(segment, *done),
-            Command::Delete { .. } => unreachable!("handled by the loop"),
+            Command::Delete { .. } | Command::Lead { .. } => unreachable!("handled before"),
         }
         self.core.router.flush();
     }

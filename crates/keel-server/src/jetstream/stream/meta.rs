@@ -12,6 +12,12 @@ use super::config::StreamConfig;
 pub struct StreamMeta {
     pub config: StreamConfig,
     pub created: i64,
+    /// A replicated stream's Raft group (clustered JetStream, num_replicas > 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::jetstream::raft::stream::GroupSpec>,
+    /// Just created here as the group's first peer: this server forms the group.
+    #[serde(skip)]
+    pub bootstrap: bool,
 }
 
 const FILE: &str = "keel-meta.json";

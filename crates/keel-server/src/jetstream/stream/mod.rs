@@ -16,7 +16,7 @@ pub mod replicator;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use bytes::Bytes;
 use keel_store::{MetaFiles, State, Store};
@@ -96,6 +96,10 @@ pub struct Stream {
     source_idents: Mutex<(HashMap<String, String>, bool)>,
     /// Bumped (by the actor) each time the sources restart; see [`SourcedBatch`].
     sourcing_gen: AtomicU64,
+    /// A replicated stream's Raft group (clustered, num_replicas > 1), and what its
+    /// replicator, state machine and watcher share.
+    pub group: Option<crate::jetstream::raft::stream::GroupSpec>,
+    pub replica: OnceLock<Arc<crate::jetstream::raft::stream::Shared>>,
 }
 
 async fn ask<T>(
@@ -117,6 +121,8 @@ impl Stream {
         settings: &Settings,
     ) -> Result<Arc<Stream>, String> {
         let config = meta.config;
+        let group = meta.cluster.clone();
+        let bootstrap = meta.bootstrap;
         let store: Box<dyn Store> = match config.storage {
             StorageType::Memory => Box::new(keel_store::mem::MemStore::new(config.limits())),
             StorageType::File => {
@@ -188,21 +194,64 @@ impl Stream {
             sourcing: Mutex::new(None),
             source_idents: Mutex::new((HashMap::new(), false)),
             sourcing_gen: AtomicU64::new(0),
+            group: group.clone(),
+            replica: OnceLock::new(),
         });
-        stream.subscribe();
+        // A replicated stream subscribes once it leads (`raft::stream::run_group`).
+        if group.is_none() {
+            stream.subscribe();
+        }
         // Before the actor runs, so the first batches are of this generation; they read
         // once the stream is listed (`start_sources`).
         stream.restart_sourcing(server, &sourced_tx, false);
-        let a = actor::Actor::new(
-            stream.clone(),
-            server.clone(),
-            write,
-            config,
-            leader,
-            replicator::LocalReplicator::new(settings.sync_always),
-            settings,
-        );
-        server.spawn(actor::run(a, rx, cmd_rx, cmd_tx, sourced_rx, sourced_tx));
+        match group {
+            None => {
+                let a = actor::Actor::new(
+                    stream.clone(),
+                    server.clone(),
+                    write,
+                    config,
+                    leader,
+                    replicator::LocalReplicator::new(settings.sync_always),
+                    settings,
+                );
+                server.spawn(actor::run(a, rx, cmd_rx, cmd_tx, sourced_rx, sourced_tx));
+            }
+            Some(spec) => {
+                use crate::jetstream::raft::stream as rs;
+                let raft_dir = dir.join("raft");
+                settings
+                    .meta
+                    .create_dir_all(&raft_dir)
+                    .map_err(|e| format!("cannot create {}: {e}", raft_dir.display()))?;
+                let shared = rs::Shared::new(
+                    crate::jetstream::raft::node_id(&server.server_name),
+                    write.follower(),
+                    &raft_dir,
+                    settings.meta.clone(),
+                );
+                let _ = shared.stream.set(Arc::downgrade(&stream));
+                let _ = stream.replica.set(shared.clone());
+                let a = actor::Actor::new(
+                    stream.clone(),
+                    server.clone(),
+                    write,
+                    config,
+                    leader,
+                    rs::RaftReplicator::new(shared.clone()),
+                    settings,
+                );
+                server.spawn(actor::run(a, rx, cmd_rx, cmd_tx, sourced_rx, sourced_tx));
+                server.spawn(rs::run_group(
+                    server.clone(),
+                    Arc::downgrade(&stream),
+                    shared,
+                    spec,
+                    bootstrap,
+                    raft_dir,
+                ));
+            }
+        }
         Ok(stream)
     }
 
@@ -234,6 +283,62 @@ impl Stream {
     /// The server's log (the stream's handle carries it).
     pub fn handle_log(&self) -> &crate::log::Log {
         self.handle.log()
+    }
+
+    /// A replicated stream's follower applied the leader's entries: its size and
+    /// committed watermark follow.
+    pub fn follow_applied(&self) {
+        let (bytes, last) = {
+            let s = self.read();
+            (s.state().bytes, s.last_seq())
+        };
+        self.set_bytes(bytes);
+        self.committed.send_if_modified(|v| {
+            let changed = *v != last;
+            *v = last;
+            changed
+        });
+    }
+
+    /// A replicated stream's follower applied a config entry: its meta file and live
+    /// config follow (so a new leader starts from it).
+    pub fn follow_config(&self, cfg: StreamConfig) {
+        let meta = StreamMeta {
+            config: cfg,
+            created: self.created,
+            cluster: self.group.clone(),
+            bootstrap: false,
+        };
+        let _ = write_meta(&self.meta, &self.dir, &meta);
+        self.set_config(Arc::new(meta.config));
+    }
+
+    /// Whether this server is where the stream decides: always for an unreplicated
+    /// stream, the ready leader for a replicated one.
+    pub fn leads(&self) -> bool {
+        self.replica.get().is_none_or(|r| !r.is_fenced())
+    }
+
+    /// The replicated stream's leader (server name), as this server knows it.
+    pub fn leader_name(&self) -> Option<String> {
+        let r = self.replica.get()?.raft.get()?.clone();
+        let m = r.metrics().borrow().clone();
+        let id = m.current_leader?;
+        let name = m
+            .membership_config
+            .nodes()
+            .find(|(n, _)| **n == id)
+            .map(|(_, p)| p.name.clone());
+        name
+    }
+
+    /// Stops subscribing to the subjects (a replicated stream's leader stepped down); the
+    /// actor keeps running as a follower's store keeper.
+    pub fn unsubscribe_subjects(&self) {
+        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        for s in subs.drain(..) {
+            self.account().sublist.remove(&s);
+        }
     }
 
     /// Whether the stream (and so its consumers) serves the whole cluster.
@@ -278,6 +383,9 @@ impl Stream {
     /// Deletes the stream's data and ends its actor. Unsubscribes it too, holding on to
     /// the actor's queue meanwhile (its ingest ending would otherwise let it end first).
     pub async fn destroy(&self) {
+        if let Some(r) = self.replica.get() {
+            r.stop_group().await;
+        }
         let tx = self.commands();
         self.stop_sourcing();
         self.unsubscribe();

@@ -47,6 +47,12 @@ impl WriteHandle {
         (WriteHandle(cell.clone(), syncing), ReadHandle(cell))
     }
 
+    /// A second writer for a replicated stream's state machine, which applies what the
+    /// leader decided (never the actor's own decisions: see `raft::stream`).
+    pub fn follower(&self) -> WriteHandle {
+        WriteHandle(self.0.clone(), self.1.clone())
+    }
+
     /// The store, locked for writing (keep it short: readers wait meanwhile).
     pub fn lock(&self) -> MutexGuard<'_, Box<dyn Store>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())

@@ -25,6 +25,12 @@ pub trait Replicator: Send + 'static {
         entry: &StreamEntry,
     ) -> Result<Applied, StoreError>;
 
+    /// Whether this server decides for the stream now (a replicated stream's followers
+    /// and a fenced leader do not: their actor only keeps its store).
+    fn is_leader(&self) -> bool {
+        true
+    }
+
     /// Waits until every entry proposed so far is committed. `force` makes it durable even
     /// where commits are lazy (purges, deletes, delete markers, the sync interval) and
     /// after a failed write (the sync rolls it back). An error means none of the entries

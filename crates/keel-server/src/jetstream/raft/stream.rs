@@ -1,0 +1,634 @@
+//! A replicated stream's Raft group: its log carries the leader's decided entries in
+//! batches, its state machine is the stream's store.
+//!
+//! **The leader applies early.** The leader's actor decides as it always has, against its
+//! store with the batch's earlier messages in it, so [`RaftReplicator::propose`] applies an
+//! entry at once and keeps it for the batch. `commit` appends the batch to the group's log
+//! and waits until a quorum has it on disk (each replica's log fsyncs before it confirms),
+//! then syncs the store with the batch's log position as its applied marker; only then are
+//! the PubAcks sent. Every replica's state machine applies committed batches to its store;
+//! an entry already there (a message at or below the store's last sequence: the leader's
+//! own, or one a restart replays) is skipped, and the other entries (removals, purges,
+//! expiry, config) have the same effect applied again.
+//!
+//! **A failed commit** (the leader lost its quorum or its role) rolls the leader's store
+//! back to its last sync, which is the last committed batch, and fences the replicator: no
+//! decision until this server is leader with every entry of its log applied (so a batch
+//! that does commit later, by a new leader, is in the store before anything is decided
+//! after it). The fence's lock orders the rollback against the state machine applying
+//! that same batch.
+//!
+//! **Leadership.** Only the leader subscribes to the stream's subjects (announced to the
+//! routes); a watcher follows the group's metrics, subscribes once the leader is ready and
+//! unsubscribes when it is not leader any more.
+
+#![allow(clippy::result_large_err)]
+
+use std::io::Cursor;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes};
+use keel_store::{Store, StoreError};
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageIOError,
+    StoredMembership,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{Cmd, CmdResult, NodeId, Peer, Raft, TypeConfig};
+use crate::jetstream::stream::apply::{apply, Applied};
+use crate::jetstream::stream::entry::{MsgEntry, Rollup, StreamEntry};
+use crate::jetstream::stream::read::WriteHandle;
+use crate::jetstream::stream::replicator::Replicator;
+use crate::jetstream::stream::Stream;
+
+/// How long a commit waits for a quorum before the leader gives the batch up.
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where a replicated stream's group lives (written in the stream's meta file).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct GroupSpec {
+    /// `S-R3F-xxxxxxxx`.
+    pub group: String,
+    /// Server names; the first made the group.
+    pub peers: Vec<String>,
+}
+
+/// One log entry: a batch the leader decided.
+pub struct Batch {
+    /// The leader that decided it, and that process's run (a random number per start), so
+    /// its state machine knows its own batches.
+    pub origin: NodeId,
+    pub epoch: u64,
+    pub nonce: u64,
+    pub entries: Vec<StreamEntry>,
+}
+
+const TAG_MSG: u8 = 0;
+const TAG_JSON: u8 = 1;
+
+/// Compact binary: messages as length-prefixed fields (the hot path), anything else as
+/// JSON. Decoding gives `Bytes` slices of the entry, no copies.
+pub fn encode(b: &Batch) -> Vec<u8> {
+    let size: usize = b
+        .entries
+        .iter()
+        .map(|e| match e {
+            StreamEntry::Msg(m) => 40 + m.subject.len() + m.hdr.len() + m.data.len(),
+            _ => 256,
+        })
+        .sum();
+    let mut out = Vec::with_capacity(28 + size);
+    out.put_u64(b.origin);
+    out.put_u64(b.epoch);
+    out.put_u64(b.nonce);
+    out.put_u32(b.entries.len() as u32);
+    for e in &b.entries {
+        match e {
+            StreamEntry::Msg(m) => {
+                out.put_u8(TAG_MSG);
+                out.put_u64(m.seq);
+                out.put_i64(m.ts);
+                let rollup = match m.rollup {
+                    None => 0,
+                    Some(Rollup::Sub) => 1,
+                    Some(Rollup::All) => 2,
+                };
+                out.put_u8(rollup | if m.no_max_age { 0x10 } else { 0 });
+                for f in [&m.subject, &m.hdr, &m.data] {
+                    out.put_u32(f.len() as u32);
+                    out.put_slice(f);
+                }
+            }
+            other => {
+                let j = serde_json::to_vec(other).unwrap_or_default();
+                out.put_u8(TAG_JSON);
+                out.put_u32(j.len() as u32);
+                out.put_slice(&j);
+            }
+        }
+    }
+    out
+}
+
+pub fn decode(mut b: Bytes) -> Result<Batch, String> {
+    fn need(b: &Bytes, n: usize) -> Result<(), String> {
+        if b.remaining() < n {
+            Err("stream batch cut short".into())
+        } else {
+            Ok(())
+        }
+    }
+    need(&b, 28)?;
+    let origin = b.get_u64();
+    let epoch = b.get_u64();
+    let nonce = b.get_u64();
+    let n = b.get_u32() as usize;
+    let mut entries = Vec::with_capacity(n.min(65_536));
+    for _ in 0..n {
+        need(&b, 1)?;
+        match b.get_u8() {
+            TAG_MSG => {
+                need(&b, 17)?;
+                let seq = b.get_u64();
+                let ts = b.get_i64();
+                let flags = b.get_u8();
+                let mut fields = [Bytes::new(), Bytes::new(), Bytes::new()];
+                for f in &mut fields {
+                    need(&b, 4)?;
+                    let len = b.get_u32() as usize;
+                    need(&b, len)?;
+                    *f = b.split_to(len);
+                }
+                let [subject, hdr, data] = fields;
+                entries.push(StreamEntry::Msg(MsgEntry {
+                    seq,
+                    ts,
+                    subject,
+                    hdr,
+                    data,
+                    rollup: match flags & 0x0f {
+                        1 => Some(Rollup::Sub),
+                        2 => Some(Rollup::All),
+                        _ => None,
+                    },
+                    no_max_age: flags & 0x10 != 0,
+                }));
+            }
+            TAG_JSON => {
+                need(&b, 4)?;
+                let len = b.get_u32() as usize;
+                need(&b, len)?;
+                let j = b.split_to(len);
+                entries.push(serde_json::from_slice(&j).map_err(|e| e.to_string())?);
+            }
+            t => return Err(format!("unknown stream entry tag {t}")),
+        }
+    }
+    Ok(Batch {
+        origin,
+        epoch,
+        nonce,
+        entries,
+    })
+}
+
+/// The applied marker in the store: the log id of the last batch it holds.
+fn marker(id: &LogId<NodeId>) -> [u8; 24] {
+    let mut m = [0u8; 24];
+    m[..8].copy_from_slice(&id.leader_id.term.to_be_bytes());
+    m[8..16].copy_from_slice(&id.leader_id.node_id.to_be_bytes());
+    m[16..].copy_from_slice(&id.index.to_be_bytes());
+    m
+}
+
+fn unmarker(m: &[u8]) -> Option<LogId<NodeId>> {
+    if m.len() != 24 {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| u64::from_be_bytes(m[r].try_into().expect("8 bytes"));
+    Some(LogId::new(
+        openraft::CommittedLeaderId::new(n(0..8), n(8..16)),
+        n(16..24),
+    ))
+}
+
+#[derive(Default)]
+struct Fence {
+    /// The newest of this run's own batches the state machine has seen.
+    applied_nonce: u64,
+    /// After a failed commit, or before this server is a ready leader: no decisions.
+    fenced: bool,
+}
+
+#[derive(Serialize, Deserialize, Default, Clone)]
+struct Memberships {
+    /// The last two membership entries applied (the newest at or below the store's marker
+    /// is the one to report at start; a newer one is still in the log).
+    list: Vec<StoredMembership<NodeId, Peer>>,
+}
+
+/// What the replicator, the state machine and the watcher share.
+pub struct Shared {
+    pub node: NodeId,
+    pub epoch: u64,
+    /// The state machine's write access (it never runs at the same time as the leader's
+    /// decisions for the same entries; see the module docs).
+    store: WriteHandle,
+    fence: Mutex<Fence>,
+    applied: Mutex<(Option<LogId<NodeId>>, Memberships)>,
+    memberships_file: std::path::PathBuf,
+    files: keel_store::MetaFiles,
+    pub stream: OnceLock<Weak<Stream>>,
+    pub raft: OnceLock<Raft>,
+    host: OnceLock<(Arc<super::RaftHost>, String)>,
+    /// When this server last became the group's leader (nanoseconds), for `leader_since`.
+    pub leader_since: std::sync::atomic::AtomicI64,
+    stop: tokio::sync::Notify,
+}
+
+impl Shared {
+    pub fn new(
+        node: NodeId,
+        store: WriteHandle,
+        dir: &std::path::Path,
+        files: keel_store::MetaFiles,
+    ) -> Arc<Shared> {
+        let applied = unmarker(&store.lock().applied());
+        let memberships_file = dir.join("memberships.json");
+        let memberships = match files.read(&memberships_file) {
+            keel_store::MetaRead::Current(b) | keel_store::MetaRead::Older { body: b, .. } => {
+                serde_json::from_slice(&b).unwrap_or_default()
+            }
+            _ => Memberships::default(),
+        };
+        Arc::new(Shared {
+            node,
+            epoch: rand::random(),
+            store,
+            fence: Mutex::new(Fence {
+                applied_nonce: 0,
+                fenced: true,
+            }),
+            applied: Mutex::new((applied, memberships)),
+            memberships_file,
+            files,
+            stream: OnceLock::new(),
+            raft: OnceLock::new(),
+            host: OnceLock::new(),
+            leader_since: std::sync::atomic::AtomicI64::new(0),
+            stop: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// The server's Raft host, once the group runs.
+    pub fn host(&self) -> Option<Arc<super::RaftHost>> {
+        self.host.get().map(|(h, _)| h.clone())
+    }
+
+    /// Ends the group (the stream is being deleted): no longer reachable, openraft's tasks
+    /// stopped, the watcher ended.
+    pub async fn stop_group(&self) {
+        self.set_fenced();
+        self.stop.notify_one();
+        if let Some((host, group)) = self.host.get() {
+            host.remove_group(group);
+        }
+        if let Some(r) = self.raft.get() {
+            let _ = r.shutdown().await;
+        }
+    }
+
+    fn fence(&self) -> std::sync::MutexGuard<'_, Fence> {
+        self.fence.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lets the leader decide again (it is leader, its log all applied).
+    pub fn unfence(&self) {
+        self.fence().fenced = false;
+    }
+
+    pub fn set_fenced(&self) {
+        self.fence().fenced = true;
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fence().fenced
+    }
+}
+
+/// The replicated stream's state machine.
+#[derive(Clone)]
+pub struct StreamMachine(pub Arc<Shared>);
+
+fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
+    StorageIOError::write_state_machine(&std::io::Error::other(e.to_string())).into()
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StreamMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        // Snapshots are off for stream groups (the log is kept whole).
+        Err(sm_err("stream snapshots are not built yet"))
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StreamMachine {
+    type SnapshotBuilder = StreamMachine;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, Peer>), StorageError<NodeId>> {
+        let g = self.0.applied.lock().unwrap_or_else(|e| e.into_inner());
+        let applied = g.0;
+        let membership =
+            g.1.list
+                .iter()
+                .rev()
+                .find(|m| m.log_id().as_ref() <= applied.as_ref())
+                .cloned()
+                .unwrap_or_default();
+        Ok((applied, membership))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CmdResult>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + openraft::OptionalSend,
+        I::IntoIter: openraft::OptionalSend,
+    {
+        let sh = &self.0;
+        let mut out = Vec::new();
+        let mut wrote = false;
+        let mut last = None;
+        for e in entries {
+            last = Some(e.log_id);
+            match e.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::Membership(m) => {
+                    let mut g = sh.applied.lock().unwrap_or_else(|e| e.into_inner());
+                    g.1.list.push(StoredMembership::new(Some(e.log_id), m));
+                    if g.1.list.len() > 2 {
+                        g.1.list.remove(0);
+                    }
+                    let body = serde_json::to_vec(&g.1).map_err(sm_err)?;
+                    sh.files
+                        .write(&sh.memberships_file, &body, true)
+                        .map_err(sm_err)?;
+                }
+                EntryPayload::Normal(cmd) => {
+                    // An entry this version cannot read is reported: the group stops
+                    // rather than skip it.
+                    let batch = decode(Bytes::from(cmd.0)).map_err(sm_err)?;
+                    let mut fence = sh.fence();
+                    if batch.origin == sh.node && batch.epoch == sh.epoch {
+                        fence.applied_nonce = fence.applied_nonce.max(batch.nonce);
+                    }
+                    let mut store = sh.store.lock();
+                    for entry in &batch.entries {
+                        if let StreamEntry::Msg(m) = entry {
+                            if m.seq <= store.last_seq() {
+                                continue;
+                            }
+                        }
+                        // Refusals (limits with discard new) are the same on every replica.
+                        if let Ok(Applied::Done) = apply(&mut **store, entry) {
+                            if let StreamEntry::Config(cfg) = entry {
+                                if let Some(s) = sh.stream.get().and_then(Weak::upgrade) {
+                                    s.follow_config((**cfg).clone());
+                                }
+                            }
+                        }
+                    }
+                    let _ = store.set_applied(&marker(&e.log_id));
+                    wrote = true;
+                    drop(store);
+                    drop(fence);
+                }
+            }
+            out.push(CmdResult::default());
+        }
+        if let Some(l) = last {
+            sh.applied.lock().unwrap_or_else(|e| e.into_inner()).0 = Some(l);
+        }
+        if wrote {
+            let leading = sh
+                .raft
+                .get()
+                .is_some_and(|r| r.metrics().borrow().current_leader == Some(sh.node));
+            if !leading {
+                // A follower's store: synced with its marker (the log has the entries
+                // already; this bounds what a restart applies again).
+                let _ = sh.store.sync();
+                if let Some(s) = sh.stream.get().and_then(Weak::upgrade) {
+                    s.follow_applied();
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> StreamMachine {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Err(sm_err("stream snapshots are not installed yet"))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _meta: &SnapshotMeta<NodeId, Peer>,
+        _snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        Err(sm_err("stream snapshots are not installed yet"))
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        Ok(None)
+    }
+}
+
+/// The leader's side: apply early, commit = a quorum has the batch on disk.
+pub struct RaftReplicator {
+    shared: Arc<Shared>,
+    batch: Vec<StreamEntry>,
+    nonce: u64,
+}
+
+impl RaftReplicator {
+    pub fn new(shared: Arc<Shared>) -> RaftReplicator {
+        RaftReplicator {
+            shared,
+            batch: Vec::new(),
+            nonce: 0,
+        }
+    }
+}
+
+fn unavailable() -> StoreError {
+    StoreError::Io("JetStream system temporarily unavailable".into())
+}
+
+impl Replicator for RaftReplicator {
+    fn propose(
+        &mut self,
+        store: &mut dyn Store,
+        entry: &StreamEntry,
+    ) -> Result<Applied, StoreError> {
+        if self.shared.is_fenced() {
+            return Err(StoreError::Unsupported("not the stream's leader"));
+        }
+        let r = apply(store, entry);
+        if r.is_ok() {
+            self.batch.push(entry.clone());
+        }
+        r
+    }
+
+    fn is_leader(&self) -> bool {
+        !self.shared.is_fenced()
+    }
+
+    fn commit<'a>(
+        &'a mut self,
+        store: &'a WriteHandle,
+        _force: bool,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a {
+        async move {
+            if self.batch.is_empty() {
+                return Ok(());
+            }
+            self.nonce += 1;
+            let nonce = self.nonce;
+            let body = encode(&Batch {
+                origin: self.shared.node,
+                epoch: self.shared.epoch,
+                nonce,
+                entries: std::mem::take(&mut self.batch),
+            });
+            let Some(raft) = self.shared.raft.get().cloned() else {
+                let _ = store.lock().discard_unsynced();
+                self.shared.set_fenced();
+                return Err(unavailable());
+            };
+            let r = tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(Cmd(body))).await;
+            match r {
+                Ok(Ok(_)) => store.sync(),
+                _ => {
+                    let fence = self.shared.fence();
+                    if fence.applied_nonce >= nonce {
+                        // Committed after all: the state machine saw it.
+                        drop(fence);
+                        return store.sync();
+                    }
+                    let mut fence = fence;
+                    let _ = store.lock().discard_unsynced();
+                    fence.fenced = true;
+                    drop(fence);
+                    Err(unavailable())
+                }
+            }
+        }
+    }
+}
+
+/// Starts a replicated stream's group on this server (once the cluster's Raft host is up:
+/// at start the stream is recovered before the meta group starts), forms it if this server
+/// made the stream, then follows leadership: the ready leader subscribes and decides, a
+/// server that stops leading unsubscribes and is fenced.
+pub async fn run_group(
+    server: Arc<crate::server::Server>,
+    stream: Weak<Stream>,
+    shared: Arc<Shared>,
+    spec: GroupSpec,
+    bootstrap: bool,
+    dir: std::path::PathBuf,
+) {
+    let mut shutdown = server.shutdown_rx();
+    let host = loop {
+        if let Some(m) = server.jetstream.get().and_then(|j| j.meta.get()) {
+            break m.host.clone();
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            _ = shutdown.changed() => return,
+        }
+    };
+    let (backend, problems) = match super::log::FileBackend::open(&dir.join("log")) {
+        Ok(b) => b,
+        Err(e) => {
+            crate::error!(
+                server.log,
+                "JetStream stream group {}: log: {e}",
+                spec.group
+            );
+            return;
+        }
+    };
+    for p in problems {
+        crate::warn!(server.log, "JetStream stream group {} log: {p}", spec.group);
+    }
+    let log = match super::log::LogStore::open(Box::new(backend), false) {
+        Ok(l) => l,
+        Err(e) => {
+            crate::error!(
+                server.log,
+                "JetStream stream group {}: log: {e}",
+                spec.group
+            );
+            return;
+        }
+    };
+    let raft = match Raft::new(
+        shared.node,
+        super::config(&spec.group),
+        host.network(&spec.group),
+        log,
+        StreamMachine(shared.clone()),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            crate::error!(server.log, "JetStream stream group {}: {e}", spec.group);
+            return;
+        }
+    };
+    let _ = shared.raft.set(raft.clone());
+    let _ = shared.host.set((host.clone(), spec.group.clone()));
+    host.add_group(&spec.group, raft.clone());
+    if bootstrap {
+        let members: std::collections::BTreeMap<NodeId, Peer> = spec
+            .peers
+            .iter()
+            .map(|n| (super::node_id(n), Peer { name: n.clone() }))
+            .collect();
+        let _ = raft.initialize(members).await;
+    }
+    let mut metrics = raft.metrics();
+    let mut ready = false;
+    loop {
+        let m = metrics.borrow_and_update().clone();
+        let leading = m.current_leader == Some(shared.node);
+        let caught_up = m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term)
+            && m.last_applied.map(|l| l.index) == m.last_log_index;
+        let Some(s) = stream.upgrade() else {
+            break;
+        };
+        if leading && !ready && (caught_up || !shared.is_fenced()) {
+            ready = true;
+            shared.leader_since.store(
+                crate::time::now_nanos(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            let _ = s
+                .ask(|reply| crate::jetstream::stream::Command::Lead { reply })
+                .await;
+            shared.unfence();
+            s.subscribe();
+            crate::info!(
+                server.log,
+                "JetStream cluster new stream leader for '{} > {}'",
+                s.account().name,
+                s.name
+            );
+        } else if ready && (!leading || shared.is_fenced()) {
+            ready = false;
+            shared.set_fenced();
+            s.unsubscribe_subjects();
+        }
+        drop(s);
+        tokio::select! {
+            r = metrics.changed() => if r.is_err() { break },
+            _ = shared.stop.notified() => break,
+            _ = shutdown.changed() => break,
+            // A fenced leader looks again (its failed batch may have committed since).
+            _ = tokio::time::sleep(Duration::from_millis(250)), if leading && !ready => {}
+        }
+    }
+}
