@@ -30,8 +30,8 @@ async fn mesh(names: &[&str]) -> Vec<Node> {
     nodes
 }
 
-/// The configs of a mesh (each server's), with store directories under `stores` if given.
-fn mesh_confs(names: &[&str], stores: Option<&std::path::Path>) -> Vec<String> {
+/// The configs of a mesh (each server's).
+fn mesh_confs(names: &[&str]) -> Vec<String> {
     let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
     let routes: Vec<String> = ports
         .iter()
@@ -41,11 +41,8 @@ fn mesh_confs(names: &[&str], stores: Option<&std::path::Path>) -> Vec<String> {
         .iter()
         .zip(&ports)
         .map(|(name, port)| {
-            let store = stores
-                .map(|d| format!(", store_dir: \"{}\"", d.join(name).display()))
-                .unwrap_or_default();
             format!(
-                "server_name: {name}\n{ACCOUNTS}\njetstream {{ max_mem_store: 64MB, max_file_store: 256MB{store} }}\n\
+                "server_name: {name}\n{ACCOUNTS}\njetstream {{ max_mem_store: 64MB, max_file_store: 256MB }}\n\
                  cluster {{\n  name: jsc\n  listen: \"127.0.0.1:{port}\"\n  routes: [{}]\n}}\n",
                 routes.join(", ")
             )
@@ -53,32 +50,17 @@ fn mesh_confs(names: &[&str], stores: Option<&std::path::Path>) -> Vec<String> {
         .collect()
 }
 
+/// A mesh whose stores are kept under `stores/<name>` (a server can start there again).
 async fn mesh_in(names: &[&str], stores: Option<&std::path::Path>) -> (Vec<Node>, Vec<String>) {
-    let confs = mesh_confs(names, stores);
+    let confs = mesh_confs(names);
     let mut nodes = Vec::new();
-    for c in &confs {
-        nodes.push(Node::start_jetstream(c).await);
+    for (c, name) in confs.iter().zip(names) {
+        nodes.push(match stores {
+            Some(d) => Node::start_jetstream_at(c, &d.join(name)).await,
+            None => Node::start_jetstream(c).await,
+        });
     }
     (nodes, confs)
-}
-
-#[allow(dead_code)]
-async fn old_mesh(names: &[&str]) -> Vec<Node> {
-    let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
-    let routes: Vec<String> = ports
-        .iter()
-        .map(|p| format!("\"nats://127.0.0.1:{p}\""))
-        .collect();
-    let mut nodes = Vec::new();
-    for (name, port) in names.iter().zip(&ports) {
-        let conf = format!(
-            "server_name: {name}\n{ACCOUNTS}\njetstream {{ max_mem_store: 64MB, max_file_store: 256MB }}\n\
-             cluster {{\n  name: jsc\n  listen: \"127.0.0.1:{port}\"\n  routes: [{}]\n}}\n",
-            routes.join(", ")
-        );
-        nodes.push(Node::start_jetstream(&conf).await);
-    }
-    nodes
 }
 
 async fn jsz(n: &Node) -> serde_json::Value {
@@ -367,7 +349,7 @@ async fn an_r3_stream_keeps_every_acked_message_when_its_leader_goes() {
     }
 
     // The old leader comes back and catches up from the log.
-    let back = Node::start_jetstream(&confs[li]).await;
+    let back = Node::start_jetstream_at(&confs[li], &stores.path().join(leader.as_str())).await;
     let bc = connect(&back, "app").await;
     let seq = publish_acked(&bc, "orders.new", "{\"id\":31}".to_string()).await;
     assert_eq!(seq, 32);

@@ -223,6 +223,11 @@ impl Server {
         Server::launch(Some(conf), true, &[])
     }
 
+    /// JetStream on a store directory the test owns plus a configuration file.
+    pub fn start_jetstream_with_config_at(conf: &str, store: &Path) -> Server {
+        Server::launch_at(Some(conf), true, Some(store), &[])
+    }
+
     /// JetStream on a store directory the test owns (`-js -sd <store>`).
     pub fn start_jetstream_at(store: &Path) -> Server {
         Server::launch_at(None, true, Some(store), &[])
@@ -1169,6 +1174,22 @@ impl Node {
             return Node::Process(Server::start_jetstream_with_config(&conf));
         }
         let opts = keel_server::harness::opts_from_config(&conf).expect("test config");
+        Node::InProcess(
+            keel_server::harness::start(opts)
+                .await
+                .expect("in-process server"),
+        )
+    }
+
+    /// Like [`start_jetstream`](Self::start_jetstream) with its store in `store` (kept
+    /// when the server stops, so it can start there again).
+    pub async fn start_jetstream_at(conf: &str, store: &Path) -> Node {
+        let conf = format!("http_port: -1\n{conf}");
+        if is_reference() {
+            return Node::Process(Server::start_jetstream_with_config_at(&conf, store));
+        }
+        let mut opts = keel_server::harness::opts_from_config(&conf).expect("test config");
+        opts.store_dir = Some(store.to_path_buf());
         Node::InProcess(
             keel_server::harness::start(opts)
                 .await

@@ -474,12 +474,8 @@ impl Replicator for RaftReplicator {
         !self.shared.is_fenced()
     }
 
-    fn commit<'a>(
-        &'a mut self,
-        store: &'a WriteHandle,
-        _force: bool,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a {
-        async move {
+    async fn commit(&mut self, store: &WriteHandle, _force: bool) -> Result<(), StoreError> {
+        {
             if self.batch.is_empty() {
                 return Ok(());
             }
