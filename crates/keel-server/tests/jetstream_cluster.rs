@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{free_port, http_get, Node};
+use common::{http_get, Node};
 
 /// The system account (for the meta stepdown) and an application account with JetStream.
 const ACCOUNTS: &str = "accounts {\n  SYS: { users: [{user: sys, password: pass}] }\n  \
@@ -30,35 +30,43 @@ async fn mesh(names: &[&str]) -> Vec<Node> {
     nodes
 }
 
-/// The configs of a mesh (each server's).
-fn mesh_confs(names: &[&str]) -> Vec<String> {
-    let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
-    let routes: Vec<String> = ports
-        .iter()
-        .map(|p| format!("\"nats://127.0.0.1:{p}\""))
-        .collect();
-    names
-        .iter()
-        .zip(&ports)
-        .map(|(name, port)| {
-            format!(
-                "server_name: {name}\n{ACCOUNTS}\njetstream {{ max_mem_store: 64MB, max_file_store: 256MB }}\n\
-                 cluster {{\n  name: jsc\n  listen: \"127.0.0.1:{port}\"\n  routes: [{}]\n}}\n",
-                routes.join(", ")
-            )
-        })
-        .collect()
+/// One server's config: `listen` for its route port, `routes` to dial.
+fn member_conf(name: &str, listen: &str, routes: &[String]) -> String {
+    let routes: Vec<String> = routes.iter().map(|r| format!("\"{r}\"")).collect();
+    format!(
+        "server_name: {name}\n{ACCOUNTS}\njetstream {{ max_mem_store: 64MB, max_file_store: 256MB }}\n\
+         cluster {{\n  name: jsc\n  listen: \"{listen}\"\n  routes: [{}]\n}}\n",
+        routes.join(", ")
+    )
 }
 
-/// A mesh whose stores are kept under `stores/<name>` (a server can start there again).
+/// A mesh started one server at a time, each dialing the ones before it (gossip completes
+/// the mesh; only the first one's port is chosen before it binds it). With `stores`, each keeps its
+/// store under `stores/<name>`; the returned configs restart a server where it was.
 async fn mesh_in(names: &[&str], stores: Option<&std::path::Path>) -> (Vec<Node>, Vec<String>) {
-    let confs = mesh_confs(names);
-    let mut nodes = Vec::new();
-    for (c, name) in confs.iter().zip(names) {
-        nodes.push(match stores {
-            Some(d) => Node::start_jetstream_at(c, &d.join(name)).await,
-            None => Node::start_jetstream(c).await,
-        });
+    let mut nodes: Vec<Node> = Vec::new();
+    let mut confs = Vec::new();
+    // The first lists itself: the reference wants configured routes on every server.
+    let first = common::free_port();
+    for name in names {
+        let mut routes: Vec<String> = nodes.iter().map(|n| n.route_url()).collect();
+        let listen = if nodes.is_empty() {
+            routes.push(format!("nats://127.0.0.1:{first}"));
+            format!("127.0.0.1:{first}")
+        } else {
+            "127.0.0.1:-1".to_string()
+        };
+        let conf = member_conf(name, &listen, &routes);
+        let node = match stores {
+            Some(d) => Node::start_jetstream_at(&conf, &d.join(name)).await,
+            None => Node::start_jetstream(&conf).await,
+        };
+        let port = node.route_url().rsplit(':').next().unwrap().to_string();
+        confs.push(member_conf(name, &format!("127.0.0.1:{port}"), &routes));
+        nodes.push(node);
+    }
+    for n in &nodes {
+        n.wait_remotes(names.len() as u64 - 1).await;
     }
     (nodes, confs)
 }

@@ -530,7 +530,8 @@ impl Server {
     pub fn monitor_port(&self) -> u16 {
         let deadline = Instant::now() + STEP;
         loop {
-            let log = self.log();
+            // The whole log: a busy server's startup lines are past the tail `log()` keeps.
+            let log = self.full_log();
             if let Some(line) = log.lines().find(|l| l.contains("Starting http monitor on")) {
                 return line
                     .rsplit(':')
