@@ -1539,7 +1539,11 @@ impl FileStore {
                     subj,
                     rlen,
                 } => {
-                    if seq < lo && seq >= marker && t.has_record(seq) && t.get(seq).is_none() {
+                    // Kept when its message is in another segment: an older one, or one
+                    // whose torn erase left its record past that segment's entries (then
+                    // the sequence falls in this segment's range with no entry here).
+                    let elsewhere = seq < lo || !t.has_entry(i, seq);
+                    if elsewhere && seq >= marker && t.has_record(seq) && t.get(seq).is_none() {
                         let body = rlen.to_le_bytes();
                         let data: &[u8] = if rlen == 0 { &[] } else { &body };
                         record::encode(&mut recs, Kind::Tomb, seq, ts, &subj, b"", data);
