@@ -1113,10 +1113,11 @@ impl FileStore {
         // A head a later sync rewrote may claim sequences handed out after it, too.
         if a.beyond || self.core.get_mut().last_seq != a.last_seq {
             let Some(k) = self.seg_by_id(a.seg) else {
-                return Err(StoreError::Io(format!(
-                    "applied record in segment {} not found after recovery",
-                    a.seg
-                )));
+                // Not expected (recovery keeps a segment with valid records); opening never
+                // fails because of file content, so the store stays as recovered.
+                self.applied = Some(a.marker.clone());
+                self.applied_done = Some(a.marker);
+                return Ok(());
             };
             // The cut segment's index file lists what goes.
             let _ = self.fs.remove(&self.path(&idx_name(a.seg)));
@@ -1538,7 +1539,11 @@ impl FileStore {
                     subj,
                     rlen,
                 } => {
-                    if seq < lo && seq >= marker && t.has_record(seq) && t.get(seq).is_none() {
+                    // Kept when its message is in another segment: an older one, or one
+                    // whose torn erase left its record past that segment's entries (then
+                    // the sequence falls in this segment's range with no entry here).
+                    let elsewhere = seq < lo || !t.has_entry(i, seq);
+                    if elsewhere && seq >= marker && t.has_record(seq) && t.get(seq).is_none() {
                         let body = rlen.to_le_bytes();
                         let data: &[u8] = if rlen == 0 { &[] } else { &body };
                         record::encode(&mut recs, Kind::Tomb, seq, ts, &subj, b"", data);
@@ -2466,8 +2471,9 @@ fn find_applied(fs: &dyn Fs, dir: &Path) -> io::Result<Option<AppliedAt>> {
         .filter_map(|n| parse_seg_name(n))
         .collect();
     ids.sort_unstable();
-    let mut files: BTreeMap<u32, Option<Vec<u8>>> = BTreeMap::new();
-    let mut read = |id: u32| -> io::Result<Option<Vec<u8>>> {
+    // Each segment read once (shared, not copied: segments are megabytes).
+    let mut files: BTreeMap<u32, Option<Arc<Vec<u8>>>> = BTreeMap::new();
+    let mut read = |id: u32| -> io::Result<Option<Arc<Vec<u8>>>> {
         if let Some(d) = files.get(&id) {
             return Ok(d.clone());
         }
@@ -2475,7 +2481,7 @@ fn find_applied(fs: &dyn Fs, dir: &Path) -> io::Result<Option<AppliedAt>> {
             Ok(f) => {
                 let mut b = vec![0; f.len()? as usize];
                 f.read_at(&mut b, 0)?;
-                Some(b)
+                Some(Arc::new(b))
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(e),

@@ -830,6 +830,11 @@ impl FileTable {
     }
 
     /// The entry for `seq`, if segment `si` has one.
+    /// Segment `si` has (or had: removed ones stay, marked dead) an entry for `seq`.
+    pub fn has_entry(&self, si: usize, seq: u64) -> bool {
+        self.entry(si, seq).is_some()
+    }
+
     fn entry(&self, si: usize, seq: u64) -> Option<Entry> {
         let ix = &self.segs[si].ix;
         if !ix.in_range(seq) {

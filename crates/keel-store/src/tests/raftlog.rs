@@ -322,6 +322,27 @@ fn appends_continue_during_a_sync() {
 }
 
 #[test]
+fn purge_during_a_sync() {
+    let sim = SimFs::new(8);
+    let dir = Path::new("/g");
+    let (mut log, _) = open(&sim, dir, 4096);
+    append_n(&mut log, 1, 60, 100);
+    let mut job = log.begin_sync().unwrap().unwrap();
+    // Everything goes, the segments the job holds included.
+    log.purge_upto(60).unwrap();
+    assert!(segs(&sim).is_empty());
+    job.run();
+    log.finish_sync(job).unwrap();
+    log.append(&[(61, b"after")]).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    sim.crash(0);
+    let (log, p) = open(&sim, dir, 4096);
+    assert!(p.is_empty(), "{p:?}");
+    assert_eq!((log.first_index(), log.last_index()), (61, 61));
+}
+
+#[test]
 fn log_and_job_move_between_threads() {
     fn send<T: Send + 'static>() {}
     send::<RaftLog>();
