@@ -370,3 +370,111 @@ async fn an_r3_stream_keeps_every_acked_message_when_its_leader_goes() {
         n.shutdown().await;
     }
 }
+
+/// The seed's walkthrough on a 3-server cluster with an R3 stream: a worker acks 1 and 2
+/// (confirmed acks), the server leading the stream and its consumer goes, and a worker on
+/// another server gets only 3; the consumer's numbers are the same from every server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walkthrough_on_an_r3_stream_survives_the_consumers_server() {
+    use async_nats::jetstream::{
+        self, consumer::pull, consumer::AckPolicy, consumer::DeliverPolicy,
+    };
+    use futures::StreamExt;
+    let names = ["W1", "W2", "W3"];
+    let mut nodes = mesh(&names).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let created = api(
+        &connect(&nodes[0], "app").await,
+        "$JS.API.STREAM.CREATE.ORDERS",
+        r#"{"name":"ORDERS","subjects":["orders.>"],"retention":"limits","max_age":86400000000000,"storage":"file","num_replicas":3}"#,
+    )
+    .await;
+    assert!(created.get("error").is_none(), "{created}");
+    let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    // Everything else from servers that are not the leader.
+    let other = (li + 1) % 3;
+    let js = jetstream::new(connect(&nodes[other], "app").await);
+    let stream = js
+        .get_stream("ORDERS")
+        .await
+        .expect("stream from a follower");
+    stream
+        .create_consumer(pull::Config {
+            durable_name: Some("order-worker".into()),
+            ack_policy: AckPolicy::Explicit,
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .expect("consumer created through a follower");
+    for i in 1..=3 {
+        let ack = js
+            .publish("orders.new", format!("{{\"id\":{i}}}").into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(ack.sequence, i);
+    }
+    {
+        let consumer: jetstream::consumer::PullConsumer =
+            stream.get_consumer("order-worker").await.unwrap();
+        let mut batch = consumer.fetch().max_messages(2).messages().await.unwrap();
+        for i in 1..=2 {
+            let m = common::within("fetch", batch.next())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(m.payload, format!("{{\"id\":{i}}}"));
+            m.double_ack().await.expect("ack confirmed");
+        }
+    }
+    // The server leading the stream (and running its consumer) goes.
+    nodes.remove(li).shutdown().await;
+    let survivor = if other > li { other - 1 } else { other };
+    let worker_node = (survivor + 1) % 2;
+    let js2 = jetstream::new(connect(&nodes[worker_node], "app").await);
+    // The new leader starts the consumer from the replicated state: only 3 is left.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let m = loop {
+        let r = async {
+            let stream = js2.get_stream("ORDERS").await.ok()?;
+            let consumer: jetstream::consumer::PullConsumer =
+                stream.get_consumer("order-worker").await.ok()?;
+            let mut batch = consumer
+                .fetch()
+                .max_messages(1)
+                .expires(Duration::from_secs(2))
+                .messages()
+                .await
+                .ok()?;
+            batch.next().await?.ok()
+        }
+        .await;
+        if let Some(m) = r {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "no consumer after the failover");
+    };
+    assert_eq!(m.payload, "{\"id\":3}");
+    assert_eq!(m.info().unwrap().stream_sequence, 3);
+    m.double_ack().await.unwrap();
+    for n in &nodes {
+        let c = connect(n, "app").await;
+        let info = api(&c, "$JS.API.CONSUMER.INFO.ORDERS.order-worker", "").await;
+        assert_eq!(info["ack_floor"]["stream_seq"], 3, "{info}");
+        assert_eq!(info["num_pending"], 0, "{info}");
+        assert_eq!(info["num_ack_pending"], 0, "{info}");
+    }
+    let deleted = api(
+        &connect(&nodes[0], "app").await,
+        "$JS.API.STREAM.DELETE.ORDERS",
+        "",
+    )
+    .await;
+    assert_eq!(deleted["success"], true, "{deleted}");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}

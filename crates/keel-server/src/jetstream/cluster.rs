@@ -264,6 +264,9 @@ const QUORUM_LOST: u64 = 3000;
 /// The group's leader, unless this server is a leader that has lost its quorum.
 fn leader_id(m: &openraft::RaftMetrics<NodeId, Peer>) -> Option<NodeId> {
     let id = m.current_leader?;
+    if id == m.id && m.state != openraft::ServerState::Leader {
+        return None; // A saved vote, not an election won.
+    }
     if id == m.id && m.membership_config.voter_ids().count() > 1 {
         match m.millis_since_quorum_ack {
             Some(ms) if ms <= QUORUM_LOST => {}
@@ -848,4 +851,46 @@ pub async fn follow(
             }
         }
     }
+}
+
+/// After a consumer create or delete on a replicated stream's leader: the change goes
+/// through the stream's group (its config file, or its removal) and is confirmed once a
+/// quorum has it. Ephemeral consumers live on the leader only, as with the reference.
+pub async fn replicate_consumer_change(
+    js: &super::JetStream,
+    stream: &str,
+    kind: &str,
+    tokens: &[&str],
+    response: &[u8],
+) -> Result<(), super::api::ApiError> {
+    use super::raft::stream::ConsumerEntry;
+    let Some(s) = js.stream(stream) else {
+        return Ok(());
+    };
+    if s.group.is_none() {
+        return Ok(());
+    }
+    let entry = if kind == "consumer_create" {
+        let v: Value = serde_json::from_slice(response).unwrap_or(Value::Null);
+        let Some(name) = v["name"].as_str() else {
+            return Ok(());
+        };
+        let dir = s.dir.join("consumers").join(name);
+        let meta = match js.meta.read(&dir.join("meta.json")) {
+            keel_store::MetaRead::Current(b) => b,
+            _ => return Ok(()), // Not durable: nothing on disk to replicate.
+        };
+        ConsumerEntry::Create {
+            name: name.to_string(),
+            meta,
+        }
+    } else {
+        let Some(name) = tokens.last() else {
+            return Ok(());
+        };
+        ConsumerEntry::Delete {
+            name: name.to_string(),
+        }
+    };
+    s.replicate(entry, true).await
 }

@@ -1065,6 +1065,14 @@ impl Consumer {
         }
     }
 
+    /// The saved state to replicate: a durable consumer of a replicated stream.
+    fn replicated_state(&self, st: &State) -> Option<Vec<u8>> {
+        if self.stream.group.is_none() || self.dir.is_none() || st.deleted {
+            return None;
+        }
+        serde_json::to_vec(&SavedState::of(&st.rep)).ok()
+    }
+
     /// Writes and syncs the state now (clean shutdown).
     pub fn flush_state(&self) {
         let mut st = self.lock();
@@ -1543,6 +1551,7 @@ async fn run(
         }
         timers(&c, &server, &mut router);
         deliver(&c, &server, &mut router);
+        let mut replicate = None;
         {
             let mut st = c.lock();
             if !sync_replies.is_empty() {
@@ -1551,10 +1560,24 @@ async fn run(
                 if !c.save(&mut st, true) {
                     sync_replies.clear();
                 }
+                replicate = c.replicated_state(&st);
             } else if st.dirty && st.last_save.elapsed() >= SAVE_INTERVAL {
                 // Other changes are written at most every SAVE_INTERVAL (without fsync: they
                 // survive a process kill), so a busy consumer does not rewrite its file per ack.
                 c.save(&mut st, false);
+                replicate = c.replicated_state(&st);
+            }
+        }
+        if let Some(state) = replicate {
+            // A replicated stream's followers get the same state through its group; a
+            // confirmed ack is on a quorum's disks first.
+            let entry = super::raft::stream::ConsumerEntry::State {
+                name: c.name.clone(),
+                state,
+            };
+            let wait = !sync_replies.is_empty();
+            if c.stream.replicate(entry, wait).await.is_err() {
+                sync_replies.clear();
             }
         }
         for reply in sync_replies {

@@ -399,7 +399,10 @@ pub fn recover(js: &JetStream, server: &Arc<Server>) -> Result<(), String> {
                     st.last_seq
                 );
                 js.registry.insert_stream(&js.account.name, s.clone());
-                recover_consumers(js, server, &s);
+                // A replicated stream's consumers run where it leads, from then on.
+                if s.group.is_none() {
+                    recover_consumers(js, server, &s);
+                }
                 s.start_sources();
             }
             Err(e) => crate::error!(server.log, "Could not restore stream {name}: {e}"),
@@ -408,8 +411,25 @@ pub fn recover(js: &JetStream, server: &Arc<Server>) -> Result<(), String> {
     Ok(())
 }
 
-/// Restarts the durable consumers saved under a recovered stream's directory.
-fn recover_consumers(js: &JetStream, server: &Arc<Server>, stream: &Arc<Stream>) {
+/// Stops a replicated stream's consumers here (this server no longer leads it), keeping
+/// their files: the group's state machine keeps them current from the new leader.
+pub async fn stop_consumers(js: &JetStream, server: &Server, stream: &Stream) {
+    let mut router = Router::new(js.account.clone(), 0x5343);
+    for c in js.registry.consumers(&js.account.name, &stream.name) {
+        if let Some(r) = js
+            .registry
+            .remove_consumer(&js.account.name, &stream.name, &c.name, None)
+        {
+            r.consumer.stop(server, &mut router);
+            r.join().await;
+        }
+    }
+    router.flush();
+}
+
+/// Restarts the durable consumers saved under a recovered stream's directory (and a
+/// replicated stream's, where it now leads).
+pub fn recover_consumers(js: &JetStream, server: &Arc<Server>, stream: &Arc<Stream>) {
     let dir = stream.dir.join("consumers");
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return;

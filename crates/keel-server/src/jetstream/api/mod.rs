@@ -347,6 +347,24 @@ async fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut 
         // Unknown API subjects get no reply at all, as with the reference.
         _ => return,
     };
+    // A replicated stream's durable consumer exists on its followers (in the stream's
+    // group) before its create or delete is confirmed.
+    let result = match (kind, result) {
+        ("consumer_create" | "consumer_delete", Ok(b)) => {
+            let stream = tokens
+                .get(if tokens.get(1) == Some(&"DURABLE") {
+                    3
+                } else {
+                    2
+                })
+                .copied()
+                .unwrap_or_default();
+            super::cluster::replicate_consumer_change(js, stream, kind, &tokens, &b)
+                .await
+                .map(|_| b)
+        }
+        (_, r) => r,
+    };
     js.api_total.fetch_add(1, Ordering::Relaxed);
     let body = result.unwrap_or_else(|e| {
         js.api_errors.fetch_add(1, Ordering::Relaxed);

@@ -56,6 +56,17 @@ pub struct GroupSpec {
     pub peers: Vec<String>,
 }
 
+/// A change to one of the stream's durable consumers, carried in the stream's group (so
+/// a thousand consumers cost no group of their own): its config file at create, its saved
+/// state (the replicated part, as the consumer writes it to `state.json`), its removal.
+/// Applying one again has the same effect (the last state written wins).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum ConsumerEntry {
+    Create { name: String, meta: Vec<u8> },
+    State { name: String, state: Vec<u8> },
+    Delete { name: String },
+}
+
 /// One log entry: a batch the leader decided.
 pub struct Batch {
     /// The leader that decided it, and that process's run (a random number per start), so
@@ -64,10 +75,12 @@ pub struct Batch {
     pub epoch: u64,
     pub nonce: u64,
     pub entries: Vec<StreamEntry>,
+    pub consumers: Vec<ConsumerEntry>,
 }
 
 const TAG_MSG: u8 = 0;
 const TAG_JSON: u8 = 1;
+const TAG_CONSUMER: u8 = 2;
 
 /// Compact binary: messages as length-prefixed fields (the hot path), anything else as
 /// JSON. Decoding gives `Bytes` slices of the entry, no copies.
@@ -84,7 +97,13 @@ pub fn encode(b: &Batch) -> Vec<u8> {
     out.put_u64(b.origin);
     out.put_u64(b.epoch);
     out.put_u64(b.nonce);
-    out.put_u32(b.entries.len() as u32);
+    out.put_u32((b.entries.len() + b.consumers.len()) as u32);
+    for c in &b.consumers {
+        let j = serde_json::to_vec(c).unwrap_or_default();
+        out.put_u8(TAG_CONSUMER);
+        out.put_u32(j.len() as u32);
+        out.put_slice(&j);
+    }
     for e in &b.entries {
         match e {
             StreamEntry::Msg(m) => {
@@ -127,6 +146,7 @@ pub fn decode(mut b: Bytes) -> Result<Batch, String> {
     let nonce = b.get_u64();
     let n = b.get_u32() as usize;
     let mut entries = Vec::with_capacity(n.min(65_536));
+    let mut consumers = Vec::new();
     for _ in 0..n {
         need(&b, 1)?;
         match b.get_u8() {
@@ -164,6 +184,13 @@ pub fn decode(mut b: Bytes) -> Result<Batch, String> {
                 let j = b.split_to(len);
                 entries.push(serde_json::from_slice(&j).map_err(|e| e.to_string())?);
             }
+            TAG_CONSUMER => {
+                need(&b, 4)?;
+                let len = b.get_u32() as usize;
+                need(&b, len)?;
+                let j = b.split_to(len);
+                consumers.push(serde_json::from_slice(&j).map_err(|e| e.to_string())?);
+            }
             t => return Err(format!("unknown stream entry tag {t}")),
         }
     }
@@ -172,6 +199,7 @@ pub fn decode(mut b: Bytes) -> Result<Batch, String> {
         epoch,
         nonce,
         entries,
+        consumers,
     })
 }
 
@@ -384,6 +412,15 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
                     wrote = true;
                     drop(store);
                     drop(fence);
+                    // A leader's own consumers write their own files.
+                    let own = batch.origin == sh.node && batch.epoch == sh.epoch;
+                    if !own && !batch.consumers.is_empty() {
+                        if let Some(s) = sh.stream.get().and_then(Weak::upgrade) {
+                            for c in &batch.consumers {
+                                follow_consumer(&sh.files, &s.dir, c);
+                            }
+                        }
+                    }
                 }
             }
             out.push(CmdResult::default());
@@ -392,10 +429,10 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
             sh.applied.lock().unwrap_or_else(|e| e.into_inner()).0 = Some(l);
         }
         if wrote {
-            let leading = sh
-                .raft
-                .get()
-                .is_some_and(|r| r.metrics().borrow().current_leader == Some(sh.node));
+            let leading = sh.raft.get().is_some_and(|r| {
+                let m = r.metrics().borrow().clone();
+                m.state == openraft::ServerState::Leader && m.current_leader == Some(sh.node)
+            });
             if !leading {
                 // A follower's store: synced with its marker (the log has the entries
                 // already; this bounds what a restart applies again).
@@ -433,10 +470,35 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
     }
 }
 
+/// A follower keeps its copy of a consumer's files, from which it starts the consumer
+/// when it becomes the stream's leader.
+fn follow_consumer(files: &keel_store::MetaFiles, stream_dir: &std::path::Path, c: &ConsumerEntry) {
+    let dir = |name: &str| stream_dir.join("consumers").join(name);
+    match c {
+        ConsumerEntry::Create { name, meta } => {
+            let d = dir(name);
+            if files.create_dir_all(&d).is_ok() {
+                let _ = files.write(&d.join("meta.json"), meta, true);
+            }
+        }
+        ConsumerEntry::State { name, state } => {
+            let d = dir(name);
+            if d.join("meta.json").exists() {
+                // Not fsynced: the group's log holds it, and a restart applies it again.
+                let _ = files.write(&d.join("state.json"), state, false);
+            }
+        }
+        ConsumerEntry::Delete { name } => {
+            let _ = files.remove_dir_all(&dir(name));
+        }
+    }
+}
+
 /// The leader's side: apply early, commit = a quorum has the batch on disk.
 pub struct RaftReplicator {
     shared: Arc<Shared>,
     batch: Vec<StreamEntry>,
+    consumers: Vec<ConsumerEntry>,
     nonce: u64,
 }
 
@@ -445,6 +507,7 @@ impl RaftReplicator {
         RaftReplicator {
             shared,
             batch: Vec::new(),
+            consumers: Vec::new(),
             nonce: 0,
         }
     }
@@ -474,9 +537,17 @@ impl Replicator for RaftReplicator {
         !self.shared.is_fenced()
     }
 
+    fn propose_consumer(&mut self, entry: ConsumerEntry) -> bool {
+        if self.shared.is_fenced() {
+            return false;
+        }
+        self.consumers.push(entry);
+        true
+    }
+
     async fn commit(&mut self, store: &WriteHandle, _force: bool) -> Result<(), StoreError> {
         {
-            if self.batch.is_empty() {
+            if self.batch.is_empty() && self.consumers.is_empty() {
                 return Ok(());
             }
             self.nonce += 1;
@@ -486,6 +557,7 @@ impl Replicator for RaftReplicator {
                 epoch: self.shared.epoch,
                 nonce,
                 entries: std::mem::take(&mut self.batch),
+                consumers: std::mem::take(&mut self.consumers),
             });
             let Some(raft) = self.shared.raft.get().cloned() else {
                 let _ = store.lock().discard_unsynced();
@@ -590,7 +662,10 @@ pub async fn run_group(
     let mut ready = false;
     loop {
         let m = metrics.borrow_and_update().clone();
-        let leading = m.current_leader == Some(shared.node);
+        // The role, not just the leader id: a restarted server's saved vote can name it
+        // leader before any election has made it one.
+        let leading =
+            m.state == openraft::ServerState::Leader && m.current_leader == Some(shared.node);
         let caught_up = m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term)
             && m.last_applied.map(|l| l.index) == m.last_log_index;
         let Some(s) = stream.upgrade() else {
@@ -607,6 +682,15 @@ pub async fn run_group(
                 .await;
             shared.unfence();
             s.subscribe();
+            if let Some(js) = server
+                .jetstream
+                .get()
+                .and_then(|j| j.account(&s.account().name).cloned())
+            {
+                if js.registry.consumers(&js.account.name, &s.name).is_empty() {
+                    crate::jetstream::registry::recover_consumers(&js, &server, &s);
+                }
+            }
             crate::info!(
                 server.log,
                 "JetStream cluster new stream leader for '{} > {}'",
@@ -617,6 +701,13 @@ pub async fn run_group(
             ready = false;
             shared.set_fenced();
             s.unsubscribe_subjects();
+            if let Some(js) = server
+                .jetstream
+                .get()
+                .and_then(|j| j.account(&s.account().name).cloned())
+            {
+                crate::jetstream::registry::stop_consumers(&js, &server, &s).await;
+            }
         }
         drop(s);
         tokio::select! {

@@ -83,6 +83,12 @@ pub enum Command {
     /// applied goes live here, and the leader's memory (dedup window, TTLs) is rebuilt
     /// from the store before anything is decided.
     Lead { reply: oneshot::Sender<()> },
+    /// A durable consumer's change for a replicated stream's group; the reply (if asked
+    /// for) once a quorum has it.
+    Replicate {
+        entry: crate::jetstream::raft::stream::ConsumerEntry,
+        reply: Option<oneshot::Sender<Result<(), ApiError>>>,
+    },
 }
 
 /// The actor: its store (the write handle) and everything else (the [`Core`]), apart so
@@ -659,6 +665,21 @@ impl<R: Replicator> Actor<R> {
             let _ = reply.send(());
             return;
         }
+        if let Command::Replicate { entry, reply } = c {
+            let r = if self.core.replicator.propose_consumer(entry) {
+                self.core
+                    .replicator
+                    .commit(&self.store, true)
+                    .await
+                    .map_err(|_| ErrorKind::ClusterUnavailable.err())
+            } else {
+                Err(ErrorKind::ClusterUnavailable.err())
+            };
+            if let Some(reply) = reply {
+                let _ = reply.send(r);
+            }
+            return;
+        }
         if !self.core.replicator.is_leader() {
             // A follower's actor decides nothing: the leader's entries reach its store
             // through the group's state machine.
@@ -725,7 +746,9 @@ impl<R: Replicator> Actor<R> {
             Command::ReleaseInterest => self.release_interest(),
             Command::Tick => self.tick().await,
             Command::Compacted { segment, done } => self.compacted(segment, *done),
-            Command::Delete { .. } | Command::Lead { .. } => unreachable!("handled before"),
+            Command::Delete { .. } | Command::Lead { .. } | Command::Replicate { .. } => {
+                unreachable!("handled before")
+            }
         }
         self.core.router.flush();
     }

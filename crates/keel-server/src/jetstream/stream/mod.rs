@@ -332,6 +332,32 @@ impl Stream {
         name
     }
 
+    /// Replicates a durable consumer's change through the stream's group (nothing for an
+    /// unreplicated stream); with `wait`, resolves once a quorum has it.
+    pub async fn replicate(
+        &self,
+        entry: crate::jetstream::raft::stream::ConsumerEntry,
+        wait: bool,
+    ) -> Result<(), crate::jetstream::api::ApiError> {
+        use crate::jetstream::api::ErrorKind;
+        if self.group.is_none() {
+            return Ok(());
+        }
+        let Some(tx) = self.commands() else {
+            return Err(ErrorKind::ClusterUnavailable.err());
+        };
+        if !wait {
+            let _ = tx.try_send(Command::Replicate { entry, reply: None });
+            return Ok(());
+        }
+        ask(&tx, |reply| Command::Replicate {
+            entry,
+            reply: Some(reply),
+        })
+        .await
+        .unwrap_or_else(|| Err(ErrorKind::ClusterUnavailable.err()))
+    }
+
     /// Stops subscribing to the subjects (a replicated stream's leader stepped down); the
     /// actor keeps running as a follower's store keeper.
     pub fn unsubscribe_subjects(&self) {

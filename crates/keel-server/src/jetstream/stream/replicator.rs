@@ -31,6 +31,13 @@ pub trait Replicator: Send + 'static {
         true
     }
 
+    /// Hands on a change to a durable consumer (a replicated stream carries them in its
+    /// group); false where there is nothing to replicate to (one server: the consumer's
+    /// own files are the record) or this server does not lead.
+    fn propose_consumer(&mut self, _entry: crate::jetstream::raft::stream::ConsumerEntry) -> bool {
+        false
+    }
+
     /// Waits until every entry proposed so far is committed. `force` makes it durable even
     /// where commits are lazy (purges, deletes, delete markers, the sync interval) and
     /// after a failed write (the sync rolls it back). An error means none of the entries
