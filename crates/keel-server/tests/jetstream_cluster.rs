@@ -478,3 +478,78 @@ async fn walkthrough_on_an_r3_stream_survives_the_consumers_server() {
         n.shutdown().await;
     }
 }
+
+/// Waits until STREAM.INFO names a leader other than `not`, and returns it.
+async fn stream_leader(c: &async_nats::Client, stream: &str, not: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = api(c, &format!("$JS.API.STREAM.INFO.{stream}"), "").await;
+        if let Some(l) = info["cluster"]["leader"].as_str() {
+            if !l.is_empty() && l != not {
+                return l.to_string();
+            }
+        }
+        assert!(Instant::now() < deadline, "leader still {not}: {info}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_and_consumer_leaders_step_down_on_request() {
+    let nodes = mesh(&["D1", "D2", "D3"]).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[1], "app").await;
+    let created = api(
+        &c,
+        "$JS.API.STREAM.CREATE.S3",
+        r#"{"name":"S3","subjects":["s3.>"],"num_replicas":3}"#,
+    )
+    .await;
+    assert!(created.get("error").is_none(), "{created}");
+    let first = stream_leader(&c, "S3", "").await;
+    let r = api(&c, "$JS.API.STREAM.LEADER.STEPDOWN.S3", "").await;
+    assert_eq!(
+        r["type"], "io.nats.jetstream.api.v1.stream_leader_stepdown_response",
+        "{r}"
+    );
+    assert_eq!(r["success"], true, "{r}");
+    let second = stream_leader(&c, "S3", &first).await;
+    // Publishing goes on with the new leader.
+    let ack = common::within("pub ack", c.request("s3.x", "x".into()))
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&ack.payload).unwrap();
+    assert_eq!(v["seq"], 1, "{v}");
+    // A consumer's stepdown.
+    let cc = api(
+        &c,
+        "$JS.API.CONSUMER.DURABLE.CREATE.S3.dur",
+        r#"{"stream_name":"S3","config":{"durable_name":"dur","ack_policy":"explicit"}}"#,
+    )
+    .await;
+    assert!(cc.get("error").is_none(), "{cc}");
+    let r = api(&c, "$JS.API.CONSUMER.LEADER.STEPDOWN.S3.dur", "").await;
+    assert_eq!(
+        r["type"], "io.nats.jetstream.api.v1.consumer_leader_stepdown_response",
+        "{r}"
+    );
+    assert_eq!(r["success"], true, "{r}");
+    let missing = api(&c, "$JS.API.CONSUMER.LEADER.STEPDOWN.S3.nope", "").await;
+    assert_eq!(missing["error"]["err_code"], 10014, "{missing}");
+    let _ = second;
+    // An R1 stream has nothing to hand over: success.
+    let r1 = api(
+        &c,
+        "$JS.API.STREAM.CREATE.S1",
+        r#"{"name":"S1","subjects":["s1.>"],"num_replicas":1}"#,
+    )
+    .await;
+    assert!(r1.get("error").is_none(), "{r1}");
+    let r = api(&c, "$JS.API.STREAM.LEADER.STEPDOWN.S1", "").await;
+    assert_eq!(r["success"], true, "{r}");
+    let none = api(&c, "$JS.API.STREAM.LEADER.STEPDOWN.NOPE", "").await;
+    assert_eq!(none["error"]["err_code"], 10059, "{none}");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}

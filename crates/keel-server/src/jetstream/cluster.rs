@@ -219,37 +219,12 @@ impl Meta {
             .1
     }
 
-    /// Makes another voter leader: this one stops sending heartbeats for longer than an
-    /// election timeout (openraft 0.9 has no leader transfer), and a follower takes over.
+    /// Makes another voter leader (see `raft::step_down`).
     pub async fn step_down(&self) -> Result<(), String> {
         if !self.is_leader() {
             return Err("not leader".into());
         }
-        let voters = self
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .voter_ids()
-            .count();
-        if voters < 2 {
-            return Err("no replacement peer connected".into());
-        }
-        let rc = self.raft.runtime_config();
-        rc.heartbeat(false);
-        rc.elect(false);
-        let me = self.host.id;
-        let r = self
-            .raft
-            .wait(Some(Duration::from_secs(10)))
-            .metrics(
-                |m| m.current_leader.is_some_and(|l| l != me),
-                "another leader",
-            )
-            .await;
-        rc.heartbeat(true);
-        rc.elect(true);
-        r.map(|_| ()).map_err(|e| e.to_string())
+        raft::step_down(&self.raft, self.host.id).await
     }
 
     pub async fn shutdown(&self) {
@@ -410,6 +385,8 @@ fn hops(m: &crate::client::InMsg) -> u8 {
 fn stream_of<'a>(tokens: &[&'a str]) -> Option<&'a str> {
     match tokens {
         ["STREAM", "INFO" | "PURGE" | "UPDATE" | "CREATE", name] => Some(name),
+        ["STREAM", "LEADER", "STEPDOWN", name] => Some(name),
+        ["CONSUMER", "LEADER", "STEPDOWN", stream, _] => Some(stream),
         ["STREAM", "MSG", "GET" | "DELETE", name] => Some(name),
         ["DIRECT", "GET", name, ..] => Some(name),
         ["CONSUMER", "DURABLE", "CREATE", stream, ..] => Some(stream),
@@ -469,6 +446,12 @@ pub async fn api(
         _ => false,
     };
     if meta_level {
+        // Just after start (or an election) there may be no leader for a moment: wait a
+        // little rather than refuse at once (clients wait seconds for an answer).
+        let deadline = Instant::now() + Duration::from_secs(4);
+        while meta.leader().is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         if meta.is_leader() {
             return meta_api(js, server, router, &meta, m, tokens, &reply).await;
         }
@@ -524,6 +507,7 @@ fn unavailable(
             "INFO" => "stream_info",
             "UPDATE" => "stream_update",
             "PURGE" => "stream_purge",
+            "LEADER" => "stream_leader_stepdown",
             _ => "stream_msg_get",
         },
         _ => "consumer_info",
@@ -893,4 +877,58 @@ pub async fn replicate_consumer_change(
         }
     };
     s.replicate(entry, true).await
+}
+
+/// `$JS.API.STREAM.LEADER.STEPDOWN.<stream>` and `$JS.API.CONSUMER.LEADER.STEPDOWN.<stream>.
+/// <consumer>` on the server that leads the stream (a consumer runs where its stream leads,
+/// so its stepdown moves the stream's group). An unreplicated stream has nothing to hand
+/// over: success, as the reference answers for R1.
+pub fn leader_stepdown(
+    js: &super::JetStream,
+    stream: &str,
+    consumer: Option<&str>,
+    body: &[u8],
+) -> Result<Value, super::api::ApiError> {
+    use super::api::ErrorKind;
+    let kind = if consumer.is_some() {
+        "io.nats.jetstream.api.v1.consumer_leader_stepdown_response"
+    } else {
+        "io.nats.jetstream.api.v1.stream_leader_stepdown_response"
+    };
+    if !js.clustered {
+        return Err(ErrorKind::ClusteringRequired.err());
+    }
+    let s = js
+        .stream(stream)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    if let Some(c) = consumer {
+        if js.consumer(stream, c).is_none() {
+            return Err(ErrorKind::ConsumerNotFound.err());
+        }
+    }
+    let req: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    if req.get("placement").is_some_and(|p| !p.is_null()) {
+        // openraft 0.9 cannot hand leadership to a chosen server.
+        return Err(ErrorKind::BadRequest.err());
+    }
+    if let Some(r) = s.replica.get() {
+        let Some(raft) = r.raft.get().cloned() else {
+            return Err(ErrorKind::ClusterUnavailable.err());
+        };
+        if raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .voter_ids()
+            .count()
+            < 2
+        {
+            return Err(ErrorKind::StepdownFailed.with("no replacement peer connected"));
+        }
+        let me = r.node;
+        tokio::spawn(async move {
+            let _ = raft::step_down(&raft, me).await;
+        });
+    }
+    Ok(json!({"type": kind, "success": true}))
 }

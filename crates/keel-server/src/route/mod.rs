@@ -352,12 +352,6 @@ impl Cluster {
                 "Cluster name was dynamically generated, consider setting one"
             );
         }
-        if server.opts.jetstream {
-            warn!(
-                log,
-                "JetStream streams are not replicated yet: each stays on the server that created it"
-            );
-        }
         info!(
             log,
             "Listening for route connections on {}",

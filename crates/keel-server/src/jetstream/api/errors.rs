@@ -112,6 +112,9 @@ error_table! {
     /// The same with the reason appended (`, tags not matched ['x']`).
     NoSuitablePeersReason = (400, 10005, "no suitable peers for placement{}");
     ClusterUnavailable = (503, 10008, "JetStream system temporarily unavailable");
+    ClusteringRequired = (503, 10010, "JetStream clustering support required");
+    /// A stepdown that could not be done (the reason as detail).
+    StepdownFailed = (500, 10041, "{}");
     /// Storing failed (limits with discard new, a storage failure: the reason as detail).
     StoreFailed = (503, 10077, "{}");
     HeaderTooLarge = (400, 10097, "header size exceeds maximum allowed of 64k");

@@ -341,6 +341,14 @@ async fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut 
             "consumer_unpin",
             encoded("consumer_unpin", c::consumer_unpin(js, stream, name, body)),
         ),
+        ["STREAM", "LEADER", "STEPDOWN", name] => (
+            "stream_leader_stepdown",
+            super::cluster::leader_stepdown(js, name, None, body).map(|v| to_bytes(&v)),
+        ),
+        ["CONSUMER", "LEADER", "STEPDOWN", stream, name] => (
+            "consumer_leader_stepdown",
+            super::cluster::leader_stepdown(js, stream, Some(name), body).map(|v| to_bytes(&v)),
+        ),
         // A consumer answers its own resets (on its own subscription), as with the
         // reference: one that does not exist answers nothing.
         ["CONSUMER", "RESET", ..] => return,

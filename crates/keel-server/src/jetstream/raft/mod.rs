@@ -113,6 +113,34 @@ pub fn config(name: &str) -> Arc<openraft::Config> {
     Arc::new(cfg.validate().expect("valid raft config"))
 }
 
+/// Hands a group's leadership to another voter: this one stops sending heartbeats and
+/// stands for no election until another has won (openraft 0.9 has no leader transfer; the
+/// followers' election timeout then runs out). Refused with one voter.
+pub async fn step_down(raft: &Raft, me: NodeId) -> Result<(), String> {
+    let voters = raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .voter_ids()
+        .count();
+    if voters < 2 {
+        return Err("no replacement peer connected".into());
+    }
+    let rc = raft.runtime_config();
+    rc.heartbeat(false);
+    rc.elect(false);
+    let r = raft
+        .wait(Some(Duration::from_secs(10)))
+        .metrics(
+            |m| m.current_leader.is_some_and(|l| l != me),
+            "another leader",
+        )
+        .await;
+    rc.heartbeat(true);
+    rc.elect(true);
+    r.map(|_| ()).map_err(|e| e.to_string())
+}
+
 /// The sid of the Raft transport's subscriptions (routes announce them: `serves_peers`).
 pub(crate) const RAFT_SID: &[u8] = b"raft";
 
