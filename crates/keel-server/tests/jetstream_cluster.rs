@@ -553,3 +553,89 @@ async fn stream_and_consumer_leaders_step_down_on_request() {
         n.shutdown().await;
     }
 }
+
+/// Keel's own series in `/metrics`: each Raft group's role and indexes, and per durable
+/// consumer of a replicated stream how far each follower's copy of the ack floor trails
+/// the leader's (the seed's "the ack floor may lag a few milliseconds").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_raft_groups_and_the_ack_floor_lag() {
+    use async_nats::jetstream::{self, consumer::pull};
+    use futures::StreamExt;
+    if common::is_reference() {
+        return; // Keel's series.
+    }
+    let nodes = mesh(&["M1", "M2", "M3"]).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    let created = api(
+        &c,
+        "$JS.API.STREAM.CREATE.L",
+        r#"{"name":"L","subjects":["l.>"],"num_replicas":3}"#,
+    )
+    .await;
+    assert!(created.get("error").is_none(), "{created}");
+    let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
+    // Changing the replicas is refused for now, clearly.
+    let up = api(
+        &c,
+        "$JS.API.STREAM.UPDATE.L",
+        r#"{"name":"L","subjects":["l.>"],"num_replicas":1}"#,
+    )
+    .await;
+    assert_eq!(up["error"]["err_code"], 10052, "{up}");
+    let js = jetstream::new(c.clone());
+    for i in 0..20 {
+        js.publish("l.x", format!("{i}").into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let stream = js.get_stream("L").await.unwrap();
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some("lag".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut batch = consumer.fetch().max_messages(20).messages().await.unwrap();
+    for _ in 0..20 {
+        let m = common::within("fetch", batch.next())
+            .await
+            .unwrap()
+            .unwrap();
+        m.double_ack().await.unwrap();
+    }
+    let mut ln = None;
+    for n in &nodes {
+        if n.varz().await["server_name"] == leader.as_str() {
+            ln = Some(n);
+        }
+    }
+    let ln = ln.expect("leader node");
+    let metrics = http_get(ln.monitor_port(), "/metrics").await.body;
+    let lags: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("keel_consumer_ack_floor_lag_sequences{"))
+        .collect();
+    assert_eq!(lags.len(), 2, "one per follower:\n{metrics}");
+    // Confirmed acks are on a quorum; the other follower catches up within moments.
+    assert!(
+        lags.iter().any(|l| l.ends_with(" 0")),
+        "a follower holds the leader's ack floor:\n{}",
+        lags.join("\n")
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("keel_raft_group_leader{")
+                && l.contains("stream_name=\"L\"")
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
+    assert!(metrics.contains("raft_group=\"_meta_\""), "{metrics}");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}

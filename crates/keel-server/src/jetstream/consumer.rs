@@ -1551,7 +1551,7 @@ async fn run(
         }
         timers(&c, &server, &mut router);
         deliver(&c, &server, &mut router);
-        let mut replicate = None;
+        let mut replicate: Option<(Vec<u8>, u64)> = None;
         {
             let mut st = c.lock();
             if !sync_replies.is_empty() {
@@ -1560,20 +1560,25 @@ async fn run(
                 if !c.save(&mut st, true) {
                     sync_replies.clear();
                 }
-                replicate = c.replicated_state(&st);
+                replicate = c
+                    .replicated_state(&st)
+                    .map(|b| (b, st.rep.ack_floor.stream_seq));
             } else if st.dirty && st.last_save.elapsed() >= SAVE_INTERVAL {
                 // Other changes are written at most every SAVE_INTERVAL (without fsync: they
                 // survive a process kill), so a busy consumer does not rewrite its file per ack.
                 c.save(&mut st, false);
-                replicate = c.replicated_state(&st);
+                replicate = c
+                    .replicated_state(&st)
+                    .map(|b| (b, st.rep.ack_floor.stream_seq));
             }
         }
-        if let Some(state) = replicate {
+        if let Some((state, ack_floor)) = replicate {
             // A replicated stream's followers get the same state through its group; a
             // confirmed ack is on a quorum's disks first.
             let entry = super::raft::stream::ConsumerEntry::State {
                 name: c.name.clone(),
                 state,
+                ack_floor,
             };
             let wait = !sync_replies.is_empty();
             if c.stream.replicate(entry, wait).await.is_err() {

@@ -183,7 +183,118 @@ impl Families {
         f.healthz(ctx, id);
         f.accstatz(ctx, id);
         f.jsz(ctx, id);
+        f.raft(ctx, id);
         f
+    }
+
+    /// Clustered JetStream: each Raft group this server is in (the meta group and its
+    /// replicated streams): role, term, log and applied index, each follower's lag on the
+    /// leader; and per durable consumer of a replicated stream, how far each follower's
+    /// copy of the ack floor trails the leader's, in sequences and in seconds.
+    fn raft(&mut self, ctx: &Ctx, id: &str) {
+        let Some(jss) = ctx.server.jetstream.get() else {
+            return;
+        };
+        let Some(meta) = jss.meta.get() else {
+            return;
+        };
+        let mut groups = vec![(
+            String::new(),
+            String::new(),
+            crate::jetstream::cluster::META_GROUP.to_string(),
+            meta.raft.clone(),
+        )];
+        for js in jss.all() {
+            for s in js.streams() {
+                let (Some(spec), Some(r)) = (s.group.as_ref(), s.replica.get()) else {
+                    continue;
+                };
+                let Some(raft) = r.raft.get() else { continue };
+                groups.push((
+                    js.account.name.clone(),
+                    s.name.clone(),
+                    spec.group.clone(),
+                    raft.clone(),
+                ));
+                for c in js.consumers_of(&s.name) {
+                    let floor = c.numbers().ack_floor_stream_seq;
+                    for (peer, seqs, secs) in r.ack_floor_lag(&c.name, floor) {
+                        let labels: Labels = vec![
+                            ("server_id".into(), id.into()),
+                            ("account".into(), js.account.name.clone()),
+                            ("stream_name".into(), s.name.clone()),
+                            ("consumer_name".into(), c.name.clone()),
+                            ("peer".into(), peer),
+                        ];
+                        self.add(
+                            "keel_consumer_ack_floor_lag_sequences",
+                            "How many stream sequences a follower's copy of the consumer's ack floor trails the leader's",
+                            labels.clone(),
+                            Num::Int(seqs as i64),
+                        );
+                        self.add(
+                            "keel_consumer_ack_floor_lag_seconds",
+                            "How long ago the leader had the ack floor a follower's copy still lacks",
+                            labels,
+                            Num::Float(secs),
+                        );
+                    }
+                }
+            }
+        }
+        for (account, stream, group, raft) in groups {
+            let m = raft.metrics().borrow().clone();
+            let labels: Labels = vec![
+                ("server_id".into(), id.into()),
+                ("account".into(), account),
+                ("stream_name".into(), stream),
+                ("raft_group".into(), group),
+            ];
+            let leader = m.state == openraft::ServerState::Leader;
+            for (name, help, v) in [
+                (
+                    "keel_raft_group_leader",
+                    "1 on the group's leader",
+                    leader as i64,
+                ),
+                (
+                    "keel_raft_group_term",
+                    "The group's current term",
+                    m.current_term as i64,
+                ),
+                (
+                    "keel_raft_group_last_log_index",
+                    "Index of the last entry in this server's log of the group",
+                    m.last_log_index.unwrap_or(0) as i64,
+                ),
+                (
+                    "keel_raft_group_applied_index",
+                    "Index of the last entry this server applied",
+                    m.last_applied.map_or(0, |l| l.index) as i64,
+                ),
+            ] {
+                self.add(name, help, labels.clone(), Num::Int(v));
+            }
+            if let Some(rep) = m.replication.as_ref() {
+                let last = m.last_log_index.unwrap_or(0);
+                for (peer, matched) in rep {
+                    let name = m
+                        .membership_config
+                        .nodes()
+                        .find(|(n, _)| *n == peer)
+                        .map(|(_, p)| p.name.clone())
+                        .unwrap_or_default();
+                    let mut l = labels.clone();
+                    l.push(("peer".into(), name));
+                    self.add(
+                        "keel_raft_group_follower_lag_entries",
+                        "On the leader: how many log entries a follower has not yet confirmed",
+                        l,
+                        Num::Int(last.saturating_sub(matched.map_or(0, |x| x.index)) as i64),
+                    );
+                }
+            }
+        }
     }
 
     /// One series per route connection of `/routez`.

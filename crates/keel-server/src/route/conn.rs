@@ -916,7 +916,9 @@ impl Conn {
             let mut m = self.route.meta();
             m.remote_id = info.server_id.clone();
             m.remote_name = info.server_name.clone();
-            m.remote_jetstream = info.jetstream;
+            // Only Keel peers take part in Keel's meta group (nats-server speaks its own
+            // Raft): a Keel server names its Rust toolchain in `go`.
+            m.remote_jetstream = info.jetstream && info.go.starts_with("rustc ");
             m.connect_urls = info.connect_urls.clone();
         }
         self.route.handle.set_headers(info.headers);

@@ -62,9 +62,20 @@ pub struct GroupSpec {
 /// Applying one again has the same effect (the last state written wins).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum ConsumerEntry {
-    Create { name: String, meta: Vec<u8> },
-    State { name: String, state: Vec<u8> },
-    Delete { name: String },
+    Create {
+        name: String,
+        meta: Vec<u8>,
+    },
+    State {
+        name: String,
+        state: Vec<u8>,
+        /// The state's ack floor (stream sequence), for the leader's lag figures.
+        #[serde(default)]
+        ack_floor: u64,
+    },
+    Delete {
+        name: String,
+    },
 }
 
 /// One log entry: a batch the leader decided.
@@ -238,6 +249,9 @@ struct Memberships {
     list: Vec<StoredMembership<NodeId, Peer>>,
 }
 
+/// A consumer's replicated ack floors: (log index, ack floor, committed at, ns).
+type FloorHistory = std::collections::VecDeque<(u64, u64, i64)>;
+
 /// What the replicator, the state machine and the watcher share.
 pub struct Shared {
     pub node: NodeId,
@@ -252,6 +266,10 @@ pub struct Shared {
     pub stream: OnceLock<Weak<Stream>>,
     pub raft: OnceLock<Raft>,
     host: OnceLock<(Arc<super::RaftHost>, String)>,
+    /// On the leader, per consumer: the ack floors it replicated, with their log index and
+    /// when they committed, so it can say how far each follower's copy of the ack floor
+    /// trails its own (`ack_floor_lag`).
+    floors: Mutex<std::collections::HashMap<String, FloorHistory>>,
     /// When this server last became the group's leader (nanoseconds), for `leader_since`.
     pub leader_since: std::sync::atomic::AtomicI64,
     stop: tokio::sync::Notify,
@@ -286,9 +304,78 @@ impl Shared {
             stream: OnceLock::new(),
             raft: OnceLock::new(),
             host: OnceLock::new(),
+            floors: Mutex::new(std::collections::HashMap::new()),
             leader_since: std::sync::atomic::AtomicI64::new(0),
             stop: tokio::sync::Notify::new(),
         })
+    }
+
+    /// How far each follower's copy of `consumer`'s ack floor trails `floor` (the leader's
+    /// own): (peer, sequences behind, seconds since the leader had the floor the follower
+    /// lacks). From the floors the leader replicated and each follower's matched log index.
+    pub fn ack_floor_lag(&self, consumer: &str, floor: u64) -> Vec<(String, u64, f64)> {
+        let Some(raft) = self.raft.get() else {
+            return Vec::new();
+        };
+        let m = raft.metrics().borrow().clone();
+        let Some(rep) = m.replication.as_ref() else {
+            return Vec::new(); // Not the leader.
+        };
+        let floors = self.floors.lock().unwrap_or_else(|e| e.into_inner());
+        let hist = floors.get(consumer);
+        let now = crate::time::now_nanos();
+        let mut out = Vec::new();
+        for (id, node) in m.membership_config.nodes() {
+            if *id == self.node {
+                continue;
+            }
+            let matched = rep.get(id).cloned().flatten().map_or(0, |l| l.index);
+            let (mut theirs, mut behind_since) = (0, None);
+            for (index, f, ts) in hist.into_iter().flatten() {
+                if *index <= matched {
+                    theirs = *f;
+                } else if behind_since.is_none() {
+                    behind_since = Some(*ts);
+                }
+            }
+            let lag = floor.saturating_sub(theirs);
+            let secs = match (lag, behind_since) {
+                (0, _) | (_, None) => 0.0,
+                (_, Some(ts)) => (now - ts).max(0) as f64 / 1e9,
+            };
+            out.push((node.name.clone(), lag, secs));
+        }
+        out
+    }
+
+    /// The leader committed these consumer states at log `index`.
+    fn record_floors(&self, index: u64, states: &[(String, u64)]) {
+        let now = crate::time::now_nanos();
+        let min_matched = self
+            .raft
+            .get()
+            .and_then(|r| {
+                let m = r.metrics().borrow().clone();
+                m.replication.as_ref().map(|rep| {
+                    rep.values()
+                        .map(|l| l.map_or(0, |l| l.index))
+                        .min()
+                        .unwrap_or(0)
+                })
+            })
+            .unwrap_or(0);
+        let mut floors = self.floors.lock().unwrap_or_else(|e| e.into_inner());
+        for (name, floor) in states {
+            let h = floors.entry(name.clone()).or_default();
+            h.push_back((index, *floor, now));
+            // Keep one entry every follower has (their floor), and what comes after it.
+            while h.len() > 1 && h[1].0 <= min_matched {
+                h.pop_front();
+            }
+            while h.len() > 1024 {
+                h.pop_front();
+            }
+        }
     }
 
     /// The server's Raft host, once the group runs.
@@ -481,7 +568,7 @@ fn follow_consumer(files: &keel_store::MetaFiles, stream_dir: &std::path::Path, 
                 let _ = files.write(&d.join("meta.json"), meta, true);
             }
         }
-        ConsumerEntry::State { name, state } => {
+        ConsumerEntry::State { name, state, .. } => {
             let d = dir(name);
             if d.join("meta.json").exists() {
                 // Not fsynced: the group's log holds it, and a restart applies it again.
@@ -552,6 +639,16 @@ impl Replicator for RaftReplicator {
             }
             self.nonce += 1;
             let nonce = self.nonce;
+            let floors: Vec<(String, u64)> = self
+                .consumers
+                .iter()
+                .filter_map(|c| match c {
+                    ConsumerEntry::State {
+                        name, ack_floor, ..
+                    } => Some((name.clone(), *ack_floor)),
+                    _ => None,
+                })
+                .collect();
             let body = encode(&Batch {
                 origin: self.shared.node,
                 epoch: self.shared.epoch,
@@ -566,7 +663,12 @@ impl Replicator for RaftReplicator {
             };
             let r = tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(Cmd(body))).await;
             match r {
-                Ok(Ok(_)) => store.sync(),
+                Ok(Ok(resp)) => {
+                    if !floors.is_empty() {
+                        self.shared.record_floors(resp.log_id.index, &floors);
+                    }
+                    store.sync()
+                }
                 _ => {
                     let fence = self.shared.fence();
                     if fence.applied_nonce >= nonce {
