@@ -256,6 +256,12 @@ async fn an_r1_stream_is_placed_on_one_server_and_served_from_every_server() {
         assert_eq!(info["cluster"]["leader"], host.as_str(), "{info}");
         let names = api(c, "$JS.API.STREAM.NAMES", "").await;
         assert_eq!(names["streams"], serde_json::json!(["ORDERS"]), "{names}");
+        let list = api(c, "$JS.API.STREAM.LIST", "").await;
+        assert_eq!(list["total"], 1, "{list}");
+        assert_eq!(list["streams"][0]["config"]["name"], "ORDERS", "{list}");
+        assert_eq!(list["streams"][0]["state"]["messages"], 3, "{list}");
+        let acc = api(c, "$JS.API.INFO", "").await;
+        assert_eq!(acc["streams"], 1, "{acc}");
     }
     // R6 is more than the reference allows; R4 more than this cluster has.
     let r4 = api(
@@ -464,6 +470,8 @@ async fn walkthrough_on_an_r3_stream_survives_the_consumers_server() {
         let c = connect(n, "app").await;
         let info = api(&c, "$JS.API.CONSUMER.INFO.ORDERS.order-worker", "").await;
         assert_eq!(info["ack_floor"]["stream_seq"], 3, "{info}");
+        assert_eq!(info["cluster"]["name"], "jsc", "{info}");
+        assert!(info["cluster"]["leader"].is_string(), "{info}");
         assert_eq!(info["num_pending"], 0, "{info}");
         assert_eq!(info["num_ack_pending"], 0, "{info}");
     }

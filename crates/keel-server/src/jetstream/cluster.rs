@@ -32,6 +32,7 @@ pub struct Meta {
     pub machine: MetaMachine,
     pub host: Arc<RaftHost>,
     pub cluster_name: String,
+    inboxes: std::sync::Mutex<std::collections::HashMap<String, Arc<Inbox>>>,
     /// When this server last saw a leader change (for `leader_since`).
     leader_since: std::sync::Mutex<(Option<NodeId>, i64)>,
 }
@@ -60,6 +61,7 @@ impl Meta {
             machine,
             host,
             cluster_name: server.cluster.get().map(|c| c.name()).unwrap_or_default(),
+            inboxes: std::sync::Mutex::new(std::collections::HashMap::new()),
             leader_since: std::sync::Mutex::new((None, 0)),
         });
         server.spawn(tend(meta.clone(), Arc::downgrade(server)));
@@ -397,6 +399,18 @@ fn stream_of<'a>(tokens: &[&'a str]) -> Option<&'a str> {
 }
 
 impl Meta {
+    /// This server's inbox in `account` for requests it sends to other servers (made on
+    /// first use; its subscription serves the whole cluster).
+    fn inbox(&self, server: &Arc<Server>, account: &Arc<crate::account::Account>) -> Arc<Inbox> {
+        let mut g = self.inboxes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = g.get(&account.name) {
+            return i.clone();
+        }
+        let i = Inbox::start(server, account, &self.host);
+        g.insert(account.name.clone(), i.clone());
+        i
+    }
+
     /// The assignment of `account`'s stream `name`.
     pub fn assignment(&self, account: &str, name: &str) -> Option<StreamAssignment> {
         self.machine
@@ -537,7 +551,11 @@ async fn meta_api(
         ),
         ["STREAM", "DELETE", name] => ("stream_delete", delete(js, meta, name).await),
         ["STREAM", "NAMES"] => ("stream_names", names(js, meta, m.payload())),
-        // The account's numbers and the list are this server's view for now.
+        ["STREAM", "LIST"] => (
+            "stream_list",
+            list(js, server, meta, m.payload()).await.map(Some),
+        ),
+        // The account's numbers: this server's usage, the cluster's stream count.
         _ => return false,
     };
     let body = match result {
@@ -931,4 +949,184 @@ pub fn leader_stepdown(
         });
     }
     Ok(json!({"type": kind, "success": true}))
+}
+
+/// Answers to requests this server sends on an account's behalf (the meta leader asking
+/// each stream's leader for its info, for STREAM.LIST): `$KEEL.JSI.<peer>.<n>` in the
+/// account, a subscription that serves the whole cluster.
+pub struct Inbox {
+    prefix: String,
+    pending: std::sync::Mutex<
+        std::collections::HashMap<u64, tokio::sync::oneshot::Sender<bytes::Bytes>>,
+    >,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Inbox {
+    fn start(
+        server: &Arc<Server>,
+        account: &Arc<crate::account::Account>,
+        host: &RaftHost,
+    ) -> Arc<Inbox> {
+        let prefix = format!("$KEEL.JSI.{}.", peer_hash(&host.name));
+        let (handle, mut rx) = crate::client::ClientHandle::internal(
+            server,
+            account,
+            "JetStream cluster inbox".into(),
+            4 * 1024 * 1024,
+        );
+        if let Some(q) = handle.internal_queue() {
+            q.set_cluster_wide();
+        }
+        account.sublist.insert(Arc::new(crate::sublist::Sub {
+            client: handle,
+            sid: bytes::Bytes::from_static(b"jsi"),
+            subject: bytes::Bytes::from(format!("{prefix}*")),
+            queue: None,
+            max: std::sync::atomic::AtomicU64::new(0),
+            delivered: std::sync::atomic::AtomicU64::new(0),
+        }));
+        let inbox = Arc::new(Inbox {
+            prefix,
+            pending: std::sync::Mutex::new(std::collections::HashMap::new()),
+            next: std::sync::atomic::AtomicU64::new(1),
+        });
+        let i = inbox.clone();
+        server.spawn(async move {
+            while let Some(m) = rx.recv().await {
+                let n: u64 = m
+                    .subject
+                    .strip_prefix(i.prefix.as_bytes())
+                    .and_then(|d| std::str::from_utf8(d).ok())
+                    .and_then(|d| d.parse().ok())
+                    .unwrap_or(0);
+                let tx = i
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&n);
+                if let Some(tx) = tx {
+                    let _ = tx.send(m.data.slice(m.hdr_len..));
+                }
+            }
+        });
+        inbox
+    }
+
+    /// A reply subject and the answer's receiver.
+    fn reply(&self) -> (String, u64, tokio::sync::oneshot::Receiver<bytes::Bytes>) {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(n, tx);
+        (format!("{}{n}", self.prefix), n, rx)
+    }
+
+    fn forget(&self, n: u64) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&n);
+    }
+}
+
+/// STREAM.LIST on the meta leader: every assigned stream's info, from the server that
+/// leads it (asked in parallel; one that does not answer in time is left out, and the
+/// list says how many were missing as the reference does).
+async fn list(
+    js: &Arc<super::JetStream>,
+    server: &Arc<Server>,
+    meta: &Arc<Meta>,
+    body: &[u8],
+) -> Result<Vec<u8>, super::api::ApiError> {
+    let req: super::api::types::ListRequest =
+        super::api::parse_request(body, &super::schema::STREAM_NAMES, js.strict)?;
+    let state = meta.machine.state();
+    let names: Vec<(String, StreamAssignment)> = state
+        .streams
+        .get(&js.account.name)
+        .into_iter()
+        .flatten()
+        .filter(|(_, a)| match req.subject.as_deref() {
+            None | Some("") => true,
+            Some(f) => a
+                .config
+                .get("subjects")
+                .and_then(|s| s.as_array())
+                .is_some_and(|s| {
+                    s.iter()
+                        .filter_map(|x| x.as_str())
+                        .any(|x| super::stream::subjects_overlap(x, f))
+                }),
+        })
+        .map(|(n, a)| (n.clone(), a.clone()))
+        .collect();
+    let limit = 256;
+    let total = names.len();
+    let inbox = meta.inbox(server, &js.account);
+    let mut waits = Vec::new();
+    let mut infos: Vec<Value> = Vec::new();
+    for (name, a) in names.into_iter().skip(req.offset).take(limit) {
+        if let Some(s) = js.stream(&name).filter(|s| s.leads()) {
+            let i = super::api::streams::info(&s, false, None, None, false);
+            infos.push(serde_json::to_value(i).unwrap_or(Value::Null));
+            continue;
+        }
+        let target = js
+            .stream(&name)
+            .and_then(|s| s.leader_name())
+            .filter(|l| *l != meta.host.name)
+            .or_else(|| a.peers.iter().find(|p| **p != meta.host.name).cloned());
+        let Some(target) = target else { continue };
+        let (reply, n, rx) = inbox.reply();
+        let m = crate::client::InMsg {
+            sid: bytes::Bytes::new(),
+            subject: bytes::Bytes::from(format!("$JS.API.STREAM.INFO.{name}")),
+            reply: Some(bytes::Bytes::from(reply)),
+            hdr_len: 0,
+            data: bytes::Bytes::new(),
+            origin: 0,
+        };
+        meta.forward(&target, &js.account.name, &m, 1);
+        waits.push((name, n, rx));
+    }
+    let mut missing = Vec::new();
+    for (name, n, rx) in waits {
+        match tokio::time::timeout(Duration::from_secs(2), rx).await {
+            Ok(Ok(b)) => {
+                let mut v: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
+                if let Some(o) = v.as_object_mut() {
+                    for k in ["type", "total", "offset", "limit", "cluster", "ts"] {
+                        o.remove(k);
+                    }
+                }
+                if v.get("error").is_none() && v.get("config").is_some() {
+                    infos.push(v);
+                }
+            }
+            _ => {
+                inbox.forget(n);
+                missing.push(name);
+            }
+        }
+    }
+    infos.sort_by(|a, b| {
+        a["config"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .cmp(b["config"]["name"].as_str().unwrap_or_default())
+    });
+    let mut v = json!({
+        "type": "io.nats.jetstream.api.v1.stream_list_response",
+        "total": total,
+        "offset": req.offset,
+        "limit": limit,
+        "streams": infos,
+    });
+    if !missing.is_empty() {
+        v["missing"] = json!(missing);
+    }
+    Ok(serde_json::to_vec(&v).unwrap_or_default())
 }

@@ -993,7 +993,13 @@ impl Consumer {
 
     /// Consumer info (without `type`). (Interest is looked up in the consumer's own
     /// account; `_server` stays for the callers' sake.)
-    pub fn info(&self, _server: &Server, dynamic_meta: bool) -> ConsumerInfo {
+    pub fn info(&self, server: &Server, dynamic_meta: bool) -> ConsumerInfo {
+        let cluster = server
+            .jetstream
+            .get()
+            .and_then(|j| j.account(&self.stream.account().name).cloned())
+            .filter(|js| js.clustered)
+            .map(|js| super::api::streams::cluster_info(&js, &self.stream));
         let mut st = self.lock();
         // Requests whose requester went away are not waiting (the reference checks here too).
         st.waiting
@@ -1029,6 +1035,7 @@ impl Consumer {
             },
             num_waiting: st.waiting.len(),
             num_pending,
+            cluster,
             push_bound,
             paused,
             pause_remaining: paused.then_some(remaining),

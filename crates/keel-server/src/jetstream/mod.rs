@@ -113,6 +113,7 @@ impl JetStreams {
                 clustered,
                 cluster: server.cluster.get().filter(|_| clustered).cloned(),
                 system_account: server.accounts.system_account().map(|a| a.name.clone()),
+                cluster_meta: std::sync::OnceLock::new(),
             });
             registry::recover(&js, server)?;
             js.serve(server, requests_rx);
@@ -216,6 +217,8 @@ pub struct JetStream {
     /// The cluster, when clustered.
     pub cluster: Option<Arc<crate::route::Cluster>>,
     system_account: Option<String>,
+    /// The meta group, once started (clustered).
+    pub cluster_meta: std::sync::OnceLock<std::sync::Weak<cluster::Meta>>,
 }
 
 impl JetStream {

@@ -13,7 +13,20 @@ pub fn info(js: &JetStream) -> AccountInfo {
         storage,
         reserved_memory: js.reserved(StorageType::Memory, None),
         reserved_storage: js.reserved(StorageType::File, None),
-        streams: streams.len(),
+        // In a cluster, every stream of the account (the meta group's assignments); the
+        // usage and consumers are this server's.
+        streams: js
+            .cluster_meta
+            .get()
+            .and_then(|m| m.upgrade())
+            .and_then(|m| {
+                m.machine
+                    .state()
+                    .streams
+                    .get(&js.account.name)
+                    .map(|s| s.len())
+            })
+            .unwrap_or(streams.len()),
         consumers: streams.iter().map(|s| s.consumers.len()).sum(),
         limits: AccountLimits::of(&js.account.jetstream_limits()),
         domain: js.domain.clone(),

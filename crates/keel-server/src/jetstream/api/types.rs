@@ -358,6 +358,10 @@ pub struct ConsumerInfo {
     pub num_redelivered: usize,
     pub num_waiting: usize,
     pub num_pending: u64,
+    /// Clustered JetStream: where it runs (a consumer runs where its stream leads, so the
+    /// stream's group and replicas).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterInfo>,
     #[serde(skip_serializing_if = "is_false")]
     pub push_bound: bool,
     #[serde(skip_serializing_if = "is_false")]
