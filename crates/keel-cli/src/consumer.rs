@@ -938,6 +938,8 @@ pub fn show(info: &Value, json_out: bool, state_only: bool) {
         }
     }
 
+    crate::stream::cluster_section(&mut c, &info["cluster"]);
+
     c.section("State");
     let delivered = &info["delivered"];
     let mut last = seq_pair(delivered);

@@ -58,6 +58,16 @@ pub enum StreamCmd {
     Backup(crate::stream_ops::BackupArgs),
     /// Restore a stream from a `keel stream backup` directory
     Restore(crate::stream_ops::RestoreArgs),
+    /// Manage a stream's Raft group in a cluster
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCmd {
+    /// Make another replica the stream's leader
+    #[command(name = "step-down")]
+    StepDown(StateArgs),
 }
 
 #[derive(Args, Debug)]
@@ -283,6 +293,7 @@ pub async fn run(conn: &ConnSettings, cmd: &StreamCmd, json: bool) -> Res<()> {
         }
         StreamCmd::Ls(a) => ls(&js, a, json).await,
         StreamCmd::Rm(a) => rm(&js, a).await,
+        StreamCmd::Cluster(ClusterCmd::StepDown(a)) => step_down(&js, &a.stream).await,
         StreamCmd::Purge(a) => purge(&js, a, json).await,
         StreamCmd::Get(a) => get(&js, a, json).await,
         StreamCmd::Subjects(a) => subjects(&js, a, json).await,
@@ -718,6 +729,8 @@ pub fn show(info: &Value, json_out: bool, state_only: bool) {
         }
     }
 
+    cluster_section(&mut c, &info["cluster"]);
+
     c.section("State");
     c.row("Messages", n(u(st, "messages")));
     c.row("Bytes", ibytes(u(st, "bytes")));
@@ -744,6 +757,40 @@ pub fn show(info: &Value, json_out: bool, state_only: bool) {
     );
     print!("{}", c.render());
     println!();
+}
+
+/// `stream cluster step-down`: the leader hands over, then the new one is shown (natscli's
+/// lines).
+async fn step_down(js: &Js, stream: &str) -> Res<()> {
+    let before = js
+        .api(&format!("STREAM.INFO.{stream}"), None)
+        .await
+        .map_err(String::from)?;
+    let old = s(&before["cluster"], "leader").to_string();
+    println!(
+        "{} Requesting leader step down of \"{old}\" in a {} peer RAFT group",
+        crate::output::now_stamp(),
+        before["cluster"]["replicas"]
+            .as_array()
+            .map_or(1, |r| r.len() + 1)
+    );
+    js.api(&format!("STREAM.LEADER.STEPDOWN.{stream}"), None)
+        .await
+        .map_err(String::from)?;
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if let Ok(v) = js.api(&format!("STREAM.INFO.{stream}"), None).await {
+            let new = s(&v["cluster"], "leader");
+            if !new.is_empty() && new != old {
+                println!(
+                    "{} New leader elected \"{new}\"",
+                    crate::output::now_stamp()
+                );
+                return Ok(());
+            }
+        }
+    }
+    Err(format!("leader did not change from {old}"))
 }
 
 async fn ls(js: &Js, a: &LsArgs, json_out: bool) -> Res<()> {
@@ -791,6 +838,36 @@ async fn ls(js: &Js, a: &LsArgs, json_out: bool) -> Res<()> {
     };
     println!("{}", streams_table(title, &infos));
     Ok(())
+}
+
+/// natscli's "Cluster Information" of a stream or consumer info: the cluster, the leader
+/// and each replica with whether it is current and when it was last seen.
+pub(crate) fn cluster_section(c: &mut crate::output::Cols, cl: &Value) {
+    let Some(name) = cl["name"].as_str() else {
+        return;
+    };
+    c.section("Cluster Information");
+    c.row("Name", name);
+    if let Some(g) = cl["raft_group"].as_str() {
+        c.row("Cluster Group", g);
+    }
+    c.row("Leader", s(cl, "leader"));
+    for r in cl["replicas"].as_array().into_iter().flatten() {
+        let state = if r["offline"].as_bool() == Some(true) {
+            "offline"
+        } else if r["current"].as_bool() == Some(true) {
+            "current"
+        } else {
+            "outdated"
+        };
+        let seen = r["active"].as_u64().unwrap_or(0) as f64 / 1e9;
+        let lag = r["lag"].as_u64().unwrap_or(0);
+        let mut line = format!("{}, {state}, seen {seen:.2}s ago", s(r, "name"));
+        if lag > 0 {
+            line.push_str(&format!(", {} operations behind", n(lag)));
+        }
+        c.row("Replica", line);
+    }
 }
 
 /// The `stream ls` table (also used by `stream find`).
@@ -983,6 +1060,30 @@ async fn subjects(js: &Js, a: &SubjectsArgs, json_out: bool) -> Res<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cluster_information_as_natscli_shows_it() {
+        let cl = json!({"name":"jsc","raft_group":"S-R3F-abcdefgh","leader":"n1",
+            "replicas":[{"name":"n2","current":true,"active":190000000,"peer":"x"},
+                        {"name":"n3","current":false,"offline":true,"active":0,"lag":5,"peer":"y"}]});
+        let mut c = crate::output::Cols::new("t");
+        cluster_section(&mut c, &cl);
+        let out = c.render();
+        assert!(out.contains("Cluster Information"), "{out}");
+        assert!(out.contains("Leader: n1"), "{out}");
+        assert!(
+            out.contains("Replica: n2, current, seen 0.19s ago"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Replica: n3, offline, seen 0.00s ago, 5 operations behind"),
+            "{out}"
+        );
+        // A single server's info has no cluster name: no section.
+        let mut c = crate::output::Cols::new("t");
+        cluster_section(&mut c, &json!({"leader":"n1"}));
+        assert!(!c.render().contains("Cluster"));
+    }
+
     use super::*;
 
     #[test]
