@@ -430,6 +430,15 @@ pub fn header_block_lines(block: &[u8]) -> Vec<String> {
     lines
 }
 
+/// `HH:MM:SS` now (UTC), as natscli stamps progress lines.
+pub fn now_stamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let d = secs % 86_400;
+    format!("{:02}:{:02}:{:02}", d / 3600, d % 3600 / 60, d % 60)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -487,13 +496,4 @@ mod tests {
         let out = t.render();
         assert!(out.contains("│ ORDERS │    1,000 │"), "{out}");
     }
-}
-
-/// `HH:MM:SS` now (UTC), as natscli stamps progress lines.
-pub fn now_stamp() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let d = secs % 86_400;
-    format!("{:02}:{:02}:{:02}", d / 3600, d % 3600 / 60, d % 60)
 }
