@@ -225,6 +225,20 @@ async fn start_meta(
         );
         return Ok(());
     };
+    // A server's Raft identity is its name (and the cluster's): both must be set and stay
+    // the same across restarts, as the reference requires.
+    if server.opts.server_name.as_deref().is_none_or(str::is_empty) {
+        return Err("jetstream cluster requires `server_name` to be set".into());
+    }
+    if server
+        .opts
+        .cluster
+        .name
+        .as_deref()
+        .is_none_or(str::is_empty)
+    {
+        return Err("jetstream cluster requires `cluster.name` to be set".into());
+    }
     info!(server.log, "Starting JetStream cluster");
     info!(server.log, "Creating JetStream metadata controller");
     let host = crate::jetstream::raft::RaftHost::start(server, sys);

@@ -849,7 +849,11 @@ async fn a_server_without_jetstream_does_not_reach_a_peers_api() {
         // The reference wants every JetStream server to have routes configured.
         return;
     }
-    let js = Node::start_jetstream(&conf("t", "127.0.0.1:-1", &[], "")).await;
+    let js = Node::start_jetstream(&format!(
+        "server_name: js\n{}",
+        conf("t", "127.0.0.1:-1", &[], "")
+    ))
+    .await;
     let other = member("t", &[js.route_url()]).await;
     js.wait_remotes(1).await;
     let c = js.client().await;
@@ -1183,7 +1187,7 @@ async fn a_stream_does_not_store_what_a_peer_sent_through_an_import() {
     let a = Node::start_cluster(&format!("{accounts}{}", conf("t", "127.0.0.1:-1", &[], ""))).await;
     let routes = [a.route_url()];
     let b = Node::start_jetstream(&format!(
-        "{accounts}{}",
+        "server_name: b\n{accounts}{}",
         conf("t", "127.0.0.1:-1", &routes, "")
     ))
     .await;

@@ -647,3 +647,22 @@ async fn metrics_show_raft_groups_and_the_ack_floor_lag() {
         n.shutdown().await;
     }
 }
+
+/// A clustered server's Raft identity is its name: without `server_name` (or a cluster
+/// name) JetStream in a cluster does not start, with the reference's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clustered_jetstream_server_needs_a_name() {
+    if common::is_reference() {
+        return; // The reference exits with the same text (checked by hand: it is fatal there).
+    }
+    let conf = "jetstream: enabled\ncluster { name: c, listen: \"127.0.0.1:-1\" }\n";
+    let opts = keel_server::harness::opts_from_config(conf).unwrap();
+    let err = keel_server::harness::start(opts)
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        err.contains("jetstream cluster requires `server_name` to be set"),
+        "{err}"
+    );
+}
