@@ -352,6 +352,18 @@ async fn an_r3_stream_keeps_every_acked_message_when_its_leader_goes() {
     let info = api(&survivor, "$JS.API.STREAM.INFO.ORDERS", "").await;
     assert_eq!(info["state"]["messages"], 31, "{info}");
     assert_ne!(info["cluster"]["leader"], leader.as_str(), "{info}");
+    // The two left are healthy: a meta leader and a current stream.
+    for n in &nodes {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let h = http_get(n.monitor_port(), "/healthz").await;
+            if h.status == 200 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{} {}", h.status, h.body);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     for seq in [1u64, 15, 30, 31] {
         let m = api(
             &survivor,

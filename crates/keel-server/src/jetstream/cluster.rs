@@ -1130,3 +1130,30 @@ async fn list(
     }
     Ok(serde_json::to_vec(&v).unwrap_or_default())
 }
+
+/// `/healthz`: the first replicated stream on this server that is not current (it knows
+/// no leader of its group, or, as a follower, has not applied what its log holds), in the
+/// reference's words.
+pub fn not_current(jss: &super::JetStreams) -> Option<String> {
+    jss.meta.get()?;
+    for js in jss.all() {
+        for s in js.streams() {
+            let Some(r) = s.replica.get() else { continue };
+            let behind = r.raft.get().is_none_or(|raft| {
+                let m = raft.metrics().borrow().clone();
+                m.current_leader.is_none()
+                    || m.last_applied.map(|l| l.index)
+                        < m.last_log_index
+                            .filter(|_| m.state != openraft::ServerState::Leader)
+                            .map(|i| i.saturating_sub(1000))
+            });
+            if behind {
+                return Some(format!(
+                    "JetStream stream '{} > {}' is not current",
+                    js.account.name, s.name
+                ));
+            }
+        }
+    }
+    None
+}

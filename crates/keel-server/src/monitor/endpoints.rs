@@ -1234,6 +1234,14 @@ pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), Box<HealthError>>
             "JetStream has not established contact with a meta leader".into(),
         )));
     }
+    if let Some(why) = crate::jetstream::cluster::not_current(js) {
+        return Err(Box::new(HealthError::new(
+            503,
+            "unavailable",
+            "JETSTREAM",
+            why,
+        )));
+    }
     if p.account.is_empty() {
         return Ok(());
     }
