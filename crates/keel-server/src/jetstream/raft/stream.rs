@@ -486,13 +486,19 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
                                 continue;
                             }
                         }
-                        // Refusals (limits with discard new) are the same on every replica.
-                        if let Ok(Applied::Done) = apply(&mut **store, entry) {
-                            if let StreamEntry::Config(cfg) = entry {
-                                if let Some(s) = sh.stream.get().and_then(Weak::upgrade) {
-                                    s.follow_config((**cfg).clone());
+                        // Refusals (limits with discard new) are the same on every replica;
+                        // a failed write is not: the group stops here rather than go on
+                        // with a store that lacks the entry (a restart applies it again).
+                        match apply(&mut **store, entry) {
+                            Ok(Applied::Done) => {
+                                if let StreamEntry::Config(cfg) = entry {
+                                    if let Some(s) = sh.stream.get().and_then(Weak::upgrade) {
+                                        s.follow_config((**cfg).clone());
+                                    }
                                 }
                             }
+                            Err(StoreError::Io(e)) => return Err(sm_err(e)),
+                            _ => {}
                         }
                     }
                     let _ = store.set_applied(&marker(&e.log_id));
@@ -522,8 +528,9 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
             });
             if !leading {
                 // A follower's store: synced with its marker (the log has the entries
-                // already; this bounds what a restart applies again).
-                let _ = sh.store.sync();
+                // already; this bounds what a restart applies again). A failed sync
+                // rolled the store back: the group stops rather than apply on top of it.
+                sh.store.sync().map_err(sm_err)?;
                 if let Some(s) = sh.stream.get().and_then(Weak::upgrade) {
                     s.follow_applied();
                 }
@@ -667,7 +674,18 @@ impl Replicator for RaftReplicator {
                     if !floors.is_empty() {
                         self.shared.record_floors(resp.log_id.index, &floors);
                     }
-                    store.sync()
+                    let r = store.sync();
+                    if r.is_err() {
+                        // Committed on a quorum but not in this store any more (the sync
+                        // rolled it back): this replica stops serving and leaves the group
+                        // to the others; a restart applies its log again from the marker.
+                        self.shared.set_fenced();
+                        let raft = raft.clone();
+                        tokio::spawn(async move {
+                            let _ = raft.shutdown().await;
+                        });
+                    }
+                    r
                 }
                 _ => {
                     let fence = self.shared.fence();
@@ -677,9 +695,17 @@ impl Replicator for RaftReplicator {
                         return store.sync();
                     }
                     let mut fence = fence;
-                    let _ = store.lock().discard_unsynced();
+                    let rolled_back = store.lock().discard_unsynced().is_ok();
                     fence.fenced = true;
                     drop(fence);
+                    if !rolled_back {
+                        // The uncommitted batch is still in the store: this replica must
+                        // not serve from it; it leaves the group until a restart.
+                        let raft = raft.clone();
+                        tokio::spawn(async move {
+                            let _ = raft.shutdown().await;
+                        });
+                    }
                     Err(unavailable())
                 }
             }
