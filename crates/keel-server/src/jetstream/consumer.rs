@@ -456,9 +456,7 @@ impl ConsumerConfig {
         for k in ["_nats.level", "_nats.ver"] {
             self.metadata.remove(k);
         }
-        if self.num_replicas > 1 {
-            return Err(ErrorKind::ReplicasNotSupported.err());
-        }
+        // More than one replica is checked against the stream (`api::consumers`).
         if self.num_replicas < 0 {
             return Err(ErrorKind::ReplicasNegative.err());
         }

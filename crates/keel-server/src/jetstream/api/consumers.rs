@@ -165,6 +165,15 @@ fn create_consumer(
         }
     }
     let cfg = cfg.normalize(scfg.retention)?;
+    if cfg.num_replicas > 1 {
+        if !js.clustered {
+            return Err(ErrorKind::ReplicasNotSupported.err());
+        }
+        // A consumer replicates with its stream (in the stream's group).
+        if cfg.num_replicas > scfg.num_replicas {
+            return Err(ErrorKind::ConsumerReplicasExceedStream.err());
+        }
+    }
     if let Some(ds) = &cfg.deliver_subject {
         // Delivering into the stream's own subjects would store every delivery again.
         if scfg
