@@ -44,6 +44,9 @@ use crate::jetstream::stream::read::WriteHandle;
 use crate::jetstream::stream::replicator::Replicator;
 use crate::jetstream::stream::Stream;
 
+/// How often a follower syncs its store (its log is synced for every batch).
+const FOLLOWER_SYNC: Duration = Duration::from_millis(200);
+
 /// How long a commit waits for a quorum before the leader gives the batch up.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -273,6 +276,7 @@ pub struct Shared {
     /// When this server last became the group's leader (nanoseconds), for `leader_since`.
     pub leader_since: std::sync::atomic::AtomicI64,
     stop: tokio::sync::Notify,
+    last_sync: Mutex<std::time::Instant>,
 }
 
 impl Shared {
@@ -307,6 +311,7 @@ impl Shared {
             floors: Mutex::new(std::collections::HashMap::new()),
             leader_since: std::sync::atomic::AtomicI64::new(0),
             stop: tokio::sync::Notify::new(),
+            last_sync: Mutex::new(std::time::Instant::now()),
         })
     }
 
@@ -527,10 +532,21 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
                 m.state == openraft::ServerState::Leader && m.current_leader == Some(sh.node)
             });
             if !leading {
-                // A follower's store: synced with its marker (the log has the entries
-                // already; this bounds what a restart applies again). A failed sync
-                // rolled the store back: the group stops rather than apply on top of it.
-                sh.store.sync().map_err(sm_err)?;
+                // A follower's store: synced with its marker now and then (the log has the
+                // entries already; this bounds what a restart applies again, and a server
+                // that becomes leader syncs first). A failed sync rolled the store back:
+                // the group stops rather than apply on top of it.
+                let due = {
+                    let mut last = sh.last_sync.lock().unwrap_or_else(|e| e.into_inner());
+                    let due = last.elapsed() >= FOLLOWER_SYNC;
+                    if due {
+                        *last = std::time::Instant::now();
+                    }
+                    due
+                };
+                if due {
+                    sh.store.sync().map_err(sm_err)?;
+                }
                 if let Some(s) = sh.stream.get().and_then(Weak::upgrade) {
                     s.follow_applied();
                 }
@@ -805,9 +821,22 @@ pub async fn run_group(
                 crate::time::now_nanos(),
                 std::sync::atomic::Ordering::Relaxed,
             );
-            let _ = s
+            let ok = s
                 .ask(|reply| crate::jetstream::stream::Command::Lead { reply })
-                .await;
+                .await
+                .unwrap_or(false);
+            if !ok {
+                // Its store lost what it applied: it must not lead from it.
+                crate::error!(
+                    server.log,
+                    "JetStream stream '{} > {}' leaves its group: its store could not be synced",
+                    s.account().name,
+                    s.name
+                );
+                drop(s);
+                shared.stop_group().await;
+                break;
+            }
             shared.unfence();
             s.subscribe();
             if let Some(js) = server

@@ -82,7 +82,7 @@ pub enum Command {
     /// A replicated stream's server became its ready leader: the config its state machine
     /// applied goes live here, and the leader's memory (dedup window, TTLs) is rebuilt
     /// from the store before anything is decided.
-    Lead { reply: oneshot::Sender<()> },
+    Lead { reply: oneshot::Sender<bool> },
     /// A durable consumer's change for a replicated stream's group; the reply (if asked
     /// for) once a quorum has it.
     Replicate {
@@ -658,11 +658,22 @@ impl<R: Replicator> Actor<R> {
 
     async fn command(&mut self, c: Command, sourced_tx: &mpsc::Sender<SourcedBatch>) {
         if let Command::Lead { reply } = c {
+            // What this server applied as a follower is made durable first: a rollback after
+            // a failed commit must only drop what it decided itself.
+            if let Err(e) = self.store.sync() {
+                crate::error!(
+                    self.log(),
+                    "Stream {}: sync on taking the lead failed: {e}",
+                    self.core.cfg.name
+                );
+                let _ = reply.send(false);
+                return;
+            }
             let cfg = self.core.stream.config();
             self.core.leader.compile(&cfg);
             self.core.leader.rebuild(&cfg, &mut **self.store.lock());
             self.core.cfg = cfg;
-            let _ = reply.send(());
+            let _ = reply.send(true);
             return;
         }
         if let Command::Replicate { entry, reply } = c {
