@@ -485,6 +485,11 @@ pub async fn api(
     if local.as_ref().is_some_and(|s| s.leads()) {
         return false; // This server leads it (an R1 stream's one server).
     }
+    // With `allow_direct`, every replica answers direct gets from its own store, as the
+    // reference's do.
+    if matches!(tokens, ["DIRECT", ..]) && local.as_ref().is_some_and(|s| s.config().allow_direct) {
+        return false;
+    }
     if matches!(tokens, ["CONSUMER", "MSG", "NEXT", ..]) {
         // The consumer's own subscription, on its leader, gets the pull request.
         return true;
