@@ -678,3 +678,42 @@ async fn a_clustered_jetstream_server_needs_a_name() {
         "{err}"
     );
 }
+
+/// A server restarted alone (the others down) does not pass for a leader of anything: its
+/// saved vote is not a quorum. Health says so, and nothing is acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restarted_alone_leads_nothing() {
+    let stores = common::TempDir::new("alone");
+    let names = ["A1", "A2", "A3"];
+    let (nodes, confs) = mesh_in(&names, Some(stores.path())).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    let created = api(
+        &c,
+        "$JS.API.STREAM.CREATE.S",
+        r#"{"name":"S","subjects":["s"],"num_replicas":3}"#,
+    )
+    .await;
+    assert!(created.get("error").is_none(), "{created}");
+    let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
+    publish_acked(&c, "s", "x".into()).await;
+    drop(c);
+    for n in nodes {
+        n.shutdown().await;
+    }
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    let alone = Node::start_jetstream_at(&confs[li], &stores.path().join(leader.as_str())).await;
+    // Give a saved vote every chance to show.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let j = jsz(&alone).await;
+    assert!(j["meta_cluster"]["leader"].is_null(), "{j}");
+    let h = http_get(alone.monitor_port(), "/healthz").await;
+    assert_eq!(h.status, 503, "{}", h.body);
+    let c = connect(&alone, "app").await;
+    let r = tokio::time::timeout(Duration::from_secs(3), c.request("s", "y".into())).await;
+    if let Ok(Ok(m)) = r {
+        let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap_or_default();
+        assert!(v["seq"].as_u64().unwrap_or(0) == 0, "acked alone: {v}");
+    }
+    alone.shutdown().await;
+}

@@ -139,8 +139,17 @@ impl Meta {
             .membership_config
             .nodes()
             .find(|(n, _)| **n == id)
-            .map(|(_, p)| p.name.clone());
-        name
+            .map(|(_, p)| p.name.clone())?;
+        // Another server named by a saved vote, not heard from since: no leader yet.
+        if id != self.host.id
+            && self
+                .host
+                .since_heard(&name)
+                .is_none_or(|d| d > Duration::from_millis(raft::QUORUM_LOST_MS))
+        {
+            return None;
+        }
+        Some(name)
     }
 
     pub fn is_leader(&self) -> bool {
@@ -234,21 +243,12 @@ impl Meta {
     }
 }
 
-/// How long a leader may go without hearing from a quorum before it is no leader
-/// (openraft 0.9 keeps the role; the reference's leader steps down after losing quorum).
-const QUORUM_LOST: u64 = 3000;
-
-/// The group's leader, unless this server is a leader that has lost its quorum.
+/// The group's leader, unless this server is a leader that has lost its quorum (or has a
+/// saved vote but no election behind it).
 fn leader_id(m: &openraft::RaftMetrics<NodeId, Peer>) -> Option<NodeId> {
     let id = m.current_leader?;
-    if id == m.id && m.state != openraft::ServerState::Leader {
-        return None; // A saved vote, not an election won.
-    }
-    if id == m.id && m.membership_config.voter_ids().count() > 1 {
-        match m.millis_since_quorum_ack {
-            Some(ms) if ms <= QUORUM_LOST => {}
-            _ => return None,
-        }
+    if id == m.id && !raft::leads(m) {
+        return None;
     }
     Some(id)
 }
@@ -293,8 +293,9 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
             stable_since = Instant::now();
         }
         let metrics = meta.raft.metrics().borrow().clone();
-        if metrics.current_leader != last_leader {
-            last_leader = metrics.current_leader;
+        let now_leader = leader_id(&metrics);
+        if now_leader != last_leader {
+            last_leader = now_leader;
             *meta.leader_since.lock().unwrap_or_else(|e| e.into_inner()) =
                 (last_leader, crate::time::now_nanos());
             match last_leader {

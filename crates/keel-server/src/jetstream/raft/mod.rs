@@ -113,6 +113,22 @@ pub fn config(name: &str) -> Arc<openraft::Config> {
     Arc::new(cfg.validate().expect("valid raft config"))
 }
 
+/// How long a leader may go without a quorum's answer before it counts as no leader
+/// (openraft 0.9 keeps the role, and a restarted leader whose saved vote was committed
+/// starts as leader with nobody else up; the reference's leader steps down after losing
+/// its quorum).
+pub const QUORUM_LOST_MS: u64 = 3000;
+
+/// Whether these metrics are of a leader that has heard from a quorum lately.
+pub fn leads(m: &openraft::RaftMetrics<NodeId, Peer>) -> bool {
+    if m.state != openraft::ServerState::Leader || m.current_leader != Some(m.id) {
+        return false;
+    }
+    m.membership_config.voter_ids().count() <= 1
+        || m.millis_since_quorum_ack
+            .is_some_and(|ms| ms <= QUORUM_LOST_MS)
+}
+
 /// Hands a group's leadership to another voter: this one stops sending heartbeats and
 /// stands for no election until another has won (openraft 0.9 has no leader transfer; the
 /// followers' election timeout then runs out). Refused with one voter.

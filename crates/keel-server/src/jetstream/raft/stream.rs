@@ -529,7 +529,7 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
         if wrote {
             let leading = sh.raft.get().is_some_and(|r| {
                 let m = r.metrics().borrow().clone();
-                m.state == openraft::ServerState::Leader && m.current_leader == Some(sh.node)
+                m.state == openraft::ServerState::Leader
             });
             if !leading {
                 // A follower's store: synced with its marker now and then (the log has the
@@ -806,10 +806,9 @@ pub async fn run_group(
     let mut ready = false;
     loop {
         let m = metrics.borrow_and_update().clone();
-        // The role, not just the leader id: a restarted server's saved vote can name it
-        // leader before any election has made it one.
-        let leading =
-            m.state == openraft::ServerState::Leader && m.current_leader == Some(shared.node);
+        // The role with a quorum behind it, not just the leader id: a restarted server's
+        // saved vote can make it leader with nobody else up.
+        let leading = super::leads(&m);
         let caught_up = m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term)
             && m.last_applied.map(|l| l.index) == m.last_log_index;
         let Some(s) = stream.upgrade() else {
@@ -871,8 +870,9 @@ pub async fn run_group(
             r = metrics.changed() => if r.is_err() { break },
             _ = shared.stop.notified() => break,
             _ = shutdown.changed() => break,
-            // A fenced leader looks again (its failed batch may have committed since).
-            _ = tokio::time::sleep(Duration::from_millis(250)), if leading && !ready => {}
+            // Looks again now and then: a fenced leader's failed batch may have committed
+            // since, and a leader's quorum can go quiet without a metrics change.
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
         }
     }
 }

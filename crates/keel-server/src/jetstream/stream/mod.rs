@@ -324,6 +324,9 @@ impl Stream {
         let r = self.replica.get()?.raft.get()?.clone();
         let m = r.metrics().borrow().clone();
         let id = m.current_leader?;
+        if id == m.id && !crate::jetstream::raft::leads(&m) {
+            return None; // A saved vote or a lost quorum, not a leader.
+        }
         let name = m
             .membership_config
             .nodes()
