@@ -290,29 +290,53 @@ def check(rec, reads):
 
 async def consumer_part(cl, msgs, t0, sched):
     """A durable pull consumer, AckSync acks, its server killed mid-way."""
+    conns = []
+    try:
+        return await _consumer_part(cl, msgs, t0, sched, conns)
+    finally:
+        for c in conns:
+            try:
+                await asyncio.wait_for(c.close(), 5)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+async def _consumer_part(cl, msgs, t0, sched, conns):
     nc = await connect(cl.urls())
+    conns.append(nc)
     js = nc.jetstream(timeout=5)
-    r = await api(
-        nc,
-        f"$JS.API.CONSUMER.DURABLE.CREATE.{STREAM}.W",
-        {
-            "stream_name": STREAM,
-            "config": {
-                "durable_name": "W",
-                "ack_policy": "explicit",
-                "deliver_policy": "all",
-                "filter_subject": "jep.c",
-                "ack_wait": 5_000_000_000,
-                # No num_replicas: it inherits the stream's R3 on both servers (keel
-                # refuses an explicit 3, see the report).
-            },
+    body = {
+        "stream_name": STREAM,
+        "config": {
+            "durable_name": "W",
+            "ack_policy": "explicit",
+            "deliver_policy": "all",
+            "filter_subject": "jep.c",
+            "ack_wait": 5_000_000_000,
+            # No num_replicas: it inherits the stream's R3 on both servers (keel
+            # refuses an explicit 3, see the report).
         },
-        timeout=10,
-    )
-    if "error" in r:
-        raise RuntimeError(f"consumer create: {r['error']}")
+    }
+    # Right after the fault schedule either server may still be settling: retry.
+    t = time.monotonic()
+    while True:
+        try:
+            r = await api(nc, f"$JS.API.CONSUMER.DURABLE.CREATE.{STREAM}.W", body, timeout=10)
+            if "error" not in r:
+                break
+            err = r["error"]
+        except Exception as e:  # noqa: BLE001
+            err = repr(e)
+        if time.monotonic() - t > 60:
+            raise RuntimeError(f"consumer create: {err}")
+        await asyncio.sleep(1)
     for i in range(msgs):
-        await js.publish("jep.c", f"c-{i}".encode(), timeout=10)
+        for _ in range(10):
+            try:
+                await js.publish("jep.c", f"c-{i}".encode(), timeout=10)
+                break
+            except Exception:  # noqa: BLE001 - a retry may store it twice: counted by seq
+                await asyncio.sleep(0.5)
     await nc.close()
 
     confirmed = set()
@@ -321,6 +345,7 @@ async def consumer_part(cl, msgs, t0, sched):
     killed = None  # the node killed, until it is restarted
     killed_at = None
     nc = await connect(cl.urls(1))
+    conns.append(nc)
     js = nc.jetstream(timeout=5)
     sub = await js.pull_subscribe_bind("W", STREAM)
     t = time.monotonic()
@@ -451,10 +476,8 @@ async def run_one(kind, binary, args, faults):
             attempts=rec.attempts,
             acked=len(rec.acked),
             unknown=len(rec.unknown),
-            unknown_present=sum(
-                1
-                for p in rec.unknown
-                if any(p in (r or {}).values() for r in reads.values())
+            unknown_present=len(
+                rec.unknown & {p for r in reads.values() for p in (r or {}).values()}
             ),
             errors=rec.errors,
             schedule=sched,
@@ -517,7 +540,7 @@ def main():
     ap.add_argument("--dir", default=None, help="parent of the store directories")
     ap.add_argument("--keep", action="store_true", help="keep stores and logs")
     ap.add_argument("--out", default=None, help="also write the report here")
-    ap.add_argument("--alone-wait", type=float, default=15.0, help="seconds a lone node gets to answer")
+    ap.add_argument("--alone-wait", type=float, default=8.0, help="seconds a lone node gets to answer")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     random.seed(args.seed)
