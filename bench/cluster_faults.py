@@ -18,8 +18,12 @@ publish is recorded as (seq, payload); every publish that timed out or failed is
 
 Then the publishers stop, the cluster is given time to converge, and all nodes are stopped
 cleanly. Each node is then started ALONE (the others down) and the whole stream is read
-back from its own store with direct gets ($JS.API.DIRECT.GET; a lone replica answers from
-its store). Checks:
+back from its own store with direct gets ($JS.API.DIRECT.GET). A lone follower answers on
+neither server (the reference serves direct gets on a follower only once it is current,
+which needs a leader; keel forwards them to the stream leader), so a node that does not
+answer alone is read later with all three up while it LEADS the stream (leadership moved
+there by SIGTERMing the leader until that node is elected): a leader answers from its own
+store. Checks:
 
   lost        an acked (seq, payload) missing from a replica, or a different payload there
   divergent   a sequence holding different payloads on two replicas
@@ -174,6 +178,27 @@ async def converge(cl, timeout):
     finally:
         await nc.close()
     return info, None
+
+
+async def lead_with(cl, node, tries=10):
+    """Moves the stream's leadership to `node` (all three up) by stopping the leader
+    until `node` is elected; returns how many moves it took."""
+    loop = asyncio.get_running_loop()
+    for i in range(tries):
+        leader, _ = await find_roles(cl)
+        if leader == node.name:
+            return f"{i} moves"
+        old = cl.by_name(leader)
+        old.term()
+        nc = await connect([m.url for m in cl.nodes if m.alive()])
+        try:
+            await wait_stream_leader(nc, STREAM, 60, not_=leader)
+        finally:
+            await nc.close()
+        old.start()
+        await loop.run_in_executor(None, old.wait_port)
+        await converge(cl, 30)
+    return "NOT leader"
 
 
 async def read_alone(node, upto, timeout=60):
@@ -458,19 +483,21 @@ async def run_one(kind, binary, args, faults):
             present = sum(1 for v in reads[n.name].values() if v is not None)
             log(t0, f"read {n.name} alone: {present} messages", sched)
         if pending:
-            # A lone replica that does not answer (the reference enables direct gets on a
-            # follower only once it is current, which needs a leader): read each one with
-            # all three up through a connection to that node only; queue-group delivery
-            # prefers the local subscriber, so that node's own store answers.
+            # A lone follower does not answer direct gets (the reference enables them on
+            # a follower only once it is current, which needs a leader; keel forwards them
+            # to the stream leader). So each such node is read while it LEADS the stream,
+            # all three up: the leader answers from its own store on both servers. Leadership
+            # is moved by stopping (SIGTERM) the leader until the node wanted is elected.
             cl.start()
             cl.wait_meta()
             await converge(cl, 60)
             for n in pending:
+                how = await lead_with(cl, n)
                 reads[n.name] = await read_alone(n, upto, 30)
                 present = sum(1 for v in (reads[n.name] or {}).values() if v is not None)
-                log(t0, f"read {n.name} via its own connection, all up: {present} messages", sched)
+                log(t0, f"read {n.name} as stream leader ({how}), all up: {present} messages", sched)
             cl.stop()
-        res["read_mode"] = "alone" if not pending else f"{len(pending)} of 3 with all up"
+        res["read_mode"] = "alone" if not pending else f"{3 - len(pending)} alone, {len(pending)} as leader"
         counts, ex = check(rec, reads)
         res.update(
             attempts=rec.attempts,
