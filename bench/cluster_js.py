@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Clustered JetStream publish: a 3-node cluster (separate processes), one R3 file stream,
+keel-server vs nats-server (default lazy fsync) vs nats-server with
+`jetstream { sync_interval: always }` (fsync before each ack, as keel always does), in one run.
+
+For each server in turn, on a fresh cluster: the stream `benchstream` (subject js.bench,
+R3, file) is created through the API, its leader found (STREAM.INFO cluster.leader), and
+`keel bench js` (the CLI on async-nats, target/release/keel) is run against the leader:
+
+  async   --msgs messages of --size bytes, --window PubAcks in flight (throughput)
+  sync    --sync-msgs messages from one publisher waiting for each ack (p50/p99 latency)
+
+Prints one table with keel/reference ratios (against both reference variants).
+
+Usage: bench/cluster_js.py [--msgs 100000] [--size 128] [--window 500] [--sync-msgs 5000]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster_common import (  # noqa: E402
+    KEEL,
+    NATS,
+    ROOT,
+    Cluster,
+    api,
+    connect,
+    wait_stream_leader,
+)
+
+CLI = os.path.join(ROOT, "target", "release", "keel")
+STREAM = "benchstream"
+
+
+async def create(cl):
+    nc = await connect(cl.urls())
+    r = await api(
+        nc,
+        f"$JS.API.STREAM.CREATE.{STREAM}",
+        {"name": STREAM, "subjects": ["js.bench"], "storage": "file", "num_replicas": 3},
+        timeout=15,
+    )
+    if "error" in r:
+        raise RuntimeError(f"stream create: {r}")
+    info = await wait_stream_leader(nc, STREAM)
+    await nc.close()
+    return info["cluster"]["leader"]
+
+
+async def purge(cl):
+    nc = await connect(cl.urls())
+    await api(nc, f"$JS.API.STREAM.PURGE.{STREAM}", None, timeout=30)
+    await nc.close()
+
+
+def bench(url, mode, msgs, size, window=None):
+    cmd = [
+        CLI,
+        "--server",
+        url,
+        "--user",
+        "app",
+        "--password",
+        "pass",
+        "--json",
+        "bench",
+        "js",
+        "pub",
+        mode,
+        "js.bench",
+        "--stream",
+        STREAM,
+        "--msgs",
+        str(msgs),
+        "--size",
+        str(size),
+        "--no-progress",
+    ]
+    if window:
+        cmd += ["--batch", str(window)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr or p.stdout}")
+    return json.loads(p.stdout)
+
+
+def run_one(label, binary, js_extra, args):
+    print(f"== {label}", flush=True)
+    kind = "keel" if binary == KEEL else "nats"
+    cl = Cluster(kind, binary, js_extra=js_extra, base=args.dir)
+    try:
+        cl.start()
+        cl.wait_meta()
+        leader = asyncio.run(create(cl))
+        url = cl.by_name(leader).url
+        a = bench(url, "async", args.msgs, args.size, args.window)
+        print(f"   async: {a['msgs_per_s']:.0f} msgs/s", flush=True)
+        asyncio.run(purge(cl))
+        s = bench(url, "sync", args.sync_msgs, args.size)
+        lat = s.get("latency_us", {})
+        print(
+            f"   sync: {s['msgs_per_s']:.0f} msgs/s p50 {lat.get('p50')} us p99 {lat.get('p99')} us",
+            flush=True,
+        )
+        return {
+            "async": a["msgs_per_s"],
+            "sync": s["msgs_per_s"],
+            "p50": lat.get("p50"),
+            "p99": lat.get("p99"),
+        }
+    finally:
+        cl.cleanup(keep=args.keep)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--msgs", type=int, default=100_000)
+    ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--window", type=int, default=500)
+    ap.add_argument("--sync-msgs", type=int, default=5000)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    started = time.time()
+    runs = [
+        ("keel", KEEL, ""),
+        ("nats", NATS, ""),
+        ("nats-always", NATS, "sync_interval: always"),
+    ]
+    res = {label: run_one(label, b, extra, args) for label, b, extra in runs}
+    k, n, na = res["keel"], res["nats"], res["nats-always"]
+    lines = [
+        f"cluster_js.py ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
+        f"{time.time() - started:.0f} s; {os.cpu_count()} cores shared by the 3 servers and the client)",
+        f"3 separate processes, R3 file stream, client (keel bench js, async-nats) on the leader;"
+        f" async: {args.msgs} x {args.size} B, {args.window} in flight; sync: {args.sync_msgs} msgs",
+        "nats = nats-server default (lazy fsync); nats-always = jetstream { sync_interval: always }",
+        "",
+        f"{'':22} {'keel':>10} {'nats':>10} {'nats-always':>12} {'keel/nats':>10} {'keel/always':>12}",
+    ]
+
+    def row(label, key, fmt):
+        a, b, c = k[key], n[key], na[key]
+        r1 = f"{a / b:.2f}" if a is not None and b else "-"
+        r2 = f"{a / c:.2f}" if a is not None and c else "-"
+        f = lambda v: fmt.format(v) if v is not None else "-"  # noqa: E731
+        lines.append(f"{label:22} {f(a):>10} {f(b):>10} {f(c):>12} {r1:>10} {r2:>12}")
+
+    row("async msgs/s", "async", "{:.0f}")
+    row("sync msgs/s", "sync", "{:.0f}")
+    row("sync p50 (us)", "p50", "{:.0f}")
+    row("sync p99 (us)", "p99", "{:.0f}")
+    text = "\n".join(lines)
+    print("\n" + text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
