@@ -18,7 +18,8 @@ import urllib.request
 import nats  # nats-py, from the venv (tests/interop/requirements.txt)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KEEL = os.path.join(ROOT, "target", "release", "keel-server")
+# KEEL_SERVER_BIN picks another build (CI runs the short checker on the debug binary).
+KEEL = os.environ.get("KEEL_SERVER_BIN") or os.path.join(ROOT, "target", "release", "keel-server")
 NATS = shutil.which("nats-server") or "/work/venv/bin/nats-server"
 
 ACCOUNTS = """accounts {

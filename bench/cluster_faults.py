@@ -619,6 +619,14 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
+    # Keel's safety properties are the checker's verdict (the reference's are reported).
+    k = results["keel"]
+    kc = k.get("consumer", {}) if k else {}
+    bad = [key for key in ("lost", "divergent", "order", "foreign") if k and k.get(key)]
+    bad += [key for key in ("redelivered_after_confirmed_ack", "out_of_order") if kc.get(key)]
+    if bad:
+        print(f"FAILED: keel {', '.join(bad)}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

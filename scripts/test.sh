@@ -152,6 +152,11 @@ if [ "${KEEL_SKIP_REFERENCE:-0}" != 1 ]; then
   fi
 fi
 
+step "cluster fault checker, short (keel: SIGKILL, SIGSTOP and all-node kills of an R3 stream's servers)"
+# The short schedule against the debug build; `bench/cluster_faults.py` without --short runs
+# the long one, side by side with the reference, by hand.
+KEEL_SERVER_BIN=$ROOT/target/debug/keel-server "$PY" bench/cluster_faults.py --short --only keel
+
 step "interop suite against keel-server"
 (cd tests/interop && KEEL_TEST_SERVER=keel "$PY" -m pytest -q)
 if [ "$NATSJS" = 1 ]; then
