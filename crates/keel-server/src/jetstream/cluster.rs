@@ -813,6 +813,15 @@ pub async fn follow(
                 let mut router = crate::router::Router::new(js.account.clone(), 0x4153);
                 let r = super::api::streams::create(&js, &server, &mut router, &name, &body).await;
                 let answer = assignment.peers.first() == Some(&meta.host.name);
+                if let Err(e) = &r {
+                    // The meta leader checked it against the cluster; a replica that still
+                    // cannot make it (its own disk, its limits) says so.
+                    warn!(
+                        server.log,
+                        "JetStream cluster could not create stream '{account} > {name}' here: {}",
+                        e.description
+                    );
+                }
                 // A replicated stream is answered once it has a leader, as the reference
                 // does (a publish right after the answer then finds one).
                 if answer && assignment.peers.len() > 1 && r.is_ok() {
