@@ -24,6 +24,20 @@ pub struct Sub {
     pub delivered: AtomicU64,
 }
 
+impl Sub {
+    /// A plain subscription of an in-process client (no queue, no auto-unsubscribe).
+    pub fn internal(client: &Arc<ClientHandle>, sid: Bytes, subject: Bytes) -> Arc<Sub> {
+        Arc::new(Sub {
+            client: client.clone(),
+            sid,
+            subject,
+            queue: None,
+            max: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+        })
+    }
+}
+
 /// What a literal subject matches: plain subscriptions, one list per queue group (a
 /// message goes to one member of each group), and where it crosses into other accounts.
 #[derive(Default)]

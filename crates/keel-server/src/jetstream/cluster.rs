@@ -84,14 +84,11 @@ impl Meta {
         if let Some(q) = handle.internal_queue() {
             q.set_cluster_wide();
         }
-        account.sublist.insert(Arc::new(crate::sublist::Sub {
-            client: handle,
-            sid: bytes::Bytes::from_static(raft::RAFT_SID),
-            subject: bytes::Bytes::from_static(b"$JS.API.META.LEADER.STEPDOWN"),
-            queue: None,
-            max: std::sync::atomic::AtomicU64::new(0),
-            delivered: std::sync::atomic::AtomicU64::new(0),
-        }));
+        account.sublist.insert(crate::sublist::Sub::internal(
+            &handle,
+            bytes::Bytes::from_static(raft::RAFT_SID),
+            bytes::Bytes::from_static(b"$JS.API.META.LEADER.STEPDOWN"),
+        ));
         let meta = self.clone();
         let weak = Arc::downgrade(server);
         server.spawn(async move {
@@ -725,6 +722,25 @@ async fn delete(
     ))
 }
 
+impl StreamAssignment {
+    /// Whether a list request's `subject` filter (none or empty: all) overlaps the
+    /// stream's subjects.
+    fn matches(&self, filter: Option<&str>) -> bool {
+        match filter {
+            None | Some("") => true,
+            Some(f) => self
+                .config
+                .get("subjects")
+                .and_then(|s| s.as_array())
+                .is_some_and(|s| {
+                    s.iter()
+                        .filter_map(|x| x.as_str())
+                        .any(|x| super::stream::subjects_overlap(x, f))
+                }),
+        }
+    }
+}
+
 /// STREAM.NAMES from the assignments.
 fn names(
     js: &Arc<super::JetStream>,
@@ -739,18 +755,7 @@ fn names(
         .get(&js.account.name)
         .into_iter()
         .flatten()
-        .filter(|(_, a)| match req.subject.as_deref() {
-            None | Some("") => true,
-            Some(f) => a
-                .config
-                .get("subjects")
-                .and_then(|s| s.as_array())
-                .is_some_and(|s| {
-                    s.iter()
-                        .filter_map(|x| x.as_str())
-                        .any(|x| super::stream::subjects_overlap(x, f))
-                }),
-        })
+        .filter(|(_, a)| a.matches(req.subject.as_deref()))
         .map(|(n, _)| n)
         .collect();
     let limit = 1024;
@@ -993,14 +998,11 @@ impl Inbox {
         if let Some(q) = handle.internal_queue() {
             q.set_cluster_wide();
         }
-        account.sublist.insert(Arc::new(crate::sublist::Sub {
-            client: handle,
-            sid: bytes::Bytes::from_static(b"jsi"),
-            subject: bytes::Bytes::from(format!("{prefix}*")),
-            queue: None,
-            max: std::sync::atomic::AtomicU64::new(0),
-            delivered: std::sync::atomic::AtomicU64::new(0),
-        }));
+        account.sublist.insert(crate::sublist::Sub::internal(
+            &handle,
+            bytes::Bytes::from_static(b"jsi"),
+            bytes::Bytes::from(format!("{prefix}*")),
+        ));
         let inbox = Arc::new(Inbox {
             prefix,
             pending: std::sync::Mutex::new(std::collections::HashMap::new()),
@@ -1064,18 +1066,7 @@ async fn list(
         .get(&js.account.name)
         .into_iter()
         .flatten()
-        .filter(|(_, a)| match req.subject.as_deref() {
-            None | Some("") => true,
-            Some(f) => a
-                .config
-                .get("subjects")
-                .and_then(|s| s.as_array())
-                .is_some_and(|s| {
-                    s.iter()
-                        .filter_map(|x| x.as_str())
-                        .any(|x| super::stream::subjects_overlap(x, f))
-                }),
-        })
+        .filter(|(_, a)| a.matches(req.subject.as_deref()))
         .map(|(n, a)| (n.clone(), a.clone()))
         .collect();
     let limit = 256;

@@ -222,14 +222,11 @@ impl RaftHost {
             format!("$KEEL.RAFT.{hash}.*"),
             format!("$KEEL.RAFT.R.{hash}.*"),
         ] {
-            account.sublist.insert(Arc::new(Sub {
-                client: handle.clone(),
-                sid: Bytes::from_static(RAFT_SID),
-                subject: Bytes::from(subject),
-                queue: None,
-                max: AtomicU64::new(0),
-                delivered: AtomicU64::new(0),
-            }));
+            account.sublist.insert(Sub::internal(
+                &handle,
+                Bytes::from_static(RAFT_SID),
+                Bytes::from(subject),
+            ));
         }
         let host = Arc::new(RaftHost {
             id: node_id(&name),

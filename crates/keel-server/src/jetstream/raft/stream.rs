@@ -729,6 +729,17 @@ impl Replicator for RaftReplicator {
     }
 }
 
+/// The JetStream of the stream's account.
+fn account_js(
+    server: &crate::server::Server,
+    s: &Stream,
+) -> Option<Arc<crate::jetstream::JetStream>> {
+    server
+        .jetstream
+        .get()
+        .and_then(|j| j.account(&s.account().name).cloned())
+}
+
 /// Starts a replicated stream's group on this server (once the cluster's Raft host is up:
 /// at start the stream is recovered before the meta group starts), forms it if this server
 /// made the stream, then follows leadership: the ready leader subscribes and decides, a
@@ -838,11 +849,7 @@ pub async fn run_group(
             }
             shared.unfence();
             s.subscribe();
-            if let Some(js) = server
-                .jetstream
-                .get()
-                .and_then(|j| j.account(&s.account().name).cloned())
-            {
+            if let Some(js) = account_js(&server, &s) {
                 if js.registry.consumers(&js.account.name, &s.name).is_empty() {
                     crate::jetstream::registry::recover_consumers(&js, &server, &s);
                 }
@@ -857,11 +864,7 @@ pub async fn run_group(
             ready = false;
             shared.set_fenced();
             s.unsubscribe_subjects();
-            if let Some(js) = server
-                .jetstream
-                .get()
-                .and_then(|j| j.account(&s.account().name).cloned())
-            {
+            if let Some(js) = account_js(&server, &s) {
                 crate::jetstream::registry::stop_consumers(&js, &server, &s).await;
             }
         }
