@@ -32,6 +32,20 @@ pub(crate) trait FsFile: Send {
     fn allocate(&mut self, len: u64) -> io::Result<()>;
 }
 
+/// A sync job's fsyncs: each file's data, then the directory's entries (when it made any).
+pub(crate) fn sync_files<'a>(
+    files: impl Iterator<Item = &'a mut Box<dyn FsFile>>,
+    dir: &Option<(std::sync::Arc<dyn Fs>, std::path::PathBuf)>,
+) -> io::Result<()> {
+    for f in files {
+        f.sync()?;
+    }
+    if let Some((fs, dir)) = dir {
+        fs.sync_dir(dir)?;
+    }
+    Ok(())
+}
+
 /// The real filesystem.
 pub(crate) struct StdFs;
 

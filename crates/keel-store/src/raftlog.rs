@@ -220,15 +220,7 @@ impl RaftSyncJob {
         if self.outcome.is_some() {
             return;
         }
-        let r = (|| {
-            for (_, f) in &mut self.files {
-                f.sync()?;
-            }
-            if let Some((fs, dir)) = &self.dir {
-                fs.sync_dir(dir)?;
-            }
-            Ok(())
-        })();
+        let r = crate::io::sync_files(self.files.iter_mut().map(|(_, f)| f), &self.dir);
         self.outcome = Some(r);
     }
 }
