@@ -211,24 +211,22 @@ async fn an_r1_stream_is_placed_on_one_server_and_served_from_every_server() {
         connect(&nodes[1], "app").await,
         connect(&nodes[2], "app").await,
     ];
-    let created = api(
+    let created = create_stream(
         &clients[1],
-        "$JS.API.STREAM.CREATE.ORDERS",
+        "ORDERS",
         r#"{"name":"ORDERS","subjects":["orders.>"],"storage":"file","num_replicas":1}"#,
     )
     .await;
-    assert!(created.get("error").is_none(), "{created}");
     assert_eq!(created["config"]["name"], "ORDERS", "{created}");
     let host = created["cluster"]["leader"].as_str().unwrap().to_string();
     assert!(["P1", "P2", "P3"].contains(&host.as_str()), "{created}");
     // The same create again is answered with the stream as it is.
-    let again = api(
+    create_stream(
         &clients[2],
-        "$JS.API.STREAM.CREATE.ORDERS",
+        "ORDERS",
         r#"{"name":"ORDERS","subjects":["orders.>"],"storage":"file","num_replicas":1}"#,
     )
     .await;
-    assert!(again.get("error").is_none(), "{again}");
     // A stream whose subjects overlap is refused, whichever server is asked.
     let overlap = api(
         &clients[0],
@@ -283,6 +281,14 @@ async fn an_r1_stream_is_placed_on_one_server_and_served_from_every_server() {
     }
 }
 
+/// Creates a stream (`body` its config) and returns the create response, which must not be
+/// an error.
+async fn create_stream(c: &async_nats::Client, name: &str, body: &str) -> serde_json::Value {
+    let created = api(c, &format!("$JS.API.STREAM.CREATE.{name}"), body).await;
+    assert!(created.get("error").is_none(), "{created}");
+    created
+}
+
 /// Publishes `body` on `subject` until a PubAck comes (a leader change in flight may drop
 /// or refuse one attempt; the acked sequence is what counts).
 async fn publish_acked(c: &async_nats::Client, subject: &str, body: String) -> u64 {
@@ -311,13 +317,12 @@ async fn an_r3_stream_keeps_every_acked_message_when_its_leader_goes() {
     let (mut nodes, confs) = mesh_in(&names, Some(stores.path())).await;
     meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
     let c0 = connect(&nodes[0], "app").await;
-    let created = api(
+    let created = create_stream(
         &c0,
-        "$JS.API.STREAM.CREATE.ORDERS",
+        "ORDERS",
         r#"{"name":"ORDERS","subjects":["orders.>"],"storage":"file","num_replicas":3}"#,
     )
     .await;
-    assert!(created.get("error").is_none(), "{created}");
     let cl = &created["cluster"];
     assert_eq!(cl["name"], "jsc", "{created}");
     assert!(
@@ -401,13 +406,7 @@ async fn walkthrough_on_an_r3_stream_survives_the_consumers_server() {
     let names = ["W1", "W2", "W3"];
     let mut nodes = mesh(&names).await;
     meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
-    let created = api(
-        &connect(&nodes[0], "app").await,
-        "$JS.API.STREAM.CREATE.ORDERS",
-        r#"{"name":"ORDERS","subjects":["orders.>"],"retention":"limits","max_age":86400000000000,"storage":"file","num_replicas":3}"#,
-    )
-    .await;
-    assert!(created.get("error").is_none(), "{created}");
+    let created = create_stream(&connect(&nodes[0], "app").await, "ORDERS", r#"{"name":"ORDERS","subjects":["orders.>"],"retention":"limits","max_age":86400000000000,"storage":"file","num_replicas":3}"#).await;
     let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
     let li = names.iter().position(|n| *n == leader).unwrap();
     // Everything else from servers that are not the leader.
@@ -519,13 +518,12 @@ async fn stream_and_consumer_leaders_step_down_on_request() {
     let nodes = mesh(&["D1", "D2", "D3"]).await;
     meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
     let c = connect(&nodes[1], "app").await;
-    let created = api(
+    create_stream(
         &c,
-        "$JS.API.STREAM.CREATE.S3",
+        "S3",
         r#"{"name":"S3","subjects":["s3.>"],"num_replicas":3}"#,
     )
     .await;
-    assert!(created.get("error").is_none(), "{created}");
     let first = stream_leader(&c, "S3", "").await;
     let r = api(&c, "$JS.API.STREAM.LEADER.STEPDOWN.S3", "").await;
     assert_eq!(
@@ -558,13 +556,12 @@ async fn stream_and_consumer_leaders_step_down_on_request() {
     assert_eq!(missing["error"]["err_code"], 10014, "{missing}");
     let _ = second;
     // An R1 stream has nothing to hand over: success.
-    let r1 = api(
+    create_stream(
         &c,
-        "$JS.API.STREAM.CREATE.S1",
+        "S1",
         r#"{"name":"S1","subjects":["s1.>"],"num_replicas":1}"#,
     )
     .await;
-    assert!(r1.get("error").is_none(), "{r1}");
     let r = api(&c, "$JS.API.STREAM.LEADER.STEPDOWN.S1", "").await;
     assert_eq!(r["success"], true, "{r}");
     let none = api(&c, "$JS.API.STREAM.LEADER.STEPDOWN.NOPE", "").await;
@@ -587,13 +584,12 @@ async fn metrics_show_raft_groups_and_the_ack_floor_lag() {
     let nodes = mesh(&["M1", "M2", "M3"]).await;
     meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
     let c = connect(&nodes[0], "app").await;
-    let created = api(
+    let created = create_stream(
         &c,
-        "$JS.API.STREAM.CREATE.L",
+        "L",
         r#"{"name":"L","subjects":["l.>"],"num_replicas":3}"#,
     )
     .await;
-    assert!(created.get("error").is_none(), "{created}");
     let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
     // Changing the replicas is refused for now, clearly.
     let up = api(
@@ -688,13 +684,7 @@ async fn a_server_restarted_alone_leads_nothing() {
     let (nodes, confs) = mesh_in(&names, Some(stores.path())).await;
     meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
     let c = connect(&nodes[0], "app").await;
-    let created = api(
-        &c,
-        "$JS.API.STREAM.CREATE.S",
-        r#"{"name":"S","subjects":["s"],"num_replicas":3}"#,
-    )
-    .await;
-    assert!(created.get("error").is_none(), "{created}");
+    let created = create_stream(&c, "S", r#"{"name":"S","subjects":["s"],"num_replicas":3}"#).await;
     let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
     publish_acked(&c, "s", "x".into()).await;
     drop(c);
