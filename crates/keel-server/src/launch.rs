@@ -255,9 +255,6 @@ async fn start_meta(
     }
     let backend = Box::new(backend);
     let meta = crate::jetstream::cluster::Meta::start(server, host, backend).await?;
-    for a in js.all() {
-        let _ = a.cluster_meta.set(Arc::downgrade(&meta));
-    }
     let _ = js.meta.set(meta);
     Ok(())
 }

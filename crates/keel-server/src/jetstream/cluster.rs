@@ -131,12 +131,8 @@ impl Meta {
     /// The meta leader's server name, if there is one.
     pub fn leader(&self) -> Option<String> {
         let m = self.raft.metrics().borrow().clone();
-        let id = leader_id(&m)?;
-        let name = m
-            .membership_config
-            .nodes()
-            .find(|(n, _)| **n == id)
-            .map(|(_, p)| p.name.clone())?;
+        let id = raft::leader_id(&m)?;
+        let name = raft::member_name(&m, id)?;
         // Another server named by a saved vote, not heard from since: no leader yet.
         if id != self.host.id
             && self
@@ -150,7 +146,7 @@ impl Meta {
     }
 
     pub fn is_leader(&self) -> bool {
-        leader_id(&self.raft.metrics().borrow()) == Some(self.host.id)
+        raft::leader_id(&self.raft.metrics().borrow()) == Some(self.host.id)
     }
 
     /// Proposes `op` (on the leader); resolves once it is committed on a quorum and
@@ -173,12 +169,7 @@ impl Meta {
             .map(|(id, p)| (p.name.clone(), *id))
             .collect();
         let size = members.len().max(1);
-        let leader = leader_id(&m).and_then(|id| {
-            members
-                .iter()
-                .find(|(_, n)| **n == id)
-                .map(|(name, _)| name.clone())
-        });
+        let leader = raft::leader_id(&m).and_then(|id| raft::member_name(&m, id));
         let mut out = serde_json::Map::new();
         out.insert("name".into(), cluster_name.into());
         let mut replicas = Vec::new();
@@ -240,16 +231,6 @@ impl Meta {
     }
 }
 
-/// The group's leader, unless this server is a leader that has lost its quorum (or has a
-/// saved vote but no election behind it).
-fn leader_id(m: &openraft::RaftMetrics<NodeId, Peer>) -> Option<NodeId> {
-    let id = m.current_leader?;
-    if id == m.id && !raft::leads(m) {
-        return None;
-    }
-    Some(id)
-}
-
 /// Forms the group, then (on the leader) adds servers that joined the cluster later, and
 /// logs leader changes the way the reference does.
 async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
@@ -290,7 +271,7 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
             stable_since = Instant::now();
         }
         let metrics = meta.raft.metrics().borrow().clone();
-        let now_leader = leader_id(&metrics);
+        let now_leader = raft::leader_id(&metrics);
         if now_leader != last_leader {
             last_leader = now_leader;
             *meta.leader_since.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -589,18 +570,8 @@ async fn create(
         if other == name {
             continue;
         }
-        let subjects: Vec<String> = a
-            .config
-            .get("subjects")
-            .and_then(|s| serde_json::from_value(s.clone()).ok())
-            .unwrap_or_default();
-        for s in &cfg.subjects {
-            if subjects
-                .iter()
-                .any(|b| super::stream::subjects_overlap(s, b))
-            {
-                return Err(ErrorKind::SubjectsOverlap.err());
-            }
+        if cfg.subjects.iter().any(|s| a.matches(Some(s))) {
+            return Err(ErrorKind::SubjectsOverlap.err());
         }
     }
     let max_streams = js.account.jetstream_limits().max_streams;
@@ -933,7 +904,7 @@ pub fn leader_stepdown(
     } else {
         "io.nats.jetstream.api.v1.stream_leader_stepdown_response"
     };
-    if !js.clustered {
+    if !js.clustered() {
         return Err(ErrorKind::ClusteringRequired.err());
     }
     let s = js

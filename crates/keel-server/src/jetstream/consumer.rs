@@ -996,7 +996,7 @@ impl Consumer {
             .jetstream
             .get()
             .and_then(|j| j.account(&self.stream.account().name).cloned())
-            .filter(|js| js.clustered)
+            .filter(|js| js.clustered())
             .map(|js| super::api::streams::cluster_info(&js, &self.stream));
         let mut st = self.lock();
         // Requests whose requester went away are not waiting (the reference checks here too).
@@ -1050,6 +1050,11 @@ impl Consumer {
                 .into_iter()
                 .collect(),
         }
+    }
+
+    /// The ack floor's stream sequence (cheap: no pending count).
+    pub fn ack_floor(&self) -> u64 {
+        self.lock().rep.ack_floor.stream_seq
     }
 
     /// The figures monitoring samples (the dashboard), without building the info JSON.

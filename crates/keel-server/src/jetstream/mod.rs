@@ -110,10 +110,8 @@ impl JetStreams {
                 index_cache: index_cache.clone(),
                 syncing: syncing.clone(),
                 api_queue: std::sync::OnceLock::new(),
-                clustered,
                 cluster: server.cluster.get().filter(|_| clustered).cloned(),
                 system_account: server.accounts.system_account().map(|a| a.name.clone()),
-                cluster_meta: std::sync::OnceLock::new(),
             });
             registry::recover(&js, server)?;
             js.serve(server, requests_rx);
@@ -211,14 +209,10 @@ pub struct JetStream {
     pub syncing: Arc<std::sync::atomic::AtomicUsize>,
     /// The API's queue: requests forwarded from other servers of a cluster go in here.
     pub(crate) api_queue: std::sync::OnceLock<Arc<crate::inqueue::InQueue>>,
-    /// In a cluster (`cluster.rs`): streams' and consumers' subscriptions are announced to
-    /// the routes, so their clients may be on any server.
-    pub clustered: bool,
-    /// The cluster, when clustered.
+    /// The cluster, when JetStream is clustered (`cluster.rs`): streams' and consumers'
+    /// subscriptions are then announced to the routes, so their clients may be on any server.
     pub cluster: Option<Arc<crate::route::Cluster>>,
     system_account: Option<String>,
-    /// The meta group, once started (clustered).
-    pub cluster_meta: std::sync::OnceLock<std::sync::Weak<cluster::Meta>>,
 }
 
 impl JetStream {
@@ -259,6 +253,11 @@ impl JetStream {
         self.system_account.clone()
     }
 
+    /// Whether JetStream is clustered here.
+    pub fn clustered(&self) -> bool {
+        self.cluster.is_some()
+    }
+
     /// The cluster's name, for clustered JetStream's `cluster` objects.
     pub fn cluster_name(&self) -> Option<String> {
         self.cluster.as_ref().map(|c| c.name())
@@ -294,7 +293,7 @@ impl JetStream {
             meta: self.meta.clone(),
             index_cache: self.index_cache.clone(),
             syncing: self.syncing.clone(),
-            cluster_wide: self.clustered,
+            cluster_wide: self.clustered(),
         }
     }
 

@@ -217,7 +217,7 @@ impl Families {
                     raft.clone(),
                 ));
                 for c in js.consumers_of(&s.name) {
-                    let floor = c.numbers().ack_floor_stream_seq;
+                    let floor = c.ack_floor();
                     for (peer, seqs, secs) in r.ack_floor_lag(&c.name, floor) {
                         let labels: Labels = vec![
                             ("server_id".into(), id.into()),
@@ -278,12 +278,7 @@ impl Families {
             if let Some(rep) = m.replication.as_ref() {
                 let last = m.last_log_index.unwrap_or(0);
                 for (peer, matched) in rep {
-                    let name = m
-                        .membership_config
-                        .nodes()
-                        .find(|(n, _)| *n == peer)
-                        .map(|(_, p)| p.name.clone())
-                        .unwrap_or_default();
+                    let name = crate::jetstream::raft::member_name(&m, *peer).unwrap_or_default();
                     let mut l = labels.clone();
                     l.push(("peer".into(), name));
                     self.add(

@@ -4,7 +4,7 @@ use super::types::{AccountInfo, AccountLimits, ApiStats};
 use crate::jetstream::stream::{StorageType, API_LEVEL};
 use crate::jetstream::JetStream;
 
-pub fn info(js: &JetStream) -> AccountInfo {
+pub fn info(js: &JetStream, server: &crate::server::Server) -> AccountInfo {
     let (memory, storage) = js.usage();
     let streams = js.streams();
     let (total, errors) = js.api_stats();
@@ -15,10 +15,10 @@ pub fn info(js: &JetStream) -> AccountInfo {
         reserved_storage: js.reserved(StorageType::File, None),
         // In a cluster, every stream of the account (the meta group's assignments); the
         // usage and consumers are this server's.
-        streams: js
-            .cluster_meta
+        streams: server
+            .jetstream
             .get()
-            .and_then(|m| m.upgrade())
+            .and_then(|j| j.meta.get())
             .and_then(|m| {
                 m.machine
                     .state()

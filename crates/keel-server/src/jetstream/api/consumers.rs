@@ -166,7 +166,7 @@ fn create_consumer(
     }
     let cfg = cfg.normalize(scfg.retention)?;
     if cfg.num_replicas > 1 {
-        if !js.clustered {
+        if !js.clustered() {
             return Err(ErrorKind::ReplicasNotSupported.err());
         }
         // A consumer replicates with its stream (in the stream's group).

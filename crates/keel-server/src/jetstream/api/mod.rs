@@ -214,7 +214,7 @@ async fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut 
     let (kind, result) = match tokens.as_slice() {
         ["INFO"] => (
             "account_info",
-            encoded("account_info", Ok(account::info(js))),
+            encoded("account_info", Ok(account::info(js, server))),
         ),
         ["STREAM", "CREATE", name] => (
             "stream_create",

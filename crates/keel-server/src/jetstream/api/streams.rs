@@ -135,7 +135,7 @@ pub(crate) fn parse_config(
         return Err(ErrorKind::StreamMismatch.err());
     }
     let cfg = cfg.normalize()?;
-    if cfg.num_replicas > 1 && !js.clustered {
+    if cfg.num_replicas > 1 && !js.clustered() {
         return Err(ErrorKind::ReplicasNotSupported.err());
     }
     if cfg.num_replicas > 5 {
@@ -243,7 +243,13 @@ pub async fn create(
             return Err(ErrorKind::StreamNameInUse.err());
         }
         return Ok(StreamCreateResponse {
-            info: info(&existing, true, js.clustered.then_some(&**js), None, false),
+            info: info(
+                &existing,
+                true,
+                js.clustered().then_some(&**js),
+                None,
+                false,
+            ),
             did_create: true,
         });
     }
@@ -257,7 +263,7 @@ pub async fn create(
     let s = registry::create_stream(js, server, cfg).await?;
     advisory::stream_action(server, router, name, advisory::Action::Create);
     let created = StreamCreateResponse {
-        info: info(&s, true, js.clustered.then_some(&**js), None, false),
+        info: info(&s, true, js.clustered().then_some(&**js), None, false),
         did_create: true,
     };
     s.start_sources();

@@ -129,6 +129,24 @@ pub fn leads(m: &openraft::RaftMetrics<NodeId, Peer>) -> bool {
             .is_some_and(|ms| ms <= QUORUM_LOST_MS)
 }
 
+/// The group's leader as these metrics show it, unless it is this server without a quorum
+/// behind it (a saved vote, or a quorum lost).
+pub fn leader_id(m: &openraft::RaftMetrics<NodeId, Peer>) -> Option<NodeId> {
+    let id = m.current_leader?;
+    if id == m.id && !leads(m) {
+        return None;
+    }
+    Some(id)
+}
+
+/// The server name of member `id` of the group.
+pub fn member_name(m: &openraft::RaftMetrics<NodeId, Peer>, id: NodeId) -> Option<String> {
+    m.membership_config
+        .nodes()
+        .find(|(n, _)| **n == id)
+        .map(|(_, p)| p.name.clone())
+}
+
 /// Hands a group's leadership to another voter: this one stops sending heartbeats and
 /// stands for no election until another has won (openraft 0.9 has no leader transfer; the
 /// followers' election timeout then runs out). Refused with one voter.

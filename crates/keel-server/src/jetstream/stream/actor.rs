@@ -304,11 +304,7 @@ impl<R: Replicator> Actor<R> {
         };
         self.core.stream.set_bytes(bytes);
         if committed {
-            self.core.stream.committed.send_if_modified(|v| {
-                let changed = *v != last;
-                *v = last;
-                changed
-            });
+            self.core.stream.set_committed(last);
         }
         let pending = self.core.leader.take_republish();
         republish::publish(&self.core.server, &mut self.core.router, pending);

@@ -293,6 +293,11 @@ impl Stream {
             (s.state().bytes, s.last_seq())
         };
         self.set_bytes(bytes);
+        self.set_committed(last);
+    }
+
+    /// Moves the committed watermark to `last` (consumers and sourcing streams wake).
+    fn set_committed(&self, last: u64) {
         self.committed.send_if_modified(|v| {
             let changed = *v != last;
             *v = last;
@@ -323,16 +328,8 @@ impl Stream {
     pub fn leader_name(&self) -> Option<String> {
         let r = self.replica.get()?.raft.get()?.clone();
         let m = r.metrics().borrow().clone();
-        let id = m.current_leader?;
-        if id == m.id && !crate::jetstream::raft::leads(&m) {
-            return None; // A saved vote or a lost quorum, not a leader.
-        }
-        let name = m
-            .membership_config
-            .nodes()
-            .find(|(n, _)| **n == id)
-            .map(|(_, p)| p.name.clone());
-        name
+        let id = crate::jetstream::raft::leader_id(&m)?;
+        crate::jetstream::raft::member_name(&m, id)
     }
 
     /// Replicates a durable consumer's change through the stream's group (nothing for an
