@@ -1075,28 +1075,23 @@ impl Consumer {
         }
     }
 
-    /// The saved state to replicate: a durable consumer of a replicated stream.
-    fn replicated_state(&self, st: &State) -> Option<Vec<u8>> {
-        if self.stream.group.is_none() || self.dir.is_none() || st.deleted {
-            return None;
-        }
-        serde_json::to_vec(&SavedState::of(&st.rep)).ok()
-    }
-
     /// Writes and syncs the state now (clean shutdown).
     pub fn flush_state(&self) {
         let mut st = self.lock();
-        self.save(&mut st, true);
+        let _ = self.save(&mut st, true);
     }
 
-    /// Writes the state (fsynced with `sync`); false if that failed.
-    fn save(&self, st: &mut State, sync: bool) -> bool {
+    /// Writes the state (fsynced with `sync`): the bytes written (None when there is
+    /// nothing on disk to write: not durable, or being deleted), an error if that failed.
+    fn save(&self, st: &mut State, sync: bool) -> Result<Option<Vec<u8>>, ()> {
         st.dirty = false;
         st.last_save = Instant::now();
-        let Some(dir) = &self.dir else { return true };
+        let Some(dir) = &self.dir else {
+            return Ok(None);
+        };
         if st.deleted {
             // Its directory is being removed: writing would bring it back.
-            return true;
+            return Ok(None);
         }
         let saved = SavedState::of(&st.rep);
         let bytes = serde_json::to_vec(&saved).expect("state serializes");
@@ -1112,9 +1107,9 @@ impl Consumer {
                 self.name
             );
             st.dirty = true;
-            return false;
+            return Err(());
         }
-        true
+        Ok(Some(bytes))
     }
 }
 
@@ -1564,22 +1559,24 @@ async fn run(
         let mut replicate: Option<(Vec<u8>, u64)> = None;
         {
             let mut st = c.lock();
-            if !sync_replies.is_empty() {
+            let saved = if !sync_replies.is_empty() {
                 // An ack the client asked to be confirmed is on disk before we confirm it;
                 // if it cannot be written it is not confirmed (the client retries).
-                if !c.save(&mut st, true) {
+                let r = c.save(&mut st, true);
+                if r.is_err() {
                     sync_replies.clear();
                 }
-                replicate = c
-                    .replicated_state(&st)
-                    .map(|b| (b, st.rep.ack_floor.stream_seq));
+                r
             } else if st.dirty && st.last_save.elapsed() >= SAVE_INTERVAL {
                 // Other changes are written at most every SAVE_INTERVAL (without fsync: they
                 // survive a process kill), so a busy consumer does not rewrite its file per ack.
-                c.save(&mut st, false);
-                replicate = c
-                    .replicated_state(&st)
-                    .map(|b| (b, st.rep.ack_floor.stream_seq));
+                c.save(&mut st, false)
+            } else {
+                Ok(None)
+            };
+            // A replicated stream's followers get the bytes just written.
+            if let (Ok(Some(bytes)), true) = (saved, c.stream.group.is_some()) {
+                replicate = Some((bytes, st.rep.ack_floor.stream_seq));
             }
         }
         if let Some((state, ack_floor)) = replicate {
