@@ -591,14 +591,6 @@ async fn metrics_show_raft_groups_and_the_ack_floor_lag() {
     )
     .await;
     let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
-    // Changing the replicas is refused for now, clearly.
-    let up = api(
-        &c,
-        "$JS.API.STREAM.UPDATE.L",
-        r#"{"name":"L","subjects":["l.>"],"num_replicas":1}"#,
-    )
-    .await;
-    assert_eq!(up["error"]["err_code"], 10052, "{up}");
     let js = jetstream::new(c.clone());
     for i in 0..20 {
         js.publish("l.x", format!("{i}").into())
@@ -706,4 +698,228 @@ async fn a_server_restarted_alone_leads_nothing() {
         assert!(v["seq"].as_u64().unwrap_or(0) == 0, "acked alone: {v}");
     }
     alone.shutdown().await;
+}
+
+/// Waits until STREAM.INFO (asked on `c`) shows `n` replicas besides the leader, each
+/// current and none of them `not`, and returns the info.
+async fn replicas_current(
+    c: &async_nats::Client,
+    stream: &str,
+    n: usize,
+    not: &str,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let info = api(c, &format!("$JS.API.STREAM.INFO.{stream}"), "").await;
+        let cl = &info["cluster"];
+        let reps = cl["replicas"].as_array().cloned().unwrap_or_default();
+        if cl["leader"]
+            .as_str()
+            .is_some_and(|l| !l.is_empty() && l != not)
+            && reps.len() == n
+            && reps
+                .iter()
+                .all(|r| r["current"] == true && r["name"] != not)
+        {
+            return info;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replicas not {n} current: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `keel stream edit --replicas`: an R1 stream with a durable consumer grows to R3 (the
+/// new peers get every message and the consumer's acks), survives losing the server it
+/// started on, and shrinks back to R1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_scales_from_r1_to_r3_and_back() {
+    let names = ["E1", "E2", "E3"];
+    let mut nodes = mesh(&names).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    let cfg = |r: u32| {
+        format!(
+            r#"{{"name":"ORDERS","subjects":["orders.>"],"storage":"file","num_replicas":{r}}}"#
+        )
+    };
+    let created = create_stream(&c, "ORDERS", &cfg(1)).await;
+    let host = created["cluster"]["leader"].as_str().unwrap().to_string();
+    for i in 1..=10u64 {
+        assert_eq!(publish_acked(&c, "orders.new", format!("{i}")).await, i);
+    }
+    let cc = api(
+        &c,
+        "$JS.API.CONSUMER.DURABLE.CREATE.ORDERS.worker",
+        r#"{"stream_name":"ORDERS","config":{"durable_name":"worker","ack_policy":"explicit"}}"#,
+    )
+    .await;
+    assert!(cc.get("error").is_none(), "{cc}");
+    {
+        use async_nats::jetstream;
+        use futures::StreamExt;
+        let js = jetstream::new(c.clone());
+        let consumer: jetstream::consumer::PullConsumer = js
+            .get_stream("ORDERS")
+            .await
+            .unwrap()
+            .get_consumer("worker")
+            .await
+            .unwrap();
+        let mut batch = consumer.fetch().max_messages(3).messages().await.unwrap();
+        for i in 1..=3u64 {
+            let m = common::within("fetch", batch.next())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(m.payload, format!("{i}"));
+            m.double_ack().await.expect("ack confirmed");
+        }
+    }
+
+    // R1 -> R3, asked on a server that does not host it.
+    let hi = names.iter().position(|n| *n == host).unwrap();
+    let other = connect(&nodes[(hi + 1) % 3], "app").await;
+    let up = api(&other, "$JS.API.STREAM.UPDATE.ORDERS", &cfg(3)).await;
+    assert!(up.get("error").is_none(), "{up}");
+    assert_eq!(up["config"]["num_replicas"], 3, "{up}");
+    let info = replicas_current(&other, "ORDERS", 2, "").await;
+    assert_eq!(info["state"]["messages"], 10, "{info}");
+
+    // The server it started on goes: the new peers have everything.
+    nodes.remove(hi).shutdown().await;
+    let c = connect(&nodes[0], "app").await;
+    assert_eq!(publish_acked(&c, "orders.new", "11".into()).await, 11);
+    for seq in [1u64, 10, 11] {
+        let m = api(
+            &c,
+            "$JS.API.STREAM.MSG.GET.ORDERS",
+            &format!("{{\"seq\":{seq}}}"),
+        )
+        .await;
+        assert_eq!(m["message"]["seq"], seq, "{m}");
+    }
+    // Keel's consumers ride in their stream's group, so they move with it; the
+    // reference's consumer stays on the server it was made on (10119, offline).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !common::is_reference() {
+        let ci = api(&c, "$JS.API.CONSUMER.INFO.ORDERS.worker", "").await;
+        if ci["ack_floor"]["stream_seq"] == 3 {
+            assert_eq!(ci["num_pending"], 8, "{ci}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "consumer: {ci}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // And back to R1 on what is left (without the consumer, which holds the reference's
+    // shrink back while it is offline).
+    let del = api(&c, "$JS.API.CONSUMER.DELETE.ORDERS.worker", "").await;
+    assert_eq!(del["success"], true, "{del}");
+    let down = api(&c, "$JS.API.STREAM.UPDATE.ORDERS", &cfg(1)).await;
+    assert!(down.get("error").is_none(), "{down}");
+    assert_eq!(down["config"]["num_replicas"], 1, "{down}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = api(&c, "$JS.API.STREAM.INFO.ORDERS", "").await;
+        let reps = info["cluster"]["replicas"]
+            .as_array()
+            .map_or(0, |r| r.len());
+        if reps == 0 && info["cluster"]["leader"].is_string() {
+            assert_eq!(info["state"]["messages"], 11, "{info}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "still replicated: {info}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(publish_acked(&c, "orders.new", "12".into()).await, 12);
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// `$JS.API.STREAM.PEER.REMOVE`: the peer leaves the stream's group and a free server takes
+/// its place with every message; a server that is not a peer is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_peer_is_replaced() {
+    let names = ["F1", "F2", "F3", "F4"];
+    let mut nodes = mesh(&names).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    let created = create_stream(
+        &c,
+        "ORDERS",
+        r#"{"name":"ORDERS","subjects":["orders.>"],"storage":"file","num_replicas":3}"#,
+    )
+    .await;
+    let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
+    let mut peers: Vec<String> = created["cluster"]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect();
+    peers.push(leader.clone());
+    let spare = names
+        .iter()
+        .find(|n| !peers.contains(&n.to_string()))
+        .unwrap()
+        .to_string();
+    for i in 1..=5u64 {
+        assert_eq!(publish_acked(&c, "orders.new", format!("{i}")).await, i);
+    }
+    let not_member = api(
+        &c,
+        "$JS.API.STREAM.PEER.REMOVE.ORDERS",
+        &format!("{{\"peer\":\"{spare}\"}}"),
+    )
+    .await;
+    assert_eq!(not_member["error"]["err_code"], 10040, "{not_member}");
+    let empty = api(&c, "$JS.API.STREAM.PEER.REMOVE.ORDERS", "{}").await;
+    assert_eq!(empty["error"]["err_code"], 10003, "{empty}");
+    // A follower goes; the spare takes its place.
+    let gone = peers.iter().find(|p| **p != leader).unwrap().clone();
+    let r = api(
+        &c,
+        "$JS.API.STREAM.PEER.REMOVE.ORDERS",
+        &format!("{{\"peer\":\"{gone}\"}}"),
+    )
+    .await;
+    assert_eq!(
+        r["type"], "io.nats.jetstream.api.v1.stream_remove_peer_response",
+        "{r}"
+    );
+    assert_eq!(r["success"], true, "{r}");
+    let info = replicas_current(&c, "ORDERS", 2, &gone).await;
+    let names_now: Vec<&str> = info["cluster"]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    assert!(names_now.contains(&spare.as_str()), "{info}");
+    // The removed server drops its replica.
+    let gi = names.iter().position(|n| *n == gone).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let j = jsz(&nodes[gi]).await;
+        if j["streams"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "replica kept: {j}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The spare has every message: the leader goes, and the two left (one of them the
+    // spare) carry on.
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    nodes.remove(li).shutdown().await;
+    let c = connect(&nodes[0], "app").await;
+    assert_eq!(publish_acked(&c, "orders.new", "6".into()).await, 6);
+    let info = api(&c, "$JS.API.STREAM.INFO.ORDERS", "").await;
+    assert_eq!(info["state"]["messages"], 6, "{info}");
+    for n in nodes {
+        n.shutdown().await;
+    }
 }

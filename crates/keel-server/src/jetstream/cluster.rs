@@ -433,9 +433,30 @@ pub async fn api(
     };
     let hops = hops(m);
     let account = js.account.name.clone();
+    // A change of a stream's replicas is placed by the meta leader first (new peers join
+    // the stream's group, removed ones leave it: `raft::stream::run_group`); the stream's
+    // leader then takes the config as any other update.
+    if let ["STREAM", "UPDATE", name] = tokens {
+        if let Some(want) = rescale_wanted(&meta, &account, name, m.payload()).await {
+            if !meta.is_leader() {
+                match meta.leader() {
+                    Some(l) if hops < MAX_HOPS => meta.forward(&l, &account, m, hops + 1),
+                    _ => unavailable(server, router, &reply, tokens),
+                }
+                return true;
+            }
+            if let Err(e) = rescale(js, &meta, name, m.payload(), want).await {
+                let body = super::api::error_body_for("stream_update", &e);
+                super::api::reply(server, router, &reply, body);
+                router.flush();
+                return true;
+            }
+        }
+    }
     let meta_level = match tokens {
         ["STREAM", "CREATE", name] => meta.assignment(&account, name).is_none(),
         ["STREAM", "DELETE", _] | ["STREAM", "NAMES"] | ["STREAM", "LIST"] | ["INFO"] => true,
+        ["STREAM", "PEER", "REMOVE", _] => true,
         _ => false,
     };
     if meta_level {
@@ -473,11 +494,17 @@ pub async fn api(
         // The consumer's own subscription, on its leader, gets the pull request.
         return true;
     }
-    // A replica knows its group's leader; others ask the first peer, which does.
+    // A replica knows its group's leader; others ask a peer that is up, which does.
     let me = &meta.host.name;
+    let up = |p: &&String| {
+        meta.host
+            .since_heard(p)
+            .is_some_and(|d| d < Duration::from_secs(3))
+    };
     let target = local
         .and_then(|s| s.leader_name())
         .filter(|l| l != me)
+        .or_else(|| a.peers.iter().filter(|p| *p != me).find(up).cloned())
         .or_else(|| a.peers.iter().find(|p| *p != me).cloned());
     match target.as_ref() {
         Some(l) if hops < MAX_HOPS && *l != meta.host.name => {
@@ -506,6 +533,7 @@ fn unavailable(
             "UPDATE" => "stream_update",
             "PURGE" => "stream_purge",
             "LEADER" => "stream_leader_stepdown",
+            "PEER" => "stream_remove_peer",
             _ => "stream_msg_get",
         },
         _ => "consumer_info",
@@ -535,6 +563,10 @@ async fn meta_api(
         ),
         ["STREAM", "DELETE", name] => ("stream_delete", delete(js, meta, name).await),
         ["STREAM", "NAMES"] => ("stream_names", names(js, meta, m.payload())),
+        ["STREAM", "PEER", "REMOVE", name] => (
+            "stream_remove_peer",
+            remove_peer(js, meta, name, m.payload()).await,
+        ),
         ["STREAM", "LIST"] => (
             "stream_list",
             list(js, server, meta, m.payload()).await.map(Some),
@@ -579,7 +611,7 @@ async fn create(
         return Err(ErrorKind::MaxStreams.err());
     }
     let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let peers = place(meta, &state, cfg.num_replicas.max(1) as usize, &raw)?;
+    let peers = place(meta, &state, cfg.num_replicas.max(1) as usize, &raw, &[])?;
     let replicas = peers.len();
     if replicas > 1 && cfg.storage == super::stream::StorageType::Memory {
         // A replicated stream's leader rolls its store back after a failed commit, which
@@ -587,7 +619,9 @@ async fn create(
         return Err(ErrorKind::InvalidConfig
             .with("replicated memory streams are not supported yet: use file storage"));
     }
-    let group = if replicas > 1 {
+    // Every file stream has a group, R1 too, so that its replicas can change later (new
+    // peers catch up from the group's log).
+    let group = if cfg.storage == super::stream::StorageType::File {
         format!(
             "S-R{replicas}{}-{}",
             if cfg.storage == super::stream::StorageType::Memory {
@@ -616,13 +650,14 @@ async fn create(
         .map_err(|_| ErrorKind::ClusterUnavailable.err())
 }
 
-/// Chooses `replicas` servers among the meta group's members that are up: the ones with
-/// the fewest streams first (ties by name), this server among them when it can be.
+/// Chooses `replicas` servers among the meta group's members that are up, other than
+/// `exclude`: the ones with the fewest streams first (ties by name).
 fn place(
     meta: &Meta,
     state: &MetaState,
     replicas: usize,
     cfg: &Value,
+    exclude: &[String],
 ) -> Result<Vec<String>, super::api::ApiError> {
     use super::api::ErrorKind;
     let p = &cfg["placement"];
@@ -649,7 +684,7 @@ fn place(
                 .host
                 .since_heard(&p.name)
                 .is_some_and(|d| d < Duration::from_secs(10));
-        if up {
+        if up && !exclude.contains(&p.name) {
             load.insert(p.name.clone(), 0);
         }
     }
@@ -690,6 +725,134 @@ async fn delete(
         .map_err(|_| ErrorKind::ClusterUnavailable.err())?;
     Ok(Some(
         br#"{"type":"io.nats.jetstream.api.v1.stream_delete_response","success":true}"#.to_vec(),
+    ))
+}
+
+/// The replica count an update asks for, where it differs from the stream's assignment
+/// (`None`: nothing to place). A request forwarded here by the meta leader finds the new
+/// assignment applied, or shortly will: it is given a moment rather than sent back.
+async fn rescale_wanted(meta: &Meta, account: &str, name: &str, body: &[u8]) -> Option<usize> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    // Absent or 0 is 1, as a create takes it; a negative count is the update's error.
+    let want = match v.get("num_replicas").and_then(|n| n.as_i64()).unwrap_or(1) {
+        n if n < 0 => return None,
+        0 => 1,
+        n => n as usize,
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let have = meta.assignment(account, name)?.peers.len();
+        if have == want {
+            return None;
+        }
+        if meta.is_leader() || Instant::now() >= deadline {
+            return Some(want);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// On the meta leader: the stream placed on `want` servers. Shrinking keeps the stream's
+/// leader where this server knows it; growing adds the least loaded servers that are up.
+async fn rescale(
+    js: &Arc<super::JetStream>,
+    meta: &Meta,
+    name: &str,
+    body: &[u8],
+    want: usize,
+) -> Result<(), super::api::ApiError> {
+    use super::api::ErrorKind;
+    let cfg = super::api::streams::parse_config(js, name, body)?;
+    let a = meta
+        .assignment(&js.account.name, name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    if a.group.is_empty() {
+        return Err(ErrorKind::InvalidConfig.with(
+            if cfg.storage == super::stream::StorageType::Memory {
+                "replicated memory streams are not supported yet: use file storage"
+            } else {
+                "this stream's replicas cannot change: it has no Raft group"
+            },
+        ));
+    }
+    let old = serde_json::to_vec(&a.config).unwrap_or_default();
+    if let Ok(old) = super::api::streams::parse_config(js, name, &old) {
+        old.check_update(&cfg)?;
+    }
+    let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let mut peers = a.peers.clone();
+    if want < peers.len() {
+        if let Some(l) = js.stream(name).and_then(|s| s.leader_name()) {
+            if let Some(i) = peers.iter().position(|p| *p == l) {
+                let l = peers.remove(i);
+                peers.insert(0, l);
+            }
+        }
+        peers.truncate(want);
+    } else {
+        let state = meta.machine.state();
+        let more = place(meta, &state, want - peers.len(), &raw, &peers)?;
+        peers.extend(more);
+    }
+    let op = MetaOp::AssignStream {
+        account: js.account.name.clone(),
+        name: name.to_string(),
+        assignment: StreamAssignment {
+            config: raw,
+            peers,
+            reply: None,
+            ..a
+        },
+    };
+    meta.propose(&op)
+        .await
+        .map_err(|_| ErrorKind::ClusterUnavailable.err())
+}
+
+/// `$JS.API.STREAM.PEER.REMOVE.<stream>` on the meta leader: `peer` leaves the stream's
+/// group and, where a server is free, another takes its place.
+async fn remove_peer(
+    js: &Arc<super::JetStream>,
+    meta: &Meta,
+    name: &str,
+    body: &[u8],
+) -> Result<Option<Vec<u8>>, super::api::ApiError> {
+    use super::api::ErrorKind;
+    let peer = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("peer").and_then(|p| p.as_str()).map(str::to_string))
+        .unwrap_or_default();
+    if peer.is_empty() {
+        return Err(ErrorKind::BadRequest.err());
+    }
+    let a = meta
+        .assignment(&js.account.name, name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    if !a.peers.contains(&peer) {
+        return Err(ErrorKind::PeerNotMember.err());
+    }
+    let state = meta.machine.state();
+    let mut peers: Vec<String> = a.peers.iter().filter(|p| **p != peer).cloned().collect();
+    peers.extend(place(meta, &state, 1, &a.config, &a.peers).unwrap_or_default());
+    if peers.is_empty() || a.group.is_empty() {
+        // Nowhere else to keep it.
+        return Err(ErrorKind::PeerRemap.err());
+    }
+    let op = MetaOp::AssignStream {
+        account: js.account.name.clone(),
+        name: name.to_string(),
+        assignment: StreamAssignment {
+            peers,
+            reply: None,
+            ..a
+        },
+    };
+    meta.propose(&op)
+        .await
+        .map_err(|_| ErrorKind::ClusterUnavailable.err())?;
+    Ok(Some(
+        br#"{"type":"io.nats.jetstream.api.v1.stream_remove_peer_response","success":true}"#
+            .to_vec(),
     ))
 }
 
@@ -775,7 +938,9 @@ pub async fn follow(
             } => {
                 // Replaying the log at start: a stream removed later is not made again.
                 if !assignment.peers.contains(&meta.host.name)
-                    || meta.assignment(&account, &name).is_none()
+                    || !meta
+                        .assignment(&account, &name)
+                        .is_some_and(|a| a.peers.contains(&meta.host.name))
                 {
                     continue;
                 }
@@ -800,7 +965,7 @@ pub async fn follow(
                 }
                 // A replicated stream is answered once it has a leader, as the reference
                 // does (a publish right after the answer then finds one).
-                if answer && assignment.peers.len() > 1 && r.is_ok() {
+                if answer && !assignment.group.is_empty() && r.is_ok() {
                     let deadline = Instant::now() + Duration::from_secs(10);
                     while Instant::now() < deadline
                         && js.stream(&name).is_some_and(|s| {
@@ -932,6 +1097,10 @@ pub fn leader_stepdown(
             .count()
             < 2
         {
+            // An R1 stream has nothing to hand over: success, as the reference answers.
+            if s.config().num_replicas <= 1 {
+                return Ok(json!({"type": kind, "success": true}));
+            }
             return Err(ErrorKind::StepdownFailed.with("no replacement peer connected"));
         }
         let me = r.node;

@@ -113,6 +113,8 @@ error_table! {
     NoSuitablePeersReason = (400, 10005, "no suitable peers for placement{}");
     ClusterUnavailable = (503, 10008, "JetStream system temporarily unavailable");
     ClusteringRequired = (503, 10010, "JetStream clustering support required");
+    PeerNotMember = (400, 10040, "peer not a member");
+    PeerRemap = (503, 10075, "peer remap failed");
     ConsumerReplicasExceedStream = (400, 10126, "consumer config replica count exceeds parent stream");
     /// A stepdown that could not be done (the reason as detail).
     StepdownFailed = (500, 10041, "{}");

@@ -341,6 +341,11 @@ async fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut 
             "consumer_unpin",
             encoded("consumer_unpin", c::consumer_unpin(js, stream, name, body)),
         ),
+        // A clustered account's is the meta leader's (`cluster::api`).
+        ["STREAM", "PEER", "REMOVE", _] => (
+            "stream_remove_peer",
+            Err(ErrorKind::ClusteringRequired.err()),
+        ),
         ["STREAM", "LEADER", "STEPDOWN", name] => (
             "stream_leader_stepdown",
             super::cluster::leader_stepdown(js, name, None, body).map(|v| to_bytes(&v)),

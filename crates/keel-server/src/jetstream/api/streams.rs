@@ -86,8 +86,17 @@ pub fn cluster_info(js: &JetStream, s: &Stream) -> ClusterInfo {
     }
     let host = r.host();
     let m = r.raft.get().map(|raft| raft.metrics().borrow().clone());
-    let mut peers: Vec<PeerInfo> = spec
-        .peers
+    // The group's voters as this server knows them (they follow the assignment).
+    let members: Vec<String> = match m.as_ref() {
+        Some(m) if m.membership_config.log_id().is_some() => m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter_map(|id| crate::jetstream::raft::member_name(m, id))
+            .collect(),
+        _ => spec.peers.clone(),
+    };
+    let mut peers: Vec<PeerInfo> = members
         .iter()
         .filter(|p| **p != ci.leader)
         .map(|p| {
@@ -117,7 +126,7 @@ pub fn cluster_info(js: &JetStream, s: &Stream) -> ClusterInfo {
         })
         .collect();
     peers.sort_by(|a, b| a.name.cmp(&b.name));
-    ci.replicas = Some(peers);
+    ci.replicas = (!peers.is_empty()).then_some(peers);
     ci
 }
 
@@ -283,6 +292,12 @@ pub async fn update(
         .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
     let old = s.config();
     old.check_update(&cfg)?;
+    if cfg.num_replicas != old.num_replicas && s.group.is_none() {
+        // In a cluster the meta leader has placed the new count already (`cluster::api`);
+        // a stream with no group of its own has no peers to change.
+        return Err(ErrorKind::InvalidConfig
+            .with("this stream's replicas cannot change: it has no Raft group"));
+    }
     if cfg.mirror_direct && cfg.mirror.is_none() {
         return Err(
             ErrorKind::InvalidConfig.with("stream has no mirror but does have mirror direct")

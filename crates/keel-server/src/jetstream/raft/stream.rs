@@ -4,15 +4,19 @@
 //! **The leader applies early.** The leader's actor decides as it always has, against its
 //! store with the batch's earlier messages in it, so [`RaftReplicator::propose`] applies an
 //! entry at once and keeps it for the batch. `commit` appends the batch to the group's log
-//! and waits until a quorum has it on disk (each replica's log fsyncs before it confirms),
-//! then syncs the store with the batch's log position as its applied marker; only then are
-//! the PubAcks sent. Every replica's state machine applies committed batches to its store;
+//! and waits until a quorum has it on disk (each replica's log fsyncs before it confirms);
+//! only then are the PubAcks sent. The store keeps the last applied batch's log position
+//! as its marker and is synced now and then (every `STORE_SYNC`, and for forced commits),
+//! as every replica's is: a restart applies the log again from the synced marker, so the
+//! store's own fsync is not on the PubAck's path. Every replica's state machine applies
+//! committed batches to its store;
 //! an entry already there (a message at or below the store's last sequence: the leader's
 //! own, or one a restart replays) is skipped, and the other entries (removals, purges,
 //! expiry, config) have the same effect applied again.
 //!
 //! **A failed commit** (the leader lost its quorum or its role) rolls the leader's store
-//! back to its last sync, which is the last committed batch, and fences the replicator: no
+//! back to its last sync and applies the committed batches after it again, read from the
+//! log (so the store holds exactly the committed batches), and fences the replicator: no
 //! decision until this server is leader with every entry of its log applied (so a batch
 //! that does commit later, by a new leader, is in the store before anything is decided
 //! after it). The fence's lock orders the rollback against the state machine applying
@@ -44,8 +48,8 @@ use crate::jetstream::stream::read::WriteHandle;
 use crate::jetstream::stream::replicator::Replicator;
 use crate::jetstream::stream::Stream;
 
-/// How often a follower syncs its store (its log is synced for every batch).
-const FOLLOWER_SYNC: Duration = Duration::from_millis(200);
+/// How often a replica syncs its store (its log is synced for every batch).
+const STORE_SYNC: Duration = Duration::from_millis(200);
 
 /// How long a commit waits for a quorum before the leader gives the batch up.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -277,6 +281,13 @@ pub struct Shared {
     pub leader_since: std::sync::atomic::AtomicI64,
     stop: tokio::sync::Notify,
     last_sync: Mutex<std::time::Instant>,
+    /// A membership change (`reconcile`) is under way.
+    changing: std::sync::atomic::AtomicBool,
+    /// The group's log, read again when a failed commit rolls the store back past
+    /// committed batches (`RaftReplicator::commit`).
+    log: OnceLock<super::log::LogStore>,
+    /// A log index at or below the store's last synced marker (what a rollback keeps).
+    synced: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -312,6 +323,9 @@ impl Shared {
             leader_since: std::sync::atomic::AtomicI64::new(0),
             stop: tokio::sync::Notify::new(),
             last_sync: Mutex::new(std::time::Instant::now()),
+            changing: std::sync::atomic::AtomicBool::new(false),
+            log: OnceLock::new(),
+            synced: std::sync::atomic::AtomicU64::new(applied.map_or(0, |l| l.index)),
         })
     }
 
@@ -381,6 +395,108 @@ impl Shared {
                 h.pop_front();
             }
         }
+    }
+
+    /// Whether the store is due a sync: its log has every entry already, so the store is
+    /// synced now and then (which bounds what a restart applies again), not per batch.
+    fn sync_due(&self) -> bool {
+        let mut last = self.last_sync.lock().unwrap_or_else(|e| e.into_inner());
+        let due = last.elapsed() >= STORE_SYNC;
+        if due {
+            *last = std::time::Instant::now();
+        }
+        due
+    }
+
+    /// Syncs the store; its marker (the last applied batch) is then durable.
+    fn sync_store(&self) -> Result<(), StoreError> {
+        let at = unmarker(&self.store.lock().applied()).map_or(0, |l| l.index);
+        self.store.sync()?;
+        self.synced
+            .fetch_max(at, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Applies a committed batch to the store (the fence held): entries already there are
+    /// skipped; the store's marker becomes `log_id`.
+    fn apply_batch(
+        &self,
+        store: &mut dyn Store,
+        batch: &Batch,
+        log_id: &LogId<NodeId>,
+    ) -> Result<(), String> {
+        for entry in &batch.entries {
+            if let StreamEntry::Msg(m) = entry {
+                if m.seq <= store.last_seq() {
+                    continue;
+                }
+            }
+            // Refusals (limits with discard new) are the same on every replica; a failed
+            // write is not: the group stops here rather than go on with a store that lacks
+            // the entry (a restart applies it again).
+            match apply(store, entry) {
+                Ok(Applied::Done) => {
+                    if let StreamEntry::Config(cfg) = entry {
+                        if let Some(s) = self.stream.get().and_then(Weak::upgrade) {
+                            s.follow_config((**cfg).clone());
+                        }
+                    }
+                }
+                Err(StoreError::Io(e)) => return Err(e),
+                _ => {}
+            }
+        }
+        let _ = store.set_applied(&marker(log_id));
+        Ok(())
+    }
+
+    /// The committed batches the store may hold unsynced: the log from the last sync on
+    /// (an index at or below it) to the store's marker, with that marker.
+    async fn unsynced_committed(&self) -> Option<(LogId<NodeId>, Vec<Entry<TypeConfig>>)> {
+        use openraft::storage::RaftLogReader;
+        let upto = unmarker(&self.store.lock().applied())?;
+        let from = self.synced.load(std::sync::atomic::Ordering::Acquire) + 1;
+        let mut log = self.log.get()?.clone();
+        let entries = log.try_get_log_entries(from..=upto.index).await.ok()?;
+        Some((upto, entries))
+    }
+
+    /// After a rollback to the last sync (the fence held): the committed batches after the
+    /// store's marker applied again, up to `applied` (the marker before the rollback).
+    /// An error when the entries read do not cover that span (the store is then not to be
+    /// served from).
+    fn redo(
+        &self,
+        store: &mut dyn Store,
+        applied: Option<LogId<NodeId>>,
+        redo: Option<(LogId<NodeId>, Vec<Entry<TypeConfig>>)>,
+    ) -> Result<(), String> {
+        let at = unmarker(&store.applied()).map_or(0, |l| l.index);
+        let Some(applied) = applied.filter(|a| a.index > at) else {
+            return Ok(()); // Nothing committed was dropped.
+        };
+        let Some((upto, entries)) = redo else {
+            return Err("no log to apply again from".into());
+        };
+        let first = entries.first().map_or(u64::MAX, |e| e.log_id.index);
+        if upto != applied || first > at + 1 {
+            return Err("the log read does not cover the rollback".into());
+        }
+        for e in entries.iter().filter(|e| e.log_id.index > at) {
+            if let EntryPayload::Normal(cmd) = &e.payload {
+                let batch = decode(Bytes::from(cmd.0.clone()))?;
+                self.apply_batch(store, &batch, &e.log_id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The voters of the last membership this replica applied (so committed), if any.
+    pub fn committed_voters(&self) -> Option<std::collections::BTreeSet<NodeId>> {
+        let g = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        g.1.list
+            .last()
+            .map(|m| m.membership().voter_ids().collect())
     }
 
     /// The server's Raft host, once the group runs.
@@ -485,28 +601,8 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
                         fence.applied_nonce = fence.applied_nonce.max(batch.nonce);
                     }
                     let mut store = sh.store.lock();
-                    for entry in &batch.entries {
-                        if let StreamEntry::Msg(m) = entry {
-                            if m.seq <= store.last_seq() {
-                                continue;
-                            }
-                        }
-                        // Refusals (limits with discard new) are the same on every replica;
-                        // a failed write is not: the group stops here rather than go on
-                        // with a store that lacks the entry (a restart applies it again).
-                        match apply(&mut **store, entry) {
-                            Ok(Applied::Done) => {
-                                if let StreamEntry::Config(cfg) = entry {
-                                    if let Some(s) = sh.stream.get().and_then(Weak::upgrade) {
-                                        s.follow_config((**cfg).clone());
-                                    }
-                                }
-                            }
-                            Err(StoreError::Io(e)) => return Err(sm_err(e)),
-                            _ => {}
-                        }
-                    }
-                    let _ = store.set_applied(&marker(&e.log_id));
+                    sh.apply_batch(&mut **store, &batch, &e.log_id)
+                        .map_err(sm_err)?;
                     wrote = true;
                     drop(store);
                     drop(fence);
@@ -536,16 +632,8 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
                 // entries already; this bounds what a restart applies again, and a server
                 // that becomes leader syncs first). A failed sync rolled the store back:
                 // the group stops rather than apply on top of it.
-                let due = {
-                    let mut last = sh.last_sync.lock().unwrap_or_else(|e| e.into_inner());
-                    let due = last.elapsed() >= FOLLOWER_SYNC;
-                    if due {
-                        *last = std::time::Instant::now();
-                    }
-                    due
-                };
-                if due {
-                    sh.store.sync().map_err(sm_err)?;
+                if sh.sync_due() {
+                    sh.sync_store().map_err(sm_err)?;
                 }
                 if let Some(s) = sh.stream.get().and_then(Weak::upgrade) {
                     s.follow_applied();
@@ -655,7 +743,7 @@ impl Replicator for RaftReplicator {
         true
     }
 
-    async fn commit(&mut self, store: &WriteHandle, _force: bool) -> Result<(), StoreError> {
+    async fn commit(&mut self, store: &WriteHandle, force: bool) -> Result<(), StoreError> {
         {
             if self.batch.is_empty() && self.consumers.is_empty() {
                 return Ok(());
@@ -690,7 +778,12 @@ impl Replicator for RaftReplicator {
                     if !floors.is_empty() {
                         self.shared.record_floors(resp.log_id.index, &floors);
                     }
-                    let r = store.sync();
+                    // A quorum's logs have the batch on disk: that is the PubAck's promise.
+                    // The store (only committed batches in it now) is synced now and then.
+                    if !force && !self.shared.sync_due() {
+                        return Ok(());
+                    }
+                    let r = self.shared.sync_store();
                     if r.is_err() {
                         // Committed on a quorum but not in this store any more (the sync
                         // rolled it back): this replica stops serving and leaves the group
@@ -704,14 +797,22 @@ impl Replicator for RaftReplicator {
                     r
                 }
                 _ => {
+                    // The rollback drops the committed batches not synced yet too: they are
+                    // read from the log first and applied again after it.
+                    let redo = self.shared.unsynced_committed().await;
                     let fence = self.shared.fence();
                     if fence.applied_nonce >= nonce {
                         // Committed after all: the state machine saw it.
                         drop(fence);
-                        return store.sync();
+                        return self.shared.sync_store();
                     }
                     let mut fence = fence;
-                    let rolled_back = store.lock().discard_unsynced().is_ok();
+                    let rolled_back = {
+                        let mut st = store.lock();
+                        let applied = unmarker(&st.applied());
+                        st.discard_unsynced().is_ok()
+                            && self.shared.redo(&mut **st, applied, redo).is_ok()
+                    };
                     fence.fenced = true;
                     drop(fence);
                     if !rolled_back {
@@ -787,6 +888,7 @@ pub async fn run_group(
             return;
         }
     };
+    let _ = shared.log.set(log.clone());
     let raft = match Raft::new(
         shared.node,
         super::config(&spec.group),
@@ -831,10 +933,17 @@ pub async fn run_group(
                 crate::time::now_nanos(),
                 std::sync::atomic::Ordering::Relaxed,
             );
+            let at = unmarker(&shared.store.lock().applied()).map_or(0, |l| l.index);
             let ok = s
                 .ask(|reply| crate::jetstream::stream::Command::Lead { reply })
                 .await
                 .unwrap_or(false);
+            if ok {
+                // The lead's sync made what it had applied durable.
+                shared
+                    .synced
+                    .fetch_max(at, std::sync::atomic::Ordering::AcqRel);
+            }
             if !ok {
                 // Its store lost what it applied: it must not lead from it.
                 crate::error!(
@@ -868,6 +977,59 @@ pub async fn run_group(
                 crate::jetstream::registry::stop_consumers(&js, &server, &s).await;
             }
         }
+        // The group's members follow the stream's assignment in the meta group.
+        if let Some(a) = server
+            .jetstream
+            .get()
+            .and_then(|j| j.meta.get())
+            .and_then(|meta| meta.assignment(&s.account().name, &s.name))
+        {
+            if !a.peers.contains(&server.server_name)
+                && shared
+                    .committed_voters()
+                    .is_some_and(|v| !v.contains(&shared.node))
+            {
+                // Removed from the group, and the removal is committed: the others have
+                // what this replica had, and it goes.
+                crate::info!(
+                    server.log,
+                    "JetStream cluster stream '{} > {}' removed from this server",
+                    s.account().name,
+                    s.name
+                );
+                if let Some(js) = account_js(&server, &s) {
+                    let (server, name) = (server.clone(), s.name.clone());
+                    tokio::spawn(async move {
+                        let mut router = crate::router::Router::new(js.account.clone(), 0x5250);
+                        let _ = crate::jetstream::registry::delete_stream(
+                            &js,
+                            &server,
+                            &mut router,
+                            &name,
+                        )
+                        .await;
+                        router.flush();
+                    });
+                }
+                break;
+            }
+            if ready
+                && leading
+                && !shared
+                    .changing
+                    .swap(true, std::sync::atomic::Ordering::AcqRel)
+            {
+                let (raft, shared, log) = (raft.clone(), shared.clone(), server.log.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = reconcile(&raft, &a.peers).await {
+                        crate::warn!(log, "JetStream stream group membership: {e}");
+                    }
+                    shared
+                        .changing
+                        .store(false, std::sync::atomic::Ordering::Release);
+                });
+            }
+        }
         drop(s);
         tokio::select! {
             r = metrics.changed() => if r.is_err() { break },
@@ -878,4 +1040,74 @@ pub async fn run_group(
             _ = tokio::time::sleep(Duration::from_millis(250)) => {}
         }
     }
+}
+
+/// How long the leader waits for a new peer to catch up from the log before it tries again.
+const LEARNER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// On the group's leader: brings the membership to `peers`. New peers join as learners and
+/// catch up from the log, then the voters are replaced; a removed voter stays a learner
+/// until it has the change (applying it is how it learns to drop its replica), then goes.
+async fn reconcile(raft: &Raft, peers: &[String]) -> Result<(), String> {
+    use std::collections::BTreeSet;
+    let want: BTreeSet<NodeId> = peers.iter().map(|p| super::node_id(p)).collect();
+    let m = raft.metrics().borrow().clone();
+    let mem = m.membership_config.membership().clone();
+    let nodes: BTreeSet<NodeId> = mem.nodes().map(|(id, _)| *id).collect();
+    let voters: BTreeSet<NodeId> = mem.voter_ids().collect();
+    if mem.get_joint_config().len() > 1 || (nodes == want && voters == want) {
+        return Ok(());
+    }
+    for p in peers {
+        let id = super::node_id(p);
+        if nodes.contains(&id) {
+            continue;
+        }
+        let peer = Peer { name: p.clone() };
+        tokio::time::timeout(LEARNER_TIMEOUT, raft.add_learner(id, peer, true))
+            .await
+            .map_err(|_| format!("{p} did not catch up in time"))?
+            .map_err(|e| format!("adding {p}: {e}"))?;
+    }
+    let mut index = m.membership_config.log_id().map_or(0, |l| l.index);
+    if voters != want {
+        let r = raft
+            .change_membership(want.clone(), true)
+            .await
+            .map_err(|e| e.to_string())?;
+        index = r.log_id.index;
+    }
+    let gone: BTreeSet<NodeId> = {
+        let m = raft.metrics().borrow().clone();
+        let all: BTreeSet<NodeId> = m
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect();
+        all.difference(&want).copied().collect()
+    };
+    if gone.is_empty() {
+        return Ok(());
+    }
+    // The removed learners get the change before they are dropped (a while at most: one
+    // that is down keeps its copy until it is removed by hand).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        let m = raft.metrics().borrow().clone();
+        let has = |id: &NodeId| {
+            m.replication
+                .as_ref()
+                .and_then(|r| r.get(id).cloned().flatten())
+                .is_some_and(|l| l.index >= index)
+        };
+        if gone.iter().all(has) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    raft.change_membership(openraft::ChangeMembers::RemoveNodes(gone), false)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
 }

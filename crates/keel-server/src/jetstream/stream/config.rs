@@ -397,12 +397,6 @@ impl StreamConfig {
             return Err(ErrorKind::InvalidConfig
                 .with("stream configuration update can not change storage type"));
         }
-        if new.num_replicas != self.num_replicas {
-            // A stream's peers are fixed at create for now (no group membership changes).
-            return Err(
-                ErrorKind::InvalidConfig.with("changing a stream's replicas is not supported yet")
-            );
-        }
         if new.retention != self.retention
             && (new.retention == Retention::Workqueue || self.retention == Retention::Workqueue)
         {
