@@ -923,3 +923,69 @@ async fn a_removed_peer_is_replaced() {
         n.shutdown().await;
     }
 }
+
+/// A stream leader that loses its quorum mid-commit keeps exactly what was committed: its
+/// store is rolled back past batches it had not synced yet and they are applied again from
+/// the log. Once the others are back, every replica serves every acked message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_loses_its_quorum_keeps_what_was_committed() {
+    let stores = common::TempDir::new("quorum");
+    let names = ["Q1", "Q2", "Q3"];
+    let (mut nodes, confs) = mesh_in(&names, Some(stores.path())).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    let created = create_stream(
+        &c,
+        "S",
+        r#"{"name":"S","subjects":["s"],"num_replicas":3,"allow_direct":true}"#,
+    )
+    .await;
+    let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    let lc = connect(&nodes[li], "app").await;
+    for i in 1..=20u64 {
+        assert_eq!(publish_acked(&lc, "s", format!("m{i}")).await, i);
+    }
+    // The two others go; the leader's next batch cannot commit.
+    let others: Vec<usize> = (0..3).filter(|i| *i != li).collect();
+    for i in others.iter().rev() {
+        nodes.remove(*i).shutdown().await;
+    }
+    let r = tokio::time::timeout(Duration::from_secs(8), lc.request("s", "lost?".into())).await;
+    if let Ok(Ok(m)) = r {
+        let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap_or_default();
+        assert!(
+            v["seq"].as_u64().unwrap_or(0) == 0,
+            "acked without a quorum: {v}"
+        );
+    }
+    // They come back: the group goes on from what was committed.
+    for i in &others {
+        let n = Node::start_jetstream_at(&confs[*i], &stores.path().join(names[*i])).await;
+        nodes.push(n);
+    }
+    let seq = publish_acked(&lc, "s", "after".into()).await;
+    assert!(seq > 20, "seq {seq}");
+    for n in &nodes {
+        let c = connect(n, "app").await;
+        for i in [1u64, 10, 20] {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let m = common::within(
+                    "direct get",
+                    c.request("$JS.API.DIRECT.GET.S", format!("{{\"seq\":{i}}}").into()),
+                )
+                .await
+                .expect("direct get");
+                if m.payload == format!("m{i}") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "seq {i} on {}: {m:?}", n.url());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
