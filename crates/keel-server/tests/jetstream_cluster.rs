@@ -989,3 +989,80 @@ async fn a_leader_that_loses_its_quorum_keeps_what_was_committed() {
         n.shutdown().await;
     }
 }
+
+/// A new peer whose stream's log was compacted away catches up from a snapshot: the
+/// leader's store state (which sequences, the consumers' files) and then the messages it
+/// lacks, fetched from the leader. Deleted messages stay deleted on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_peer_catches_up_from_a_snapshot() {
+    let names = ["N1", "N2", "N3"];
+    let mut nodes = mesh(&names).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    let cfg = |r: u32| {
+        format!(r#"{{"name":"BIG","subjects":["big.>"],"storage":"file","num_replicas":{r}}}"#)
+    };
+    let created = create_stream(&c, "BIG", &cfg(1)).await;
+    let host = created["cluster"]["leader"].as_str().unwrap().to_string();
+    let hi = names.iter().position(|n| *n == host).unwrap();
+    let hc = connect(&nodes[hi], "app").await;
+    let cc = api(
+        &hc,
+        "$JS.API.CONSUMER.DURABLE.CREATE.BIG.worker",
+        r#"{"stream_name":"BIG","config":{"durable_name":"worker","ack_policy":"explicit"}}"#,
+    )
+    .await;
+    assert!(cc.get("error").is_none(), "{cc}");
+    // More batches than a group keeps in its log (one publish waiting for each ack is one
+    // batch each).
+    let total = 1500u64;
+    for i in 1..=total {
+        let ack = common::within("pub", hc.request("big.x", format!("m{i}").into()))
+            .await
+            .expect("ack");
+        let v: serde_json::Value = serde_json::from_slice(&ack.payload).unwrap();
+        assert_eq!(v["seq"], i, "{v}");
+        if i == 10 {
+            // Early, so the snapshot carries it.
+            let del = api(&hc, "$JS.API.STREAM.MSG.DELETE.BIG", r#"{"seq":7}"#).await;
+            assert_eq!(del["success"], true, "{del}");
+        }
+    }
+
+    let up = api(&hc, "$JS.API.STREAM.UPDATE.BIG", &cfg(3)).await;
+    assert!(up.get("error").is_none(), "{up}");
+    replicas_current(&hc, "BIG", 2, "").await;
+    // Only the new peers have it now.
+    nodes.remove(hi).shutdown().await;
+    let c = connect(&nodes[0], "app").await;
+    assert_eq!(publish_acked(&c, "big.x", "after".into()).await, total + 1);
+    let info = api(&c, "$JS.API.STREAM.INFO.BIG", "").await;
+    assert_eq!(info["state"]["messages"], total, "{info}");
+    assert_eq!(info["state"]["num_deleted"], 1, "{info}");
+    for seq in [1u64, 6, 8, 700, total] {
+        let m = api(
+            &c,
+            "$JS.API.STREAM.MSG.GET.BIG",
+            &format!("{{\"seq\":{seq}}}"),
+        )
+        .await;
+        assert_eq!(m["message"]["seq"], seq, "{m}");
+    }
+    let gone = api(&c, "$JS.API.STREAM.MSG.GET.BIG", r#"{"seq":7}"#).await;
+    assert_eq!(gone["error"]["err_code"], 10037, "{gone}");
+    // The consumer came with the snapshot (Keel's consumers ride in the stream's group).
+    if !common::is_reference() {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ci = api(&c, "$JS.API.CONSUMER.INFO.BIG.worker", "").await;
+            if ci["num_pending"] == total {
+                break;
+            }
+            assert!(Instant::now() < deadline, "consumer: {ci}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}

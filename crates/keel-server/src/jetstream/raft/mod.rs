@@ -105,13 +105,25 @@ pub fn config(name: &str) -> Arc<openraft::Config> {
         election_timeout_max: 2000,
         install_snapshot_timeout: 5000,
         max_payload_entries: 256,
-        // No snapshots yet: a group's log is kept whole, so a replica that was down catches
-        // up from the log (stream snapshots with catch-up of their messages come later).
-        snapshot_policy: openraft::SnapshotPolicy::Never,
+        // A stream group snapshots its store's state every so many batches and drops the
+        // log before it (keeping some, for a replica a little behind); a replica further
+        // behind, or a new one, installs the snapshot and fetches the messages it lacks
+        // from the leader. The meta group's log is small and kept whole.
+        snapshot_policy: if name == crate::jetstream::cluster::META_GROUP {
+            openraft::SnapshotPolicy::Never
+        } else {
+            openraft::SnapshotPolicy::LogsSinceLast(STREAM_SNAPSHOT_EVERY)
+        },
+        max_in_snapshot_log_to_keep: STREAM_LOG_KEPT,
         ..Default::default()
     };
     Arc::new(cfg.validate().expect("valid raft config"))
 }
+
+/// A stream group snapshots after this many log entries (batches) since the last.
+pub const STREAM_SNAPSHOT_EVERY: u64 = 1024;
+/// Log entries kept before a snapshot's position.
+const STREAM_LOG_KEPT: u64 = 256;
 
 /// How long a leader may go without a quorum's answer before it counts as no leader
 /// (openraft 0.9 keeps the role, and a restarted leader whose saved vote was committed
@@ -192,6 +204,9 @@ const QUEUE_BYTES: usize = 64 * 1024 * 1024;
 /// How long an RPC waits for its answer when openraft gives no deadline.
 const RPC_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// About how much one `Rpc::Fetch` answer carries.
+const FETCH_BYTES: u64 = 1 << 20;
+
 /// A JetStream API request sent on to the server that answers it (`cluster::api`).
 #[derive(Serialize, Deserialize)]
 pub struct Forwarded {
@@ -208,6 +223,13 @@ enum Rpc {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// A replica installing a stream snapshot asks the leader for the messages it lacks:
+    /// those stored in `from..=to`, up to about `max_bytes`.
+    Fetch {
+        from: u64,
+        to: u64,
+        max_bytes: u64,
+    },
 }
 
 /// One server's Raft groups and their transport.
@@ -218,6 +240,8 @@ pub struct RaftHost {
     server: Weak<Server>,
     account: Arc<Account>,
     groups: RwLock<HashMap<String, Raft>>,
+    /// The stream groups' stores, for `Rpc::Fetch`.
+    stores: RwLock<HashMap<String, std::sync::Weak<stream::Shared>>>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Bytes>>>,
     next: AtomicU64,
     /// Answers go out through one router (short lock per answer).
@@ -254,6 +278,7 @@ impl RaftHost {
             answers: Mutex::new(Router::new(account.clone(), 0x5246)),
             account,
             groups: RwLock::new(HashMap::new()),
+            stores: RwLock::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
             heard: Mutex::new(HashMap::new()),
@@ -275,7 +300,44 @@ impl RaftHost {
             .insert(group.to_string(), raft);
     }
 
+    /// Makes a stream group's store readable by its peers (`fetch`).
+    pub fn add_store(&self, group: &str, shared: &Arc<stream::Shared>) {
+        self.stores
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(group.to_string(), Arc::downgrade(shared));
+    }
+
+    /// Asks `target` for group `group`'s messages stored in `from..=to` (a chunk of
+    /// them): where to go on from, and the messages as a batch.
+    pub async fn fetch(
+        &self,
+        target: &str,
+        group: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<(u64, Vec<u8>), String> {
+        let mut router = Router::new(self.account.clone(), 0x5246);
+        let rpc = Rpc::Fetch {
+            from,
+            to,
+            max_bytes: FETCH_BYTES,
+        };
+        let peer = Peer {
+            name: target.to_string(),
+        };
+        let b = self
+            .call(&mut router, &peer, "FETCH", group, &rpc, RPC_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        bincode::deserialize::<Result<(u64, Vec<u8>), String>>(&b).map_err(|e| e.to_string())?
+    }
+
     pub fn remove_group(&self, group: &str) -> Option<Raft> {
+        self.stores
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(group);
         self.groups
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -485,6 +547,23 @@ async fn answer(host: &RaftHost, m: InMsg) {
         Rpc::Append(req) => bincode::serialize(&raft.append_entries(req).await),
         Rpc::Vote(req) => bincode::serialize(&raft.vote(req).await),
         Rpc::Snapshot(req) => bincode::serialize(&raft.install_snapshot(req).await),
+        Rpc::Fetch {
+            from,
+            to,
+            max_bytes,
+        } => {
+            let shared = host
+                .stores
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&group)
+                .and_then(std::sync::Weak::upgrade);
+            let r = match shared {
+                Some(sh) => sh.serve_fetch(from, to, max_bytes),
+                None => Err(format!("no stream group {group} here")),
+            };
+            bincode::serialize(&r)
+        }
     };
     let Ok(body) = body else {
         return;

@@ -288,6 +288,35 @@ pub struct Shared {
     log: OnceLock<super::log::LogStore>,
     /// A log index at or below the store's last synced marker (what a rollback keeps).
     synced: std::sync::atomic::AtomicU64,
+    /// The leader's store holds entries not committed yet (set when the first entry of a
+    /// batch is applied early, with the store locked; cleared once it commits or is rolled
+    /// back): a snapshot is taken only when it does not.
+    in_flight: std::sync::atomic::AtomicBool,
+    /// A snapshot waits for the busy leader's next commit to take the store's state.
+    capture_wanted: std::sync::atomic::AtomicBool,
+    captured: Mutex<Option<Captured>>,
+    captured_ready: tokio::sync::Notify,
+    /// The last snapshot built (openraft sends it to a replica whose log is behind it).
+    current: Mutex<Option<Built>>,
+}
+
+/// A snapshot as built or installed: its meta and its data.
+type Built = (SnapshotMeta<NodeId, Peer>, Vec<u8>);
+
+/// The store's state at a synced marker, with only committed batches in it.
+type Captured = (Option<LogId<NodeId>>, keel_store::Snapshot);
+
+/// A stream group's snapshot: what the store holds (which sequences, not the messages: a
+/// replica that installs it fetches those it lacks from the leader) and the durable
+/// consumers' files.
+#[derive(Serialize, Deserialize)]
+struct StreamSnap {
+    first_seq: u64,
+    last_seq: u64,
+    last_ts: i64,
+    deleted: Vec<(u64, u64)>,
+    /// (name, meta.json, state.json)
+    consumers: Vec<(String, Vec<u8>, Option<Vec<u8>>)>,
 }
 
 impl Shared {
@@ -326,6 +355,11 @@ impl Shared {
             changing: std::sync::atomic::AtomicBool::new(false),
             log: OnceLock::new(),
             synced: std::sync::atomic::AtomicU64::new(applied.map_or(0, |l| l.index)),
+            in_flight: std::sync::atomic::AtomicBool::new(false),
+            capture_wanted: std::sync::atomic::AtomicBool::new(false),
+            captured: Mutex::new(None),
+            captured_ready: tokio::sync::Notify::new(),
+            current: Mutex::new(None),
         })
     }
 
@@ -491,6 +525,111 @@ impl Shared {
         Ok(())
     }
 
+    /// Syncs the store (locked, with only committed batches in it) and takes its state.
+    fn capture(&self, st: &mut dyn Store) -> Result<Captured, StoreError> {
+        st.sync()?;
+        let at = unmarker(&st.applied());
+        self.synced.fetch_max(
+            at.map_or(0, |l| l.index),
+            std::sync::atomic::Ordering::AcqRel,
+        );
+        Ok((at, st.snapshot()))
+    }
+
+    /// The store's state for a snapshot: at once when no batch is in flight (a follower's
+    /// store, an idle leader's), else taken by the leader's next commit.
+    async fn take_state(&self) -> Result<Captured, String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            {
+                let mut st = self.store.lock();
+                if !self.in_flight.load(std::sync::atomic::Ordering::Acquire) {
+                    return self.capture(&mut **st).map_err(|e| e.to_string());
+                }
+            }
+            let ready = self.captured_ready.notified();
+            self.capture_wanted
+                .store(true, std::sync::atomic::Ordering::Release);
+            let _ = tokio::time::timeout(Duration::from_millis(100), ready).await;
+            if let Some(c) = self
+                .captured
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+            {
+                return Ok(c);
+            }
+            if std::time::Instant::now() > deadline {
+                return Err("the store was never idle for a snapshot".into());
+            }
+        }
+    }
+
+    /// The durable consumers' files, for a snapshot.
+    fn consumer_files(&self) -> Vec<(String, Vec<u8>, Option<Vec<u8>>)> {
+        let Some(s) = self.stream.get().and_then(Weak::upgrade) else {
+            return Vec::new();
+        };
+        let dir = s.dir.join("consumers");
+        let read = |p: &std::path::Path| match self.files.read(p) {
+            keel_store::MetaRead::Current(b) | keel_store::MetaRead::Older { body: b, .. } => {
+                Some(b)
+            }
+            _ => None,
+        };
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let d = e.path();
+            if let Some(meta) = read(&d.join("meta.json")) {
+                let name = e.file_name().to_string_lossy().into_owned();
+                out.push((name, meta, read(&d.join("state.json"))));
+            }
+        }
+        out
+    }
+
+    /// `Rpc::Fetch` on the leader: the messages stored in `from..=to`, up to about
+    /// `max_bytes`, as a batch, and where the asker goes on from.
+    pub fn serve_fetch(
+        &self,
+        from: u64,
+        to: u64,
+        max_bytes: u64,
+    ) -> Result<(u64, Vec<u8>), String> {
+        let st = self.store.lock();
+        let mut entries = Vec::new();
+        let (mut at, mut bytes) = (from, 0u64);
+        while at <= to && bytes < max_bytes {
+            let m = match st.load_next(at, ">") {
+                Ok(m) if m.seq <= to => m,
+                Ok(_) | Err(StoreError::NotFound) => {
+                    at = to + 1;
+                    break;
+                }
+                Err(e) => return Err(e.to_string()),
+            };
+            bytes += (m.subject.len() + m.hdr.len() + m.data.len()) as u64 + 32;
+            at = m.seq + 1;
+            entries.push(StreamEntry::Msg(MsgEntry {
+                seq: m.seq,
+                ts: m.ts,
+                subject: m.subject,
+                hdr: m.hdr,
+                data: m.data,
+                rollup: None,
+                no_max_age: false,
+            }));
+        }
+        let body = encode(&Batch {
+            origin: self.node,
+            epoch: self.epoch,
+            nonce: 0,
+            entries,
+            consumers: Vec::new(),
+        });
+        Ok((at, body))
+    }
+
     /// The voters of the last membership this replica applied (so committed), if any.
     pub fn committed_voters(&self) -> Option<std::collections::BTreeSet<NodeId>> {
         let g = self.applied.lock().unwrap_or_else(|e| e.into_inner());
@@ -544,9 +683,51 @@ fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StreamMachine {
+    /// The store's state at a synced marker (so the log before it can go) and the
+    /// consumers' files; small whatever the stream's size.
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        // Snapshots are off for stream groups (the log is kept whole).
-        Err(sm_err("stream snapshots are not built yet"))
+        let sh = &self.0;
+        let (at, st) = match sh.take_state().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Building again later is fine; the last one still stands.
+                let g = sh.current.lock().unwrap_or_else(|e| e.into_inner());
+                return match g.as_ref() {
+                    Some((meta, data)) => Ok(Snapshot {
+                        meta: meta.clone(),
+                        snapshot: Box::new(Cursor::new(data.clone())),
+                    }),
+                    None => Err(sm_err(e)),
+                };
+            }
+        };
+        let snap = StreamSnap {
+            first_seq: st.first_seq,
+            last_seq: st.last_seq,
+            last_ts: st.last_ts,
+            deleted: st.deleted,
+            consumers: sh.consumer_files(),
+        };
+        let data = serde_json::to_vec(&snap).map_err(sm_err)?;
+        let membership = {
+            let g = sh.applied.lock().unwrap_or_else(|e| e.into_inner());
+            g.1.list
+                .iter()
+                .rev()
+                .find(|m| m.log_id().as_ref() <= at.as_ref())
+                .cloned()
+                .unwrap_or_default()
+        };
+        let meta = SnapshotMeta {
+            last_log_id: at,
+            last_membership: membership,
+            snapshot_id: format!("{}-{}", at.map_or(0, |l| l.index), rand::random::<u32>()),
+        };
+        *sh.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((meta.clone(), data.clone()));
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
     }
 }
 
@@ -650,21 +831,126 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
     async fn begin_receiving_snapshot(
         &mut self,
     ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
-        Err(sm_err("stream snapshots are not installed yet"))
+        Ok(Box::new(Cursor::new(Vec::new())))
     }
 
+    /// A replica behind the leader's log: its store brought in line with the snapshot
+    /// (`Store::restore`), the messages it lacks fetched from the leader, the consumers'
+    /// files written, all synced with the snapshot's position as the marker.
     async fn install_snapshot(
         &mut self,
-        _meta: &SnapshotMeta<NodeId, Peer>,
-        _snapshot: Box<Cursor<Vec<u8>>>,
+        meta: &SnapshotMeta<NodeId, Peer>,
+        snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<NodeId>> {
-        Err(sm_err("stream snapshots are not installed yet"))
+        let sh = &self.0;
+        let snap: StreamSnap = serde_json::from_slice(snapshot.get_ref()).map_err(sm_err)?;
+        let state = keel_store::Snapshot {
+            first_seq: snap.first_seq,
+            last_seq: snap.last_seq,
+            last_ts: snap.last_ts,
+            deleted: snap.deleted,
+        };
+        let missing = sh.store.lock().restore(&state).map_err(sm_err)?;
+        let (host, group) = sh
+            .host
+            .get()
+            .cloned()
+            .ok_or_else(|| sm_err("no Raft host"))?;
+        for (a, b) in missing {
+            let mut from = a;
+            let mut tries = 0;
+            while from <= b {
+                // The leader is the one sending the snapshot.
+                let leader = sh.raft.get().and_then(|r| {
+                    let m = r.metrics().borrow().clone();
+                    m.current_leader.and_then(|l| super::member_name(&m, l))
+                });
+                let got = match leader {
+                    Some(l) => host.fetch(&l, &group, from, b).await,
+                    None => Err("no leader".to_string()),
+                };
+                let (next, body) = match got {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tries += 1;
+                        if tries > 30 {
+                            return Err(sm_err(format!("fetching messages {from}..={b}: {e}")));
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                };
+                let batch = decode(Bytes::from(body)).map_err(sm_err)?;
+                let mut st = sh.store.lock();
+                for e in &batch.entries {
+                    match e {
+                        StreamEntry::Msg(m) if m.seq >= from && m.seq <= b => {
+                            apply(&mut **st, e).map_err(sm_err)?;
+                        }
+                        _ => {}
+                    }
+                }
+                drop(st);
+                from = next.max(from + 1);
+            }
+        }
+        {
+            let mut st = sh.store.lock();
+            st.skip_to(snap.last_seq + 1).map_err(sm_err)?;
+            if let Some(l) = &meta.last_log_id {
+                st.set_applied(&marker(l)).map_err(sm_err)?;
+            }
+            sh.capture(&mut **st).map_err(sm_err)?;
+        }
+        if let Some(s) = sh.stream.get().and_then(Weak::upgrade) {
+            let dir = s.dir.join("consumers");
+            let keep: std::collections::HashSet<&str> =
+                snap.consumers.iter().map(|(n, _, _)| n.as_str()).collect();
+            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !keep.contains(name.as_str()) {
+                    let _ = sh.files.remove_dir_all(&e.path());
+                }
+            }
+            for (name, meta, state) in &snap.consumers {
+                let d = dir.join(name);
+                sh.files.create_dir_all(&d).map_err(sm_err)?;
+                sh.files
+                    .write(&d.join("meta.json"), meta, true)
+                    .map_err(sm_err)?;
+                if let Some(state) = state {
+                    sh.files
+                        .write(&d.join("state.json"), state, true)
+                        .map_err(sm_err)?;
+                }
+            }
+            s.follow_applied();
+        }
+        {
+            let mut g = sh.applied.lock().unwrap_or_else(|e| e.into_inner());
+            g.0 = meta.last_log_id;
+            g.1.list.push(meta.last_membership.clone());
+            if g.1.list.len() > 2 {
+                g.1.list.remove(0);
+            }
+            let body = serde_json::to_vec(&g.1).map_err(sm_err)?;
+            sh.files
+                .write(&sh.memberships_file, &body, true)
+                .map_err(sm_err)?;
+        }
+        *sh.current.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((meta.clone(), snapshot.into_inner()));
+        Ok(())
     }
 
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-        Ok(None)
+        let g = self.0.current.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(g.as_ref().map(|(meta, data)| Snapshot {
+            meta: meta.clone(),
+            snapshot: Box::new(Cursor::new(data.clone())),
+        }))
     }
 }
 
@@ -724,9 +1010,18 @@ impl Replicator for RaftReplicator {
         if self.shared.is_fenced() {
             return Err(StoreError::Unsupported("not the stream's leader"));
         }
+        // Set with the store locked (the actor holds it), before the entry is in it.
+        self.shared
+            .in_flight
+            .store(true, std::sync::atomic::Ordering::Release);
         let r = apply(store, entry);
         if r.is_ok() {
             self.batch.push(entry.clone());
+        } else if self.batch.is_empty() {
+            // A refused entry has no effect: nothing is in flight yet.
+            self.shared
+                .in_flight
+                .store(false, std::sync::atomic::Ordering::Release);
         }
         r
     }
@@ -744,6 +1039,32 @@ impl Replicator for RaftReplicator {
     }
 
     async fn commit(&mut self, store: &WriteHandle, force: bool) -> Result<(), StoreError> {
+        let r = self.commit_batch(store, force).await;
+        // Committed, or rolled back: only committed batches are in the store now.
+        if self
+            .shared
+            .capture_wanted
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            let c = self.shared.capture(&mut **store.lock());
+            if let Ok(c) = c {
+                *self
+                    .shared
+                    .captured
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(c);
+            }
+            self.shared.captured_ready.notify_waiters();
+        }
+        self.shared
+            .in_flight
+            .store(false, std::sync::atomic::Ordering::Release);
+        r
+    }
+}
+
+impl RaftReplicator {
+    async fn commit_batch(&mut self, store: &WriteHandle, force: bool) -> Result<(), StoreError> {
         {
             if self.batch.is_empty() && self.consumers.is_empty() {
                 return Ok(());
@@ -906,6 +1227,7 @@ pub async fn run_group(
     };
     let _ = shared.raft.set(raft.clone());
     let _ = shared.host.set((host.clone(), spec.group.clone()));
+    host.add_store(&spec.group, &shared);
     host.add_group(&spec.group, raft.clone());
     if bootstrap {
         let members: std::collections::BTreeMap<NodeId, Peer> = spec
