@@ -1,7 +1,8 @@
 """Shared helpers for the cluster benchmarks (bench/cluster_*.py): a 3-node cluster of
 separate server processes (keel-server or nats-server) on loopback, each node with its own
 config file and store directory, that can be SIGKILLed, SIGSTOPped and restarted on the
-same store.
+same store; optionally with its routes through a TCP proxy the test controls
+(`Partitioner`), which cuts and heals network links between nodes.
 """
 
 import asyncio
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -76,7 +78,13 @@ class Node:
         return f"nats://127.0.0.1:{self.port}"
 
     def write_conf(self, solo=False):
-        routes = ", ".join(f'"nats://127.0.0.1:{n.cport}"' for n in self.cluster.nodes)
+        px = self.cluster.proxy
+        if px is None:
+            routes = ", ".join(f'"nats://127.0.0.1:{n.cport}"' for n in self.cluster.nodes)
+            advertise = ""
+        else:
+            routes = ", ".join(f'"nats://127.0.0.1:{p}"' for p in px.route_ports(self.idx))
+            advertise = f"  advertise: 127.0.0.1:{px.nowhere_port(self.idx)}\n"
         js = f'store_dir: "{self.store}"'
         if self.cluster.js_extra:
             js += "\n  " + self.cluster.js_extra
@@ -87,7 +95,7 @@ class Node:
             f"{ACCOUNTS}"
             f"jetstream {{\n  {js}\n}}\n"
             f"cluster {{\n  name: bench\n  listen: 127.0.0.1:{self.cport}\n"
-            f"  routes: [{routes}]\n}}\n"
+            f"  routes: [{routes}]\n{advertise}}}\n"
         )
         with open(self.conf, "w") as f:
             f.write(text)
@@ -149,20 +157,236 @@ class Node:
             return json.loads(r.read())
 
 
-class Cluster:
-    """Three nodes of `binary`; `js_extra` goes into each jetstream block."""
+class Partitioner:
+    """Network partitions between the nodes of a cluster, without root and the same for
+    keel-server and nats-server: a TCP proxy the test controls between their cluster ports.
+    Node i's routes point at one listener per other node j (the directed pair i->j), which
+    forwards to j's cluster port, so every route connection is known to run over the link
+    {i, j}. Cutting a link closes its live connections and closes each new one as soon as
+    it is accepted (mode "close"), or freezes them, forwarding nothing until the link is
+    healed and new ones connected only then (mode "hang", a network that drops packets).
 
-    def __init__(self, kind, binary, js_extra="", size=3, base=None):
+    Servers tell each other their route URLs by gossip and dial what they learn: each node
+    advertises (`cluster.advertise`) a port of its own that is bound but not listening, so
+    such a dial is refused and every route goes through the proxy (`Cluster.direct_routes`
+    checks). The proxy runs on its own thread and event loop, so a busy publisher loop
+    does not delay route traffic, nor the proxy the publishers.
+    """
+
+    READ = 1 << 18
+
+    def __init__(self, size, mode="close"):
+        assert mode in ("close", "hang")
+        self.mode = mode
+        self.size = size
+        self.targets = {}  # node index -> its cluster port (set by Cluster)
+        self._listen = {}
+        self._nowhere = []
+        for i in range(size):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))  # reserved, never listening: connections are refused
+            self._nowhere.append(s)
+            for j in range(size):
+                if i != j:
+                    s = socket.socket()
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    s.bind(("127.0.0.1", 0))
+                    s.listen(64)
+                    s.setblocking(False)
+                    self._listen[(i, j)] = s
+        self.stats = {"connections": 0, "refused": 0, "held": 0, "cut": 0, "bytes": 0}
+        self._cut = set()  # frozenset({i, j})
+        self._live = {}  # link -> set of (transport, transport)
+        self._healed = {}  # link -> asyncio.Event, set while the link is up (mode hang)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="proxy", daemon=True)
+        self._thread.start()
+        self._servers = [self._call(self._serve(i, j, s)) for (i, j), s in self._listen.items()]
+
+    def route_ports(self, i):
+        return [s.getsockname()[1] for (a, _), s in sorted(self._listen.items()) if a == i]
+
+    def nowhere_port(self, i):
+        return self._nowhere[i].getsockname()[1]
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
+    async def _serve(self, i, j, sock):
+        return await asyncio.start_server(
+            lambda r, w: self._conn(frozenset((i, j)), j, r, w), sock=sock
+        )
+
+    def _event(self, link):
+        if link not in self._healed:
+            self._healed[link] = asyncio.Event()
+            self._healed[link].set()
+        return self._healed[link]
+
+    async def _conn(self, link, j, r, w):
+        if link in self._cut and self.mode == "close":
+            self.stats["refused"] += 1
+            w.transport.abort()
+            return
+        healed = self._event(link)
+        if not healed.is_set():
+            self.stats["held"] += 1
+            await healed.wait()
+        try:
+            r2, w2 = await asyncio.open_connection("127.0.0.1", self.targets[j])
+        except OSError:  # the node is down
+            w.transport.abort()
+            return
+        pair = (w.transport, w2.transport)
+        if link in self._cut and self.mode == "close":  # cut while connecting
+            for t in pair:
+                t.abort()
+            return
+        self.stats["connections"] += 1
+        live = self._live.setdefault(link, set())
+        live.add(pair)
+        try:
+            await asyncio.gather(self._pump(link, r, w2, pair), self._pump(link, r2, w, pair))
+        finally:
+            live.discard(pair)
+
+    async def _pump(self, link, r, w, pair):
+        healed = self._event(link)
+        try:
+            while True:
+                data = await r.read(self.READ)
+                if not data:
+                    break
+                await healed.wait()  # mode hang: held until the link is healed
+                self.stats["bytes"] += len(data)
+                w.write(data)
+                await w.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            # Route connections do not half-close: one side gone ends both.
+            for t in pair:
+                t.abort()
+
+    async def _set(self, links, cut):
+        n = 0
+        for link in links:
+            if cut:
+                self._cut.add(link)
+                if self.mode == "hang":
+                    self._event(link).clear()
+                    n += len(self._live.get(link, ()))
+                    continue
+                for pair in list(self._live.get(link, ())):
+                    n += 1
+                    for t in pair:
+                        t.abort()
+            else:
+                self._cut.discard(link)
+                self._event(link).set()
+        self.stats["cut"] += n if cut else 0
+        return n
+
+    def cut(self, pairs):
+        """Cuts the links between the node index pairs given; returns how many live route
+        connections were closed (mode close) or frozen (mode hang)."""
+        return self._call(self._set([frozenset(p) for p in pairs], True))
+
+    def heal(self):
+        self._call(self._set(list(self._cut), False))
+
+    def isolate(self, i):
+        """Cuts node i off from all the others."""
+        return self.cut([(i, j) for j in range(self.size) if j != i])
+
+    def stop(self):
+        async def close():
+            for srv in self._servers:
+                srv.close()
+            for ev in self._healed.values():
+                ev.set()
+            for live in self._live.values():
+                for pair in list(live):
+                    for t in pair:
+                        t.abort()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self._loop.is_running():
+            self._call(close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        for s in [*self._nowhere, *self._listen.values()]:
+            s.close()
+
+
+def _socket_inodes(pid):
+    out = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                out.add(link[8:-1])
+    except OSError:
+        pass
+    return out
+
+
+def _established_tcp():
+    """inode -> (local port, remote port) of every established TCP socket."""
+    out = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    c = line.split()
+                    if c[3] == "01":
+                        out[c[9]] = (int(c[1].rsplit(":", 1)[1], 16), int(c[2].rsplit(":", 1)[1], 16))
+        except OSError:
+            pass
+    return out
+
+
+class Cluster:
+    """Three nodes of `binary`; `js_extra` goes into each jetstream block. With
+    `partitions` ("close" or "hang", see `Partitioner`) the routes go through a proxy
+    (`self.proxy`) that can cut links between nodes."""
+
+    def __init__(self, kind, binary, js_extra="", size=3, base=None, partitions=None):
         self.kind = kind
         self.binary = binary
         self.js_extra = js_extra
         self.prefix = {"keel": "k", "nats": "n"}.get(kind, kind[:1])
         self.dir = tempfile.mkdtemp(prefix=f"cbench-{kind}-", dir=base)
+        self.proxy = Partitioner(size, partitions) if partitions else None
         self.nodes = []
         for i in range(size):
             self.nodes.append(Node(self, i))
+        if self.proxy:
+            self.proxy.targets = {n.idx: n.cport for n in self.nodes}
         for n in self.nodes:
             n.write_conf()
+
+    def direct_routes(self):
+        """Established connections from a node to another node's cluster port (with the
+        proxy, which alone should make those, this lists routes that bypass it)."""
+        tcp = _established_tcp()
+        cports = {n.cport: n.name for n in self.nodes}
+        out = []
+        for n in self.nodes:
+            if not n.alive():
+                continue
+            for ino in _socket_inodes(n.proc.pid):
+                ports = tcp.get(ino)
+                if ports and ports[1] in cports and cports[ports[1]] != n.name:
+                    out.append(f"{n.name}->{cports[ports[1]]}")
+        return out
 
     def by_name(self, name):
         for n in self.nodes:
@@ -186,6 +410,8 @@ class Cluster:
 
     def cleanup(self, keep=False):
         self.stop()
+        if self.proxy:
+            self.proxy.stop()
         if not keep:
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -15,6 +15,23 @@ publish is recorded as (seq, payload); every publish that timed out or failed is
   power-loss      SIGKILL all three at the same moment, restart all (a process kill: the
                   page cache survives, so data written but not fsynced is NOT lost; this
                   only catches bugs in what is written, not in when it is fsynced)
+  partition-leader    cut the stream leader off from both other nodes for --partition
+                  seconds, and at least until the majority (asked directly) names a new
+                  leader, then heal
+  partition-follower  the same for one of the replicas (the leader keeps its majority)
+  bridge          cut only the link between the leader and one replica; the third node
+                  still reaches both (a non-transitive partition)
+
+Partitions cut the route connections only (the publishers' client connections are not
+partitioned; those on a cut-off leader time out, which makes unknown outcomes). The
+nodes' routes go through a TCP proxy the checker runs on its own thread (Partitioner in
+cluster_common.py): one listener per ordered pair of nodes, forwarding to the second's
+cluster port, so each connection is known to run over one link. Cutting a link closes its
+connections and closes new ones as soon as they are accepted (--partition-mode close), or
+freezes them until the heal (hang: a network dropping packets, found by timeouts). Each
+node advertises a cluster address nothing listens on, so a route learned by gossip cannot
+bypass the proxy; each partition logs the connections it cut and the established routes
+that bypass the proxy (there must be none).
 
 Then the publishers stop, the cluster is given time to converge, and all nodes are stopped
 cleanly. Each node is then started ALONE (the others down) and the whole stream is read
@@ -37,7 +54,8 @@ mid-way; checks that no message whose ack was confirmed is redelivered and that 
 of new messages come in stream order.
 
 Usage: bench/cluster_faults.py [--short] [--out FILE]
---short: one round of each fault, shorter gaps (about 90 s for both servers on 2 cores).
+--short: one round of kill-leader, kill-follower, stop-leader, partition-leader and
+power-loss, shorter gaps (about 2 minutes for both servers on 2 cores).
 """
 
 import argparse
@@ -112,8 +130,70 @@ def log(t0, msg, sched):
     sched.append(line)
 
 
-async def run_schedule(cl, faults, gap, down, stop_s, t0, sched):
+async def partition(cl, fault, leader, replicas, hold, t0, sched):
+    """One partition fault (see the docstring); logs what the cut-off side and the
+    majority saw, which shows the cut was real."""
+    px = cl.proxy
+    lead = cl.by_name(leader)
+    other = cl.by_name(random.choice(replicas)) if replicas else None
+    if fault == "bridge":
+        if other is None:
+            log(t0, "bridge: no replica known, skipped", sched)
+            return
+        third = [n.name for n in cl.nodes if n not in (lead, other)]
+        cut = px.cut([(lead.idx, other.idx)])
+        what = f"bridge: cut {lead.name} <-> {other.name}, both reach {', '.join(third)}"
+        asked = cl.nodes
+        x = None
+    else:
+        x = lead if fault == "partition-leader" else other
+        if x is None:
+            log(t0, f"{fault}: no replica known, skipped", sched)
+            return
+        cut = px.isolate(x.idx)
+        role = "leader" if x is lead else "follower"
+        what = f"partition: {role} {x.name} cut off from both others"
+        asked = [n for n in cl.nodes if n is not x]
+    direct = ", ".join(cl.direct_routes()) or "none"
+    done = "frozen" if px.mode == "hang" else "closed"
+    log(t0, f"{what} for {hold}s ({cut} route connections {done}; bypassing the proxy: {direct})", sched)
+    t = time.monotonic()
+    names = ", ".join(n.name for n in asked)
+    nc = await connect([n.url for n in asked])
+    try:
+        try:
+            if x is lead:
+                info = await wait_stream_leader(nc, STREAM, hold + 30, not_=lead.name)
+            else:
+                await asyncio.sleep(hold)
+                info = await wait_stream_leader(nc, STREAM, 10)
+            now = info["cluster"]["leader"]
+            seen = f"stream leader per {names}: {now} (was {leader}) after {time.monotonic() - t:.1f}s"
+        except RuntimeError:
+            none = "NO new stream leader" if x is lead else "NO stream leader"
+            seen = f"{none} per {names} after {time.monotonic() - t:.1f}s"
+        if x is not None:
+            # What the cut-off node says (its clients are not partitioned).
+            xc = await connect([x.url], max_reconnect_attempts=1)
+            try:
+                xi = await stream_info(xc, STREAM, 2)
+                seen += f"; {x.name} itself says leader {xi.get('cluster', {}).get('leader')!r}"
+            except Exception as e:  # noqa: BLE001 - a cut-off node may not answer at all
+                seen += f"; {x.name} itself: {type(e).__name__}"
+            finally:
+                await xc.close()
+        log(t0, seen, sched)
+        await asyncio.sleep(max(0.0, hold - (time.monotonic() - t)))
+    finally:
+        await nc.close()
+        px.heal()
+    held = "held" if px.mode == "hang" else "refused"
+    log(t0, f"healed ({px.stats[held]} new connections {held} while cut, so far)", sched)
+
+
+async def run_schedule(cl, faults, args, t0, sched):
     loop = asyncio.get_running_loop()
+    gap, down, stop_s = args.gap, args.down, args.stop
     for f in faults:
         await asyncio.sleep(gap)
         leader, replicas = await find_roles(cl)
@@ -153,6 +233,10 @@ async def run_schedule(cl, faults, gap, down, stop_s, t0, sched):
             for n in cl.nodes:
                 await loop.run_in_executor(None, n.wait_port)
             log(t0, "restarted all three", sched)
+        elif f in ("partition-leader", "partition-follower", "bridge"):
+            await partition(cl, f, leader, replicas, args.partition, t0, sched)
+        else:
+            raise ValueError(f"unknown fault {f}")
     await asyncio.sleep(gap)
 
 
@@ -420,7 +504,7 @@ async def _consumer_part(cl, msgs, t0, sched, conns):
 
 async def run_one(kind, binary, args, faults):
     print(f"\n== {kind}: {binary}", flush=True)
-    cl = Cluster(kind, binary, base=args.dir)
+    cl = Cluster(kind, binary, base=args.dir, partitions=args.partition_mode)
     sched = []
     res = {"kind": kind}
     try:
@@ -450,7 +534,7 @@ async def run_one(kind, binary, args, faults):
             asyncio.create_task(publisher(cl, i, rec, stop, args.timeout))
             for i in range(args.pubs)
         ]
-        await run_schedule(cl, faults, args.gap, args.down, args.stop, t0, sched)
+        await run_schedule(cl, faults, args, t0, sched)
         stop.set()
         await asyncio.gather(*pubs, return_exceptions=True)
         log(t0, f"publishers stopped: {len(rec.acked)} acked, {len(rec.unknown)} unknown", sched)
@@ -554,13 +638,20 @@ def table(rows):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--short", action="store_true", help="one round of each fault (about 90 s in all)")
+    ap.add_argument("--short", action="store_true", help="one round of five faults (about 2 minutes in all)")
     ap.add_argument("--pubs", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the schedule (long mode)")
     ap.add_argument("--gap", type=float, default=None, help="seconds of publishing between faults")
     ap.add_argument("--down", type=float, default=2.0, help="seconds a killed node stays down")
     ap.add_argument("--stop", type=float, default=None, help="seconds of SIGSTOP")
     ap.add_argument("--timeout", type=float, default=2.0, help="PubAck timeout")
+    ap.add_argument("--partition", type=float, default=None, help="seconds a partition lasts (at least)")
+    ap.add_argument(
+        "--partition-mode",
+        choices=["close", "hang"],
+        default="close",
+        help="a cut link closes its connections, or freezes them until healed",
+    )
     ap.add_argument("--no-power-loss", action="store_true")
     ap.add_argument("--consumer", type=int, default=None, help="messages for the consumer part (0: skip)")
     ap.add_argument("--only", choices=["keel", "nats"])
@@ -571,19 +662,21 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     random.seed(args.seed)
-    base = ["kill-leader", "kill-follower", "stop-leader"]
-    if not args.no_power_loss:
-        base.append("power-loss")
+    power = [] if args.no_power_loss else ["power-loss"]
     if args.short:
-        faults = base
+        faults = ["kill-leader", "kill-follower", "stop-leader", "partition-leader", *power]
         args.gap = args.gap if args.gap is not None else 1.5
         args.stop = args.stop if args.stop is not None else 5.0
+        args.partition = args.partition if args.partition is not None else 4.0
         args.consumer = 100 if args.consumer is None else args.consumer
         args.alone_wait = min(args.alone_wait, 3.0)
     else:
+        base = ["kill-leader", "kill-follower", "stop-leader"]
+        base += ["partition-leader", "partition-follower", "bridge", *power]
         faults = base * args.rounds
         args.gap = args.gap if args.gap is not None else 5.0
         args.stop = args.stop if args.stop is not None else 12.0
+        args.partition = args.partition if args.partition is not None else 10.0
         args.consumer = 2000 if args.consumer is None else args.consumer
     started = time.time()
     results = {}
@@ -596,7 +689,8 @@ def main():
         f"cluster_faults.py {'--short' if args.short else ''} "
         f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {time.time() - started:.0f} s)",
         f"3 separate processes per server, R3 file stream, {args.pubs} publishers (PubAck "
-        f"timeout {args.timeout}s), gap {args.gap}s, down {args.down}s, SIGSTOP {args.stop}s",
+        f"timeout {args.timeout}s), gap {args.gap}s, down {args.down}s, SIGSTOP {args.stop}s, "
+        f"partition {args.partition}s ({args.partition_mode})",
         "keel: acks after a quorum fsynced; nats-server: default lazy fsync (sync_interval 2m).",
         "power-loss is SIGKILL of all three at once: the page cache survives, so unsynced",
         "writes are not lost by it on either server.",
