@@ -997,8 +997,9 @@ impl RaftReplicator {
     }
 }
 
+/// A batch without a quorum (not a storage failure: the store is fine).
 fn unavailable() -> StoreError {
-    StoreError::Io("JetStream system temporarily unavailable".into())
+    StoreError::Unsupported("JetStream system temporarily unavailable")
 }
 
 impl Replicator for RaftReplicator {
