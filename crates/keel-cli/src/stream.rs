@@ -68,6 +68,17 @@ pub enum ClusterCmd {
     /// Make another replica the stream's leader
     #[command(name = "step-down")]
     StepDown(StateArgs),
+    /// Take a server out of the stream's group (a free server takes its place)
+    #[command(name = "peer-remove")]
+    PeerRemove(PeerRemoveArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PeerRemoveArgs {
+    /// Stream name
+    stream: String,
+    /// The server to remove (its name)
+    peer: String,
 }
 
 #[derive(Args, Debug)]
@@ -294,6 +305,16 @@ pub async fn run(conn: &ConnSettings, cmd: &StreamCmd, json: bool) -> Res<()> {
         StreamCmd::Ls(a) => ls(&js, a, json).await,
         StreamCmd::Rm(a) => rm(&js, a).await,
         StreamCmd::Cluster(ClusterCmd::StepDown(a)) => step_down(&js, &a.stream).await,
+        StreamCmd::Cluster(ClusterCmd::PeerRemove(a)) => {
+            js.api(
+                &format!("STREAM.PEER.REMOVE.{}", a.stream),
+                Some(&json!({ "peer": a.peer })),
+            )
+            .await
+            .map_err(|e| format!("cannot remove peer {}: {}", a.peer, String::from(e)))?;
+            println!("Removal of peer \"{}\" requested", a.peer);
+            Ok(())
+        }
         StreamCmd::Purge(a) => purge(&js, a, json).await,
         StreamCmd::Get(a) => get(&js, a, json).await,
         StreamCmd::Subjects(a) => subjects(&js, a, json).await,
