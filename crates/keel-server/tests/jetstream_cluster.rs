@@ -785,6 +785,7 @@ async fn a_stream_scales_from_r1_to_r3_and_back() {
     let up = api(&other, "$JS.API.STREAM.UPDATE.ORDERS", &cfg(3)).await;
     assert!(up.get("error").is_none(), "{up}");
     assert_eq!(up["config"]["num_replicas"], 3, "{up}");
+    assert_eq!(up["cluster"]["name"], "jsc", "{up}");
     let info = replicas_current(&other, "ORDERS", 2, "").await;
     assert_eq!(info["state"]["messages"], 10, "{info}");
 

@@ -309,7 +309,7 @@ pub async fn update(
     check_resources(js, &cfg, Some(name))?;
     registry::update_stream(&s, cfg).await?;
     advisory::stream_action(server, router, name, advisory::Action::Update);
-    Ok(info(&s, true, None, None, false))
+    Ok(info(&s, true, js.clustered().then_some(&**js), None, false))
 }
 
 /// Lowering a stream's `consumer_limits` below what an existing consumer uses is refused,
