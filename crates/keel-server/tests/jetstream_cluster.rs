@@ -1067,3 +1067,84 @@ async fn a_new_peer_catches_up_from_a_snapshot() {
         n.shutdown().await;
     }
 }
+
+/// A replica that was down while its group's log was compacted catches up from the
+/// snapshot: its store is brought in line (a message deleted meanwhile goes from it too)
+/// and the messages it lacks come from the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_down_through_a_compaction_catches_up() {
+    let stores = common::TempDir::new("compact");
+    let names = ["C1", "C2", "C3"];
+    let (mut nodes, confs) = mesh_in(&names, Some(stores.path())).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    let created = create_stream(
+        &c,
+        "S",
+        r#"{"name":"S","subjects":["s"],"num_replicas":3,"allow_direct":true}"#,
+    )
+    .await;
+    let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    let lc = connect(&nodes[li], "app").await;
+    for i in 1..=10u64 {
+        assert_eq!(publish_acked(&lc, "s", format!("m{i}")).await, i);
+    }
+    // A follower goes (with messages 1..=10 on it).
+    let fi = (li + 1) % 3;
+    let fname = names[fi];
+    let follower = nodes.remove(fi);
+    follower.shutdown().await;
+    let li = if li > fi { li - 1 } else { li };
+    let del = api(&lc, "$JS.API.STREAM.MSG.DELETE.S", r#"{"seq":5}"#).await;
+    assert_eq!(del["success"], true, "{del}");
+    let total = 1500u64;
+    for i in 11..=total {
+        let ack = common::within("pub", lc.request("s", format!("m{i}").into()))
+            .await
+            .expect("ack");
+        let v: serde_json::Value = serde_json::from_slice(&ack.payload).unwrap();
+        assert_eq!(v["seq"], i, "{v}");
+    }
+    let back = Node::start_jetstream_at(&confs[fi], &stores.path().join(fname)).await;
+    nodes.push(back);
+    replicas_current(&lc, "S", 2, "").await;
+    // Read the returned replica's own store: the old leader goes, and direct gets
+    // (allow_direct) on the returned one's connection are answered from its store.
+    nodes.remove(li).shutdown().await;
+    let bc = connect(nodes.last().unwrap(), "app").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = tokio::time::timeout(
+            Duration::from_secs(2),
+            bc.request("$JS.API.DIRECT.GET.S", r#"{"seq":1500}"#.into()),
+        )
+        .await;
+        if let Ok(Ok(m)) = r {
+            if m.payload == format!("m{total}") {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "seq {total} not on {fname}");
+    }
+    for seq in [1u64, 10, 11, 700] {
+        let m = common::within(
+            "direct get",
+            bc.request("$JS.API.DIRECT.GET.S", format!("{{\"seq\":{seq}}}").into()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(m.payload, format!("m{seq}"), "seq {seq} on {fname}");
+    }
+    let gone = common::within(
+        "direct get",
+        bc.request("$JS.API.DIRECT.GET.S", r#"{"seq":5}"#.into()),
+    )
+    .await
+    .unwrap();
+    let status = gone.status.map(|s| s.as_u16()).unwrap_or_default();
+    assert_eq!(status, 404, "seq 5 still on {fname}: {gone:?}");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
