@@ -925,14 +925,14 @@ async fn a_removed_peer_is_replaced() {
     }
 }
 
-/// A stream leader that loses its quorum mid-commit keeps exactly what was committed: its
-/// store is rolled back past batches it had not synced yet and they are applied again from
-/// the log. Once the others are back, every replica serves every acked message.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_that_loses_its_quorum_keeps_what_was_committed() {
-    let stores = common::TempDir::new("quorum");
-    let names = ["Q1", "Q2", "Q3"];
-    let (mut nodes, confs) = mesh_in(&names, Some(stores.path())).await;
+/// Three servers keeping their stores under `stores` (restartable with the configs
+/// returned) and an R3 stream `S` on subject `s` with `allow_direct`: the servers, their
+/// configs, the stream leader's index and a client on it.
+async fn r3_on_stores(
+    names: &[&str],
+    stores: &common::TempDir,
+) -> (Vec<Node>, Vec<String>, usize, async_nats::Client) {
+    let (nodes, confs) = mesh_in(names, Some(stores.path())).await;
     meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
     let c = connect(&nodes[0], "app").await;
     let created = create_stream(
@@ -944,6 +944,17 @@ async fn a_leader_that_loses_its_quorum_keeps_what_was_committed() {
     let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
     let li = names.iter().position(|n| *n == leader).unwrap();
     let lc = connect(&nodes[li], "app").await;
+    (nodes, confs, li, lc)
+}
+
+/// A stream leader that loses its quorum mid-commit keeps exactly what was committed: its
+/// store is rolled back past batches it had not synced yet and they are applied again from
+/// the log. Once the others are back, every replica serves every acked message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_loses_its_quorum_keeps_what_was_committed() {
+    let stores = common::TempDir::new("quorum");
+    let names = ["Q1", "Q2", "Q3"];
+    let (mut nodes, confs, li, lc) = r3_on_stores(&names, &stores).await;
     for i in 1..=20u64 {
         assert_eq!(publish_acked(&lc, "s", format!("m{i}")).await, i);
     }
@@ -1075,18 +1086,7 @@ async fn a_new_peer_catches_up_from_a_snapshot() {
 async fn a_replica_down_through_a_compaction_catches_up() {
     let stores = common::TempDir::new("compact");
     let names = ["C1", "C2", "C3"];
-    let (mut nodes, confs) = mesh_in(&names, Some(stores.path())).await;
-    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
-    let c = connect(&nodes[0], "app").await;
-    let created = create_stream(
-        &c,
-        "S",
-        r#"{"name":"S","subjects":["s"],"num_replicas":3,"allow_direct":true}"#,
-    )
-    .await;
-    let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
-    let li = names.iter().position(|n| *n == leader).unwrap();
-    let lc = connect(&nodes[li], "app").await;
+    let (mut nodes, confs, li, lc) = r3_on_stores(&names, &stores).await;
     for i in 1..=10u64 {
         assert_eq!(publish_acked(&lc, "s", format!("m{i}")).await, i);
     }

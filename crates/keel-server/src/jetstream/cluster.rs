@@ -634,20 +634,32 @@ async fn create(
     } else {
         String::new()
     };
+    let assignment = StreamAssignment {
+        config: raw,
+        peers,
+        group,
+        created: crate::time::now_nanos(),
+        reply: Some(String::from_utf8_lossy(reply).into_owned()),
+    };
+    assign(js, meta, name, assignment).await
+}
+
+/// Proposes `account`'s stream `name` placed as `assignment` (a create, or a change of its
+/// peers); resolves once committed.
+async fn assign(
+    js: &super::JetStream,
+    meta: &Meta,
+    name: &str,
+    assignment: StreamAssignment,
+) -> Result<(), super::api::ApiError> {
     let op = MetaOp::AssignStream {
         account: js.account.name.clone(),
         name: name.to_string(),
-        assignment: StreamAssignment {
-            config: raw,
-            peers,
-            group,
-            created: crate::time::now_nanos(),
-            reply: Some(String::from_utf8_lossy(reply).into_owned()),
-        },
+        assignment,
     };
     meta.propose(&op)
         .await
-        .map_err(|_| ErrorKind::ClusterUnavailable.err())
+        .map_err(|_| super::api::ErrorKind::ClusterUnavailable.err())
 }
 
 /// Chooses `replicas` servers among the meta group's members that are up, other than
@@ -794,19 +806,13 @@ async fn rescale(
         let more = place(meta, &state, want - peers.len(), &raw, &peers)?;
         peers.extend(more);
     }
-    let op = MetaOp::AssignStream {
-        account: js.account.name.clone(),
-        name: name.to_string(),
-        assignment: StreamAssignment {
-            config: raw,
-            peers,
-            reply: None,
-            ..a
-        },
+    let assignment = StreamAssignment {
+        config: raw,
+        peers,
+        reply: None,
+        ..a
     };
-    meta.propose(&op)
-        .await
-        .map_err(|_| ErrorKind::ClusterUnavailable.err())
+    assign(js, meta, name, assignment).await
 }
 
 /// `$JS.API.STREAM.PEER.REMOVE.<stream>` on the meta leader: `peer` leaves the stream's
@@ -838,18 +844,12 @@ async fn remove_peer(
         // Nowhere else to keep it.
         return Err(ErrorKind::PeerRemap.err());
     }
-    let op = MetaOp::AssignStream {
-        account: js.account.name.clone(),
-        name: name.to_string(),
-        assignment: StreamAssignment {
-            peers,
-            reply: None,
-            ..a
-        },
+    let assignment = StreamAssignment {
+        peers,
+        reply: None,
+        ..a
     };
-    meta.propose(&op)
-        .await
-        .map_err(|_| ErrorKind::ClusterUnavailable.err())?;
+    assign(js, meta, name, assignment).await?;
     Ok(Some(
         br#"{"type":"io.nats.jetstream.api.v1.stream_remove_peer_response","success":true}"#
             .to_vec(),

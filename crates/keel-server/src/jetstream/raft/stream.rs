@@ -630,6 +630,27 @@ impl Shared {
         Ok((at, body))
     }
 
+    /// Keeps an applied membership (the last two, on disk), and with `applied` the log
+    /// position applied (a snapshot installed).
+    fn record_membership(
+        &self,
+        m: StoredMembership<NodeId, Peer>,
+        applied: Option<Option<LogId<NodeId>>>,
+    ) -> Result<(), String> {
+        let mut g = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = applied {
+            g.0 = a;
+        }
+        g.1.list.push(m);
+        if g.1.list.len() > 2 {
+            g.1.list.remove(0);
+        }
+        let body = serde_json::to_vec(&g.1).map_err(|e| e.to_string())?;
+        self.files
+            .write(&self.memberships_file, &body, true)
+            .map_err(|e| e.to_string())
+    }
+
     /// The voters of the last membership this replica applied (so committed), if any.
     pub fn committed_voters(&self) -> Option<std::collections::BTreeSet<NodeId>> {
         let g = self.applied.lock().unwrap_or_else(|e| e.into_inner());
@@ -763,14 +784,7 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
             match e.payload {
                 EntryPayload::Blank => {}
                 EntryPayload::Membership(m) => {
-                    let mut g = sh.applied.lock().unwrap_or_else(|e| e.into_inner());
-                    g.1.list.push(StoredMembership::new(Some(e.log_id), m));
-                    if g.1.list.len() > 2 {
-                        g.1.list.remove(0);
-                    }
-                    let body = serde_json::to_vec(&g.1).map_err(sm_err)?;
-                    sh.files
-                        .write(&sh.memberships_file, &body, true)
+                    sh.record_membership(StoredMembership::new(Some(e.log_id), m), None)
                         .map_err(sm_err)?;
                 }
                 EntryPayload::Normal(cmd) => {
@@ -926,18 +940,8 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
             }
             s.follow_applied();
         }
-        {
-            let mut g = sh.applied.lock().unwrap_or_else(|e| e.into_inner());
-            g.0 = meta.last_log_id;
-            g.1.list.push(meta.last_membership.clone());
-            if g.1.list.len() > 2 {
-                g.1.list.remove(0);
-            }
-            let body = serde_json::to_vec(&g.1).map_err(sm_err)?;
-            sh.files
-                .write(&sh.memberships_file, &body, true)
-                .map_err(sm_err)?;
-        }
+        sh.record_membership(meta.last_membership.clone(), Some(meta.last_log_id))
+            .map_err(sm_err)?;
         *sh.current.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((meta.clone(), snapshot.into_inner()));
         Ok(())
