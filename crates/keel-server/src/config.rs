@@ -28,6 +28,9 @@ pub struct Opts {
     /// 0 or -1 (RANDOM_PORT) picks a free port.
     pub port: i64,
     pub server_name: Option<String>,
+    /// `server_tags`: this server's placement tags (lowercased, as the reference keeps
+    /// them), matched by a stream's `placement.tags`.
+    pub server_tags: Vec<String>,
     pub http_host: Option<String>,
     pub http_port: Option<i64>,
     pub max_payload: usize,
@@ -250,6 +253,7 @@ impl Default for Opts {
             host: "0.0.0.0".into(),
             port: 4222,
             server_name: None,
+            server_tags: Vec::new(),
             http_host: None,
             http_port: None,
             max_payload: 1024 * 1024,
@@ -468,7 +472,6 @@ const UNSUPPORTED_KEYS: &[&str] = &[
     "websocket",
     "ws",
     "mqtt",
-    "server_tags",
     "server_metadata",
     "feature_flags",
     "default_js_domain",
@@ -936,6 +939,21 @@ pub fn apply_config(opts: &mut Opts, map: &Map) -> Result<(), String> {
                 opts.port = p;
             }
             "server_name" => opts.server_name = Some(string(key, v)?),
+            "server_tags" => {
+                // A list, or one string of comma-separated tags.
+                let tags: Vec<String> = match v {
+                    Value::Array(list) => list
+                        .iter()
+                        .map(|t| string(key, t))
+                        .collect::<Result<_, _>>()?,
+                    other => string(key, other)?.split(',').map(str::to_string).collect(),
+                };
+                opts.server_tags = tags
+                    .iter()
+                    .map(|t| t.trim().to_ascii_lowercase())
+                    .filter(|t| !t.is_empty())
+                    .collect();
+            }
             "http_port" | "monitor_port" => opts.http_port = Some(int(key, v)?),
             "http" => {
                 let (h, p) = host_port(key, &string(key, v)?)?;

@@ -237,10 +237,15 @@ impl System {
             && (host.is_empty() || server.opts.host.contains(host))
             && text("cluster").is_empty()
             && (domain.is_empty() || crate::jetstream::domain(server) == Some(domain))
-            && opts
-                .get("tags")
-                .and_then(Value::as_array)
-                .is_none_or(|t| t.is_empty())
+            && opts.get("tags").and_then(Value::as_array).is_none_or(|t| {
+                t.iter().filter_map(Value::as_str).all(|t| {
+                    server
+                        .opts
+                        .server_tags
+                        .iter()
+                        .any(|h| h.eq_ignore_ascii_case(t))
+                })
+            })
     }
 
     fn handle(&self, server: &Arc<Server>, router: &mut Router, m: InMsg) {

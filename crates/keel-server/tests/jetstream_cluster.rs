@@ -44,6 +44,15 @@ fn member_conf(name: &str, listen: &str, routes: &[String]) -> String {
 /// the mesh; only the first one's port is chosen before it binds it). With `stores`, each keeps its
 /// store under `stores/<name>`; the returned configs restart a server where it was.
 async fn mesh_in(names: &[&str], stores: Option<&std::path::Path>) -> (Vec<Node>, Vec<String>) {
+    mesh_with(names, stores, |_| String::new()).await
+}
+
+/// `mesh_in` with `extra(name)` added to each server's config.
+async fn mesh_with(
+    names: &[&str],
+    stores: Option<&std::path::Path>,
+    extra: impl Fn(&str) -> String,
+) -> (Vec<Node>, Vec<String>) {
     let mut nodes: Vec<Node> = Vec::new();
     let mut confs = Vec::new();
     // The first lists itself: the reference wants configured routes on every server.
@@ -56,13 +65,13 @@ async fn mesh_in(names: &[&str], stores: Option<&std::path::Path>) -> (Vec<Node>
         } else {
             "127.0.0.1:-1".to_string()
         };
-        let conf = member_conf(name, &listen, &routes);
+        let conf = member_conf(name, &listen, &routes) + &extra(name);
         let node = match stores {
             Some(d) => Node::start_jetstream_at(&conf, &d.join(name)).await,
             None => Node::start_jetstream(&conf).await,
         };
         let port = node.route_url().rsplit(':').next().unwrap().to_string();
-        confs.push(member_conf(name, &format!("127.0.0.1:{port}"), &routes));
+        confs.push(member_conf(name, &format!("127.0.0.1:{port}"), &routes) + &extra(name));
         nodes.push(node);
     }
     for n in &nodes {
@@ -1144,6 +1153,66 @@ async fn a_replica_down_through_a_compaction_catches_up() {
     .unwrap();
     let status = gone.status.map(|s| s.as_u16()).unwrap_or_default();
     assert_eq!(status, 404, "seq 5 still on {fname}: {gone:?}");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// `server_tags` and `placement.tags`: a stream goes only to servers with every tag asked
+/// for; a tag no server has is refused with the reference's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_tags_pick_the_servers() {
+    let names = ["T1", "T2", "T3"];
+    let (nodes, _) = mesh_with(&names, None, |n| {
+        let az = &n[1..];
+        format!("server_tags: [\"cloud:test\", \"AZ:{az}\"]\n")
+    })
+    .await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    for az in ["2", "3"] {
+        let name = format!("AZ{az}");
+        let created = create_stream(
+            &c,
+            &name,
+            &format!(
+                r#"{{"name":"{name}","subjects":["az{az}"],"storage":"file","placement":{{"tags":["az:{az}"]}}}}"#
+            ),
+        )
+        .await;
+        assert_eq!(created["cluster"]["leader"], format!("T{az}"), "{created}");
+    }
+    let all = create_stream(
+        &c,
+        "ALL",
+        r#"{"name":"ALL","subjects":["all"],"num_replicas":3,"placement":{"tags":["cloud:test"]}}"#,
+    )
+    .await;
+    assert_eq!(all["config"]["num_replicas"], 3, "{all}");
+    let none = api(
+        &c,
+        "$JS.API.STREAM.CREATE.NONE",
+        r#"{"name":"NONE","subjects":["none"],"placement":{"tags":["az:9"]}}"#,
+    )
+    .await;
+    assert_eq!(none["error"]["err_code"], 10005, "{none}");
+    assert!(
+        none["error"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("tags not matched ['az:9']"),
+        "{none}"
+    );
+    let two = api(
+        &c,
+        "$JS.API.STREAM.CREATE.TWO",
+        r#"{"name":"TWO","subjects":["two"],"num_replicas":3,"placement":{"tags":["az:2"]}}"#,
+    )
+    .await;
+    assert_eq!(two["error"]["err_code"], 10005, "{two}");
+    let varz = http_get(nodes[1].monitor_port(), "/varz").await;
+    let v: serde_json::Value = serde_json::from_str(&varz.body).unwrap();
+    assert_eq!(v["tags"], serde_json::json!(["cloud:test", "az:2"]), "{v}");
     for n in nodes {
         n.shutdown().await;
     }

@@ -60,6 +60,9 @@ pub struct RouteInfo {
     pub max_payload: i32,
     #[serde(skip_serializing_if = "is_false")]
     pub jetstream: bool,
+    /// The server's `server_tags` (Keel's peers place streams by them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
     /// `nats-route://host:port/`: with `cluster.advertise`, and the URL to dial in gossip.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub ip: String,

@@ -390,6 +390,22 @@ impl Meta {
         i
     }
 
+    /// Each server's `server_tags`: this one's, and its peers' as their route INFO said.
+    fn server_tags(&self) -> std::collections::HashMap<String, Vec<String>> {
+        let mut out = std::collections::HashMap::new();
+        let Some(server) = self.host.server() else {
+            return out;
+        };
+        out.insert(server.server_name.clone(), server.opts.server_tags.clone());
+        if let Some(cluster) = server.cluster.get() {
+            for r in cluster.routes() {
+                out.entry(r.remote_name())
+                    .or_insert_with(|| r.remote_tags());
+            }
+        }
+        out
+    }
+
     /// The assignment of `account`'s stream `name`.
     pub fn assignment(&self, account: &str, name: &str) -> Option<StreamAssignment> {
         self.machine
@@ -679,16 +695,27 @@ fn place(
     {
         return Err(ErrorKind::NoSuitablePeers.err());
     }
-    // Servers have no tags (no `server_tags` yet), so any tag is unmatched.
-    let tags: Vec<&str> = p["tags"]
+    // Every tag asked for must be one of the server's `server_tags` (either side's case).
+    let tags: Vec<String> = p["tags"]
         .as_array()
-        .map(|t| t.iter().filter_map(|x| x.as_str()).collect())
+        .map(|t| {
+            t.iter()
+                .filter_map(|x| x.as_str())
+                .map(str::to_ascii_lowercase)
+                .collect()
+        })
         .unwrap_or_default();
-    if !tags.is_empty() {
+    let server_tags = meta.server_tags();
+    let tagged = |name: &str| {
+        let have = server_tags.get(name);
+        tags.iter()
+            .all(|t| have.is_some_and(|h| h.iter().any(|x| x == t)))
+    };
+    let m = meta.raft.metrics().borrow().clone();
+    if !tags.is_empty() && !m.membership_config.nodes().any(|(_, p)| tagged(&p.name)) {
         return Err(ErrorKind::NoSuitablePeersReason
             .with(format!(", tags not matched ['{}']", tags.join("', '"))));
     }
-    let m = meta.raft.metrics().borrow().clone();
     let mut load: BTreeMap<String, usize> = BTreeMap::new();
     for (_, p) in m.membership_config.nodes() {
         let up = p.name == meta.host.name
@@ -696,7 +723,7 @@ fn place(
                 .host
                 .since_heard(&p.name)
                 .is_some_and(|d| d < Duration::from_secs(10));
-        if up && !exclude.contains(&p.name) {
+        if up && !exclude.contains(&p.name) && tagged(&p.name) {
             load.insert(p.name.clone(), 0);
         }
     }

@@ -137,6 +137,9 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
         "port": addr.map_or(0, |a| a.port()),
         "auth_required": auth.required,
     });
+    if let (false, Value::Object(m)) = (o.server_tags.is_empty(), &mut v) {
+        m.insert("tags".into(), json!(o.server_tags));
+    }
     if let (Some(tls), Value::Object(m)) = (&o.tls, &mut v) {
         if tls.required() {
             m.insert("tls_required".into(), true.into());

@@ -117,6 +117,7 @@ struct RemoteSub {
 struct Meta {
     remote_id: String,
     remote_name: String,
+    remote_tags: Vec<String>,
     /// The peer runs JetStream (its INFO says so).
     remote_jetstream: bool,
     /// This server dialed it (or took over that duty from a duplicate it replaced).
@@ -171,6 +172,11 @@ impl Route {
 
     pub fn remote_name(&self) -> String {
         self.meta().remote_name.clone()
+    }
+
+    /// The peer's `server_tags`, as its INFO said.
+    pub fn remote_tags(&self) -> Vec<String> {
+        self.meta().remote_tags.clone()
     }
 
     /// Whether the peer runs JetStream.
@@ -916,6 +922,7 @@ impl Conn {
             let mut m = self.route.meta();
             m.remote_id = info.server_id.clone();
             m.remote_name = info.server_name.clone();
+            m.remote_tags = info.tags.iter().map(|t| t.to_ascii_lowercase()).collect();
             // Only Keel peers take part in Keel's meta group (nats-server speaks its own
             // Raft): a Keel server names its Rust toolchain in `go`.
             m.remote_jetstream = info.jetstream && info.go.starts_with("rustc ");

@@ -320,6 +320,7 @@ impl Cluster {
             compression: "off".into(),
             // Peers with JetStream form the meta group (`jetstream::cluster`).
             jetstream: server.opts.jetstream,
+            tags: server.opts.server_tags.clone(),
             ..RouteInfo::default()
         }
     }

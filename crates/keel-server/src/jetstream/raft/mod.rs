@@ -287,6 +287,11 @@ impl RaftHost {
         host
     }
 
+    /// The server this host runs in (while it runs).
+    pub fn server(&self) -> Option<Arc<Server>> {
+        self.server.upgrade()
+    }
+
     /// The system account, where the transport lives.
     pub fn account(&self) -> &Arc<Account> {
         &self.account
