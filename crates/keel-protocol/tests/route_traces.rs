@@ -460,6 +460,7 @@ fn every_field_written_and_read_back() {
         tls_verify: true,
         max_payload: 1048576,
         jetstream: true,
+        tags: vec!["az:1".into()],
         ip: "nats-route://h:4248/".into(),
         nonce: "x".into(),
         cluster: "c".into(),
