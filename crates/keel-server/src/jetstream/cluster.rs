@@ -510,13 +510,15 @@ pub async fn api(
         // The consumer's own subscription, on its leader, gets the pull request.
         return true;
     }
-    // A replica knows its group's leader; others ask a peer that is up, which does.
+    // A replica knows its group's leader; others ask a peer this server has a route to
+    // (a server that went down has none), which does.
     let me = &meta.host.name;
-    let up = |p: &&String| {
-        meta.host
-            .since_heard(p)
-            .is_some_and(|d| d < Duration::from_secs(3))
-    };
+    let routed: BTreeSet<String> = server
+        .cluster
+        .get()
+        .map(|c| c.routes().iter().map(|r| r.remote_name()).collect())
+        .unwrap_or_default();
+    let up = |p: &&String| routed.contains(*p);
     let target = local
         .and_then(|s| s.leader_name())
         .filter(|l| l != me)
