@@ -53,7 +53,47 @@ impl std::fmt::Display for Peer {
 /// group's assignments as JSON; stream entries compactly), so the log and the transport
 /// stay generic.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-pub struct Cmd(pub Vec<u8>);
+pub struct Cmd(#[serde(with = "as_bytes")] pub Vec<u8>);
+
+/// Byte strings serialized as one length and the bytes, not element by element (which
+/// bincode does for a plain `Vec<u8>`, byte by byte through serde: the hot part of every
+/// replicated batch). bincode encodes both the same way, so logs written before read alike.
+mod as_bytes {
+    pub fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        d.deserialize_byte_buf(Visitor)
+    }
+
+    struct Visitor;
+
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = Vec<u8>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("bytes")
+        }
+
+        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(v.to_vec())
+        }
+
+        fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+            Ok(v)
+        }
+
+        // Formats that write bytes as a list of numbers (JSON).
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Vec<u8>, A::Error> {
+            let mut v = Vec::with_capacity(a.size_hint().unwrap_or(0));
+            while let Some(b) = a.next_element()? {
+                v.push(b);
+            }
+            Ok(v)
+        }
+    }
+}
 
 impl std::fmt::Display for Cmd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -211,11 +251,21 @@ const FETCH_BYTES: u64 = 1 << 20;
 #[derive(Serialize, Deserialize)]
 pub struct Forwarded {
     pub account: String,
+    #[serde(with = "as_bytes")]
     pub subject: Vec<u8>,
     pub reply: Option<Vec<u8>>,
     pub hdr_len: usize,
+    #[serde(with = "as_bytes")]
     pub data: Vec<u8>,
     pub hops: u8,
+}
+
+/// An `Rpc::Fetch` answer: where to go on from, and the messages as a batch.
+#[derive(Serialize, Deserialize)]
+pub struct Fetched {
+    pub next: u64,
+    #[serde(with = "as_bytes")]
+    pub batch: Vec<u8>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -335,7 +385,8 @@ impl RaftHost {
             .call(&mut router, &peer, "FETCH", group, &rpc, RPC_TIMEOUT)
             .await
             .map_err(|e| e.to_string())?;
-        bincode::deserialize::<Result<(u64, Vec<u8>), String>>(&b).map_err(|e| e.to_string())?
+        let f = bincode::deserialize::<Result<Fetched, String>>(&b).map_err(|e| e.to_string())??;
+        Ok((f.next, f.batch))
     }
 
     pub fn remove_group(&self, group: &str) -> Option<Raft> {
@@ -564,7 +615,9 @@ async fn answer(host: &RaftHost, m: InMsg) {
                 .get(&group)
                 .and_then(std::sync::Weak::upgrade);
             let r = match shared {
-                Some(sh) => sh.serve_fetch(from, to, max_bytes),
+                Some(sh) => sh
+                    .serve_fetch(from, to, max_bytes)
+                    .map(|(next, batch)| Fetched { next, batch }),
                 None => Err(format!("no stream group {group} here")),
             };
             bincode::serialize(&r)
@@ -675,5 +728,22 @@ mod tests {
         assert_eq!(peer_hash("A"), "NUmM6cRx");
         assert_eq!(peer_hash("B"), "b2oh2L6w");
         assert_eq!(peer_hash("C"), "jZ6RvVRH");
+    }
+}
+
+#[cfg(test)]
+mod bytes_tests {
+    use super::*;
+
+    /// A command is encoded as bincode encodes a `Vec<u8>`: logs written before read alike.
+    #[test]
+    fn a_command_encodes_as_a_byte_vector_did() {
+        let v: Vec<u8> = (0..=255).collect();
+        let cmd = bincode::serialize(&Cmd(v.clone())).unwrap();
+        assert_eq!(cmd, bincode::serialize(&v).unwrap());
+        let back: Cmd = bincode::deserialize(&bincode::serialize(&v).unwrap()).unwrap();
+        assert_eq!(back.0, v);
+        let json: Cmd = serde_json::from_str("[1,2,3]").unwrap();
+        assert_eq!(json.0, vec![1, 2, 3]);
     }
 }
