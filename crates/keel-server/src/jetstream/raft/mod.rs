@@ -385,7 +385,8 @@ impl RaftHost {
             .call(&mut router, &peer, "FETCH", group, &rpc, RPC_TIMEOUT)
             .await
             .map_err(|e| e.to_string())?;
-        let f = bincode::deserialize::<Result<Fetched, String>>(&b).map_err(|e| e.to_string())??;
+        let f =
+            bincode::deserialize::<Result<Fetched, String>>(&b).map_err(|e| e.to_string())??;
         Ok((f.next, f.batch))
     }
 
