@@ -2,16 +2,20 @@
 separate server processes (keel-server or nats-server) on loopback, each node with its own
 config file and store directory, that can be SIGKILLed, SIGSTOPped and restarted on the
 same store; optionally with its routes through a TCP proxy the test controls
-(`Partitioner`), which cuts and heals network links between nodes.
+(`Partitioner`), which cuts and heals network links between nodes; optionally with each
+store directory on its own loop-mounted ext4 image (`LoopDisk`, as root), so that a power
+cut can drop what was written but not fsynced.
 """
 
 import asyncio
+import atexit
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -155,6 +159,207 @@ class Node:
     def http(self, path, timeout=3):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.hport}{path}", timeout=timeout) as r:
             return json.loads(r.read())
+
+
+DISK_SIZE = 2 << 30  # sparse: an image takes only what is written
+# ext4 journal commit interval and the page-cache writeback delay during a disk run: the
+# longest a write not fsynced may stay in memory only, so what a power cut can lose.
+DISK_COMMIT_S = 60  # read when used: the checker's --disk-window sets it
+_DIRTY_EXPIRE = "/proc/sys/vm/dirty_expire_centisecs"
+_TOOLS = ("losetup", "mkfs.ext4", "mount", "umount", "cp")
+
+
+def _run(*cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"{' '.join(cmd)}: {(r.stderr or r.stdout).strip()}")
+    return r.stdout.strip()
+
+
+def disks_unavailable():
+    """Why `LoopDisk` cannot work here (None if it can)."""
+    if os.geteuid() != 0:
+        return "not root"
+    missing = [t for t in _TOOLS if not shutil.which(t)]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    if not os.path.exists("/dev/loop-control"):
+        return "no /dev/loop-control"
+    if not os.access(_DIRTY_EXPIRE, os.W_OK):
+        return f"{_DIRTY_EXPIRE} not writable"
+    return None
+
+
+_writeback = {"users": 0, "old": None, "set": None}
+
+
+def delay_writeback():
+    """Raises the kernel's dirty page expiry (machine-wide) to DISK_COMMIT_S while a disk
+    run lasts, so the flusher does not write back pages dirtied by the run before a power
+    cut; refcounted, the old value is put back by the last `restore_writeback()` (and at
+    exit)."""
+    if _writeback["users"] == 0:
+        with open(_DIRTY_EXPIRE) as f:
+            old = int(f.read())
+        new = max(old, DISK_COMMIT_S * 100)
+        with open(_DIRTY_EXPIRE, "w") as f:
+            f.write(str(new))
+        _writeback.update(old=old, set=new)
+    _writeback["users"] += 1
+
+
+def restore_writeback():
+    if _writeback["users"] == 0:
+        return
+    _writeback["users"] -= 1
+    if _writeback["users"] == 0:
+        try:
+            with open(_DIRTY_EXPIRE) as f:
+                now = int(f.read())
+            if now == _writeback["set"]:  # not changed by someone else meanwhile
+                with open(_DIRTY_EXPIRE, "w") as f:
+                    f.write(str(_writeback["old"]))
+        except OSError as e:
+            print(f"warning: could not restore {_DIRTY_EXPIRE}: {e}", file=sys.stderr)
+
+
+_mounted = set()  # LoopDisks still mounted, unmounted at exit if cleanup() was skipped
+
+
+@atexit.register
+def _leftovers():
+    for d in list(_mounted):
+        d.close()
+    while _writeback["users"]:
+        restore_writeback()
+
+
+class LoopDisk:
+    """An ext4 filesystem in a sparse image file, loop-mounted at `mnt`, whose power can be
+    cut: `power_cut()` copies the image file as it is at that moment, which holds only what
+    ext4 has written to the loop device (fsynced data, journal commits, and whatever
+    writeback happened to write), then drops the mounted filesystem with its dirty pages and
+    mounts the copy in its place (ext4 replays its journal), as after a power loss.
+
+    The copy is not atomic: it is taken with the writers dead and writeback delayed
+    (`delay_writeback`, journal commit every DISK_COMMIT_S), so normally nothing writes to
+    the device meanwhile; `power_cut` returns the sectors written to it during the copy
+    (from /sys/block/loopN/stat), which should be 0."""
+
+    def __init__(self, image, mnt, size=DISK_SIZE):
+        self.image = image
+        self.mnt = mnt
+        self.dev = None
+        self.cuts = 0
+        with open(image, "wb") as f:
+            f.truncate(size)
+        # Inode tables and journal zeroed now, not by a background thread while mounted.
+        _run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", image)
+        self._mount()
+        lf = os.path.join(mnt, "lost+found")
+        if os.path.isdir(lf):
+            os.rmdir(lf)  # the store directory starts empty, as on a plain directory
+
+    def _mount(self):
+        os.makedirs(self.mnt, exist_ok=True)
+        self.dev = _run("losetup", "--find", "--show", self.image)
+        try:
+            _run("mount", "-t", "ext4", "-o", f"commit={DISK_COMMIT_S}", self.dev, self.mnt)
+        except Exception:
+            subprocess.run(["losetup", "-d", self.dev], capture_output=True)
+            self.dev = None
+            raise
+        _mounted.add(self)
+
+    def written(self):
+        """Sectors written to the loop device so far."""
+        with open(f"/sys/block/{os.path.basename(self.dev)}/stat") as f:
+            return int(f.read().split()[6])
+
+    def snapshot(self):
+        """Step 1 of a power cut (for all disks before any is unmounted): copies the image;
+        returns sectors written to the device while copying."""
+        before = self.written()
+        self.cuts += 1
+        self._copy = f"{self.image.rsplit('.', 2)[0]}.{self.cuts}.img"
+        _run("cp", "--sparse=always", self.image, self._copy)
+        return self.written() - before
+
+    def replace(self, keep=False):
+        """Step 2: unmounts the filesystem (its flush goes to the old image, discarded) and
+        mounts the copy."""
+        self._umount()
+        if not keep:
+            os.unlink(self.image)
+        self.image = self._copy
+        self._mount()
+
+    def power_cut(self, keep=False):
+        w = self.snapshot()
+        self.replace(keep)
+        return w
+
+    def _umount(self):
+        if self.dev is None:
+            return
+        r = subprocess.run(["umount", self.mnt], capture_output=True, text=True)
+        if r.returncode:
+            # Something still has it open: detach it lazily rather than leave it.
+            print(f"warning: umount {self.mnt}: {r.stderr.strip()}; lazy umount", file=sys.stderr)
+            subprocess.run(["umount", "-l", self.mnt], capture_output=True)
+        subprocess.run(["losetup", "-d", self.dev], capture_output=True)
+        self.dev = None
+        _mounted.discard(self)
+
+    def close(self):
+        try:
+            self._umount()
+        except Exception as e:  # noqa: BLE001 - cleanup goes on with the others
+            print(f"warning: {self.mnt}: {e}", file=sys.stderr)
+
+
+def disk_selfcheck(base=None):
+    """Checks on a small LoopDisk that a power cut drops what was not fsynced: writes
+    `before` (no fsync), `synced` (fsync of it and of the directory), `after` (no fsync),
+    cuts the power, looks. Returns (ok, one-line report); ok if `synced` is intact and
+    `after` is missing or short."""
+    d = tempfile.mkdtemp(prefix="diskcheck-", dir=base)
+    disk = None
+    delay_writeback()
+    try:
+        disk = LoopDisk(os.path.join(d, "check.0.img"), os.path.join(d, "mnt"), 64 << 20)
+        data = {n: os.urandom(256 << 10) for n in ("before", "synced", "after")}
+        for name, body in data.items():
+            with open(os.path.join(disk.mnt, name), "wb") as f:
+                f.write(body)
+                if name == "synced":
+                    f.flush()
+                    os.fsync(f.fileno())
+                    fd = os.open(disk.mnt, os.O_RDONLY)
+                    os.fsync(fd)
+                    os.close(fd)
+        during = disk.power_cut()
+        seen = {}
+        for name, body in data.items():
+            try:
+                with open(os.path.join(disk.mnt, name), "rb") as f:
+                    got = f.read()
+                seen[name] = "intact" if got == body else f"{len(got)} of {len(body)} bytes"
+            except FileNotFoundError:
+                seen[name] = "missing"
+        ok = seen["synced"] == "intact" and seen["after"] != "intact"
+        text = (
+            f"disk self-check {'OK' if ok else 'FAILED'}: after a power cut of a loop ext4 "
+            f"(commit={DISK_COMMIT_S}), fsynced file {seen['synced']}, unsynced file written "
+            f"after it {seen['after']}, unsynced file written before it {seen['before']} "
+            f"({during} sectors written during the copy)"
+        )
+        return ok, text
+    finally:
+        if disk:
+            disk.close()
+        restore_writeback()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 class Partitioner:
@@ -356,9 +561,11 @@ def _established_tcp():
 class Cluster:
     """Three nodes of `binary`; `js_extra` goes into each jetstream block. With
     `partitions` ("close" or "hang", see `Partitioner`) the routes go through a proxy
-    (`self.proxy`) that can cut links between nodes."""
+    (`self.proxy`) that can cut links between nodes. With `disks` (root only, see
+    `disks_unavailable`) each node's store directory is its own `LoopDisk`, and
+    `power_cut()` cuts the power of all of them."""
 
-    def __init__(self, kind, binary, js_extra="", size=3, base=None, partitions=None):
+    def __init__(self, kind, binary, js_extra="", size=3, base=None, partitions=None, disks=False):
         self.kind = kind
         self.binary = binary
         self.js_extra = js_extra
@@ -372,6 +579,48 @@ class Cluster:
             self.proxy.targets = {n.idx: n.cport for n in self.nodes}
         for n in self.nodes:
             n.write_conf()
+        self.disks = []
+        self._delayed = False
+        if disks:
+            delay_writeback()
+            self._delayed = True
+            try:
+                for n in self.nodes:
+                    img = os.path.join(self.dir, f"{n.name}.0.img")
+                    self.disks.append(LoopDisk(img, n.store))
+            except BaseException:
+                self._close_disks()
+                if self.proxy:
+                    self.proxy.stop()
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise
+
+    def kill_all(self):
+        """SIGKILL every live node at (as close as signals allow to) the same moment."""
+        live = [n for n in self.nodes if n.alive()]
+        for n in live:
+            os.kill(n.proc.pid, signal.SIGKILL)
+        for n in live:
+            n.proc.wait()
+            n.stopped = False
+
+    def power_cut(self, keep=False):
+        """With `disks`, the nodes already killed: copies every image before unmounting
+        any, then mounts the copies (see LoopDisk). Returns the sectors written to the
+        devices during the copies (0 unless writeback ran meanwhile)."""
+        assert self.disks and not any(n.alive() for n in self.nodes)
+        during = sum(d.snapshot() for d in self.disks)
+        for d in self.disks:
+            d.replace(keep)
+        return during
+
+    def _close_disks(self):
+        for d in self.disks:
+            d.close()
+        self.disks = []
+        if self._delayed:
+            restore_writeback()
+            self._delayed = False
 
     def direct_routes(self):
         """Established connections from a node to another node's cluster port (with the
@@ -409,11 +658,18 @@ class Cluster:
             n.term()
 
     def cleanup(self, keep=False):
-        self.stop()
-        if self.proxy:
-            self.proxy.stop()
-        if not keep:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        """Stops the nodes, the proxy, unmounts the disks (keep: leaves the images, the
+        stores as they were at the end, and the logs), removes the directory."""
+        try:
+            self.stop()
+        finally:
+            if self.proxy:
+                self.proxy.stop()
+            if self.disks or self._delayed:
+                self.kill_all()  # a node that did not stop on SIGTERM holds its mount
+                self._close_disks()
+            if not keep:
+                shutil.rmtree(self.dir, ignore_errors=True)
 
     def wait_meta(self, timeout=60):
         """Until every live node's /jsz names the same meta leader."""

@@ -15,6 +15,12 @@ publish is recorded as (seq, payload); every publish that timed out or failed is
   power-loss      SIGKILL all three at the same moment, restart all (a process kill: the
                   page cache survives, so data written but not fsynced is NOT lost; this
                   only catches bugs in what is written, not in when it is fsynced)
+  power-loss-disk a real power loss of all three (disk mode, below): SIGKILL all three,
+                  then each node's disk image is copied as it is at that moment, the
+                  mounted filesystems are dropped with their dirty pages, the copies are
+                  mounted in their place (ext4 replays its journal) and all restarted: data
+                  not fsynced is lost, unless writeback happened to write it. Without disk
+                  mode it is the same as power-loss.
   partition-leader    cut the stream leader off from both other nodes for --partition
                   seconds, and at least until the majority (asked directly) names a new
                   leader, then heal
@@ -33,6 +39,20 @@ node advertises a cluster address nothing listens on, so a route learned by goss
 bypass the proxy; each partition logs the connections it cut and the established routes
 that bypass the proxy (there must be none).
 
+Disk mode (--disks, on by default when possible: root, losetup, mkfs.ext4, mount and
+/dev/loop-control; otherwise a message says so and power-loss-disk falls back to the process
+kill): each node's store directory is the mount point of its own ext4 filesystem in a sparse
+image file on a loop device (LoopDisk in cluster_common.py), mounted with a journal commit
+every 60 s, and for the run the kernel's dirty page expiry (vm.dirty_expire_centisecs,
+machine-wide; put back afterwards) is raised to 60 s (both --disk-window): that is the
+window in which data written but not fsynced exists in memory only (Linux's defaults are
+5 s and 30 s). The image copy holds only what ext4 wrote to the loop device: fsynced data,
+journal commits, and what writeback wrote before the cut. The copy is not atomic, but the
+processes are dead and writeback is delayed, so nothing writes meanwhile; each cut logs the
+sectors written to the devices during the copy (0 if so). Disk mode starts with a self-check (also
+--check-disks alone): on a small loop disk, a file written and fsynced, one written without
+fsync, a power cut: the first must be intact and the second missing or short.
+
 Then the publishers stop, the cluster is given time to converge, and all nodes are stopped
 cleanly. Each node is then started ALONE (the others down) and the whole stream is read
 back from its own store with direct gets ($JS.API.DIRECT.GET). A lone follower answers on
@@ -40,9 +60,13 @@ neither server (the reference serves direct gets on a follower only once it is c
 which needs a leader; keel forwards them to the stream leader), so a node that does not
 answer alone is read later with all three up while it LEADS the stream (leadership moved
 there by SIGTERMing the leader until that node is elected): a leader answers from its own
-store. Checks:
+store. If even that fails and the meta leader says the stream does not exist (the
+reference after a power cut), the replicas not read count as empty (every acked write lost
+on each; "replicas read" says STREAM GONE). Checks:
 
   lost        an acked (seq, payload) missing from a replica, or a different payload there
+              (counted per replica; the timeline also gives the distinct acked writes
+              missing from some replica and from every replica read)
   divergent   a sequence holding different payloads on two replicas
   order       a publisher's acked payloads not in increasing sequence order (per replica,
               a publisher's payloads that are present must be in publish order)
@@ -53,9 +77,11 @@ AckSync acks (msg.ack_sync()); the server leading the stream (and the consumer) 
 mid-way; checks that no message whose ack was confirmed is redelivered and that deliveries
 of new messages come in stream order.
 
-Usage: bench/cluster_faults.py [--short] [--out FILE]
---short: one round of kill-leader, kill-follower, stop-leader, partition-leader and
-power-loss, shorter gaps (about 2 minutes for both servers on 2 cores).
+Usage: bench/cluster_faults.py [--short] [--faults F1,F2,...] [--disks auto|on|off] [--out FILE]
+--short: one round of kill-leader, kill-follower, stop-leader, partition-leader, power-loss
+and power-loss-disk, shorter gaps (about 2 minutes for both servers on 2 cores).
+--faults: this schedule instead (e.g. power-loss-disk,power-loss-disk,power-loss-disk).
+--check-disks: only the disk self-check (exit 1 if it fails).
 """
 
 import argparse
@@ -68,17 +94,21 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster_common  # noqa: E402
 from cluster_common import (  # noqa: E402
     KEEL,
     NATS,
     Cluster,
     api,
     connect,
+    disk_selfcheck,
+    disks_unavailable,
     stream_info,
     wait_stream_leader,
 )
 
 STREAM = "JEP"
+CONSUMER_BUDGET = 240  # seconds for the whole consumer part
 
 
 class Recorder:
@@ -196,7 +226,15 @@ async def run_schedule(cl, faults, args, t0, sched):
     gap, down, stop_s = args.gap, args.down, args.stop
     for f in faults:
         await asyncio.sleep(gap)
-        leader, replicas = await find_roles(cl)
+        try:
+            leader, replicas = await find_roles(cl)
+        except RuntimeError:
+            # No stream leader in 60 s (seen on the reference after a power cut): a fault
+            # that needs the roles is skipped, the power losses still run.
+            log(t0, f"NO stream leader in 60 s before {f}", sched)
+            if not f.startswith("power-loss"):
+                log(t0, f"{f}: skipped", sched)
+                continue
         if f == "kill-leader":
             n = cl.by_name(leader)
             n.kill()
@@ -221,13 +259,23 @@ async def run_schedule(cl, faults, args, t0, sched):
             await asyncio.sleep(stop_s)
             n.sigcont()
             log(t0, f"SIGCONT {leader}", sched)
-        elif f == "power-loss":
-            for n in cl.nodes:  # as close to the same moment as signals allow
-                os.kill(n.proc.pid, signal.SIGKILL)
-            for n in cl.nodes:
-                n.proc.wait()
-            log(t0, "SIGKILL all three (power loss as a process kill)", sched)
-            await asyncio.sleep(down)
+        elif f in ("power-loss", "power-loss-disk"):
+            cl.kill_all()
+            if f == "power-loss-disk" and cl.disks:
+                t = time.monotonic()
+                during = await loop.run_in_executor(None, cl.power_cut, args.keep)
+                took = time.monotonic() - t
+                log(
+                    t0,
+                    f"POWER CUT: SIGKILL all three, disk images copied and mounted in place of "
+                    f"the originals in {took:.1f}s ({during} sectors written during the copies)",
+                    sched,
+                )
+            else:
+                took = 0.0
+                how = ", no disk mode" if f == "power-loss-disk" else ""
+                log(t0, f"SIGKILL all three (power loss as a process kill{how})", sched)
+            await asyncio.sleep(max(0.0, down - took))
             for n in cl.nodes:
                 n.start()
             for n in cl.nodes:
@@ -238,6 +286,15 @@ async def run_schedule(cl, faults, args, t0, sched):
         else:
             raise ValueError(f"unknown fault {f}")
     await asyncio.sleep(gap)
+
+
+def said(info):
+    """What a STREAM.INFO answer says of the stream, for the timeline."""
+    if not isinstance(info, dict) or "state" not in info:
+        return "STREAM.INFO: no answer"
+    st = info["state"]
+    lead = info.get("cluster", {}).get("leader")
+    return f"STREAM.INFO: {st.get('messages')} messages, last_seq {st.get('last_seq')}, leader {lead}"
 
 
 async def converge(cl, timeout):
@@ -344,6 +401,7 @@ def check(rec, reads):
     attempted = set()
     for lst in rec.order.values():
         attempted.update(lst)
+    missing = {}  # payload -> replicas it is missing from
     for name, r in reads.items():
         if r is None:
             res["unreadable"] += 1
@@ -353,6 +411,7 @@ def check(rec, reads):
             got = r.get(seq)
             if got != payload:
                 res["lost"] += 1
+                missing[payload] = missing.get(payload, 0) + 1
                 if len(ex["lost"]) < 5:
                     ex["lost"].append(f"{name}: acked {payload}@{seq}, has {got!r}")
         where = {}
@@ -384,6 +443,9 @@ def check(rec, reads):
                         ex["order"].append(f"{name}: {p} at {s} after seq {last}")
                 last = max(last, s)
     names = [n for n, r in reads.items() if r is not None]
+    # The table's count is per replica; these are the distinct acked writes.
+    res["lost_some"] = len(missing)
+    res["lost_every"] = sum(1 for c in missing.values() if names and c == len(names))
     seqs = set()
     for n in names:
         seqs.update(s for s, p in reads[n].items() if p is not None)
@@ -504,9 +566,18 @@ async def _consumer_part(cl, msgs, t0, sched, conns):
 
 async def run_one(kind, binary, args, faults):
     print(f"\n== {kind}: {binary}", flush=True)
-    cl = Cluster(kind, binary, base=args.dir, partitions=args.partition_mode)
     sched = []
     res = {"kind": kind}
+    try:
+        cl = Cluster(kind, binary, base=args.dir, partitions=args.partition_mode, disks=args.use_disks)
+    except RuntimeError as e:
+        if args.disks == "on" or not args.use_disks:
+            raise
+        # auto: carry on without disk mode (power-loss-disk becomes a process kill)
+        msg = f"disk mode off for {kind}: {e}"
+        print(msg, flush=True)
+        sched.append(f"  {msg}")
+        cl = Cluster(kind, binary, base=args.dir, partitions=args.partition_mode)
     try:
         cl.start()
         cl.wait_meta()
@@ -539,18 +610,23 @@ async def run_one(kind, binary, args, faults):
         await asyncio.gather(*pubs, return_exceptions=True)
         log(t0, f"publishers stopped: {len(rec.acked)} acked, {len(rec.unknown)} unknown", sched)
         info, took = await converge(cl, 30)
-        log(t0, f"converged: {'yes in %.1fs' % took if took is not None else 'NO (30 s)'}", sched)
+        log(t0, f"converged: {'yes in %.1fs' % took if took is not None else 'NO (30 s)'}; {said(info)}", sched)
         last = (info or {}).get("state", {}).get("last_seq", 0) if info else 0
         if args.consumer:
             try:
-                res["consumer"] = await consumer_part(cl, args.consumer, t0, sched)
+                # Bounded: its retries could take hours on a cluster that lost its stream.
+                part = consumer_part(cl, args.consumer, t0, sched)
+                res["consumer"] = await asyncio.wait_for(part, CONSUMER_BUDGET)
+            except asyncio.TimeoutError:
+                res["consumer"] = {"error": f"not done in {CONSUMER_BUDGET} s"}
+                log(t0, f"consumer: not done in {CONSUMER_BUDGET} s, abandoned", sched)
             except Exception as e:  # noqa: BLE001
                 import traceback
 
                 traceback.print_exc()
                 res["consumer"] = {"error": repr(e)}
             info, took = await converge(cl, 30)
-            log(t0, f"converged: {'yes in %.1fs' % took if took is not None else 'NO (30 s)'}", sched)
+            log(t0, f"converged: {'yes in %.1fs' % took if took is not None else 'NO (30 s)'}; {said(info)}", sched)
         cl.stop()
         upto = max([last, *rec.acked.values(), 0]) + len(rec.unknown) + args.consumer + 10
         reads = {}
@@ -573,15 +649,34 @@ async def run_one(kind, binary, args, faults):
             # all three up: the leader answers from its own store on both servers. Leadership
             # is moved by stopping (SIGTERM) the leader until the node wanted is elected.
             cl.start()
-            cl.wait_meta()
-            await converge(cl, 60)
-            for n in pending:
-                how = await lead_with(cl, n)
-                reads[n.name] = await read_alone(n, upto, 30)
-                present = sum(1 for v in (reads[n.name] or {}).values() if v is not None)
-                log(t0, f"read {n.name} as stream leader ({how}), all up: {present} messages", sched)
+            led = 0
+            try:
+                cl.wait_meta()
+                await converge(cl, 60)
+                for n in pending:
+                    how = await lead_with(cl, n)
+                    reads[n.name] = await read_alone(n, upto, 30)
+                    led += reads[n.name] is not None
+                    present = sum(1 for v in (reads[n.name] or {}).values() if v is not None)
+                    log(t0, f"read {n.name} as stream leader ({how}), all up: {present} messages", sched)
+            except RuntimeError as e:  # no meta or stream leader: the rest stay unreadable
+                log(t0, f"cannot read the other replicas: {str(e)[:200]}", sched)
+                if "10059" in str(e) or "stream not found" in str(e):
+                    # The meta leader says the stream no longer exists (the reference
+                    # after a power cut): its replicas hold none of it, so every acked
+                    # write counts as lost on each, not as an unreadable replica.
+                    gone = [n.name for n in pending if reads[n.name] is None]
+                    for name in gone:
+                        reads[name] = {}
+                    res["stream_gone"] = True
+                    log(t0, f"stream {STREAM} NOT FOUND per the meta leader: {', '.join(gone)} count as empty", sched)
             cl.stop()
-        res["read_mode"] = "alone" if not pending else f"{3 - len(pending)} alone, {len(pending)} as leader"
+        if not pending:
+            res["read_mode"] = "alone"
+        elif res.get("stream_gone"):
+            res["read_mode"] = "STREAM GONE"
+        else:
+            res["read_mode"] = f"{3 - len(pending)} alone, {led} as leader"
         counts, ex = check(rec, reads)
         res.update(
             attempts=rec.attempts,
@@ -652,7 +747,21 @@ def main():
         default="close",
         help="a cut link closes its connections, or freezes them until healed",
     )
-    ap.add_argument("--no-power-loss", action="store_true")
+    ap.add_argument("--no-power-loss", action="store_true", help="leave out power-loss and power-loss-disk")
+    ap.add_argument("--faults", default=None, help="comma-separated fault schedule, instead of the default")
+    ap.add_argument(
+        "--disks",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="disk mode for power-loss-disk (auto: on if possible, else a process kill)",
+    )
+    ap.add_argument("--check-disks", action="store_true", help="only run the disk self-check")
+    ap.add_argument(
+        "--disk-window",
+        type=int,
+        default=cluster_common.DISK_COMMIT_S,
+        help="disk mode: ext4 commit interval and dirty page expiry, seconds (the most a power cut can lose)",
+    )
     ap.add_argument("--consumer", type=int, default=None, help="messages for the consumer part (0: skip)")
     ap.add_argument("--only", choices=["keel", "nats"])
     ap.add_argument("--dir", default=None, help="parent of the store directories")
@@ -662,7 +771,18 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     random.seed(args.seed)
-    power = [] if args.no_power_loss else ["power-loss"]
+    cluster_common.DISK_COMMIT_S = args.disk_window
+    # SIGTERM unwinds like Ctrl-C, so cleanup() unmounts the disks and restores the sysctl.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.check_disks:
+        why = disks_unavailable()
+        if why:
+            print(f"disk mode unavailable: {why}")
+            sys.exit(1)
+        ok, text = disk_selfcheck(args.dir)
+        print(text)
+        sys.exit(0 if ok else 1)
+    power = [] if args.no_power_loss else ["power-loss", "power-loss-disk"]
     if args.short:
         faults = ["kill-leader", "kill-follower", "stop-leader", "partition-leader", *power]
         args.gap = args.gap if args.gap is not None else 1.5
@@ -678,7 +798,37 @@ def main():
         args.stop = args.stop if args.stop is not None else 12.0
         args.partition = args.partition if args.partition is not None else 10.0
         args.consumer = 2000 if args.consumer is None else args.consumer
+    if args.faults:
+        faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+        known = {"kill-leader", "kill-follower", "stop-leader", "power-loss", "power-loss-disk"}
+        known |= {"partition-leader", "partition-follower", "bridge"}
+        bad = [f for f in faults if f not in known]
+        if bad:
+            ap.error(f"unknown fault(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
     started = time.time()
+    args.use_disks = False
+    disk_line = "disk mode: not used (no power-loss-disk in the schedule)"
+    if "power-loss-disk" in faults:
+        why = "--disks off" if args.disks == "off" else disks_unavailable()
+        if why is None:
+            try:
+                ok, disk_line = disk_selfcheck(args.dir)
+            except Exception as e:  # noqa: BLE001 - e.g. no free loop device
+                ok, disk_line = False, f"disk self-check error: {e}"
+            print(disk_line, flush=True)
+            why = None if ok else "the self-check failed"
+        if why is None:
+            args.use_disks = True
+            disk_line = (
+                f"power-loss-disk: a power cut (stores on loop ext4 images, commit={args.disk_window}s, "
+                f"dirty expiry {args.disk_window}s); {disk_line}"
+            )
+        elif args.disks == "on":
+            print(f"--disks on, but disk mode is unavailable: {why}", file=sys.stderr)
+            sys.exit(2)
+        else:
+            disk_line = f"disk mode OFF ({why}): power-loss-disk ran as power-loss, a process kill"
+            print(disk_line, flush=True)
     results = {}
     for kind, binary in (("keel", KEEL), ("nats", NATS)):
         if args.only and args.only != kind:
@@ -686,7 +836,7 @@ def main():
             continue
         results[kind] = asyncio.run(run_one(kind, binary, args, faults))
     lines = [
-        f"cluster_faults.py {'--short' if args.short else ''} "
+        f"cluster_faults.py {' '.join(sys.argv[1:])} "
         f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {time.time() - started:.0f} s)",
         f"3 separate processes per server, R3 file stream, {args.pubs} publishers (PubAck "
         f"timeout {args.timeout}s), gap {args.gap}s, down {args.down}s, SIGSTOP {args.stop}s, "
@@ -694,6 +844,7 @@ def main():
         "keel: acks after a quorum fsynced; nats-server: default lazy fsync (sync_interval 2m).",
         "power-loss is SIGKILL of all three at once: the page cache survives, so unsynced",
         "writes are not lost by it on either server.",
+        disk_line,
         f"fault schedule: {', '.join(faults)}",
     ]
     for kind in ("keel", "nats"):
@@ -704,6 +855,11 @@ def main():
         lines += r.get("schedule", [])
         if r.get("errors"):
             lines.append(f"  publish errors: {r['errors']}")
+        if r.get("lost"):
+            lines.append(
+                f"  LOST: {r['lost_some']} distinct acked writes missing from some replica, "
+                f"{r['lost_every']} from every replica read (of {r['acked']} acked)"
+            )
         for k, v in r.get("examples", {}).items():
             lines.append(f"  {k} examples: " + "; ".join(v))
     lines.append("")
