@@ -27,6 +27,10 @@ publish is recorded as (seq, payload); every publish that timed out or failed is
   partition-follower  the same for one of the replicas (the leader keeps its majority)
   bridge          cut only the link between the leader and one replica; the third node
                   still reaches both (a non-transitive partition)
+  rescale         the stream scaled down to R1 and back to R3 while the publishers go on
+                  (STREAM.UPDATE num_replicas): the removed replicas drop their copy, the
+                  new ones catch up (on keel from a snapshot and the leader's messages once
+                  the log is compacted); the next fault waits until both are current
 
 Partitions cut the route connections only (the publishers' client connections are not
 partitioned; those on a cut-off leader time out, which makes unknown outcomes). The
@@ -78,8 +82,8 @@ mid-way; checks that no message whose ack was confirmed is redelivered and that 
 of new messages come in stream order.
 
 Usage: bench/cluster_faults.py [--short] [--faults F1,F2,...] [--disks auto|on|off] [--out FILE]
---short: one round of kill-leader, kill-follower, stop-leader, partition-leader, power-loss
-and power-loss-disk, shorter gaps (about 2 minutes for both servers on 2 cores).
+--short: one round of kill-leader, kill-follower, stop-leader, partition-leader, rescale,
+power-loss and power-loss-disk, shorter gaps (about 3 minutes for both servers on 2 cores).
 --faults: this schedule instead (e.g. power-loss-disk,power-loss-disk,power-loss-disk).
 --check-disks: only the disk self-check (exit 1 if it fails).
 """
@@ -283,9 +287,40 @@ async def run_schedule(cl, faults, args, t0, sched):
             log(t0, "restarted all three", sched)
         elif f in ("partition-leader", "partition-follower", "bridge"):
             await partition(cl, f, leader, replicas, args.partition, t0, sched)
+        elif f == "rescale":
+            await rescale(cl, gap, t0, sched)
         else:
             raise ValueError(f"unknown fault {f}")
     await asyncio.sleep(gap)
+
+
+async def rescale(cl, gap, t0, sched):
+    """The stream to R1, publishing on for `gap` seconds, then back to R3 and current."""
+    nc = await connect(cl.urls())
+    try:
+        cfg = (await stream_info(nc, STREAM, 10))["config"]
+        for r in (1, 3):
+            cfg["num_replicas"] = r
+            t = time.monotonic()
+            while True:
+                try:
+                    res = await api(nc, f"$JS.API.STREAM.UPDATE.{STREAM}", cfg, timeout=10)
+                    err = res.get("error")
+                except Exception as e:  # noqa: BLE001 - retried
+                    err = repr(e)
+                if not err:
+                    break
+                if time.monotonic() - t > 30:
+                    log(t0, f"rescale: update to R{r} refused: {err}", sched)
+                    return
+                await asyncio.sleep(0.5)
+            log(t0, f"stream updated to R{r}", sched)
+            await asyncio.sleep(gap)
+    finally:
+        await nc.close()
+    info, took = await converge(cl, 60)
+    when = f"after {took:.1f}s" if took is not None else "NOT within 60s"
+    log(t0, f"rescaled back: {said(info)}; replicas current {when}", sched)
 
 
 def said(info):
@@ -733,7 +768,7 @@ def table(rows):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--short", action="store_true", help="one round of five faults (about 2 minutes in all)")
+    ap.add_argument("--short", action="store_true", help="one round of each kind of fault (about 3 minutes for both servers)")
     ap.add_argument("--pubs", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the schedule (long mode)")
     ap.add_argument("--gap", type=float, default=None, help="seconds of publishing between faults")
@@ -784,7 +819,8 @@ def main():
         sys.exit(0 if ok else 1)
     power = [] if args.no_power_loss else ["power-loss", "power-loss-disk"]
     if args.short:
-        faults = ["kill-leader", "kill-follower", "stop-leader", "partition-leader", *power]
+        faults = ["kill-leader", "kill-follower", "stop-leader", "partition-leader", "rescale"]
+        faults += power
         args.gap = args.gap if args.gap is not None else 1.5
         args.stop = args.stop if args.stop is not None else 5.0
         args.partition = args.partition if args.partition is not None else 4.0
@@ -792,7 +828,7 @@ def main():
         args.alone_wait = min(args.alone_wait, 3.0)
     else:
         base = ["kill-leader", "kill-follower", "stop-leader"]
-        base += ["partition-leader", "partition-follower", "bridge", *power]
+        base += ["partition-leader", "partition-follower", "bridge", "rescale", *power]
         faults = base * args.rounds
         args.gap = args.gap if args.gap is not None else 5.0
         args.stop = args.stop if args.stop is not None else 12.0
@@ -801,7 +837,7 @@ def main():
     if args.faults:
         faults = [f.strip() for f in args.faults.split(",") if f.strip()]
         known = {"kill-leader", "kill-follower", "stop-leader", "power-loss", "power-loss-disk"}
-        known |= {"partition-leader", "partition-follower", "bridge"}
+        known |= {"partition-leader", "partition-follower", "bridge", "rescale"}
         bad = [f for f in faults if f not in known]
         if bad:
             ap.error(f"unknown fault(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
