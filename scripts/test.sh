@@ -152,7 +152,7 @@ if [ "${KEEL_SKIP_REFERENCE:-0}" != 1 ]; then
   fi
 fi
 
-step "cluster fault checker, short (keel: SIGKILL, SIGSTOP, a partition of the leader, all-node kills and a power cut (disk mode, as root) of an R3 stream's servers)"
+step "cluster fault checker, short (keel: SIGKILL, SIGSTOP, a partition of the leader, R3 to R1 and back, all-node kills and a power cut (disk mode, as root) of an R3 stream's servers)"
 # The short schedule against the debug build; `bench/cluster_faults.py` without --short runs
 # the long one, side by side with the reference, by hand.
 KEEL_SERVER_BIN=$ROOT/target/debug/keel-server "$PY" bench/cluster_faults.py --short --only keel
