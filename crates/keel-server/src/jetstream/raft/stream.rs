@@ -1342,6 +1342,7 @@ pub async fn run_group(
             }
             if ready
                 && leading
+                && !membership_is(&m, &a.peers)
                 && !shared
                     .changing
                     .swap(true, std::sync::atomic::Ordering::AcqRel)
@@ -1369,6 +1370,16 @@ pub async fn run_group(
     }
 }
 
+/// Whether the group's members (voters and learners) are exactly `peers`, in one config.
+fn membership_is(m: &openraft::RaftMetrics<NodeId, Peer>, peers: &[String]) -> bool {
+    use std::collections::BTreeSet;
+    let mem = m.membership_config.membership();
+    let want: BTreeSet<NodeId> = peers.iter().map(|p| super::node_id(p)).collect();
+    mem.get_joint_config().len() == 1
+        && mem.voter_ids().collect::<BTreeSet<_>>() == want
+        && mem.nodes().map(|(id, _)| *id).collect::<BTreeSet<_>>() == want
+}
+
 /// How long the leader waits for a new peer to catch up from the log before it tries again.
 const LEARNER_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -1380,11 +1391,11 @@ async fn reconcile(raft: &Raft, peers: &[String]) -> Result<(), String> {
     let want: BTreeSet<NodeId> = peers.iter().map(|p| super::node_id(p)).collect();
     let m = raft.metrics().borrow().clone();
     let mem = m.membership_config.membership().clone();
-    let nodes: BTreeSet<NodeId> = mem.nodes().map(|(id, _)| *id).collect();
-    let voters: BTreeSet<NodeId> = mem.voter_ids().collect();
-    if mem.get_joint_config().len() > 1 || (nodes == want && voters == want) {
+    if mem.get_joint_config().len() > 1 || membership_is(&m, peers) {
         return Ok(());
     }
+    let nodes: BTreeSet<NodeId> = mem.nodes().map(|(id, _)| *id).collect();
+    let voters: BTreeSet<NodeId> = mem.voter_ids().collect();
     for p in peers {
         let id = super::node_id(p);
         if nodes.contains(&id) {
