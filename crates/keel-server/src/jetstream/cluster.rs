@@ -1145,10 +1145,7 @@ pub fn leader_stepdown(
 /// account, a subscription that serves the whole cluster.
 pub struct Inbox {
     prefix: String,
-    pending: std::sync::Mutex<
-        std::collections::HashMap<u64, tokio::sync::oneshot::Sender<bytes::Bytes>>,
-    >,
-    next: std::sync::atomic::AtomicU64,
+    pending: raft::Pending,
 }
 
 impl Inbox {
@@ -1174,25 +1171,13 @@ impl Inbox {
         ));
         let inbox = Arc::new(Inbox {
             prefix,
-            pending: std::sync::Mutex::new(std::collections::HashMap::new()),
-            next: std::sync::atomic::AtomicU64::new(1),
+            pending: raft::Pending::default(),
         });
         let i = inbox.clone();
         server.spawn(async move {
             while let Some(m) = rx.recv().await {
-                let n: u64 = m
-                    .subject
-                    .strip_prefix(i.prefix.as_bytes())
-                    .and_then(|d| std::str::from_utf8(d).ok())
-                    .and_then(|d| d.parse().ok())
-                    .unwrap_or(0);
-                let tx = i
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&n);
-                if let Some(tx) = tx {
-                    let _ = tx.send(m.data.slice(m.hdr_len..));
+                if let Some(n) = m.subject.strip_prefix(i.prefix.as_bytes()) {
+                    i.pending.answer(n, &m);
                 }
             }
         });
@@ -1201,20 +1186,12 @@ impl Inbox {
 
     /// A reply subject and the answer's receiver.
     fn reply(&self) -> (String, u64, tokio::sync::oneshot::Receiver<bytes::Bytes>) {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(n, tx);
+        let (n, rx) = self.pending.open();
         (format!("{}{n}", self.prefix), n, rx)
     }
 
     fn forget(&self, n: u64) {
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&n);
+        self.pending.forget(n);
     }
 }
 

@@ -282,6 +282,51 @@ enum Rpc {
     },
 }
 
+/// Requests waiting for their answers, by number (the answer's subject ends in it): the
+/// Raft transport's RPCs and the cluster inbox's requests.
+#[derive(Default)]
+pub struct Pending {
+    waiting: Mutex<HashMap<u64, oneshot::Sender<Bytes>>>,
+    next: AtomicU64,
+}
+
+impl Pending {
+    /// A new request's number and its answer's receiver.
+    pub fn open(&self) -> (u64, oneshot::Receiver<Bytes>) {
+        let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let (tx, rx) = oneshot::channel();
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(n, tx);
+        (n, rx)
+    }
+
+    /// Drops a request that is not waited for any more.
+    pub fn forget(&self, n: u64) {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&n);
+    }
+
+    /// Hands `m` on to its request: `tail` is the subject after the prefix (the number).
+    pub fn answer(&self, tail: &[u8], m: &InMsg) {
+        let n: u64 = std::str::from_utf8(tail)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let tx = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&n);
+        if let Some(tx) = tx {
+            let _ = tx.send(m.data.slice(m.hdr_len..));
+        }
+    }
+}
+
 /// One server's Raft groups and their transport.
 pub struct RaftHost {
     pub name: String,
@@ -292,8 +337,7 @@ pub struct RaftHost {
     groups: RwLock<HashMap<String, Raft>>,
     /// The stream groups' stores, for `Rpc::Fetch`.
     stores: RwLock<HashMap<String, std::sync::Weak<stream::Shared>>>,
-    pending: Mutex<HashMap<u64, oneshot::Sender<Bytes>>>,
-    next: AtomicU64,
+    pending: Pending,
     /// Answers go out through one router (short lock per answer).
     answers: Mutex<Router>,
     /// When each peer (by peer hash) was last heard from, for `current`/`active`.
@@ -329,8 +373,7 @@ impl RaftHost {
             account,
             groups: RwLock::new(HashMap::new()),
             stores: RwLock::new(HashMap::new()),
-            pending: Mutex::new(HashMap::new()),
-            next: AtomicU64::new(1),
+            pending: Pending::default(),
             heard: Mutex::new(HashMap::new()),
         });
         server.spawn(serve(host.clone(), rx));
@@ -444,21 +487,16 @@ impl RaftHost {
         rpc: &Rpc,
         timeout: Duration,
     ) -> Result<Bytes, NetworkError> {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(n, tx);
-        let body = bincode::serialize(&(group, rpc)).map_err(|e| NetworkError::new(&e))?;
+        let (n, rx) = self.pending.open();
+        let body = bincode::serialize(&(group, rpc)).map_err(|e| {
+            self.pending.forget(n);
+            NetworkError::new(&e)
+        })?;
         let subject = Bytes::from(format!("$KEEL.RAFT.{}.{kind}", peer_hash(&target.name)));
         let reply = Bytes::from(format!("$KEEL.RAFT.R.{}.{n}", self.hash));
         self.publish(router, subject, Some(reply), Bytes::from(body));
         let r = tokio::time::timeout(timeout, rx).await;
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&n);
+        self.pending.forget(n);
         match r {
             Ok(Ok(b)) => {
                 self.heard_from(peer_hash(&target.name).as_bytes());
@@ -556,18 +594,7 @@ async fn serve(host: Arc<RaftHost>, mut rx: crate::inqueue::Receiver) {
     while rx.recv_many(&mut batch, 256, 8 * 1024 * 1024).await > 0 {
         for m in batch.drain(..) {
             if let Some(n) = m.subject.strip_prefix(answer_prefix.as_bytes()) {
-                let n: u64 = std::str::from_utf8(n)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0);
-                let tx = host
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&n);
-                if let Some(tx) = tx {
-                    let _ = tx.send(m.data.slice(m.hdr_len..));
-                }
+                host.pending.answer(n, &m);
                 continue;
             }
             if m.subject.ends_with(b".FWD") {
