@@ -22,6 +22,7 @@ import time
 import urllib.request
 
 import nats  # nats-py, from the venv (tests/interop/requirements.txt)
+from procstat import free_port, rss_kib, cpu_ticks  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # KEEL_SERVER_BIN picks another build (CI runs the short checker on the debug binary).
@@ -34,33 +35,6 @@ ACCOUNTS = """accounts {
 }
 system_account: SYS
 """
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def rss_kib(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def cpu_ticks(pid):
-    """utime + stime of a process, in clock ticks."""
-    with open(f"/proc/{pid}/stat") as f:
-        data = f.read()
-    fields = data[data.rindex(")") + 2 :].split()
-    return int(fields[11]) + int(fields[12])
 
 
 class Node:

@@ -239,19 +239,14 @@ async def run_schedule(cl, faults, args, t0, sched):
             if not f.startswith("power-loss"):
                 log(t0, f"{f}: skipped", sched)
                 continue
-        if f == "kill-leader":
-            n = cl.by_name(leader)
-            n.kill()
-            log(t0, f"SIGKILL leader {leader}", sched)
-            await asyncio.sleep(down)
-            n.start()
-            await loop.run_in_executor(None, n.wait_port)
-            log(t0, f"restarted {leader}", sched)
-        elif f == "kill-follower":
-            name = random.choice(replicas) if replicas else leader
+        if f in ("kill-leader", "kill-follower"):
+            if f == "kill-leader":
+                role, name = "leader", leader
+            else:
+                role, name = "follower", random.choice(replicas) if replicas else leader
             n = cl.by_name(name)
             n.kill()
-            log(t0, f"SIGKILL follower {name}", sched)
+            log(t0, f"SIGKILL {role} {name}", sched)
             await asyncio.sleep(down)
             n.start()
             await loop.run_in_executor(None, n.wait_port)

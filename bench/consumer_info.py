@@ -8,18 +8,11 @@ Usage: python3 bench/consumer_info.py [keel_server_bin] [nats_server_bin]
 import asyncio, os, shutil, socket, subprocess, sys, tempfile, time
 
 import nats
+from procstat import free_port  # noqa: E402
 
 KEEL = sys.argv[1] if len(sys.argv) > 1 else "target/release/keel-server"
 NATS = sys.argv[2] if len(sys.argv) > 2 else shutil.which("nats-server")
 SIZES = [10_000, 100_000, 1_000_000]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 async def fill(js, subject_count, n):

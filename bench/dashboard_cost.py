@@ -16,28 +16,15 @@ the wall time per request and the response size:
 
 Usage: python3 bench/dashboard_cost.py [keel_server_bin] [streams] [consumers_per_stream]
 """
-import asyncio, http.client, json, os, socket, subprocess, sys, tempfile, time
+import asyncio, http.client, json, os, subprocess, sys, tempfile, time
 
 import nats
+from procstat import free_port, cpu_ticks  # noqa: E402
 
 KEEL = sys.argv[1] if len(sys.argv) > 1 else "target/release/keel-server"
 STREAMS = int(sys.argv[2]) if len(sys.argv) > 2 else 20
 PER_STREAM = int(sys.argv[3]) if len(sys.argv) > 3 else 50
 N = int(os.environ.get("N", "500"))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def cpu_ticks(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        rest = f.read().rsplit(")", 1)[1].split()
-    return int(rest[11]) + int(rest[12])
 
 
 def get(conn, path, headers=None):

@@ -32,17 +32,10 @@ import tempfile
 import time
 
 import nats  # nats-py, from the venv
+from procstat import free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STREAM = "RECLAIM"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def du(path):

@@ -30,27 +30,16 @@ import sys
 import tempfile
 import threading
 import time
-
-MIB = 1024 * 1024
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from procstat import free_port  # noqa: E402
+from procstat import rss_kib as _rss_kib  # noqa: E402
 
 
 def rss_kib(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    """As procstat's, with a gone process counted as 0 KiB (this script's maxima)."""
+    return _rss_kib(pid) or 0
+
+
+MIB = 1024 * 1024
 
 
 class Conn:

@@ -34,25 +34,10 @@ import tempfile
 import time
 
 import nats  # nats-py, from the venv (tests/interop/requirements.txt)
+from procstat import free_port, rss_kib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STREAM = "SCALE"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return None
 
 
 def du_bytes(path):

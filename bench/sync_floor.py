@@ -34,16 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from procstat import free_port, cpu_ticks  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def fdatasync_us(d, n):
@@ -64,12 +57,6 @@ def fdatasync_us(d, n):
         os.remove(path)
     lat.sort()
     return lat[len(lat) // 2]
-
-
-def cpu_ticks(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        parts = f.read().rsplit(")", 1)[1].split()
-    return int(parts[11]) + int(parts[12])
 
 
 def ctx_switches(pid):
