@@ -5,7 +5,8 @@
 //! anywhere may have changed an answer, so the common publish takes no lock at all.
 
 use bytes::Bytes;
-use std::collections::HashMap;
+/// Keyed by subjects and their tokens, which clients choose (see Cargo.toml for the hasher).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -642,7 +643,7 @@ impl Default for MatchCache {
     fn default() -> Self {
         MatchCache {
             generation: u64::MAX,
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             counters: None,
         }
     }
@@ -674,6 +675,10 @@ impl MatchCache {
             return r.clone();
         }
         let r = Arc::new(sublist.matches(subject));
+        if subject.starts_with(b"$JS.ACK.") {
+            // Every ack has a subject of its own: caching them only evicts the rest.
+            return r;
+        }
         if self.entries.len() >= MATCH_CACHE_MAX {
             self.entries.clear();
             counters.clear();

@@ -46,8 +46,8 @@ use crate::segtable::{
     acct, idx_name, read_summary, seg_name, FileTable, Loc, Other, Seg, Summary, HDR_FLAG,
 };
 use crate::{
-    file_msg_size, Limits, Lost, Purge, Result, Snapshot, State, Store, StoreError, StoredMsg,
-    SyncJob,
+    file_msg_size, Limits, Lost, Purge, ReadAhead, Result, Snapshot, State, Store, StoreError,
+    StoredMsg, SyncJob,
 };
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
@@ -206,7 +206,16 @@ pub struct FileStore {
     applied_written: Option<Vec<u8>>,
     applied_done: Option<Vec<u8>>,
     observer: Option<Observer>,
+    /// Bumped whenever bytes already in a segment file may change or a segment id may name
+    /// a new file (erase in place, compaction, rollback, a new segment): read-ahead blocks
+    /// taken before are stale.
+    rewrites: u64,
+    /// This store's identity for read-ahead blocks (see [`ReadAhead`]).
+    ident: Arc<()>,
 }
+
+/// Bytes a reader going forward reads at once (see [`ReadAhead`]).
+const READ_AHEAD: usize = 64 << 10;
 
 /// How far ahead of its records a segment file is allocated: as much again as it holds,
 /// from 4 KiB to 1 MiB, so a small stream wastes little and a busy one changes its file's
@@ -513,6 +522,8 @@ impl FileStore {
             .segs
             .last()
             .map_or(1, |s| s.id + 1);
+        // The id may be one a purged segment had.
+        self.rewrites += 1;
         let mut file = self.fs.open(&self.path(&seg_name(id)), true)?;
         if file.len()? != 0 {
             // Only possible with foreign files in the directory; never append to them.
@@ -1010,6 +1021,7 @@ impl FileStore {
     /// rebuilds the store from disk. On success the store takes writes again.
     fn rollback(&mut self) -> Result<()> {
         let why = self.failed.clone().unwrap_or_default();
+        self.rewrites += 1;
         let r = (|| -> io::Result<()> {
             self.wbuf.clear();
             let mut created = Vec::new();
@@ -1198,6 +1210,12 @@ impl FileStore {
     }
 
     fn read(&self, seq: u64) -> Result<Read> {
+        self.read_ahead(seq, None)
+    }
+
+    /// Reads one record; with `ra`, from the reader's block when it holds the record, else
+    /// by reading a new block from the record on.
+    fn read_ahead(&self, seq: u64, ra: Option<&mut ReadAhead>) -> Result<Read> {
         let Some((i, loc)) = self.t().loc(seq) else {
             return Err(StoreError::NotFound);
         };
@@ -1212,6 +1230,26 @@ impl FileStore {
                 Some(b) => Bytes::copy_from_slice(b),
                 None => Bytes::new(),
             }
+        } else if let Some(b) = ra.as_deref().and_then(|ra| self.in_block(ra, id, off, len)) {
+            b
+        } else if let Some(ra) = ra.filter(|_| len < READ_AHEAD && off + len as u64 <= flushed) {
+            let n = (READ_AHEAD as u64).min(flushed - off) as usize;
+            let mut v = vec![0; n];
+            match self.with_file(id, |f| f.read_at(&mut v, off)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => v.clear(),
+                Err(e) => return Err(e.into()),
+            }
+            *ra = ReadAhead {
+                store: Arc::downgrade(&self.ident),
+                seg: id,
+                off,
+                rewrites: self.rewrites,
+                buf: Bytes::from(v),
+            };
+            ra.buf
+                .get(..len)
+                .map_or_else(Bytes::new, |_| ra.buf.slice(..len))
         } else {
             let mut v = vec![0; len];
             // A record cut off by a shorter file is damage like any other.
@@ -1238,6 +1276,20 @@ impl FileStore {
             data: buf.slice(HDR + sl + hl..),
             ts,
         }))
+    }
+
+    /// The record at `off` of segment `id` from the reader's block, if the block holds it
+    /// and is not stale.
+    fn in_block(&self, ra: &ReadAhead, id: u32, off: u64, len: usize) -> Option<Bytes> {
+        if ra.store.as_ptr() != Arc::as_ptr(&self.ident)
+            || ra.seg != id
+            || ra.rewrites != self.rewrites
+            || off < ra.off
+        {
+            return None;
+        }
+        let at = (off - ra.off) as usize;
+        (at + len <= ra.buf.len()).then(|| ra.buf.slice(at..at + len))
     }
 
     /// A record the index calls live failed its checksum: it leaves the counts at once, is
@@ -1267,6 +1319,26 @@ impl FileStore {
         }
     }
 
+    fn next_from(
+        &self,
+        mut start: u64,
+        filter: &str,
+        mut ra: Option<&mut ReadAhead>,
+    ) -> Result<StoredMsg> {
+        loop {
+            let seq = self
+                .core
+                .borrow()
+                .find_next(start, filter)
+                .ok_or(StoreError::NotFound)?;
+            match self.read_ahead(seq, ra.as_deref_mut())? {
+                Read::Msg(m) => return Ok(m),
+                // A damaged record is now lost; move on to the next match.
+                Read::Damaged => start = seq + 1,
+            }
+        }
+    }
+
     fn load_found(&self, seq: Option<u64>) -> Result<StoredMsg> {
         match self.read(seq.ok_or(StoreError::NotFound)?)? {
             Read::Msg(m) => Ok(m),
@@ -1278,6 +1350,7 @@ impl FileStore {
         let Some(i) = self.seg_idx(seq) else {
             return Ok(());
         };
+        self.rewrites += 1;
         // The segment's index file would call the overwritten record a message: it goes
         // (durably, before the overwrite) and is written again from memory at the next
         // sync, naming the record erased.
@@ -1631,6 +1704,7 @@ impl FileStore {
             return Ok(0);
         };
         let id = done.id;
+        self.rewrites += 1;
         if let Err(e) = self.fs.rename(&tmp, &self.path(&seg_name(id))) {
             let _ = self.fs.remove(&tmp);
             return Err(e.into());
@@ -1851,19 +1925,11 @@ impl Store for FileStore {
     }
 
     fn load_next(&self, start: u64, filter: &str) -> Result<StoredMsg> {
-        let mut start = start;
-        loop {
-            let seq = self
-                .core
-                .borrow()
-                .find_next(start, filter)
-                .ok_or(StoreError::NotFound)?;
-            match self.read(seq)? {
-                Read::Msg(m) => return Ok(m),
-                // A damaged record is now lost; move on to the next match.
-                Read::Damaged => start = seq + 1,
-            }
-        }
+        self.next_from(start, filter, None)
+    }
+
+    fn load_next_ahead(&self, start: u64, filter: &str, ra: &mut ReadAhead) -> Result<StoredMsg> {
+        self.next_from(start, filter, Some(ra))
     }
 
     fn load_last(&self, filter: &str) -> Result<StoredMsg> {
@@ -3158,6 +3224,8 @@ fn recover(
         applied: None,
         applied_written: None,
         applied_done: None,
+        rewrites: 0,
+        ident: Arc::new(()),
         observer: None,
     };
     // The active segment needs a head slot, which every sync rewrites, and its entries

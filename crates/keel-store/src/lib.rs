@@ -25,6 +25,21 @@ pub struct StoredMsg {
     pub ts: i64,
 }
 
+/// A reader's block of a segment file, read ahead so that reading a stream in order costs
+/// one read per block instead of one per message. The reader (a consumer) owns it, so
+/// readers at different positions do not evict each other's blocks, and it is dropped
+/// when the reader stops, so idle readers hold no memory. The store checks it against its
+/// rewrite count before use: a block from before an erase, compaction or rollback is stale.
+#[derive(Debug, Default)]
+pub struct ReadAhead {
+    /// The store it was read from (a Weak keeps the address from being reused).
+    pub(crate) store: std::sync::Weak<()>,
+    pub(crate) seg: u32,
+    pub(crate) off: u64,
+    pub(crate) rewrites: u64,
+    pub(crate) buf: Bytes,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Discard {
     #[default]
@@ -223,6 +238,12 @@ pub trait Store: Send {
     fn load(&self, seq: u64) -> Result<StoredMsg>;
     /// The first message with sequence >= `start` whose subject matches `filter`.
     fn load_next(&self, start: u64, filter: &str) -> Result<StoredMsg>;
+    /// [`load_next`](Store::load_next) for a reader going forward, which may read ahead
+    /// into `ra` and serve the following calls from it.
+    fn load_next_ahead(&self, start: u64, filter: &str, ra: &mut ReadAhead) -> Result<StoredMsg> {
+        let _ = ra;
+        self.load_next(start, filter)
+    }
     /// The newest message whose subject matches `filter`.
     fn load_last(&self, filter: &str) -> Result<StoredMsg>;
     /// The last sequence stored on exactly this literal subject (0 if none), for

@@ -271,12 +271,17 @@ impl ConsumerConfig {
     /// The effective filters: `filter_subject: ">"` is echoed as given (the reference keeps
     /// it) but filters nothing.
     pub fn filters(&self) -> Vec<String> {
+        self.filter_list().to_vec()
+    }
+
+    /// [`filters`](Self::filters) without copying them (the delivery path asks per message).
+    pub fn filter_list(&self) -> &[String] {
         if self.filter_subject == ">" {
-            vec![]
+            &[]
         } else if !self.filter_subject.is_empty() {
-            vec![self.filter_subject.clone()]
+            std::slice::from_ref(&self.filter_subject)
         } else {
-            self.filter_subjects.clone()
+            &self.filter_subjects
         }
     }
 
@@ -718,6 +723,9 @@ pub struct State {
     last_prune: Instant,
     /// Advisories and metrics recorded under the lock, published by the task after it.
     events: Vec<ConsumerEvent>,
+    /// The stream's next block, read ahead for first deliveries; dropped after each
+    /// delivery pass, so an idle consumer holds none.
+    ra: keel_store::ReadAhead,
 }
 
 /// A consumer's figures at one moment (see [`Consumer::numbers`]).
@@ -837,6 +845,7 @@ impl Consumer {
             interest_gen: u64::MAX,
             last_prune: now,
             events: Vec::new(),
+            ra: keel_store::ReadAhead::default(),
         };
         st.pause_ns = st.config.pause_ns();
         match saved {
@@ -1253,7 +1262,7 @@ impl State {
 
     fn num_pending(&self, stream: &Stream) -> u64 {
         let store = stream.read();
-        let filters = self.config.filters();
+        let filters = self.config.filter_list();
         let n = if filters.is_empty() {
             store.num_pending(self.next_seq, ">", false)
         } else {
@@ -1281,9 +1290,11 @@ impl State {
             }
         }
         self.from_lps = false;
-        let filters = self.config.filters();
-        let found = if filters.is_empty() {
-            store.load_next(self.next_seq, ">").ok()
+        let filters = self.config.filter_list();
+        let found = if filters.len() <= 1 {
+            // One position to read from: read ahead (several filters would share a block).
+            let f = filters.first().map_or(">", String::as_str);
+            store.load_next_ahead(self.next_seq, f, &mut self.ra).ok()
         } else {
             filters
                 .iter()
@@ -2328,6 +2339,7 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
         }
     }
     let mut statuses: Vec<(Bytes, Vec<u8>)> = vec![];
+    let mut ack_subjects = AckSubjects::new(&c.stream.name, &c.name);
     let stop = loop {
         if st.deleted || paused_for(st.pause_ns).0 {
             break Stop::Done;
@@ -2393,10 +2405,7 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
         // Sized as the reference does: subject, ack reply subject, headers, payload.
         let pending_after = st.num_pending(&c.stream);
         let cseq = st.rep.delivered.consumer_seq + 1;
-        let ack_subject = format!(
-            "$JS.ACK.{}.{}.{}.{}.{}.{}.{}",
-            c.stream.name, c.name, deliveries, msg.seq, cseq, msg.ts, pending_after
-        );
+        let ack_subject = ack_subjects.next(&[deliveries, msg.seq, cseq], msg.ts, pending_after);
         let size = msg.subject.len() + ack_subject.len() + msg.hdr.len() + msg.data.len();
         // Pick the target: a waiting pull request, or the push subject.
         let (target, request, left, pin) = if push {
@@ -2471,7 +2480,7 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
             send_status(server, router, &to, &hdr);
         }
         let (hdr_len, data) = delivery_body(&msg, headers_only, pin.as_deref());
-        let reply = Bytes::from(ack_subject);
+        let reply = ack_subject;
         let received = router.route_to(
             server,
             &target,
@@ -2524,11 +2533,49 @@ fn deliver_pass(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> Stop
         }
         st = c.lock();
     };
+    st.ra = keel_store::ReadAhead::default();
     drop(st);
     for (to, hdr) in statuses {
         send_status(server, router, &to, &hdr);
     }
     stop
+}
+
+/// The reply subjects of a delivery pass, `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.
+/// <cseq>.<ts>.<pending>`, written into one buffer and split off it, so most cost no
+/// allocation of their own.
+struct AckSubjects {
+    prefix: Vec<u8>,
+    buf: bytes::BytesMut,
+}
+
+impl AckSubjects {
+    fn new(stream: &str, consumer: &str) -> AckSubjects {
+        AckSubjects {
+            prefix: format!("$JS.ACK.{stream}.{consumer}.").into_bytes(),
+            buf: bytes::BytesMut::new(),
+        }
+    }
+
+    fn next(&mut self, nums: &[u64; 3], ts: i64, pending: u64) -> Bytes {
+        use bytes::BufMut;
+        let need = self.prefix.len() + 5 * 21;
+        if self.buf.capacity() - self.buf.len() < need {
+            self.buf.reserve(need.max(4096));
+        }
+        self.buf.put_slice(&self.prefix);
+        for &n in nums {
+            keel_protocol::encode::put_uint(&mut self.buf, n);
+            self.buf.put_u8(b'.');
+        }
+        if ts < 0 {
+            self.buf.put_u8(b'-');
+        }
+        keel_protocol::encode::put_uint(&mut self.buf, ts.unsigned_abs());
+        self.buf.put_u8(b'.');
+        keel_protocol::encode::put_uint(&mut self.buf, pending);
+        self.buf.split().freeze()
+    }
 }
 
 /// Reverts the bookkeeping of a delivery nobody received, and drops its (dead) request.
@@ -2797,5 +2844,27 @@ mod tests {
         let a = parse_ack_subject(b"$JS.ACK.S.c.1.7.3.1795953538955218381.2").unwrap();
         assert_eq!(a.sseq, 7);
         assert!(parse_ack_subject(b"$JS.ACK.S.c.1").is_none());
+    }
+
+    #[test]
+    fn ack_subjects_written_into_one_buffer() {
+        let mut w = AckSubjects::new("ORDERS", "worker");
+        let mut all = vec![];
+        for i in 0..200u64 {
+            all.push(w.next(&[1, 7 + i, 3], 1_795_953_538_955_218_381, 200 - i));
+        }
+        let neg = w.next(&[2, 1, 1], -5, 0);
+        assert_eq!(
+            &all[0][..],
+            b"$JS.ACK.ORDERS.worker.1.7.3.1795953538955218381.200"
+        );
+        assert_eq!(
+            &all[199][..],
+            b"$JS.ACK.ORDERS.worker.1.206.3.1795953538955218381.1"
+        );
+        assert_eq!(&neg[..], b"$JS.ACK.ORDERS.worker.2.1.1.-5.0");
+        for (i, s) in all.iter().enumerate() {
+            assert_eq!(parse_ack_subject(s).unwrap().sseq, 7 + i as u64);
+        }
     }
 }

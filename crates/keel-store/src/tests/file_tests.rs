@@ -585,6 +585,9 @@ fn compare_mem_and_file(at: &Where, limits: Limits, ops: &[Op]) {
     let mut limits = limits;
     limits.max_bytes = -1;
     let mut f = at.open(limits.clone()).0;
+    // A reader's read-ahead block kept across every operation: it must never serve bytes
+    // an erase, compaction, purge, rollback or reopen changed.
+    let mut ra = ReadAhead::default();
     let mut m = MemStore::new(limits);
     for (i, op) in ops.iter().enumerate() {
         // Drive both through the same op; compare results pairwise.
@@ -648,6 +651,10 @@ fn compare_mem_and_file(at: &Where, limits: Limits, ops: &[Op]) {
             assert_eq!(f.load_last(flt), m.load_last(flt));
             for start in [0u64, 3, 10, 25] {
                 assert_eq!(f.load_next(start, flt), m.load_next(start, flt));
+                assert_eq!(
+                    f.load_next_ahead(start, flt, &mut ra),
+                    m.load_next(start, flt)
+                );
                 assert_eq!(
                     f.num_pending(start, flt, false),
                     m.num_pending(start, flt, false)
