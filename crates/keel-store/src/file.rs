@@ -216,6 +216,9 @@ pub struct FileStore {
 
 /// Bytes a reader going forward reads at once (see [`ReadAhead`]).
 const READ_AHEAD: usize = 64 << 10;
+/// How far past the reader's last record the next may start and still count as reading in
+/// order (tombstones and removed messages between them).
+const SEQUENTIAL_GAP: u64 = 4 << 10;
 
 /// How far ahead of its records a segment file is allocated: as much again as it holds,
 /// from 4 KiB to 1 MiB, so a small stream wastes little and a busy one changes its file's
@@ -1215,7 +1218,7 @@ impl FileStore {
 
     /// Reads one record; with `ra`, from the reader's block when it holds the record, else
     /// by reading a new block from the record on.
-    fn read_ahead(&self, seq: u64, ra: Option<&mut ReadAhead>) -> Result<Read> {
+    fn read_ahead(&self, seq: u64, mut ra: Option<&mut ReadAhead>) -> Result<Read> {
         let Some((i, loc)) = self.t().loc(seq) else {
             return Err(StoreError::NotFound);
         };
@@ -1230,35 +1233,46 @@ impl FileStore {
                 Some(b) => Bytes::copy_from_slice(b),
                 None => Bytes::new(),
             }
-        } else if let Some(b) = ra.as_deref().and_then(|ra| self.in_block(ra, id, off, len)) {
+        } else if let Some(b) = ra
+            .as_deref_mut()
+            .and_then(|ra| self.in_block(ra, id, off, len))
+        {
             b
-        } else if let Some(ra) = ra.filter(|_| len < READ_AHEAD && off + len as u64 <= flushed) {
-            let n = (READ_AHEAD as u64).min(flushed - off) as usize;
-            let mut v = vec![0; n];
-            match self.with_file(id, |f| f.read_at(&mut v, off)) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => v.clear(),
-                Err(e) => return Err(e.into()),
-            }
-            *ra = ReadAhead {
-                store: Arc::downgrade(&self.ident),
-                seg: id,
-                off,
-                rewrites: self.rewrites,
-                buf: Bytes::from(v),
-            };
-            ra.buf
-                .get(..len)
-                .map_or_else(Bytes::new, |_| ra.buf.slice(..len))
         } else {
-            let mut v = vec![0; len];
+            // A block only for a reader going in order (this record starts at or just past
+            // where its last one ended): a sparse filter would read 64 KiB per message.
+            let ahead = ra
+                .as_deref()
+                .is_some_and(|ra| ra.seg == id && off >= ra.end && off - ra.end <= SEQUENTIAL_GAP)
+                && len < READ_AHEAD
+                && off + len as u64 <= flushed;
+            let n = if ahead {
+                (READ_AHEAD as u64).min(flushed - off) as usize
+            } else {
+                len
+            };
+            let mut v = vec![0; n];
             // A record cut off by a shorter file is damage like any other.
             match self.with_file(id, |f| f.read_at(&mut v, off)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => v.clear(),
                 Err(e) => return Err(e.into()),
             }
-            Bytes::from(v)
+            let b = Bytes::from(v);
+            if let Some(ra) = ra {
+                *ra = ReadAhead {
+                    store: Arc::downgrade(&self.ident),
+                    seg: id,
+                    off,
+                    end: off + len as u64,
+                    rewrites: self.rewrites,
+                    buf: if ahead { b.clone() } else { Bytes::new() },
+                };
+            }
+            match b.get(..len) {
+                Some(_) if ahead => b.slice(..len),
+                _ => b,
+            }
         };
         let (sl, hl, ts) = match record::parse(&buf) {
             Parse::Ok(r) if r.kind == Kind::Msg && r.seq == seq && r.len == len => {
@@ -1280,7 +1294,7 @@ impl FileStore {
 
     /// The record at `off` of segment `id` from the reader's block, if the block holds it
     /// and is not stale.
-    fn in_block(&self, ra: &ReadAhead, id: u32, off: u64, len: usize) -> Option<Bytes> {
+    fn in_block(&self, ra: &mut ReadAhead, id: u32, off: u64, len: usize) -> Option<Bytes> {
         if ra.store.as_ptr() != Arc::as_ptr(&self.ident)
             || ra.seg != id
             || ra.rewrites != self.rewrites
@@ -1289,7 +1303,11 @@ impl FileStore {
             return None;
         }
         let at = (off - ra.off) as usize;
-        (at + len <= ra.buf.len()).then(|| ra.buf.slice(at..at + len))
+        if at + len > ra.buf.len() {
+            return None;
+        }
+        ra.end = off + len as u64;
+        Some(ra.buf.slice(at..at + len))
     }
 
     /// A record the index calls live failed its checksum: it leaves the counts at once, is

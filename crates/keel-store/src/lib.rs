@@ -36,6 +36,8 @@ pub struct ReadAhead {
     pub(crate) store: std::sync::Weak<()>,
     pub(crate) seg: u32,
     pub(crate) off: u64,
+    /// Where the last record this reader was given ends (in segment `seg`).
+    pub(crate) end: u64,
     pub(crate) rewrites: u64,
     pub(crate) buf: Bytes,
 }

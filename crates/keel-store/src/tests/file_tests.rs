@@ -182,6 +182,44 @@ fn stale_index_replays_appended_records() {
 }
 
 #[test]
+fn read_ahead_serves_readers_in_order_and_not_sparse_ones() {
+    let d = TempDir::new();
+    let cfg = FileStoreConfig {
+        segment_size: 1 << 20,
+        ..Default::default()
+    };
+    let (mut s, _) = FileStore::open_with(&d.0, Limits::default(), cfg).unwrap();
+    for i in 0..2000u64 {
+        let subj = if i % 100 == 0 { "rare" } else { "often" };
+        put(&mut s, subj, &payload(1, 100, i));
+    }
+    s.sync().unwrap();
+    // In order: the first read is exact, the second reads a block, the rest come from it.
+    let mut ra = ReadAhead::default();
+    let first = s.load_next_ahead(1, ">", &mut ra).unwrap();
+    assert!(ra.buf.is_empty());
+    let second = s.load_next_ahead(first.seq + 1, ">", &mut ra).unwrap();
+    let block_at = ra.off;
+    assert!(ra.buf.len() > 32 << 10, "{}", ra.buf.len());
+    let mut seq = second.seq;
+    for _ in 0..100 {
+        let m = s.load_next_ahead(seq + 1, ">", &mut ra).unwrap();
+        assert_eq!(m, s.load(m.seq).unwrap());
+        seq = m.seq;
+    }
+    assert_eq!(ra.off, block_at);
+    // Sparse (one message in a hundred): no block is read.
+    let mut ra = ReadAhead::default();
+    let mut seq = 0;
+    for _ in 0..10 {
+        let m = s.load_next_ahead(seq + 1, "rare", &mut ra).unwrap();
+        assert_eq!(&m.subject[..], b"rare");
+        assert!(ra.buf.is_empty());
+        seq = m.seq;
+    }
+}
+
+#[test]
 fn purge_all_drops_segments_and_keeps_sequence() {
     let d = TempDir::new();
     let (mut s, _) = open(&d.0, Limits::default());
