@@ -11,7 +11,8 @@
 #
 # JetStream scenarios (`keel bench js ...`, file storage): sync publish
 # latency p50/p99 (one publisher, and 64 each waiting for its own ack), async publish throughput, consume+ack throughput from a
-# durable pull consumer, fan-out to 4 and to 10 durables, and the consumer memory
+# durable pull consumer, fan-out to 4 and to 10 durables (these two also with the server's CPU
+# per message while timed, from /proc), and the consumer memory
 # above. A scenario the server cannot run yet shows up as FAIL.
 #
 # Environment knobs:
@@ -182,6 +183,10 @@ run_server_round() {
         scen=${entry%%|*}
         args=${entry#*|}
         selected "$scen" || continue
+        # The delivery scenarios also report the server's CPU per message while timed.
+        case $args in
+            "js consume-fill"* | "js fanout"*) args="$args --server-pid $SERVER_PID" ;;
+        esac
         # shellcheck disable=SC2086 # args is a word list on purpose
         if out=$("$KEEL" -s "$URL" "${CLIENT_TLS[@]}" --timeout 10s bench --json $args 2>"$WORK/err"); then
             record "$name" "$round" "$scen" "$out"
@@ -243,8 +248,10 @@ METRICS = {
     "js-pub-sync": [("msgs/s", "pub.msgs_per_s", True), ("p50 us", "latency_us.p50", False),
                     ("p99 us", "latency_us.p99", False)],
     "js-pub-async": [("msgs/s", "pub.msgs_per_s", True), ("MB/s", "pub.mb_per_s", True)],
-    "js-consume": [("consume+ack msgs/s", "consume.msgs_per_s", True)],
-    "js-fanout": [("msgs/s (aggregate)", "consume.msgs_per_s", True)],
+    "js-consume": [("consume+ack msgs/s", "consume.msgs_per_s", True),
+                   ("server CPU us/msg", "server_cpu_us_per_msg", False)],
+    "js-fanout": [("msgs/s (aggregate)", "consume.msgs_per_s", True),
+                  ("server CPU us/msg", "server_cpu_us_per_msg", False)],
     "js-consumers-mem": [("RSS w/ 100k-msg stream KiB", "rss_before_kib", False),
                          ("RSS w/ consumers KiB", "rss_kib", False),
                          ("KiB per consumer", "rss_per_consumer_kib", False),

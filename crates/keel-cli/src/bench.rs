@@ -788,6 +788,36 @@ pub(crate) fn rss_kib(pid: u32) -> Res<u64> {
         .ok_or_else(|| format!("no VmRSS line in {path}"))
 }
 
+/// The process's CPU time so far (utime + stime, Linux /proc) in microseconds; the kernel
+/// counts it in USER_HZ ticks, 100 per second on Linux.
+pub(crate) fn cpu_us(pid: u32) -> Res<u64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    // The command name (field 2) may hold spaces: count fields after its closing paren.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    match f[..] {
+        [utime, stime] => Ok((utime + stime) * 10_000),
+        _ => Err(format!("no utime/stime in {path}")),
+    }
+}
+
+/// Server CPU per message over a timed phase, from [`cpu_us`] readings at its start and end.
+pub(crate) fn cpu_per_msg(before: Option<u64>, pid: Option<u32>, msgs: u64) -> Res<Option<f64>> {
+    let (Some(before), Some(pid)) = (before, pid) else {
+        return Ok(None);
+    };
+    let after = cpu_us(pid)?;
+    Ok(Some(round2(
+        after.saturating_sub(before) as f64 / msgs.max(1) as f64,
+    )))
+}
+
 async fn bench_idle(ctx: &Ctx, b: &IdleBench, progress: bool) -> Res<Report> {
     let conn = &ctx.conn;
     check_counts("clients", b.clients)?;

@@ -159,6 +159,9 @@ pub struct ConsumeArgs {
     /// Messages per pull request
     #[arg(long, default_value_t = 500)]
     pub batch: usize,
+    /// Report this server process's CPU time per message over the timed phase (Linux /proc)
+    #[arg(long, value_name = "PID")]
+    pub server_pid: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -171,6 +174,9 @@ pub struct FanoutArgs {
     /// Messages per pull request
     #[arg(long, default_value_t = 500)]
     pub batch: usize,
+    /// Report this server process's CPU time per message over the timed phase (Linux /proc)
+    #[arg(long, value_name = "PID")]
+    pub server_pid: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -582,6 +588,7 @@ async fn bench_consume(ctx: &Ctx, a: &ConsumeArgs, progress: bool) -> Res<Report
         )
         .await?;
         let bar = Progress::new("consume", a.s.msgs, progress);
+        let cpu0 = a.server_pid.map(crate::bench::cpu_us).transpose()?;
         let start = Instant::now();
         let end = consume_all(
             consumer_client,
@@ -593,11 +600,13 @@ async fn bench_consume(ctx: &Ctx, a: &ConsumeArgs, progress: bool) -> Res<Report
         )
         .await;
         bar.finish();
-        Ok::<_, String>((start, end?))
+        let end = end?;
+        let cpu = crate::bench::cpu_per_msg(cpu0, a.server_pid, a.s.msgs)?;
+        Ok::<_, String>((start, end, cpu))
     }
     .await;
     cleanup(&client, ctx, &a.s).await;
-    let (start, end) = result?;
+    let (start, end, cpu) = result?;
     let rate = Rate {
         msgs: a.s.msgs,
         bytes: a.s.msgs * a.s.size as u64,
@@ -616,6 +625,7 @@ async fn bench_consume(ctx: &Ctx, a: &ConsumeArgs, progress: bool) -> Res<Report
     let mut json = stream_json("js-consume", ctx, &a.s);
     json["batch"] = json!(a.batch);
     json["consume"] = rate.json();
+    json["server_cpu_us_per_msg"] = json!(cpu);
     Ok(Report { text, json })
 }
 
@@ -653,15 +663,19 @@ async fn bench_fanout(ctx: &Ctx, a: &FanoutArgs, progress: bool) -> Res<Report> 
                 consume_all(c, consumer, msgs, batch, idle, done).await
             });
         }
+        let cpu0 = a.server_pid.map(crate::bench::cpu_us).transpose()?;
         let start = Instant::now();
         let _ = go_tx.send(true);
         let ends = join_all(set).await;
         bar.finish();
-        Ok::<_, String>((start, ends?))
+        let ends = ends?;
+        let total = a.s.msgs * a.consumers as u64;
+        let cpu = crate::bench::cpu_per_msg(cpu0, a.server_pid, total)?;
+        Ok::<_, String>((start, ends, cpu))
     }
     .await;
     cleanup(&client, ctx, &a.s).await;
-    let (start, ends) = result?;
+    let (start, ends, cpu) = result?;
     let elapsed = ends
         .iter()
         .map(|e| e.saturating_duration_since(start))
@@ -690,6 +704,7 @@ async fn bench_fanout(ctx: &Ctx, a: &FanoutArgs, progress: bool) -> Res<Report> 
     json["consumers"] = json!(a.consumers);
     json["batch"] = json!(a.batch);
     json["consume"] = rate.json();
+    json["server_cpu_us_per_msg"] = json!(cpu);
     Ok(Report { text, json })
 }
 
