@@ -1269,9 +1269,10 @@ impl FileStore {
                     buf: if ahead { b.clone() } else { Bytes::new() },
                 };
             }
-            match b.get(..len) {
-                Some(_) if ahead => b.slice(..len),
-                _ => b,
+            if ahead && b.len() >= len {
+                b.slice(..len)
+            } else {
+                b
             }
         };
         let (sl, hl, ts) = match record::parse(&buf) {

@@ -1136,7 +1136,7 @@ impl State {
     }
 
     pub fn matches(&self, subject: &[u8]) -> bool {
-        let filters = self.config.filters();
+        let filters = self.config.filter_list();
         filters.is_empty()
             || filters
                 .iter()
