@@ -668,7 +668,8 @@ async fn sources_filter_transform_and_report() {
     wait_info(&client, "S", "sourced o.a", |i| msgs(i) == 2).await;
     js_publish(&client, "o.b", &[], "4").await;
     let i = wait_info(&client, "S", "sourced o.b", |i| {
-        msgs(i) == 3 && i["sources"][1]["seq"] == 4
+        // A source's seq is recorded just after its batch is stored, so wait for both.
+        msgs(i) == 3 && i["sources"][0]["seq"] == 3 && i["sources"][1]["seq"] == 4
     })
     .await;
     assert_eq!(i["state"]["subjects"], json!({"o.a": 2, "s.b": 1}));
