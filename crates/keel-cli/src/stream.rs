@@ -67,10 +67,19 @@ pub enum StreamCmd {
 pub enum ClusterCmd {
     /// Make another replica the stream's leader
     #[command(name = "step-down")]
-    StepDown(StateArgs),
+    StepDown(StepDownArgs),
     /// Take a server out of the stream's group (a free server takes its place)
     #[command(name = "peer-remove")]
     PeerRemove(PeerRemoveArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct StepDownArgs {
+    /// Stream name
+    stream: String,
+    /// The server to hand leadership to (a replica of the stream)
+    #[arg(long)]
+    preferred: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -304,7 +313,9 @@ pub async fn run(conn: &ConnSettings, cmd: &StreamCmd, json: bool) -> Res<()> {
         }
         StreamCmd::Ls(a) => ls(&js, a, json).await,
         StreamCmd::Rm(a) => rm(&js, a).await,
-        StreamCmd::Cluster(ClusterCmd::StepDown(a)) => step_down(&js, &a.stream).await,
+        StreamCmd::Cluster(ClusterCmd::StepDown(a)) => {
+            step_down(&js, &a.stream, a.preferred.as_deref()).await
+        }
         StreamCmd::Cluster(ClusterCmd::PeerRemove(a)) => {
             js.api(
                 &format!("STREAM.PEER.REMOVE.{}", a.stream),
@@ -782,7 +793,7 @@ pub fn show(info: &Value, json_out: bool, state_only: bool) {
 
 /// `stream cluster step-down`: the leader hands over, then the new one is shown (natscli's
 /// lines).
-async fn step_down(js: &Js, stream: &str) -> Res<()> {
+async fn step_down(js: &Js, stream: &str, preferred: Option<&str>) -> Res<()> {
     let before = js
         .api(&format!("STREAM.INFO.{stream}"), None)
         .await
@@ -795,7 +806,8 @@ async fn step_down(js: &Js, stream: &str) -> Res<()> {
             .as_array()
             .map_or(1, |r| r.len() + 1)
     );
-    js.api(&format!("STREAM.LEADER.STEPDOWN.{stream}"), None)
+    let req = preferred.map(|p| json!({"placement": {"preferred": p}}));
+    js.api(&format!("STREAM.LEADER.STEPDOWN.{stream}"), req.as_ref())
         .await
         .map_err(String::from)?;
     for _ in 0..100 {

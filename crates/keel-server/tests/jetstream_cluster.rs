@@ -580,6 +580,143 @@ async fn stream_and_consumer_leaders_step_down_on_request() {
     }
 }
 
+/// A stepdown's `placement`: `preferred` hands leadership to that server (meta, stream and
+/// consumer leaders); the reference's errors for a server that already leads, one it does not
+/// know, placement nobody fits, and a body that is not JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stepdown_hands_leadership_to_the_preferred_server() {
+    let names = ["W1", "W2", "W3"];
+    let nodes = mesh(&names).await;
+    let all: Vec<&Node> = nodes.iter().collect();
+    let leader = meta_leader(&all, "").await;
+    let sys = connect(&nodes[0], "sys").await;
+    let other = |not: &str| names.iter().find(|n| **n != not).unwrap().to_string();
+
+    let already = api(
+        &sys,
+        "$JS.API.META.LEADER.STEPDOWN",
+        &format!(r#"{{"placement":{{"preferred":"{leader}"}}}}"#),
+    )
+    .await;
+    assert_eq!(
+        already["error"],
+        serde_json::json!({"code": 400, "err_code": 10005,
+            "description": format!("preferred server \"{leader}\" is already leader")}),
+        "{already}"
+    );
+    let unknown = api(
+        &sys,
+        "$JS.API.META.LEADER.STEPDOWN",
+        r#"{"placement":{"preferred":"NOPE"}}"#,
+    )
+    .await;
+    assert_eq!(
+        unknown["error"]["description"], "preferred server \"NOPE\" not known",
+        "{unknown}"
+    );
+    let nobody = api(
+        &sys,
+        "$JS.API.META.LEADER.STEPDOWN",
+        r#"{"placement":{"tags":["nowhere"]}}"#,
+    )
+    .await;
+    assert_eq!(
+        nobody["error"],
+        serde_json::json!({"code": 400, "err_code": 10005,
+            "description": "no replacement peer connected"}),
+        "{nobody}"
+    );
+    let bad = api(&sys, "$JS.API.META.LEADER.STEPDOWN", "{nope").await;
+    assert_eq!(bad["error"]["err_code"], 10025, "{bad}");
+
+    let want = other(&leader);
+    let r = api(
+        &sys,
+        "$JS.API.META.LEADER.STEPDOWN",
+        &format!(r#"{{"placement":{{"preferred":"{want}"}}}}"#),
+    )
+    .await;
+    assert_eq!(r["success"], true, "{r}");
+    assert_eq!(meta_leader(&all, &leader).await, want);
+
+    // A stream's leader, then a consumer's.
+    let c = connect(&nodes[1], "app").await;
+    create_stream(
+        &c,
+        "PS",
+        r#"{"name":"PS","subjects":["ps.>"],"num_replicas":3}"#,
+    )
+    .await;
+    let first = stream_leader(&c, "PS", "").await;
+    publish_acked(&c, "ps.a", "1".into()).await;
+    let want = other(&first);
+    let r = api(
+        &c,
+        "$JS.API.STREAM.LEADER.STEPDOWN.PS",
+        &format!(r#"{{"placement":{{"preferred":"{want}"}}}}"#),
+    )
+    .await;
+    assert_eq!(r["success"], true, "{r}");
+    assert_eq!(stream_leader(&c, "PS", &first).await, want);
+    assert_eq!(publish_acked(&c, "ps.a", "2".into()).await, 2);
+
+    let cc = api(
+        &c,
+        "$JS.API.CONSUMER.DURABLE.CREATE.PS.dur",
+        r#"{"stream_name":"PS","config":{"durable_name":"dur","ack_policy":"explicit"}}"#,
+    )
+    .await;
+    assert!(cc.get("error").is_none(), "{cc}");
+    let consumer_leader = |not: String| {
+        let c = c.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                // No answer while the consumer has no leader (the reference's, mid-election).
+                let r = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    c.request("$JS.API.CONSUMER.INFO.PS.dur", "".into()),
+                )
+                .await;
+                let i: serde_json::Value = match r {
+                    Ok(Ok(m)) => serde_json::from_slice(&m.payload).unwrap(),
+                    _ => serde_json::Value::Null,
+                };
+                if let Some(l) = i["cluster"]["leader"].as_str() {
+                    if !l.is_empty() && l != not {
+                        return l.to_string();
+                    }
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "consumer leader still {not}: {i}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let first = consumer_leader(String::new()).await;
+    let already = api(
+        &c,
+        "$JS.API.CONSUMER.LEADER.STEPDOWN.PS.dur",
+        &format!(r#"{{"placement":{{"preferred":"{first}"}}}}"#),
+    )
+    .await;
+    assert_eq!(already["error"]["err_code"], 10005, "{already}");
+    let want = other(&first);
+    let r = api(
+        &c,
+        "$JS.API.CONSUMER.LEADER.STEPDOWN.PS.dur",
+        &format!(r#"{{"placement":{{"preferred":"{want}"}}}}"#),
+    )
+    .await;
+    assert_eq!(r["success"], true, "{r}");
+    assert_eq!(consumer_leader(first).await, want);
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
 /// Keel's own series in `/metrics`: each Raft group's role and indexes, and per durable
 /// consumer of a replicated stream how far each follower's copy of the ack floor trails
 /// the leader's (the seed's "the ack floor may lag a few milliseconds").

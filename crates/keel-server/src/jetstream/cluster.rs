@@ -103,19 +103,25 @@ impl Meta {
                 let Some(server) = weak.upgrade() else {
                     return;
                 };
-                let req: Value = serde_json::from_slice(m.payload()).unwrap_or(Value::Null);
-                let body = if req.get("placement").is_some_and(|p| !p.is_null()) {
-                    // openraft 0.9 cannot hand leadership to a chosen server.
-                    json!({"type": "io.nats.jetstream.api.v1.meta_leader_stepdown_response",
-                           "error": {"code": 400, "err_code": 10003,
-                                     "description": "bad request: placement on stepdown is not supported"}})
-                } else {
-                    let m2 = meta.clone();
-                    tokio::spawn(async move {
-                        let _ = m2.step_down().await;
-                    });
-                    json!({"type": "io.nats.jetstream.api.v1.meta_leader_stepdown_response",
-                           "success": true})
+                let kind = "io.nats.jetstream.api.v1.meta_leader_stepdown_response";
+                let target = stepdown_request(m.payload()).and_then(|placement| {
+                    stepdown_target(&meta, &meta.raft, meta.host.id, &placement)
+                });
+                let body = match target {
+                    Err(e) => json!({"type": kind, "error": e.to_json()}),
+                    Ok(target) => {
+                        let m2 = meta.clone();
+                        tokio::spawn(async move {
+                            let r = match target {
+                                Some(t) => raft::transfer(&m2.host, &m2.raft, META_GROUP, &t).await,
+                                None => m2.step_down().await,
+                            };
+                            if let (Err(e), Some(s)) = (r, m2.host.server()) {
+                                crate::warn!(s.log, "JetStream meta leader stepdown: {}", e);
+                            }
+                        });
+                        json!({"type": kind, "success": true})
+                    }
                 };
                 crate::jetstream::api::reply(
                     &server,
@@ -1088,6 +1094,7 @@ pub async fn replicate_consumer_change(
 /// over: success, as the reference answers for R1.
 pub fn leader_stepdown(
     js: &super::JetStream,
+    server: &Arc<Server>,
     stream: &str,
     consumer: Option<&str>,
     body: &[u8],
@@ -1109,11 +1116,7 @@ pub fn leader_stepdown(
             return Err(ErrorKind::ConsumerNotFound.err());
         }
     }
-    let req: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    if req.get("placement").is_some_and(|p| !p.is_null()) {
-        // openraft 0.9 cannot hand leadership to a chosen server.
-        return Err(ErrorKind::BadRequest.err());
-    }
+    let placement = stepdown_request(body)?;
     if let Some(r) = s.replica.get() {
         let Some(raft) = r.raft.get().cloned() else {
             return Err(ErrorKind::ClusterUnavailable.err());
@@ -1133,11 +1136,103 @@ pub fn leader_stepdown(
             return Err(ErrorKind::StepdownFailed.with("no replacement peer connected"));
         }
         let me = r.node;
+        let target = match server.jetstream.get().and_then(|j| j.meta.get()) {
+            Some(meta) => stepdown_target(meta, &raft, me, &placement)?,
+            None => None,
+        };
+        let (host, group) = (r.host(), r.group_name().map(str::to_string));
+        let log = server.log.clone();
         tokio::spawn(async move {
-            let _ = raft::step_down(&raft, me).await;
+            let r = match (target, host, group) {
+                (Some(t), Some(host), Some(group)) => {
+                    raft::transfer(&host, &raft, &group, &t).await
+                }
+                _ => raft::step_down(&raft, me).await,
+            };
+            if let Err(e) = r {
+                crate::warn!(log, "JetStream stream leader stepdown: {}", e);
+            }
         });
     }
     Ok(json!({"type": kind, "success": true}))
+}
+
+/// A stepdown request's `placement` (Null when there is none): the body is read as JSON only
+/// when it looks like an object or array, as the reference does.
+fn stepdown_request(body: &[u8]) -> Result<Value, super::api::ApiError> {
+    let start = body.iter().position(|b| !b" \t\r\n".contains(b));
+    if !start.is_some_and(|i| body[i] == b'{' || body[i] == b'[') {
+        return Ok(Value::Null);
+    }
+    let req: Value = serde_json::from_slice(body)
+        .map_err(|e| super::api::ApiError::invalid_json_body(body, &e))?;
+    Ok(req.get("placement").cloned().unwrap_or(Value::Null))
+}
+
+/// Which voter a stepdown's placement asks for (None: no placement, any other voter will
+/// do). `preferred` names a server; otherwise `cluster` and `tags` narrow the voters that are
+/// up, and one of them is picked, as the reference does.
+fn stepdown_target(
+    meta: &Meta,
+    raft: &Raft,
+    me: NodeId,
+    placement: &Value,
+) -> Result<Option<Peer>, super::api::ApiError> {
+    use super::api::ErrorKind;
+    if placement.is_null() {
+        return Ok(None);
+    }
+    let m = raft.metrics().borrow().clone();
+    let voters: Vec<(NodeId, Peer)> = m
+        .membership_config
+        .nodes()
+        .filter(|(id, _)| m.membership_config.voter_ids().any(|v| v == **id))
+        .map(|(id, p)| (*id, p.clone()))
+        .collect();
+    if let Some(preferred) = placement["preferred"].as_str().filter(|p| !p.is_empty()) {
+        return match voters.iter().find(|(_, p)| p.name == preferred) {
+            Some((id, _)) if *id == me => Err(ErrorKind::NoPeers.with(format!(
+                "preferred server \"{preferred}\" is already leader"
+            ))),
+            Some((_, p)) => Ok(Some(p.clone())),
+            None => {
+                Err(ErrorKind::NoPeers.with(format!("preferred server \"{preferred}\" not known")))
+            }
+        };
+    }
+    let cluster = placement["cluster"].as_str().unwrap_or("");
+    let tags: Vec<String> = placement["tags"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|x| x.as_str())
+                .map(str::to_ascii_lowercase)
+                .collect()
+        })
+        .unwrap_or_default();
+    let server_tags = meta.server_tags();
+    let fits = |p: &Peer| {
+        let up = meta
+            .host
+            .since_heard(&p.name)
+            .is_some_and(|d| d < Duration::from_secs(10));
+        let have = server_tags.get(&p.name);
+        up && (cluster.is_empty() || cluster == meta.cluster_name)
+            && tags
+                .iter()
+                .all(|t| have.is_some_and(|h| h.iter().any(|x| x == t)))
+    };
+    let mut fitting: Vec<Peer> = voters
+        .into_iter()
+        .filter(|(id, p)| *id != me && fits(p))
+        .map(|(_, p)| p)
+        .collect();
+    if fitting.is_empty() {
+        return Err(ErrorKind::NoPeers.with("no replacement peer connected"));
+    }
+    // Any of them (the reference picks one at random too).
+    let i = (crate::time::now_nanos() as usize) % fitting.len();
+    Ok(Some(fitting.swap_remove(i)))
 }
 
 /// Answers to requests this server sends on an account's behalf (the meta leader asking

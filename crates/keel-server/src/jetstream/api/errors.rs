@@ -111,6 +111,8 @@ error_table! {
     NoSuitablePeers = (400, 10005, "no suitable peers for placement");
     /// The same with the reason appended (`, tags not matched ['x']`).
     NoSuitablePeersReason = (400, 10005, "no suitable peers for placement{}");
+    /// The same code with only the reason (a stepdown's placement that cannot be met).
+    NoPeers = (400, 10005, "{}");
     ClusterUnavailable = (503, 10008, "JetStream system temporarily unavailable");
     ClusteringRequired = (503, 10010, "JetStream clustering support required");
     PeerNotMember = (400, 10040, "peer not a member");

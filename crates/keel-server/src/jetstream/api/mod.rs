@@ -348,11 +348,12 @@ async fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut 
         ),
         ["STREAM", "LEADER", "STEPDOWN", name] => (
             "stream_leader_stepdown",
-            super::cluster::leader_stepdown(js, name, None, body).map(|v| to_bytes(&v)),
+            super::cluster::leader_stepdown(js, server, name, None, body).map(|v| to_bytes(&v)),
         ),
         ["CONSUMER", "LEADER", "STEPDOWN", stream, name] => (
             "consumer_leader_stepdown",
-            super::cluster::leader_stepdown(js, stream, Some(name), body).map(|v| to_bytes(&v)),
+            super::cluster::leader_stepdown(js, server, stream, Some(name), body)
+                .map(|v| to_bytes(&v)),
         ),
         // A consumer answers its own resets (on its own subscription), as with the
         // reference: one that does not exist answers nothing.

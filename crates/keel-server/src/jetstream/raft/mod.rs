@@ -227,6 +227,116 @@ pub async fn step_down(raft: &Raft, me: NodeId) -> Result<(), String> {
     r.map(|_| ()).map_err(|e| e.to_string())
 }
 
+/// How long a transfer waits for the chosen server to win (openraft's voters refuse a
+/// candidate until the leader lease, `election_timeout_max`, has passed since they last
+/// heard the leader, so a transfer takes about that long).
+const TRANSFER_WAIT: Duration = Duration::from_secs(10);
+
+/// Hands `raft`'s leadership (this server leads group `group`) to the voter `target`.
+/// openraft 0.9 has no leadership transfer, so this is Raft's usual recipe built from its
+/// switches: the leader stops its heartbeats and its own elections, the other voters hold
+/// theirs (`Rpc::Hold`, which expires by itself should the release be lost), and the target
+/// starts elections (`Rpc::Elect`) until it wins. Its log must be as long as a quorum's to
+/// win: a target that is behind is refused up front.
+pub async fn transfer(
+    host: &RaftHost,
+    raft: &Raft,
+    group: &str,
+    target: &Peer,
+) -> Result<(), String> {
+    let me = host.id;
+    let to = node_id(&target.name);
+    let m = raft.metrics().borrow().clone();
+    if m.current_leader != Some(me) {
+        return Err("not leader".into());
+    }
+    let others: Vec<Peer> = m
+        .membership_config
+        .nodes()
+        .filter(|(id, _)| {
+            **id != me && **id != to && m.membership_config.voter_ids().any(|v| v == **id)
+        })
+        .map(|(_, p)| p.clone())
+        .collect();
+    // The target must have everything the leader has (or nearly: it is given a moment).
+    let current = raft
+        .wait(Some(Duration::from_secs(2)))
+        .metrics(
+            |m| {
+                let last = m.last_log_index;
+                m.replication
+                    .as_ref()
+                    .and_then(|r| r.get(&to).cloned().flatten())
+                    .is_some_and(|l| Some(l.index) >= last)
+            },
+            "target current",
+        )
+        .await;
+    if current.is_err() {
+        return Err(format!("preferred server {:?} is not current", target.name));
+    }
+    let rc = raft.runtime_config();
+    rc.heartbeat(false);
+    rc.elect(false);
+    let mut router = Router::new(host.account.clone(), 0x5248);
+    let hold_ms = TRANSFER_WAIT.as_millis() as u64 + 2_000;
+    for p in &others {
+        let _ = host
+            .call(
+                &mut router,
+                p,
+                "HOLD",
+                group,
+                &Rpc::Hold { ms: hold_ms },
+                Duration::from_secs(1),
+            )
+            .await;
+    }
+    let asked = host
+        .call(
+            &mut router,
+            target,
+            "ELECT",
+            group,
+            &Rpc::Elect,
+            Duration::from_secs(2),
+        )
+        .await;
+    let r = match asked {
+        Err(e) => Err(format!(
+            "preferred server {:?} did not answer: {e}",
+            target.name
+        )),
+        Ok(_) => raft
+            .wait(Some(TRANSFER_WAIT))
+            .metrics(
+                |m| m.current_leader.is_some_and(|l| l != me),
+                "another leader",
+            )
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|m| match m.current_leader {
+                Some(l) if l == to => Ok(()),
+                _ => Err(format!("{:?} did not win the election", target.name)),
+            }),
+    };
+    rc.heartbeat(true);
+    rc.elect(true);
+    for p in &others {
+        let _ = host
+            .call(
+                &mut router,
+                p,
+                "HOLD",
+                group,
+                &Rpc::Hold { ms: 0 },
+                Duration::from_secs(1),
+            )
+            .await;
+    }
+    r
+}
+
 /// The sid of the Raft transport's subscriptions (routes announce them: `serves_peers`).
 pub(crate) const RAFT_SID: &[u8] = b"raft";
 
@@ -279,6 +389,14 @@ enum Rpc {
         from: u64,
         to: u64,
         max_bytes: u64,
+    },
+    /// A leader handing leadership to this server (`transfer`): start elections now, until
+    /// elected or a few seconds passed.
+    Elect,
+    /// A leader handing leadership to another server: do not start an election for `ms`
+    /// (0: the hold is over), so that only the chosen one does.
+    Hold {
+        ms: u64,
     },
 }
 
@@ -649,6 +767,38 @@ async fn answer(host: &RaftHost, m: InMsg) {
                 None => Err(format!("no stream group {group} here")),
             };
             bincode::serialize(&r)
+        }
+        Rpc::Elect => {
+            let me = host.id;
+            tokio::spawn(async move {
+                let deadline = Instant::now() + TRANSFER_WAIT;
+                while Instant::now() < deadline {
+                    if raft.metrics().borrow().current_leader == Some(me) {
+                        return;
+                    }
+                    if raft.trigger().elect().await.is_err() {
+                        return;
+                    }
+                    let _ = raft
+                        .wait(Some(Duration::from_millis(200)))
+                        .metrics(|m| m.current_leader == Some(me), "elected")
+                        .await;
+                }
+            });
+            bincode::serialize(&Ok::<(), String>(()))
+        }
+        Rpc::Hold { ms } => {
+            let rc = raft.runtime_config();
+            if ms == 0 {
+                rc.elect(true);
+            } else {
+                rc.elect(false);
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    raft.runtime_config().elect(true);
+                });
+            }
+            bincode::serialize(&Ok::<(), String>(()))
         }
     };
     let Ok(body) = body else {

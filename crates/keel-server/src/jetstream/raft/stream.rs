@@ -664,6 +664,11 @@ impl Shared {
         self.host.get().map(|(h, _)| h.clone())
     }
 
+    /// The group's name on the transport, once the group runs.
+    pub fn group_name(&self) -> Option<&str> {
+        self.host.get().map(|(_, g)| g.as_str())
+    }
+
     /// Ends the group (the stream is being deleted): no longer reachable, openraft's tasks
     /// stopped, the watcher ended.
     pub async fn stop_group(&self) {
