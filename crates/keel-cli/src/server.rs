@@ -30,6 +30,36 @@ pub enum ServerCmd {
     Report(ReportCmd),
     /// Health check for NATS servers (Nagios exit codes: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN)
     Check(crate::check::CheckArgs),
+    /// Manage the JetStream meta group (as the system account)
+    #[command(subcommand)]
+    Raft(RaftCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RaftCmd {
+    /// Make another server the JetStream meta group's leader
+    #[command(name = "step-down")]
+    StepDown(RaftStepDownArgs),
+    /// Remove a server that is gone for good from the JetStream meta group (its stream
+    /// replicas move to other servers)
+    #[command(name = "peer-remove")]
+    PeerRemove(RaftPeerRemoveArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RaftStepDownArgs {
+    /// The server to hand leadership to
+    #[arg(long)]
+    preferred: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct RaftPeerRemoveArgs {
+    /// The server's name (or its peer id, with --peer-id)
+    name: String,
+    /// NAME is a peer id (8 characters, as /jsz shows)
+    #[arg(long)]
+    peer_id: bool,
 }
 
 #[derive(Args, Debug)]
@@ -348,8 +378,52 @@ pub async fn run(conn: &ConnSettings, cmd: &ServerCmd, json_out: bool) -> Res<()
         ServerCmd::Report(ReportCmd::Jetstream(a)) => {
             report_jetstream(&client, conn, a, json_out).await
         }
+        ServerCmd::Raft(r) => raft(&client, conn, r, json_out).await,
         ServerCmd::Check(_) => unreachable!("handled above"),
     }
+}
+
+/// `server raft step-down` / `peer-remove`: one meta leader API request, its answer shown.
+async fn raft(client: &Client, conn: &ConnSettings, cmd: &RaftCmd, json_out: bool) -> Res<()> {
+    let (subject, body) = match cmd {
+        RaftCmd::StepDown(a) => (
+            "$JS.API.META.LEADER.STEPDOWN",
+            a.preferred
+                .as_ref()
+                .map(|p| json!({"placement": {"preferred": p}}).to_string())
+                .unwrap_or_default(),
+        ),
+        RaftCmd::PeerRemove(a) => (
+            "$JS.API.SERVER.REMOVE",
+            if a.peer_id {
+                json!({"peer_id": a.name}).to_string()
+            } else {
+                json!({"peer": a.name}).to_string()
+            },
+        ),
+    };
+    let m = tokio::time::timeout(conn.timeout, client.request(subject, body.into()))
+        .await
+        .map_err(|_| format!("no answer to {subject} (is this the system account?)"))?
+        .map_err(|e| format!("{subject}: {e}"))?;
+    let v: Value = serde_json::from_slice(&m.payload).map_err(|e| e.to_string())?;
+    if json_out {
+        print_json(&v);
+    }
+    if let Some(e) = v.get("error") {
+        return Err(format!(
+            "{} (error code {})",
+            s(e, "description"),
+            i(e, "err_code")
+        ));
+    }
+    if !json_out {
+        match cmd {
+            RaftCmd::StepDown(_) => println!("Meta leader step down requested"),
+            RaftCmd::PeerRemove(a) => println!("Removed peer {:?} from the meta group", a.name),
+        }
+    }
+    Ok(())
 }
 
 async fn ping(client: &Client, conn: &ConnSettings, a: &PingArgs, json_out: bool) -> Res<()> {

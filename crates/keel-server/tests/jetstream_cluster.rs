@@ -717,6 +717,116 @@ async fn stepdown_hands_leadership_to_the_preferred_server() {
     }
 }
 
+/// `$JS.API.SERVER.REMOVE` from the system account: a server that is gone for good leaves
+/// the meta group, and the replica it held of an R3 stream moves to the server that had
+/// none, which catches up; the reference's errors for an empty request and a non-member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_server_leaves_the_meta_group_and_its_replicas_move() {
+    let names = ["V1", "V2", "V3", "V4"];
+    let mut nodes = mesh(&names).await;
+    let all: Vec<&Node> = nodes.iter().collect();
+    let leader = meta_leader(&all, "").await;
+    let keep = names.iter().position(|n| *n == leader).unwrap();
+    let c = connect(&nodes[keep], "app").await;
+    let sys = connect(&nodes[keep], "sys").await;
+    let created = create_stream(
+        &c,
+        "RS",
+        r#"{"name":"RS","subjects":["rs.>"],"num_replicas":3}"#,
+    )
+    .await;
+    let peers = |info: &serde_json::Value| -> Vec<String> {
+        let cl = &info["cluster"];
+        let mut p: Vec<String> = cl["replicas"]
+            .as_array()
+            .map(|r| {
+                r.iter()
+                    .map(|x| x["name"].as_str().unwrap().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(l) = cl["leader"].as_str() {
+            p.push(l.to_string());
+        }
+        p.sort();
+        p
+    };
+    stream_leader(&c, "RS", "").await;
+    for i in 0..5 {
+        publish_acked(&c, "rs.x", format!("{i}")).await;
+    }
+    let before = api(&c, "$JS.API.STREAM.INFO.RS", "").await;
+    let held = peers(&before);
+    assert_eq!(held.len(), 3, "{created}\n{before}");
+    let victim = held.iter().find(|p| **p != leader).unwrap().clone();
+    let spare = names
+        .iter()
+        .find(|n| !held.contains(&n.to_string()))
+        .unwrap()
+        .to_string();
+
+    let empty = api(&sys, "$JS.API.SERVER.REMOVE", "").await;
+    assert_eq!(
+        empty["error"],
+        serde_json::json!({"code": 400, "err_code": 10003, "description": "bad request"}),
+        "{empty}"
+    );
+    let stranger = api(&sys, "$JS.API.SERVER.REMOVE", r#"{"peer":"NOPE"}"#).await;
+    assert_eq!(
+        stranger["error"],
+        serde_json::json!({"code": 400, "err_code": 10044,
+            "description": "server is not a member of the cluster"}),
+        "{stranger}"
+    );
+
+    let i = names.iter().position(|n| *n == victim).unwrap();
+    nodes.remove(i).shutdown().await;
+    let r = api(
+        &sys,
+        "$JS.API.SERVER.REMOVE",
+        &format!(r#"{{"peer":"{victim}"}}"#),
+    )
+    .await;
+    assert_eq!(
+        r["type"], "io.nats.jetstream.api.v1.meta_server_remove_response",
+        "{r}"
+    );
+    assert_eq!(r["success"], true, "{r}");
+
+    // The meta group is the three left; the stream's replicas are on them, all current.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mc = jsz(&nodes[0]).await["meta_cluster"].clone();
+        let info = api(&c, "$JS.API.STREAM.INFO.RS", "").await;
+        let now = peers(&info);
+        let caught_up = info["cluster"]["replicas"]
+            .as_array()
+            .is_some_and(|r| r.iter().all(|x| x["current"] == true));
+        if mc["cluster_size"] == 3
+            && now.len() == 3
+            && !now.contains(&victim)
+            && now.contains(&spare)
+            && caught_up
+        {
+            assert_eq!(info["state"]["messages"], 5, "{info}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{mc}\n{info}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(publish_acked(&c, "rs.x", "5".into()).await, 6);
+    let again = api(
+        &sys,
+        "$JS.API.SERVER.REMOVE",
+        &format!(r#"{{"peer":"{victim}"}}"#),
+    )
+    .await;
+    assert_eq!(again["error"]["err_code"], 10044, "{again}");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
 /// Keel's own series in `/metrics`: each Raft group's role and indexes, and per durable
 /// consumer of a replicated stream how far each follower's copy of the ack floor trails
 /// the leader's (the seed's "the ack floor may lag a few milliseconds").

@@ -35,6 +35,8 @@ pub struct Meta {
     inboxes: std::sync::Mutex<std::collections::HashMap<String, Arc<Inbox>>>,
     /// When this server last saw a leader change (for `leader_since`).
     leader_since: std::sync::Mutex<(Option<NodeId>, i64)>,
+    /// A `$JS.API.SERVER.REMOVE` is under way (one at a time, as the reference).
+    removing: std::sync::atomic::AtomicBool,
 }
 
 impl Meta {
@@ -63,6 +65,7 @@ impl Meta {
             cluster_name: server.cluster.get().map(|c| c.name()).unwrap_or_default(),
             inboxes: std::sync::Mutex::new(std::collections::HashMap::new()),
             leader_since: std::sync::Mutex::new((None, 0)),
+            removing: std::sync::atomic::AtomicBool::new(false),
         });
         server.spawn(tend(meta.clone(), Arc::downgrade(server)));
         server.spawn(follow(meta.clone(), Arc::downgrade(server), applied));
@@ -70,25 +73,31 @@ impl Meta {
         Ok(meta)
     }
 
-    /// `$JS.API.META.LEADER.STEPDOWN`, which the reference takes from the system account
-    /// only (other accounts never reach this subscription, which lives there). Every server
-    /// subscribes (routes announce it, `raft::serves_peers`); the leader answers.
+    /// `$JS.API.META.LEADER.STEPDOWN` and `$JS.API.SERVER.REMOVE`, which the reference takes
+    /// from the system account only (other accounts never reach this subscription, which
+    /// lives there). Every server subscribes (routes announce it, `raft::serves_peers`); the
+    /// leader answers.
     fn serve_api(self: &Arc<Self>, server: &Arc<Server>) {
         let account = self.host.account().clone();
         let (handle, mut rx) = crate::client::ClientHandle::internal(
             server,
             &account,
-            "meta leader stepdown".into(),
+            "meta leader API".into(),
             64 * 1024,
         );
         if let Some(q) = handle.internal_queue() {
             q.set_cluster_wide();
         }
-        account.sublist.insert(crate::sublist::Sub::internal(
-            &handle,
-            bytes::Bytes::from_static(raft::RAFT_SID),
-            bytes::Bytes::from_static(b"$JS.API.META.LEADER.STEPDOWN"),
-        ));
+        for subject in [
+            &b"$JS.API.META.LEADER.STEPDOWN"[..],
+            &b"$JS.API.SERVER.REMOVE"[..],
+        ] {
+            account.sublist.insert(crate::sublist::Sub::internal(
+                &handle,
+                bytes::Bytes::from_static(raft::RAFT_SID),
+                bytes::Bytes::from_static(subject),
+            ));
+        }
         let meta = self.clone();
         let weak = Arc::downgrade(server);
         server.spawn(async move {
@@ -103,6 +112,29 @@ impl Meta {
                 let Some(server) = weak.upgrade() else {
                     return;
                 };
+                if &m.subject[..] == b"$JS.API.SERVER.REMOVE" {
+                    // Answered once the removal is done (a membership change and a move of
+                    // every stream replica the server held).
+                    let m2 = meta.clone();
+                    let body = m.payload().to_vec();
+                    let account = meta.host.account().clone();
+                    tokio::spawn(async move {
+                        let kind = "io.nats.jetstream.api.v1.meta_server_remove_response";
+                        let v = match m2.remove_server(&server, &body).await {
+                            Ok(()) => json!({"type": kind, "success": true}),
+                            Err(e) => json!({"type": kind, "error": e.to_json()}),
+                        };
+                        let mut router = crate::router::Router::new(account, 0x4d52);
+                        crate::jetstream::api::reply(
+                            &server,
+                            &mut router,
+                            &reply,
+                            serde_json::to_vec(&v).unwrap_or_default(),
+                        );
+                        router.flush();
+                    });
+                    continue;
+                }
                 let kind = "io.nats.jetstream.api.v1.meta_leader_stepdown_response";
                 let target = stepdown_request(m.payload()).and_then(|placement| {
                     stepdown_target(&meta, &meta.raft, meta.host.id, &placement)
@@ -224,6 +256,115 @@ impl Meta {
             .1
     }
 
+    /// `$JS.API.SERVER.REMOVE` on the leader: server `peer` (or the one whose peer id is
+    /// `peer_id`) leaves the meta group, is kept out for `REMOVED_FOR` even if it is still
+    /// connected, and every stream replica it held moves to a server that holds none of that
+    /// stream (where there is one: otherwise the stream keeps it, as an offline peer).
+    async fn remove_server(
+        &self,
+        server: &Arc<Server>,
+        body: &[u8],
+    ) -> Result<(), super::api::ApiError> {
+        use super::api::ErrorKind;
+        let trimmed = String::from_utf8_lossy(body);
+        if trimmed.trim().is_empty() || trimmed.trim() == "{}" {
+            return Err(ErrorKind::BadRequest.err());
+        }
+        let req: Value = serde_json::from_slice(body)
+            .map_err(|e| super::api::ApiError::invalid_json_body(body, &e))?;
+        let by_name = req["peer"].as_str().unwrap_or("");
+        let by_id = req["peer_id"].as_str().unwrap_or("");
+        let m = self.raft.metrics().borrow().clone();
+        let found = m.membership_config.nodes().find(|(_, p)| {
+            if by_id.is_empty() {
+                p.name == by_name
+            } else {
+                peer_hash(&p.name) == by_id
+            }
+        });
+        let Some((&id, peer)) = found else {
+            return Err(ErrorKind::ServerNotMember.err());
+        };
+        let name = peer.name.clone();
+        if self
+            .removing
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            return Err(ErrorKind::MemberChangeInflight.err());
+        }
+        let r = self.remove_member(server, id, &name).await;
+        self.removing
+            .store(false, std::sync::atomic::Ordering::Release);
+        r
+    }
+
+    async fn remove_member(
+        &self,
+        server: &Arc<Server>,
+        id: NodeId,
+        name: &str,
+    ) -> Result<(), super::api::ApiError> {
+        use super::api::ErrorKind;
+        let unavailable = |e: String| {
+            warn!(server.log, "JetStream cluster could not remove {name}: {e}");
+            ErrorKind::ClusterUnavailable.err()
+        };
+        // First recorded, so no leader adds it back while it is still connected.
+        let op = MetaOp::RemoveServer {
+            name: name.to_string(),
+            at: crate::time::now_nanos(),
+        };
+        self.propose(&op).await.map_err(unavailable)?;
+        let voters: BTreeSet<NodeId> = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .voter_ids()
+            .filter(|v| *v != id)
+            .collect();
+        if voters.is_empty() {
+            return Err(ErrorKind::ServerNotMember.err());
+        }
+        self.raft
+            .change_membership(voters, false)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        info!(server.log, "JetStream cluster removed peer {name}");
+        // Its stream replicas move (this server may have been the one removed, and no
+        // longer lead: then the new leader's streams keep the offline peer).
+        let state = self.machine.state();
+        for (account, streams) in &state.streams {
+            for (stream, a) in streams {
+                if !a.peers.iter().any(|p| p == name) || !self.is_leader() {
+                    continue;
+                }
+                let mut peers: Vec<String> =
+                    a.peers.iter().filter(|p| *p != name).cloned().collect();
+                let more = place(self, &state, 1, &a.config, &a.peers).unwrap_or_default();
+                if more.is_empty() {
+                    warn!(
+                        server.log,
+                        "JetStream cluster: no server to take '{account} > {stream}' replica from removed peer {name}"
+                    );
+                    continue;
+                }
+                peers.extend(more);
+                let op = MetaOp::AssignStream {
+                    account: account.clone(),
+                    name: stream.clone(),
+                    assignment: StreamAssignment {
+                        peers,
+                        reply: None,
+                        ..a.clone()
+                    },
+                };
+                self.propose(&op).await.map_err(unavailable)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Makes another voter leader (see `raft::step_down`).
     pub async fn step_down(&self) -> Result<(), String> {
         if !self.is_leader() {
@@ -333,9 +474,16 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
                 .nodes()
                 .map(|(id, _)| *id)
                 .collect();
+            let removed = meta.machine.state().removed;
+            let now = crate::time::now_nanos();
             for name in &view {
                 let id = node_id(name);
                 if members.contains(&id) {
+                    continue;
+                }
+                let recent =
+                    |at: &i64| now - *at < super::raft::meta::REMOVED_FOR.as_nanos() as i64;
+                if removed.get(name).is_some_and(recent) {
                     continue;
                 }
                 let peer = Peer { name: name.clone() };
@@ -1024,6 +1172,17 @@ pub async fn follow(
                     super::api::reply(&server, &mut router, &reply, body);
                 }
                 router.flush();
+            }
+            MetaOp::RemoveServer { name, at } => {
+                // (Not again for each old removal a restart replays.)
+                let recent = crate::time::now_nanos() - at
+                    < super::raft::meta::REMOVED_FOR.as_nanos() as i64;
+                if name == meta.host.name && recent {
+                    crate::error!(
+                        server.log,
+                        "JetStream cluster: this server was removed from the meta group"
+                    );
+                }
             }
             MetaOp::RemoveStream { account, name } => {
                 let Some(js) = jss.account(&account).cloned() else {

@@ -116,6 +116,8 @@ error_table! {
     ClusterUnavailable = (503, 10008, "JetStream system temporarily unavailable");
     ClusteringRequired = (503, 10010, "JetStream clustering support required");
     PeerNotMember = (400, 10040, "peer not a member");
+    ServerNotMember = (400, 10044, "server is not a member of the cluster");
+    MemberChangeInflight = (400, 10202, "cluster member change is in progress");
     PeerRemap = (503, 10075, "peer remap failed");
     ConsumerReplicasExceedStream = (400, 10126, "consumer config replica count exceeds parent stream");
     /// A stepdown that could not be done (the reason as detail).

@@ -48,12 +48,24 @@ pub enum MetaOp {
         account: String,
         name: String,
     },
+    /// `$JS.API.SERVER.REMOVE`: server `name` left the meta group at `at` (ns, the leader's
+    /// clock); it is not added back while the removal is recent (`REMOVED_FOR`).
+    RemoveServer {
+        name: String,
+        at: i64,
+    },
 }
+
+/// How long a removed server stays out before it may join again (the reference's 5 min).
+pub const REMOVED_FOR: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Every assignment: account -> stream -> assignment.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct MetaState {
     pub streams: BTreeMap<String, BTreeMap<String, StreamAssignment>>,
+    /// Servers removed from the meta group, and when (`MetaOp::RemoveServer`).
+    #[serde(default)]
+    pub removed: BTreeMap<String, i64>,
 }
 
 impl MetaState {
@@ -81,6 +93,10 @@ impl MetaState {
                     self.streams.remove(account);
                 }
                 removed
+            }
+            MetaOp::RemoveServer { name, at } => {
+                self.removed.insert(name.clone(), *at);
+                true
             }
         }
     }
