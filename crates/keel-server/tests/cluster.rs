@@ -877,12 +877,14 @@ async fn a_server_without_jetstream_does_not_reach_a_peers_api() {
         err.kind(),
         async_nats::client::RequestErrorKind::NoResponders
     );
-    // Only the system account's meta stepdown is announced, not the account's API.
+    // Only the system account's meta leader API is announced, not the account's API.
     assert!(!other
         .route_subjects()
         .await
         .iter()
-        .any(|s| s.starts_with("$JS") && !s.ends_with("$JS.API.META.LEADER.STEPDOWN")));
+        .any(|s| s.starts_with("$JS")
+            && !s.ends_with("$JS.API.META.LEADER.STEPDOWN")
+            && !s.ends_with("$JS.API.SERVER.REMOVE")));
     js.shutdown().await;
     other.shutdown().await;
 }

@@ -827,6 +827,133 @@ async fn a_removed_server_leaves_the_meta_group_and_its_replicas_move() {
     }
 }
 
+/// The Raft log segments (`*.rlog`) under `dir` whose path contains `part`.
+fn rlogs(dir: &std::path::Path, part: &str) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "rlog")
+                && p.to_string_lossy().contains(part)
+            {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Jetsen's finding against the reference (a single-bit error on a minority node lost
+/// acknowledged writes), for the meta group: while one server is down, stream creates are
+/// acknowledged by the other two; then one of those has a bit of those entries flipped on
+/// disk and every server goes down. The damaged server and the one that never had the
+/// entries come back first: the damaged one must neither vote nor stand for election (it
+/// could help elect a leader without the entries, whose log would then overwrite them).
+/// Once the third is back it leads, the damaged one is brought back, and every stream is
+/// there. (Keel's own log format: not run against the reference.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_log_lost_acked_entries_does_not_vote_until_it_has_them_again() {
+    if common::is_reference() {
+        return;
+    }
+    let stores = common::TempDir::new("bitflip");
+    let names = ["F1", "F2", "F3"];
+    // Tags, so the streams below go to the leader (a server just shut down still counts as
+    // up for placement for a while).
+    let (mut nodes, confs) = mesh_with(&names, Some(stores.path()), |n| {
+        format!("server_tags: [\"n:{}\"]\n", n.to_lowercase())
+    })
+    .await;
+    let leader = meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    let bi = (li + 1) % 3;
+    let ci = (li + 2) % 3;
+    let c = connect(&nodes[li], "app").await;
+    create_stream(&c, "BASE", r#"{"name":"BASE","subjects":["base"]}"#).await;
+    // C goes: the creates below are on the leader and B only.
+    let mut slots: Vec<Option<Node>> = nodes.drain(..).map(Some).collect();
+    slots[ci].take().unwrap().shutdown().await;
+    let created: Vec<String> = (0..6).map(|i| format!("ONLY{i}")).collect();
+    for n in &created {
+        create_stream(
+            &c,
+            n,
+            &format!(
+                r#"{{"name":"{n}","subjects":["{}"],"placement":{{"tags":["n:{}"]}}}}"#,
+                n.to_lowercase(),
+                leader.to_lowercase()
+            ),
+        )
+        .await;
+    }
+    drop(c);
+    slots[bi].take().unwrap().shutdown().await;
+    slots[li].take().unwrap().shutdown().await;
+    // A flipped bit in one of B's newest meta entries (a stream create).
+    let seg = rlogs(&stores.path().join(names[bi]), "meta")
+        .into_iter()
+        .max_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .expect("B's meta log");
+    let mut data = std::fs::read(&seg).unwrap();
+    let records: Vec<usize> = (0..data.len().saturating_sub(24))
+        .filter(|&o| &data[o..o + 4] == b"KRFT" && data[o + 12] == 1)
+        .collect();
+    assert!(records.len() > 6, "{records:?}");
+    let o = records[records.len() - 3];
+    let len = u32::from_le_bytes(data[o + 4..o + 8].try_into().unwrap()) as usize;
+    data[o + 24 + len / 2] ^= 0x10;
+    std::fs::write(&seg, &data).unwrap();
+
+    let b = Node::start_jetstream_at(&confs[bi], &stores.path().join(names[bi])).await;
+    let cn = Node::start_jetstream_at(&confs[ci], &stores.path().join(names[ci])).await;
+    // Longer than two election timeouts: with B's vote C could have won by now.
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        for n in [&b, &cn] {
+            let mc = jsz(n).await["meta_cluster"].clone();
+            // (A restarted server names the leader its saved vote names until it hears more.)
+            assert!(
+                mc["leader"] != names[bi] && mc["leader"] != names[ci],
+                "a meta leader without the acked creates: {mc}\n{}",
+                b.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        b.log().contains("neither votes nor stands for election"),
+        "{}",
+        b.log()
+    );
+    let l = Node::start_jetstream_at(&confs[li], &stores.path().join(names[li])).await;
+    let all = [&l, &b, &cn];
+    meta_leader(&all, "").await;
+    let c = connect(&cn, "app").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = api(&c, "$JS.API.STREAM.NAMES", "").await;
+        let got: Vec<String> = r["streams"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|x| x.as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if created.iter().all(|n| got.contains(n)) && b.log().contains("it votes again") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{r}\n{}", b.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for n in [l, b, cn] {
+        n.shutdown().await;
+    }
+}
+
 /// Keel's own series in `/metrics`: each Raft group's role and indexes, and per durable
 /// consumer of a replicated stream how far each follower's copy of the ack floor trails
 /// the leader's (the seed's "the ack floor may lag a few milliseconds").

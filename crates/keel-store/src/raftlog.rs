@@ -246,6 +246,10 @@ pub struct RaftLog {
     /// unknown until the log is opened again (recovery finds out).
     failed: Option<String>,
     state: Option<Vec<u8>>,
+    /// What recovery lost of what had been durable (see [`RaftLog::lost`]).
+    claimed: u64,
+    state_lost: bool,
+    lost: Option<u64>,
 }
 
 fn io_err(what: &str, e: io::Error) -> StoreError {
@@ -285,9 +289,27 @@ impl RaftLog {
             in_flight: false,
             failed: None,
             state: None,
+            claimed: 0,
+            state_lost: false,
+            lost: None,
         };
         let problems = log.recover().map_err(|e| io_err("recovery", e))?;
+        let last = log.last_index();
+        log.lost = if log.state_lost {
+            Some(log.claimed.max(last))
+        } else {
+            (log.claimed > last).then_some(log.claimed)
+        };
         Ok((log, problems))
+    }
+
+    /// Set when recovery found that entries once durable (up to the returned index) are
+    /// gone, or that the newest saved state (the vote) is: the log forgot what this server
+    /// acknowledged. Until a leader has brought the log back to that index, the server must
+    /// neither vote nor stand for election, or it could help elect a leader that lacks
+    /// entries a quorum acknowledged (a single damaged replica would then lose them).
+    pub fn lost(&self) -> Option<u64> {
+        self.lost
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -303,9 +325,11 @@ impl RaftLog {
             MetaRead::Older { body, damage } => {
                 problems.push(format!("state file: {damage} (an older state is used)"));
                 repair_state = true;
+                self.state_lost = true;
                 Some(body)
             }
             MetaRead::Damaged(why) => {
+                self.state_lost = true;
                 problems.push(format!(
                     "state file unreadable, no state (its copies are moved to damaged-state*): \
                      {why}"
@@ -380,6 +404,7 @@ impl RaftLog {
                 claimed = claimed.max(h.synced_last);
             }
         }
+        self.claimed = claimed;
         let mut broken: Option<bool> = None;
         let mut changed_dir = false;
         for k in 0..names.len() {

@@ -58,6 +58,7 @@ impl Meta {
         .await
         .map_err(|e| format!("meta group: {e}"))?;
         host.add_group(META_GROUP, raft.clone());
+        host.guard_votes(META_GROUP, &raft);
         let meta = Arc::new(Meta {
             raft,
             machine,

@@ -214,6 +214,8 @@ fn damaged_record_is_reported_and_never_served() {
     assert!(p[1].contains("8..=20") && p[1].contains("missing"), "{p:?}");
     assert_eq!(log.last_index(), 7, "the log ends before the damaged entry");
     assert_eq!(all(&log).len(), 7);
+    // It forgot entries it had made durable, up to what the heads claim.
+    assert_eq!(log.lost(), Some(20));
     // The rest is kept for the operator.
     assert!(sim
         .names()
@@ -221,8 +223,10 @@ fn damaged_record_is_reported_and_never_served() {
         .any(|n| n.to_string_lossy().contains("damaged-")));
     drop(log);
     // Reported once: the cut is durable and the heads no longer claim the entries.
-    let (_, p) = open(&sim, dir, 1 << 20);
+    let (log, p) = open(&sim, dir, 1 << 20);
     assert!(p.is_empty(), "{p:?}");
+    // (What it lost is known only to the run that found it: the server keeps the guard.)
+    assert_eq!(log.lost(), None);
 }
 
 #[test]
@@ -362,6 +366,18 @@ fn state_is_saved_durably() {
     let (log, p) = open(&sim, dir, 4096);
     assert!(p.is_empty());
     assert_eq!(log.load_state().as_deref(), Some(&b"term 4 vote 1"[..]));
+    assert_eq!(log.lost(), None);
+    drop(log);
+    // A damaged state file: the vote may be forgotten, so the log says it lost something.
+    let state = sim
+        .names()
+        .into_iter()
+        .find(|n| n.file_name().is_some_and(|f| f == "state"))
+        .unwrap();
+    sim.scribble(&state, 2, &[0xff]);
+    let (log, p) = open(&sim, dir, 4096);
+    assert!(!p.is_empty());
+    assert!(log.lost().is_some(), "{p:?}");
 }
 
 /// What the checker knows: the content appended at each index (current), and what is
@@ -514,6 +530,11 @@ impl Case {
         }
         if !self.flipped {
             assert!(problems.is_empty(), "seed {seed}: {problems:?}");
+            assert_eq!(
+                log.lost(),
+                None,
+                "seed {seed}: a crash alone forgets nothing"
+            );
             assert_eq!(log.purged_upto(), self.purged, "seed {seed}: purge point");
             assert_eq!(log.load_state(), self.state, "seed {seed}: state");
             assert!(

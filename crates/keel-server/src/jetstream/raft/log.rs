@@ -99,10 +99,13 @@ pub struct FileBackend(keel_store::RaftLog);
 
 impl FileBackend {
     /// Opens (or creates) the log in `dir`; what recovery found damaged is returned to be
-    /// logged (the log ends before it, and the leader sends the rest again).
-    pub fn open(dir: &std::path::Path) -> io::Result<(FileBackend, Vec<String>)> {
+    /// logged (the log ends before it, and the leader sends the rest again), with the index
+    /// up to which it forgot durable entries (or its vote), if it did: see
+    /// `RaftHost::hold_votes`.
+    pub fn open(dir: &std::path::Path) -> io::Result<(FileBackend, Vec<String>, Option<u64>)> {
         let (log, problems) = keel_store::RaftLog::open(dir).map_err(store_io)?;
-        Ok((FileBackend(log), problems))
+        let lost = log.lost();
+        Ok((FileBackend(log), problems, lost))
     }
 }
 
@@ -182,10 +185,18 @@ fn io_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
 
 impl LogStore {
     pub fn open(backend: Box<dyn LogBackend>, persist_committed: bool) -> io::Result<LogStore> {
-        let hard = match backend.load_state()? {
+        let mut hard: Hard = match backend.load_state()? {
             Some(b) => serde_json::from_slice(&b).map_err(io::Error::other)?,
             None => Hard::default(),
         };
+        // A log that lost entries to damage may end before the committed id it saved: only
+        // what it still holds can be applied (the leader says the rest again).
+        if hard
+            .committed
+            .is_some_and(|c| Some(c.index) > backend.last_index())
+        {
+            hard.committed = None;
+        }
         let inner = Arc::new(Mutex::new(Inner {
             backend,
             hard,

@@ -460,6 +460,10 @@ pub struct RaftHost {
     answers: Mutex<Router>,
     /// When each peer (by peer hash) was last heard from, for `current`/`active`.
     heard: Mutex<HashMap<String, Instant>>,
+    /// Groups whose log forgot entries it had acknowledged (or its vote), with the index a
+    /// leader must bring it back to first: meanwhile this server neither votes nor stands
+    /// for election in them (`hold_votes`).
+    held: Mutex<HashMap<String, u64>>,
 }
 
 impl RaftHost {
@@ -493,6 +497,7 @@ impl RaftHost {
             stores: RwLock::new(HashMap::new()),
             pending: Pending::default(),
             heard: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
         });
         server.spawn(serve(host.clone(), rx));
         host
@@ -514,6 +519,73 @@ impl RaftHost {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(group.to_string(), raft);
+    }
+
+    /// Group `group`'s log forgot what it had made durable, up to index `upto` (damage
+    /// found at recovery: a flipped bit, a lost file; or its saved vote). A server that
+    /// acknowledged entries and then lost them must not help elect a leader that lacks them
+    /// (Jepsen's single-bit-error finding against the reference): until a leader has brought
+    /// its log back to `upto`, it refuses every vote and does not stand for election.
+    pub fn hold_votes(&self, group: &str, upto: u64) {
+        if let Some(s) = self.server.upgrade() {
+            crate::warn!(
+                s.log,
+                "JetStream group {group}: its log lost entries it had acknowledged (up to {upto}); it neither votes nor stands for election until a leader has sent them again"
+            );
+        }
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(group.to_string(), upto);
+    }
+
+    fn votes_held(&self, group: &str) -> bool {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(group)
+    }
+
+    /// Once `raft` runs for `group`: if its votes are held, keeps it from standing for
+    /// election until a leader (another server) has brought its log back, then lets it.
+    pub fn guard_votes(self: &Arc<Self>, group: &str, raft: &Raft) {
+        let Some(upto) = self
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(group)
+            .copied()
+        else {
+            return;
+        };
+        raft.runtime_config().elect(false);
+        let (host, raft, group, me) = (self.clone(), raft.clone(), group.to_string(), self.id);
+        tokio::spawn(async move {
+            let healed = raft
+                .wait(None)
+                .metrics(
+                    |m| {
+                        m.last_log_index.unwrap_or(0) >= upto
+                            && m.current_leader.is_some_and(|l| l != me)
+                    },
+                    "log brought back",
+                )
+                .await;
+            if healed.is_err() {
+                return; // The group ended.
+            }
+            host.held
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&group);
+            raft.runtime_config().elect(true);
+            if let Some(s) = host.server.upgrade() {
+                crate::info!(
+                    s.log,
+                    "JetStream group {group}: its log is back to {upto}; it votes again"
+                );
+            }
+        });
     }
 
     /// Makes a stream group's store readable by its peers (`fetch`).
@@ -727,7 +799,7 @@ async fn serve(host: Arc<RaftHost>, mut rx: crate::inqueue::Receiver) {
     }
 }
 
-async fn answer(host: &RaftHost, m: InMsg) {
+async fn answer(host: &Arc<RaftHost>, m: InMsg) {
     let Some(reply) = m.reply.clone() else {
         return;
     };
@@ -747,6 +819,13 @@ async fn answer(host: &RaftHost, m: InMsg) {
     };
     let body = match rpc {
         Rpc::Append(req) => bincode::serialize(&raft.append_entries(req).await),
+        Rpc::Vote(_) if host.votes_held(&group) => {
+            // Refused without a word to openraft: this server's vote is as it was.
+            let vote = raft.metrics().borrow().vote;
+            let r: Result<VoteResponse<NodeId>, RaftError<NodeId>> =
+                Ok(VoteResponse::new(vote, None, false));
+            bincode::serialize(&r)
+        }
         Rpc::Vote(req) => bincode::serialize(&raft.vote(req).await),
         Rpc::Snapshot(req) => bincode::serialize(&raft.install_snapshot(req).await),
         Rpc::Fetch {
@@ -768,6 +847,9 @@ async fn answer(host: &RaftHost, m: InMsg) {
             };
             bincode::serialize(&r)
         }
+        Rpc::Elect if host.votes_held(&group) => {
+            bincode::serialize(&Err::<(), String>("its log lost entries".into()))
+        }
         Rpc::Elect => {
             let me = host.id;
             tokio::spawn(async move {
@@ -787,15 +869,19 @@ async fn answer(host: &RaftHost, m: InMsg) {
             });
             bincode::serialize(&Ok::<(), String>(()))
         }
+        Rpc::Hold { .. } if host.votes_held(&group) => bincode::serialize(&Ok::<(), String>(())),
         Rpc::Hold { ms } => {
             let rc = raft.runtime_config();
             if ms == 0 {
                 rc.elect(true);
             } else {
                 rc.elect(false);
+                let host = host.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(ms)).await;
-                    raft.runtime_config().elect(true);
+                    if !host.votes_held(&group) {
+                        raft.runtime_config().elect(true);
+                    }
                 });
             }
             bincode::serialize(&Ok::<(), String>(()))

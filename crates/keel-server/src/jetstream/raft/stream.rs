@@ -1194,7 +1194,7 @@ pub async fn run_group(
             _ = shutdown.changed() => return,
         }
     };
-    let (backend, problems) = match super::log::FileBackend::open(&dir.join("log")) {
+    let (backend, problems, lost) = match super::log::FileBackend::open(&dir.join("log")) {
         Ok(b) => b,
         Err(e) => {
             crate::error!(
@@ -1207,6 +1207,9 @@ pub async fn run_group(
     };
     for p in problems {
         crate::warn!(server.log, "JetStream stream group {} log: {p}", spec.group);
+    }
+    if let Some(upto) = lost {
+        host.hold_votes(&spec.group, upto);
     }
     let log = match super::log::LogStore::open(Box::new(backend), false) {
         Ok(l) => l,
@@ -1239,6 +1242,7 @@ pub async fn run_group(
     let _ = shared.host.set((host.clone(), spec.group.clone()));
     host.add_store(&spec.group, &shared);
     host.add_group(&spec.group, raft.clone());
+    host.guard_votes(&spec.group, &raft);
     if bootstrap {
         let members: std::collections::BTreeMap<NodeId, Peer> = spec
             .peers
