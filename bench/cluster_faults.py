@@ -27,6 +27,11 @@ publish is recorded as (seq, payload); every publish that timed out or failed is
   partition-follower  the same for one of the replicas (the leader keeps its majority)
   bridge          cut only the link between the leader and one replica; the third node
                   still reaches both (a non-transitive partition)
+  bitflip-follower  SIGKILL one of the replicas, flip one random bit in each of --flips
+                  random places of the files that hold the stream on it (its message
+                  files and its Raft group's log: paths naming the stream or its
+                  raft_group, chosen by size), restart it after --down seconds (Jepsen's
+                  single-bit error on a minority node)
   rescale         the stream scaled down to R1 and back to R3 while the publishers go on
                   (STREAM.UPDATE num_replicas): the removed replicas drop their copy, the
                   new ones catch up (on keel from a snapshot and the leader's messages once
@@ -148,6 +153,10 @@ async def publisher(cl, idx, rec, stop, timeout):
         pass
 
 
+# The stream's Raft group, as the last STREAM.INFO named it (for bitflip-follower).
+group_of = {}
+
+
 async def find_roles(cl):
     nc = await connect(cl.urls())
     try:
@@ -155,7 +164,35 @@ async def find_roles(cl):
     finally:
         await nc.close()
     c = info["cluster"]
+    group_of["group"] = c.get("raft_group", "")
     return c["leader"], [r["name"] for r in c.get("replicas", [])]
+
+
+def flip_bits(store, parts, n):
+    """Flips one bit at each of n random places of the regular files under `store` whose
+    path names one of `parts`, each file chosen with a weight of its size."""
+    files = []
+    for root, _, names in os.walk(store):
+        for f in names:
+            p = os.path.join(root, f)
+            if any(x and x in p for x in parts) and os.path.getsize(p) > 0:
+                files.append(p)
+    out = []
+    if not files:
+        return out
+    sizes = [os.path.getsize(p) for p in files]
+    for _ in range(n):
+        p = random.choices(files, weights=sizes)[0]
+        size = os.path.getsize(p)
+        off = random.randrange(size)
+        bit = random.randrange(8)
+        with open(p, "r+b") as fh:
+            fh.seek(off)
+            b = fh.read(1)[0]
+            fh.seek(off)
+            fh.write(bytes([b ^ (1 << bit)]))
+        out.append(f"{os.path.relpath(p, store)}@{off} bit {bit}")
+    return out
 
 
 def log(t0, msg, sched):
@@ -247,6 +284,16 @@ async def run_schedule(cl, faults, args, t0, sched):
             n = cl.by_name(name)
             n.kill()
             log(t0, f"SIGKILL {role} {name}", sched)
+            await asyncio.sleep(down)
+            n.start()
+            await loop.run_in_executor(None, n.wait_port)
+            log(t0, f"restarted {name}", sched)
+        elif f == "bitflip-follower":
+            name = random.choice(replicas) if replicas else leader
+            n = cl.by_name(name)
+            n.kill()
+            flipped = flip_bits(n.store, [STREAM, group_of.get("group", "")], args.flips)
+            log(t0, f"SIGKILL follower {name}, flipped {'; '.join(flipped) or 'nothing'}", sched)
             await asyncio.sleep(down)
             n.start()
             await loop.run_in_executor(None, n.wait_port)
@@ -769,6 +816,7 @@ def main():
     ap.add_argument("--gap", type=float, default=None, help="seconds of publishing between faults")
     ap.add_argument("--down", type=float, default=2.0, help="seconds a killed node stays down")
     ap.add_argument("--stop", type=float, default=None, help="seconds of SIGSTOP")
+    ap.add_argument("--flips", type=int, default=1, help="bits flipped per bitflip-follower")
     ap.add_argument("--timeout", type=float, default=2.0, help="PubAck timeout")
     ap.add_argument("--partition", type=float, default=None, help="seconds a partition lasts (at least)")
     ap.add_argument(
@@ -832,7 +880,7 @@ def main():
     if args.faults:
         faults = [f.strip() for f in args.faults.split(",") if f.strip()]
         known = {"kill-leader", "kill-follower", "stop-leader", "power-loss", "power-loss-disk"}
-        known |= {"partition-leader", "partition-follower", "bridge", "rescale"}
+        known |= {"partition-leader", "partition-follower", "bridge", "rescale", "bitflip-follower"}
         bad = [f for f in faults if f not in known]
         if bad:
             ap.error(f"unknown fault(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
