@@ -954,6 +954,77 @@ async fn a_server_whose_log_lost_acked_entries_does_not_vote_until_it_has_them_a
     }
 }
 
+/// `$JS.API.INFO` in a cluster reports the cluster's usage, from any server: every
+/// replica's bytes (an R3 stream counts three times), the consumers of every stream, and
+/// every stream, as the reference does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn account_info_sums_the_usage_of_every_server() {
+    let nodes = mesh(&["U1", "U2", "U3"]).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    create_stream(
+        &c,
+        "U3R",
+        r#"{"name":"U3R","subjects":["u3.>"],"num_replicas":3}"#,
+    )
+    .await;
+    create_stream(
+        &c,
+        "U1R",
+        r#"{"name":"U1R","subjects":["u1.>"],"num_replicas":1}"#,
+    )
+    .await;
+    stream_leader(&c, "U3R", "").await;
+    stream_leader(&c, "U1R", "").await;
+    for i in 0..10 {
+        publish_acked(&c, "u3.x", format!("message {i}")).await;
+        publish_acked(&c, "u1.x", format!("message {i}")).await;
+    }
+    for (stream, durable) in [("U3R", "a"), ("U3R", "b"), ("U1R", "c")] {
+        let cc = api(
+            &c,
+            &format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}"),
+            &format!(
+                r#"{{"stream_name":"{stream}","config":{{"durable_name":"{durable}","ack_policy":"explicit"}}}}"#
+            ),
+        )
+        .await;
+        assert!(cc.get("error").is_none(), "{cc}");
+    }
+    let b3 = api(&c, "$JS.API.STREAM.INFO.U3R", "").await["state"]["bytes"]
+        .as_u64()
+        .unwrap();
+    let b1 = api(&c, "$JS.API.STREAM.INFO.U1R", "").await["state"]["bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(b3 > 0 && b1 > 0);
+    // Asked on every server (usage reaches the meta leader within a moment).
+    for n in &nodes {
+        let c = connect(n, "app").await;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let i = api(&c, "$JS.API.INFO", "").await;
+            assert_eq!(
+                i["type"], "io.nats.jetstream.api.v1.account_info_response",
+                "{i}"
+            );
+            if i["storage"] == 3 * b3 + b1 && i["streams"] == 2 && i["consumers"] == 3 {
+                assert_eq!(i["memory"], 0, "{i}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{i}\nwant storage {} (3 x {b3} + {b1})",
+                3 * b3 + b1
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
 /// Keel's own series in `/metrics`: each Raft group's role and indexes, and per durable
 /// consumer of a replicated stream how far each follower's copy of the ack floor trails
 /// the leader's (the seed's "the ack floor may lag a few milliseconds").

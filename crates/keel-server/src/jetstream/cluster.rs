@@ -744,7 +744,10 @@ async fn meta_api(
             "stream_list",
             list(js, server, meta, m.payload()).await.map(Some),
         ),
-        // The account's numbers: this server's usage, the cluster's stream count.
+        ["INFO"] => (
+            "account_info",
+            account_info(js, server, meta).await.map(Some),
+        ),
         _ => return false,
     };
     let body = match result {
@@ -1057,6 +1060,45 @@ impl StreamAssignment {
                 }),
         }
     }
+}
+
+/// `$JS.API.INFO` on the meta leader: the cluster's usage, as the reference reports it
+/// (every replica's bytes, summed over the servers; the consumers of every stream, counted
+/// where each leads; the streams from the assignments). A server that does not answer in
+/// time is left out of the sums.
+async fn account_info(
+    js: &Arc<super::JetStream>,
+    server: &Arc<Server>,
+    meta: &Arc<Meta>,
+) -> Result<Vec<u8>, super::api::ApiError> {
+    let mut info = super::api::account::info(js, server);
+    let (memory, storage, consumers) = super::api::account::local_usage(js);
+    (info.memory, info.storage, info.consumers) = (memory, storage, consumers);
+    let others: Vec<String> = meta
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .nodes()
+        .map(|(_, p)| p.name.clone())
+        .filter(|n| *n != meta.host.name)
+        .collect();
+    // Asked at once, each on its own task.
+    let asks: Vec<_> = others
+        .into_iter()
+        .map(|n| {
+            let (host, a) = (meta.host.clone(), js.account.name.clone());
+            tokio::spawn(async move { host.usage(&n, &a, Duration::from_secs(1)).await })
+        })
+        .collect();
+    for a in asks {
+        if let Ok(Some((m, f, c))) = a.await {
+            info.memory += m;
+            info.storage += f;
+            info.consumers += c as usize;
+        }
+    }
+    Ok(super::api::encoded_for("account_info", Ok(info)))
 }
 
 /// STREAM.NAMES from the assignments.

@@ -4,6 +4,19 @@ use super::types::{AccountInfo, AccountLimits, ApiStats};
 use crate::jetstream::stream::{StorageType, API_LEVEL};
 use crate::jetstream::JetStream;
 
+/// What this server holds of the account: memory and file bytes of its replicas, and the
+/// consumers of the streams it leads (a stream's consumers run where it leads).
+pub fn local_usage(js: &JetStream) -> (u64, u64, usize) {
+    let (memory, storage) = js.usage();
+    let consumers = js
+        .streams()
+        .iter()
+        .filter(|s| s.leads())
+        .map(|s| s.consumers.len())
+        .sum();
+    (memory, storage, consumers)
+}
+
 pub fn info(js: &JetStream, server: &crate::server::Server) -> AccountInfo {
     let (memory, storage) = js.usage();
     let streams = js.streams();

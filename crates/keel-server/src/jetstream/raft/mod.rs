@@ -398,6 +398,11 @@ enum Rpc {
     Hold {
         ms: u64,
     },
+    /// The meta leader answering `$JS.API.INFO` asks each server (through the meta group)
+    /// what it holds of `account`: `account::local_usage`.
+    Usage {
+        account: String,
+    },
 }
 
 /// Requests waiting for their answers, by number (the answer's subject ends in it): the
@@ -621,6 +626,29 @@ impl RaftHost {
         let f =
             bincode::deserialize::<Result<Fetched, String>>(&b).map_err(|e| e.to_string())??;
         Ok((f.next, f.batch))
+    }
+
+    /// `target`'s usage of `account` (memory, file bytes, consumers it leads), if it
+    /// answers within `timeout`.
+    pub async fn usage(
+        &self,
+        target: &str,
+        account: &str,
+        timeout: Duration,
+    ) -> Option<(u64, u64, u64)> {
+        let mut router = Router::new(self.account.clone(), 0x5246);
+        let peer = Peer {
+            name: target.to_string(),
+        };
+        let rpc = Rpc::Usage {
+            account: account.to_string(),
+        };
+        let group = crate::jetstream::cluster::META_GROUP;
+        let b = self
+            .call(&mut router, &peer, "USAGE", group, &rpc, timeout)
+            .await
+            .ok()?;
+        bincode::deserialize::<Option<(u64, u64, u64)>>(&b).ok()?
     }
 
     pub fn remove_group(&self, group: &str) -> Option<Raft> {
@@ -868,6 +896,16 @@ async fn answer(host: &Arc<RaftHost>, m: InMsg) {
                 }
             });
             bincode::serialize(&Ok::<(), String>(()))
+        }
+        Rpc::Usage { account } => {
+            let usage = host
+                .server()
+                .and_then(|s| s.jetstream.get().and_then(|j| j.account(&account).cloned()))
+                .map(|js| {
+                    let (m, f, c) = crate::jetstream::api::account::local_usage(&js);
+                    (m, f, c as u64)
+                });
+            bincode::serialize(&usage)
         }
         Rpc::Hold { .. } if host.votes_held(&group) => bincode::serialize(&Ok::<(), String>(())),
         Rpc::Hold { ms } => {
