@@ -1931,6 +1931,10 @@ impl Store for FileStore {
         }
     }
 
+    fn has_lost(&self) -> bool {
+        !self.lost.borrow().is_empty()
+    }
+
     fn needs_sync(&self) -> bool {
         (self.ledger_dirty.get()
             || !self.t().missing.borrow().is_empty()

@@ -237,6 +237,12 @@ pub trait Store: Send {
         false
     }
 
+    /// True when messages were found damaged or missing (`State::lost`): cheap, for a
+    /// replica deciding whether to fetch a fresh copy from its peers.
+    fn has_lost(&self) -> bool {
+        false
+    }
+
     fn load(&self, seq: u64) -> Result<StoredMsg>;
     /// The first message with sequence >= `start` whose subject matches `filter`.
     fn load_next(&self, start: u64, filter: &str) -> Result<StoredMsg>;

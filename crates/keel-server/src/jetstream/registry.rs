@@ -482,9 +482,18 @@ pub async fn create_stream(
             group: a.group,
             peers: a.peers,
         });
+    // (Not a replica rebuilt after damage: its group exists already, see
+    // `raft::stream::rebuild`.)
+    let held = |g: &str| {
+        server
+            .jetstream
+            .get()
+            .and_then(|j| j.meta.get())
+            .is_some_and(|m| m.host.votes_held(g))
+    };
     let bootstrap = group
         .as_ref()
-        .is_some_and(|g| g.peers.first() == Some(&server.server_name));
+        .is_some_and(|g| g.peers.first() == Some(&server.server_name) && !held(&g.group));
     let meta = StreamMeta {
         config: cfg,
         created: now_nanos(),

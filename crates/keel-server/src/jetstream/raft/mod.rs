@@ -403,6 +403,10 @@ enum Rpc {
     Usage {
         account: String,
     },
+    /// A rebuilt replica (empty log) asks the stream group's leader to append an empty
+    /// batch: openraft 0.9's leader only finds out that a follower's log went back when it
+    /// next replicates an entry (heartbeats do not), so an idle group would never refill it.
+    Nudge,
 }
 
 /// Requests waiting for their answers, by number (the answer's subject ends in it): the
@@ -544,7 +548,7 @@ impl RaftHost {
             .insert(group.to_string(), upto);
     }
 
-    fn votes_held(&self, group: &str) -> bool {
+    pub(crate) fn votes_held(&self, group: &str) -> bool {
         self.held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -649,6 +653,25 @@ impl RaftHost {
             .await
             .ok()?;
         bincode::deserialize::<Option<(u64, u64, u64)>>(&b).ok()?
+    }
+
+    /// Asks `target`, the leader of stream group `group`, to append an empty batch
+    /// (`Rpc::Nudge`).
+    pub async fn nudge(&self, target: &str, group: &str) {
+        let mut router = Router::new(self.account.clone(), 0x5246);
+        let peer = Peer {
+            name: target.to_string(),
+        };
+        let _ = self
+            .call(
+                &mut router,
+                &peer,
+                "NUDGE",
+                group,
+                &Rpc::Nudge,
+                Duration::from_secs(1),
+            )
+            .await;
     }
 
     pub fn remove_group(&self, group: &str) -> Option<Raft> {
@@ -895,6 +918,18 @@ async fn answer(host: &Arc<RaftHost>, m: InMsg) {
                         .await;
                 }
             });
+            bincode::serialize(&Ok::<(), String>(()))
+        }
+        Rpc::Nudge => {
+            let shared = host
+                .stores
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&group)
+                .and_then(std::sync::Weak::upgrade);
+            if let Some(sh) = shared.filter(|_| leads(&raft.metrics().borrow())) {
+                tokio::spawn(async move { sh.nudge().await });
+            }
             bincode::serialize(&Ok::<(), String>(()))
         }
         Rpc::Usage { account } => {

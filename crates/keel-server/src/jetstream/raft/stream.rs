@@ -664,6 +664,25 @@ impl Shared {
         self.host.get().map(|(h, _)| h.clone())
     }
 
+    /// On the leader: appends an empty batch (`Rpc::Nudge`), which makes openraft replicate
+    /// to every follower and so find one whose log went back.
+    pub async fn nudge(&self) {
+        let Some(r) = self.raft.get() else { return };
+        let b = encode(&Batch {
+            origin: self.node,
+            epoch: self.epoch,
+            nonce: 0,
+            entries: Vec::new(),
+            consumers: Vec::new(),
+        });
+        let _ = r.client_write(Cmd(b)).await;
+    }
+
+    /// Whether the group ended (`stop_group`): no longer reachable on this server.
+    fn is_stopped(&self) -> bool {
+        self.host.get().is_none_or(|(h, g)| h.group(g).is_none())
+    }
+
     /// The group's name on the transport, once the group runs.
     pub fn group_name(&self) -> Option<&str> {
         self.host.get().map(|(_, g)| g.as_str())
@@ -1172,6 +1191,111 @@ fn account_js(
         .and_then(|j| j.account(&s.account().name).cloned())
 }
 
+/// How often a leader whose store has damaged messages tries to hand leadership over.
+const LOST_STEPDOWN_EVERY: Duration = Duration::from_secs(30);
+
+/// Reads every message of a replica's store once, a chunk at a time in the background, so
+/// that damage is found by the checksums now (and the replica rebuilt from a peer) rather
+/// than when it is read or leads.
+async fn scrub(shared: Arc<Shared>) {
+    let mut at = 0u64;
+    let mut ra = keel_store::ReadAhead::default();
+    loop {
+        let done = {
+            let st = shared.store.lock();
+            let mut bytes = 0usize;
+            loop {
+                match st.load_next_ahead(at, ">", &mut ra) {
+                    Ok(m) => {
+                        at = m.seq + 1;
+                        bytes += m.subject.len() + m.hdr.len() + m.data.len() + 32;
+                        if bytes >= 1 << 20 {
+                            break false;
+                        }
+                    }
+                    Err(StoreError::NotFound) => break true,
+                    // (A damaged record is skipped by the read itself; anything else ends it.)
+                    Err(_) => break true,
+                }
+            }
+        };
+        if done || shared.is_stopped() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A follower whose store lost messages to damage: its replica goes and a new one is made
+/// from the assignment, which the leader fills (from its log, or a snapshot and its
+/// messages), as for a server added to the group. The new log starts empty, so this
+/// server's votes are held until it is back to `upto` (see `RaftHost::hold_votes`).
+async fn rebuild(
+    server: Arc<crate::server::Server>,
+    js: Arc<crate::jetstream::JetStream>,
+    name: String,
+    group: String,
+    upto: u64,
+) {
+    let Some(meta) = server.jetstream.get().and_then(|j| j.meta.get()).cloned() else {
+        return;
+    };
+    crate::error!(
+        server.log,
+        "JetStream stream '{} > {}': messages on this replica are damaged; it is rebuilt from the leader",
+        js.account.name,
+        name
+    );
+    let mut router = crate::router::Router::new(js.account.clone(), 0x5242);
+    if let Err(e) =
+        crate::jetstream::registry::delete_stream(&js, &server, &mut router, &name).await
+    {
+        crate::warn!(server.log, "JetStream stream '{name}': rebuild: {e:?}");
+        return;
+    }
+    // The old group's instance ends on its own task: the new one is registered only after
+    // (the group's name is the same).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while meta.host.group(&group).is_some() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    meta.host.hold_votes(&group, upto);
+    let Some(a) = meta.assignment(&js.account.name, &name) else {
+        return;
+    };
+    let body = serde_json::to_vec(&a.config).unwrap_or_default();
+    match crate::jetstream::api::streams::create(&js, &server, &mut router, &name, &body).await {
+        Ok(_) => {
+            crate::info!(
+                server.log,
+                "JetStream stream '{} > {name}': new replica made, catching up from the leader",
+                js.account.name
+            );
+            // Until the leader has refilled it (see `Rpc::Nudge`).
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            while meta.host.votes_held(&group) && std::time::Instant::now() < deadline {
+                // (By id: an empty log knows no membership, so no names yet.)
+                let leader = meta
+                    .host
+                    .group(&group)
+                    .and_then(|r| r.metrics().borrow().current_leader)
+                    .and_then(|id| a.peers.iter().find(|p| super::node_id(p) == id));
+                if let Some(l) = leader.filter(|l| **l != server.server_name) {
+                    meta.host.nudge(l, &group).await;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        Err(e) => crate::error!(
+            server.log,
+            "JetStream stream '{} > {name}': rebuild could not make the replica again: {}",
+            js.account.name,
+            e.description
+        ),
+    }
+    router.flush();
+}
+
 /// Starts a replicated stream's group on this server (once the cluster's Raft host is up:
 /// at start the stream is recovered before the meta group starts), forms it if this server
 /// made the stream, then follows leadership: the ready leader subscribes and decides, a
@@ -1253,8 +1377,49 @@ pub async fn run_group(
     }
     let mut metrics = raft.metrics();
     let mut ready = false;
+    // Damage: a scrub of the store once there is a leader to fetch from, and when the
+    // store has lost messages a leader's stepdown (at most every LOST_STEPDOWN_EVERY) or a
+    // follower's rebuild.
+    let mut scrubbed = false;
+    let mut stepped_down: Option<std::time::Instant> = None;
     loop {
         let m = metrics.borrow_and_update().clone();
+        let voters = m.membership_config.voter_ids().count();
+        let follower_of = m.current_leader.filter(|l| *l != shared.node && voters > 1);
+        if follower_of.is_some() && !scrubbed {
+            scrubbed = true;
+            tokio::spawn(scrub(shared.clone()));
+        }
+        if voters > 1 && shared.store.lock().has_lost() {
+            if super::leads(&m) {
+                if stepped_down.is_none_or(|t| t.elapsed() > LOST_STEPDOWN_EVERY) {
+                    stepped_down = Some(std::time::Instant::now());
+                    crate::warn!(
+                        server.log,
+                        "JetStream stream group {}: this leader's store has damaged messages; it hands leadership over to be rebuilt",
+                        spec.group
+                    );
+                    let (raft, me) = (raft.clone(), shared.node);
+                    tokio::spawn(async move {
+                        let _ = super::step_down(&raft, me).await;
+                    });
+                }
+            } else if follower_of.is_some() {
+                if let Some(s) = stream.upgrade() {
+                    if let Some(js) = account_js(&server, &s) {
+                        let upto = m.last_log_index.unwrap_or(0);
+                        tokio::spawn(rebuild(
+                            server.clone(),
+                            js,
+                            s.name.clone(),
+                            spec.group.clone(),
+                            upto,
+                        ));
+                    }
+                }
+                break;
+            }
+        }
         // The role with a quorum behind it, not just the leader id: a restarted server's
         // saved vote can make it leader with nobody else up.
         let leading = super::leads(&m);
