@@ -472,7 +472,10 @@ pub struct RaftHost {
     /// Groups whose log forgot entries it had acknowledged (or its vote), with the index a
     /// leader must bring it back to first: meanwhile this server neither votes nor stands
     /// for election in them (`hold_votes`).
-    held: Mutex<HashMap<String, u64>>,
+    /// (The second number tells holds apart: a rebuilt replica's group has the same name
+    /// as the one it replaced, whose watcher must not release the new hold.)
+    held: Mutex<HashMap<String, (u64, u64)>>,
+    holds: AtomicU64,
 }
 
 impl RaftHost {
@@ -507,6 +510,7 @@ impl RaftHost {
             pending: Pending::default(),
             heard: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
+            holds: AtomicU64::new(0),
         });
         server.spawn(serve(host.clone(), rx));
         host
@@ -542,10 +546,11 @@ impl RaftHost {
                 "JetStream group {group}: its log lost entries it had acknowledged (up to {upto}); it neither votes nor stands for election until a leader has sent them again"
             );
         }
+        let n = self.holds.fetch_add(1, Ordering::Relaxed);
         self.held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(group.to_string(), upto);
+            .insert(group.to_string(), (upto, n));
     }
 
     pub(crate) fn votes_held(&self, group: &str) -> bool {
@@ -558,7 +563,7 @@ impl RaftHost {
     /// Once `raft` runs for `group`: if its votes are held, keeps it from standing for
     /// election until a leader (another server) has brought its log back, then lets it.
     pub fn guard_votes(self: &Arc<Self>, group: &str, raft: &Raft) {
-        let Some(upto) = self
+        let Some((upto, n)) = self
             .held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -583,10 +588,13 @@ impl RaftHost {
             if healed.is_err() {
                 return; // The group ended.
             }
-            host.held
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&group);
+            {
+                let mut g = host.held.lock().unwrap_or_else(|e| e.into_inner());
+                if g.get(&group).is_none_or(|(_, m)| *m != n) {
+                    return; // Another hold took its place (a rebuilt replica's).
+                }
+                g.remove(&group);
+            }
             raft.runtime_config().elect(true);
             if let Some(s) = host.server.upgrade() {
                 crate::info!(
