@@ -827,26 +827,7 @@ async fn a_removed_server_leaves_the_meta_group_and_its_replicas_move() {
     }
 }
 
-/// The Raft log segments (`*.rlog`) under `dir` whose path contains `part`.
-fn rlogs(dir: &std::path::Path, part: &str) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                todo.push(p);
-            } else if p.extension().is_some_and(|x| x == "rlog")
-                && p.to_string_lossy().contains(part)
-            {
-                out.push(p);
-            }
-        }
-    }
-    out
-}
-
-/// Jetsen's finding against the reference (a single-bit error on a minority node lost
+/// Jepsen's finding against the reference (a single-bit error on a minority node lost
 /// acknowledged writes), for the meta group: while one server is down, stream creates are
 /// acknowledged by the other two; then one of those has a bit of those entries flipped on
 /// disk and every server goes down. The damaged server and the one that never had the
@@ -893,7 +874,7 @@ async fn a_server_whose_log_lost_acked_entries_does_not_vote_until_it_has_them_a
     slots[bi].take().unwrap().shutdown().await;
     slots[li].take().unwrap().shutdown().await;
     // A flipped bit in one of B's newest meta entries (a stream create).
-    let seg = rlogs(&stores.path().join(names[bi]), "meta")
+    let seg = files_like(&stores.path().join(names[bi]), "meta", "rlog")
         .into_iter()
         .max_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
         .expect("B's meta log");

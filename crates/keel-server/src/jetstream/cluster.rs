@@ -838,6 +838,30 @@ async fn assign(
         .map_err(|_| super::api::ErrorKind::ClusterUnavailable.err())
 }
 
+/// A placement's `tags`, lowercased (server tags are).
+fn placement_tags(placement: &Value) -> Vec<String> {
+    placement["tags"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|x| x.as_str())
+                .map(str::to_ascii_lowercase)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether server `name` has every one of `tags`.
+fn has_tags(
+    server_tags: &std::collections::HashMap<String, Vec<String>>,
+    name: &str,
+    tags: &[String],
+) -> bool {
+    let have = server_tags.get(name);
+    tags.iter()
+        .all(|t| have.is_some_and(|h| h.iter().any(|x| x == t)))
+}
+
 /// Chooses `replicas` servers among the meta group's members that are up, other than
 /// `exclude`: the ones with the fewest streams first (ties by name).
 fn place(
@@ -856,21 +880,9 @@ fn place(
         return Err(ErrorKind::NoSuitablePeers.err());
     }
     // Every tag asked for must be one of the server's `server_tags` (either side's case).
-    let tags: Vec<String> = p["tags"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .filter_map(|x| x.as_str())
-                .map(str::to_ascii_lowercase)
-                .collect()
-        })
-        .unwrap_or_default();
+    let tags = placement_tags(p);
     let server_tags = meta.server_tags();
-    let tagged = |name: &str| {
-        let have = server_tags.get(name);
-        tags.iter()
-            .all(|t| have.is_some_and(|h| h.iter().any(|x| x == t)))
-    };
+    let tagged = |name: &str| has_tags(&server_tags, name, &tags);
     let m = meta.raft.metrics().borrow().clone();
     if !tags.is_empty() && !m.membership_config.nodes().any(|(_, p)| tagged(&p.name)) {
         return Err(ErrorKind::NoSuitablePeersReason
@@ -1403,26 +1415,15 @@ fn stepdown_target(
         };
     }
     let cluster = placement["cluster"].as_str().unwrap_or("");
-    let tags: Vec<String> = placement["tags"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .filter_map(|x| x.as_str())
-                .map(str::to_ascii_lowercase)
-                .collect()
-        })
-        .unwrap_or_default();
+    let tags = placement_tags(placement);
     let server_tags = meta.server_tags();
     let fits = |p: &Peer| {
         let up = meta
             .host
             .since_heard(&p.name)
             .is_some_and(|d| d < Duration::from_secs(10));
-        let have = server_tags.get(&p.name);
         up && (cluster.is_empty() || cluster == meta.cluster_name)
-            && tags
-                .iter()
-                .all(|t| have.is_some_and(|h| h.iter().any(|x| x == t)))
+            && has_tags(&server_tags, &p.name, &tags)
     };
     let mut fitting: Vec<Peer> = voters
         .into_iter()

@@ -280,18 +280,7 @@ pub async fn transfer(
     rc.elect(false);
     let mut router = Router::new(host.account.clone(), 0x5248);
     let hold_ms = TRANSFER_WAIT.as_millis() as u64 + 2_000;
-    for p in &others {
-        let _ = host
-            .call(
-                &mut router,
-                p,
-                "HOLD",
-                group,
-                &Rpc::Hold { ms: hold_ms },
-                Duration::from_secs(1),
-            )
-            .await;
-    }
+    hold_elections(host, &mut router, &others, group, hold_ms).await;
     let asked = host
         .call(
             &mut router,
@@ -322,19 +311,25 @@ pub async fn transfer(
     };
     rc.heartbeat(true);
     rc.elect(true);
-    for p in &others {
+    hold_elections(host, &mut router, &others, group, 0).await;
+    r
+}
+
+/// Tells `others` not to start elections in `group` for `ms` (0: the hold is over). One
+/// that does not answer is down or cut off: it cannot win meanwhile anyway.
+async fn hold_elections(
+    host: &RaftHost,
+    router: &mut Router,
+    others: &[Peer],
+    group: &str,
+    ms: u64,
+) {
+    let rpc = Rpc::Hold { ms };
+    for p in others {
         let _ = host
-            .call(
-                &mut router,
-                p,
-                "HOLD",
-                group,
-                &Rpc::Hold { ms: 0 },
-                Duration::from_secs(1),
-            )
+            .call(router, p, "HOLD", group, &rpc, Duration::from_secs(1))
             .await;
     }
-    r
 }
 
 /// The sid of the Raft transport's subscriptions (routes announce them: `serves_peers`).
@@ -603,6 +598,15 @@ impl RaftHost {
                 );
             }
         });
+    }
+
+    /// A stream group's shared state here, while it runs.
+    fn store_of(&self, group: &str) -> Option<Arc<stream::Shared>> {
+        self.stores
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(group)
+            .and_then(std::sync::Weak::upgrade)
     }
 
     /// Makes a stream group's store readable by its peers (`fetch`).
@@ -892,12 +896,7 @@ async fn answer(host: &Arc<RaftHost>, m: InMsg) {
             to,
             max_bytes,
         } => {
-            let shared = host
-                .stores
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&group)
-                .and_then(std::sync::Weak::upgrade);
+            let shared = host.store_of(&group);
             let r = match shared {
                 Some(sh) => sh
                     .serve_fetch(from, to, max_bytes)
@@ -929,12 +928,7 @@ async fn answer(host: &Arc<RaftHost>, m: InMsg) {
             bincode::serialize(&Ok::<(), String>(()))
         }
         Rpc::Nudge => {
-            let shared = host
-                .stores
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&group)
-                .and_then(std::sync::Weak::upgrade);
+            let shared = host.store_of(&group);
             if let Some(sh) = shared.filter(|_| leads(&raft.metrics().borrow())) {
                 tokio::spawn(async move { sh.nudge().await });
             }
