@@ -1092,6 +1092,13 @@ async fn a_replica_with_a_damaged_message_is_rebuilt_from_the_leader() {
         assert!(Instant::now() < deadline, "{}", back.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // What its store set aside is kept for the operator.
+    let kept = files_like(
+        &stores.path().join(victim).join("jetstream/APP/damaged"),
+        "DMG",
+        "bin",
+    );
+    assert!(!kept.is_empty(), "no damaged-* file kept");
     // Made the leader, it serves every message as published.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

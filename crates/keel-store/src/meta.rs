@@ -237,6 +237,11 @@ impl MetaFiles {
         self.fs.sync_dir(dir)
     }
 
+    /// Renames `from` to `to` (same filesystem).
+    pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.fs.rename(from, to)
+    }
+
     /// Removes `dir` and everything in it; a missing directory is not an error.
     pub fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
         self.fs.remove_dir_all(dir)

@@ -1226,6 +1226,30 @@ async fn scrub(shared: Arc<Shared>) {
     }
 }
 
+/// What the store and the log set aside as damaged (`damaged-*` files) is kept for the
+/// operator when the replica goes: moved to `<account>/damaged/<stream>-<ns>/`.
+fn keep_damaged(js: &crate::jetstream::JetStream, name: &str) {
+    let Some(account_dir) = js.streams_dir.parent() else {
+        return;
+    };
+    let to = account_dir
+        .join("damaged")
+        .join(format!("{name}-{}", crate::time::now_nanos()));
+    let mut todo = vec![js.streams_dir.join(name)];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let file = e.file_name().to_string_lossy().into_owned();
+            if p.is_dir() {
+                todo.push(p);
+            } else if file.starts_with("damaged-") {
+                let _ = js.meta.create_dir_all(&to);
+                let _ = js.meta.rename(&p, &to.join(&file));
+            }
+        }
+    }
+}
+
 /// A follower whose store lost messages to damage: its replica goes and a new one is made
 /// from the assignment, which the leader fills (from its log, or a snapshot and its
 /// messages), as for a server added to the group. The new log starts empty, so this
@@ -1246,6 +1270,7 @@ async fn rebuild(
         js.account.name,
         name
     );
+    keep_damaged(&js, &name);
     let mut router = crate::router::Router::new(js.account.clone(), 0x5242);
     if let Err(e) =
         crate::jetstream::registry::delete_stream(&js, &server, &mut router, &name).await
