@@ -930,7 +930,7 @@ async fn answer(host: &Arc<RaftHost>, m: InMsg) {
         Rpc::Nudge => {
             let shared = host.store_of(&group);
             if let Some(sh) = shared.filter(|_| leads(&raft.metrics().borrow())) {
-                tokio::spawn(async move { sh.nudge().await });
+                sh.nudge();
             }
             bincode::serialize(&Ok::<(), String>(()))
         }

@@ -664,18 +664,17 @@ impl Shared {
         self.host.get().map(|(h, _)| h.clone())
     }
 
-    /// On the leader: appends an empty batch (`Rpc::Nudge`), which makes openraft replicate
-    /// to every follower and so find one whose log went back.
-    pub async fn nudge(&self) {
-        let Some(r) = self.raft.get() else { return };
-        let b = encode(&Batch {
-            origin: self.node,
-            epoch: self.epoch,
-            nonce: 0,
-            entries: Vec::new(),
-            consumers: Vec::new(),
-        });
-        let _ = r.client_write(Cmd(b)).await;
+    /// On the leader: has its actor append an empty batch (`Rpc::Nudge`), which makes
+    /// openraft replicate to every follower and so find one whose log went back.
+    pub fn nudge(&self) {
+        if let Some(tx) = self
+            .stream
+            .get()
+            .and_then(Weak::upgrade)
+            .and_then(|s| s.commands())
+        {
+            let _ = tx.try_send(crate::jetstream::stream::Command::Nudge);
+        }
     }
 
     /// Whether the group ended (`stop_group`): no longer reachable on this server.
@@ -1031,6 +1030,24 @@ fn unavailable() -> StoreError {
 }
 
 impl Replicator for RaftReplicator {
+    async fn nudge(&mut self) {
+        // (A batch about to commit replicates anyway.)
+        if !self.batch.is_empty() || !self.consumers.is_empty() {
+            return;
+        }
+        let Some(raft) = self.shared.raft.get().cloned() else {
+            return;
+        };
+        let body = encode(&Batch {
+            origin: self.shared.node,
+            epoch: self.shared.epoch,
+            nonce: 0,
+            entries: Vec::new(),
+            consumers: Vec::new(),
+        });
+        let _ = tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(Cmd(body))).await;
+    }
+
     fn propose(
         &mut self,
         store: &mut dyn Store,

@@ -71,6 +71,9 @@ pub enum Command {
     ReleaseInterest,
     /// The maintenance tick: expiry, the sync interval, compaction, saving source positions.
     Tick,
+    /// A rebuilt follower asked this leader to append an empty batch (`raft::Rpc::Nudge`):
+    /// from the actor, so that it never lands between a batch applied early and its commit.
+    Nudge,
     /// A compaction's rewrite finished (off the actor, on a blocking thread): put it in
     /// place.
     Compacted {
@@ -687,6 +690,12 @@ impl<R: Replicator> Actor<R> {
             }
             return;
         }
+        if let Command::Nudge = c {
+            if self.core.replicator.is_leader() {
+                self.core.replicator.nudge().await;
+            }
+            return;
+        }
         if !self.core.replicator.is_leader() {
             // A follower's actor decides nothing: the leader's entries reach its store
             // through the group's state machine.
@@ -753,7 +762,10 @@ impl<R: Replicator> Actor<R> {
             Command::ReleaseInterest => self.release_interest(),
             Command::Tick => self.tick().await,
             Command::Compacted { segment, done } => self.compacted(segment, *done),
-            Command::Delete { .. } | Command::Lead { .. } | Command::Replicate { .. } => {
+            Command::Delete { .. }
+            | Command::Lead { .. }
+            | Command::Replicate { .. }
+            | Command::Nudge => {
                 unreachable!("handled before")
             }
         }

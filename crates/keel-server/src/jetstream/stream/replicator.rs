@@ -38,6 +38,12 @@ pub trait Replicator: Send + 'static {
         false
     }
 
+    /// Appends an empty batch to a replicated stream's log (on its leader; see
+    /// `raft::Rpc::Nudge`). Nothing for one server.
+    fn nudge(&mut self) -> impl Future<Output = ()> + Send + '_ {
+        async {}
+    }
+
     /// Waits until every entry proposed so far is committed. `force` makes it durable even
     /// where commits are lazy (purges, deletes, delete markers, the sync interval) and
     /// after a failed write (the sync rolls it back). An error means none of the entries
