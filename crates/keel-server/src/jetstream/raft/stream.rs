@@ -1424,6 +1424,8 @@ pub async fn run_group(
     // follower's rebuild.
     let mut scrubbed = false;
     let mut stepped_down: Option<std::time::Instant> = None;
+    // (Looked at now and then, not at every metrics change: those come with every batch.)
+    let mut damage_checked = std::time::Instant::now() - Duration::from_secs(1);
     loop {
         let m = metrics.borrow_and_update().clone();
         let voters = m.membership_config.voter_ids().count();
@@ -1432,7 +1434,11 @@ pub async fn run_group(
             scrubbed = true;
             tokio::spawn(scrub(shared.clone()));
         }
-        if voters > 1 && shared.store.lock().has_lost() {
+        let check = damage_checked.elapsed() >= Duration::from_millis(250);
+        if check {
+            damage_checked = std::time::Instant::now();
+        }
+        if check && voters > 1 && shared.store.lock().has_lost() {
             if super::leads(&m) {
                 if stepped_down.is_none_or(|t| t.elapsed() > LOST_STEPDOWN_EVERY) {
                     stepped_down = Some(std::time::Instant::now());
