@@ -143,16 +143,14 @@ impl Meta {
                 let body = match target {
                     Err(e) => json!({"type": kind, "error": e.to_json()}),
                     Ok(target) => {
-                        let m2 = meta.clone();
-                        tokio::spawn(async move {
-                            let r = match target {
-                                Some(t) => raft::transfer(&m2.host, &m2.raft, META_GROUP, &t).await,
-                                None => m2.step_down().await,
-                            };
-                            if let (Err(e), Some(s)) = (r, m2.host.server()) {
-                                crate::warn!(s.log, "JetStream meta leader stepdown: {}", e);
-                            }
-                        });
+                        spawn_stepdown(
+                            Some(meta.host.clone()),
+                            meta.raft.clone(),
+                            META_GROUP.to_string(),
+                            meta.host.id,
+                            target,
+                            server.log.clone(),
+                        );
                         json!({"type": kind, "success": true})
                     }
                 };
@@ -1354,21 +1352,31 @@ pub fn leader_stepdown(
             Some(meta) => stepdown_target(meta, &raft, me, &placement)?,
             None => None,
         };
-        let (host, group) = (r.host(), r.group_name().map(str::to_string));
-        let log = server.log.clone();
-        tokio::spawn(async move {
-            let r = match (target, host, group) {
-                (Some(t), Some(host), Some(group)) => {
-                    raft::transfer(&host, &raft, &group, &t).await
-                }
-                _ => raft::step_down(&raft, me).await,
-            };
-            if let Err(e) = r {
-                crate::warn!(log, "JetStream stream leader stepdown: {}", e);
-            }
-        });
+        let group = r.group_name().unwrap_or_default().to_string();
+        spawn_stepdown(r.host(), raft, group, me, target, server.log.clone());
     }
     Ok(json!({"type": kind, "success": true}))
+}
+
+/// A stepdown in the background (the request is answered at once, as the reference does):
+/// to `target` when the placement names one, else to whichever voter wins.
+fn spawn_stepdown(
+    host: Option<Arc<RaftHost>>,
+    raft: Raft,
+    group: String,
+    me: NodeId,
+    target: Option<Peer>,
+    log: crate::log::Log,
+) {
+    tokio::spawn(async move {
+        let r = match (target, host) {
+            (Some(t), Some(host)) => raft::transfer(&host, &raft, &group, &t).await,
+            _ => raft::step_down(&raft, me).await,
+        };
+        if let Err(e) = r {
+            warn!(log, "JetStream {group} leader stepdown: {}", e);
+        }
+    });
 }
 
 /// A stepdown request's `placement` (Null when there is none): the body is read as JSON only
