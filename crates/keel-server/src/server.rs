@@ -536,7 +536,7 @@ impl Server {
             tls_verify: tls.is_some_and(|t| t.opts.verify),
             tls_available: tls.is_some_and(|t| !t.required()),
             max_payload: self.opts.max_payload,
-            jetstream: self.jetstream.get().is_some(),
+            jetstream: self.jetstream_enabled().is_some(),
             client_id: client.id,
             client_ip: peer.map(|p| p.ip().to_string()),
             cluster: cluster.map(|c| c.name()),
@@ -616,6 +616,12 @@ impl Server {
     /// A fresh id for a connection or an in-process client.
     pub fn next_client_id(&self) -> u64 {
         self.next_cid.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The server's JetStream while it serves: none if it is not configured, did not
+    /// start, or was disabled since (this server removed from its JetStream cluster).
+    pub fn jetstream_enabled(&self) -> Option<&Arc<crate::jetstream::JetStreams>> {
+        self.jetstream.get().filter(|j| !j.is_disabled())
     }
 
     pub fn shutdown_rx(&self) -> watch::Receiver<bool> {

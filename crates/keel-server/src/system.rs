@@ -102,7 +102,7 @@ impl System {
     /// The `server` object of every system message.
     fn server_info(&self, server: &Server) -> Value {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let js = server.jetstream.get().is_some();
+        let js = server.jetstream_enabled().is_some();
         let mut m = Map::new();
         m.insert("name".into(), server.server_name.clone().into());
         m.insert("host".into(), server.opts.host.clone().into());

@@ -845,6 +845,107 @@ async fn a_removed_server_leaves_the_meta_group_and_its_replicas_move() {
     }
 }
 
+/// `$JS.API.SERVER.REMOVE` of a server that is still running: it turns JetStream off, as
+/// the reference does (an advisory says so, `/healthz` and a new client's INFO report
+/// JetStream off), its replica moves, and its clients' API requests are answered by the
+/// rest of the cluster with the cluster's numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_server_that_is_removed_turns_jetstream_off() {
+    use futures::StreamExt;
+    let names = ["X1", "X2", "X3", "X4"];
+    let nodes = mesh(&names).await;
+    let all: Vec<&Node> = nodes.iter().collect();
+    let leader = meta_leader(&all, "").await;
+    let keep = names.iter().position(|n| *n == leader).unwrap();
+    let c = connect(&nodes[keep], "app").await;
+    let sys = connect(&nodes[keep], "sys").await;
+    create_stream(
+        &c,
+        "RX",
+        r#"{"name":"RX","subjects":["rx.>"],"num_replicas":3}"#,
+    )
+    .await;
+    let sl = stream_leader(&c, "RX", "").await;
+    for i in 0..5 {
+        publish_acked(&c, "rx.x", format!("{i}")).await;
+    }
+    let info = api(&c, "$JS.API.STREAM.INFO.RX", "").await;
+    let replicas: Vec<String> = info["cluster"]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect();
+    // A replica that neither leads the stream nor the meta group.
+    let victim = replicas
+        .iter()
+        .find(|r| **r != leader && **r != sl)
+        .expect("a plain replica")
+        .clone();
+    let vi = names.iter().position(|n| *n == victim).unwrap();
+    let vsys = connect(&nodes[vi], "sys").await;
+    let mut adv = vsys
+        .subscribe("$JS.EVENT.ADVISORY.SERVER.REMOVED")
+        .await
+        .unwrap();
+    vsys.flush().await.unwrap();
+
+    let r = api(
+        &sys,
+        "$JS.API.SERVER.REMOVE",
+        &format!(r#"{{"peer":"{victim}"}}"#),
+    )
+    .await;
+    assert_eq!(r["success"], true, "{r}");
+    let m = tokio::time::timeout(Duration::from_secs(30), adv.next())
+        .await
+        .expect("server_removed advisory")
+        .unwrap();
+    let a: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+    assert_eq!(
+        a["type"], "io.nats.jetstream.advisory.v1.server_removed",
+        "{a}"
+    );
+    assert_eq!(a["server"], victim.as_str(), "{a}");
+    assert_eq!(a["cluster"], "jsc", "{a}");
+
+    // Its health and a new client's INFO say JetStream is off.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let h = http_get(nodes[vi].monitor_port(), "/healthz").await;
+        if h.status == 503 {
+            let v: serde_json::Value = serde_json::from_str(&h.body).unwrap();
+            assert_eq!(v["error"], "JetStream not enabled (10076)", "{v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} {}", h.status, h.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let late = connect(&nodes[vi], "app").await;
+    assert!(!late.server_info().jetstream, "{:?}", late.server_info());
+
+    // Its clients still get the cluster's answers, without it among the stream's peers.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let info = api_answered(&late, "$JS.API.STREAM.INFO.RX", "").await;
+        let cl = &info["cluster"];
+        let listed = cl["leader"] == victim.as_str()
+            || cl["replicas"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|x| x["name"] == victim.as_str()));
+        if info["state"]["messages"] == 5 && !listed && cl["replicas"].as_array().is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{info}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let seq = publish_acked(&late, "rx.x", "5".into()).await;
+    assert_eq!(seq, 6);
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
 /// Jepsen's finding against the reference (a single-bit error on a minority node lost
 /// acknowledged writes), for the meta group: while one server is down, stream creates are
 /// acknowledged by the other two; then one of those has a bit of those entries flipped on

@@ -108,6 +108,24 @@ pub fn stream_action(server: &Server, router: &mut Router, stream: &str, action:
     });
 }
 
+/// `$JS.EVENT.ADVISORY.SERVER.REMOVED` (in the system account): this server was removed
+/// from its JetStream cluster and turned JetStream off.
+pub fn server_removed(server: &Server, router: &mut Router) {
+    send(
+        server,
+        router,
+        "$JS.EVENT.ADVISORY.SERVER.REMOVED".into(),
+        || {
+            let mut m = event(&format!("{ADVISORY}server_removed"), now_nanos());
+            m.insert("server".into(), server.server_name.clone().into());
+            m.insert("server_id".into(), server.server_id.clone().into());
+            let cluster = server.cluster.get().map(|c| c.name()).unwrap_or_default();
+            m.insert("cluster".into(), cluster.into());
+            m
+        },
+    );
+}
+
 /// `$JS.EVENT.ADVISORY.CONSUMER.<CREATED|DELETED>.<stream>.<consumer>`.
 pub fn consumer_action(
     server: &Server,

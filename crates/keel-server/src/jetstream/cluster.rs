@@ -37,6 +37,8 @@ pub struct Meta {
     leader_since: std::sync::Mutex<(Option<NodeId>, i64)>,
     /// A `$JS.API.SERVER.REMOVE` is under way (one at a time, as the reference).
     removing: std::sync::atomic::AtomicBool,
+    /// When this process started the group (a removal older than that is a replay).
+    started_at: i64,
 }
 
 impl Meta {
@@ -67,6 +69,7 @@ impl Meta {
             inboxes: std::sync::Mutex::new(std::collections::HashMap::new()),
             leader_since: std::sync::Mutex::new((None, 0)),
             removing: std::sync::atomic::AtomicBool::new(false),
+            started_at: crate::time::now_nanos(),
         });
         server.spawn(tend(meta.clone(), Arc::downgrade(server)));
         server.spawn(follow(meta.clone(), Arc::downgrade(server), applied));
@@ -377,6 +380,71 @@ impl Meta {
     }
 }
 
+/// A server with JetStream (another Keel server of the cluster) to hand requests to: the
+/// meta leader this server last knew, else any.
+fn serving_peer(server: &Server) -> Option<String> {
+    let cluster = server.cluster.get()?;
+    let peers: Vec<String> = cluster
+        .routes()
+        .iter()
+        .filter(|r| r.remote_jetstream())
+        .map(|r| r.remote_name())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let last = server
+        .jetstream
+        .get()
+        .and_then(|j| j.meta.get())
+        .and_then(|m| m.leader());
+    last.filter(|l| peers.contains(l))
+        .or_else(|| peers.into_iter().next())
+}
+
+/// After this server's removal is applied, JetStream is disabled here, as the reference
+/// does at once; a leader that removed itself first hands over (it leads until the
+/// membership without it is committed).
+async fn disable_once_out(meta: Arc<Meta>, server: Arc<Server>) {
+    let mut metrics = meta.raft.metrics();
+    let wait = metrics.wait_for(|m| m.current_leader != Some(meta.host.id));
+    let _ = tokio::time::timeout(Duration::from_secs(30), wait).await;
+    disable(&meta, &server).await;
+}
+
+/// Turns JetStream off on a server removed from the cluster, as the reference does: its
+/// streams are unloaded (their files stay for the operator), its meta group node stops,
+/// its INFO and its routes' INFO say `jetstream: false` (so no leader adds it back while it
+/// runs), `/healthz` reports JetStream not enabled, and its clients' API requests are
+/// answered by the rest of the cluster. A restart turns it on again.
+pub async fn disable(meta: &Arc<Meta>, server: &Arc<Server>) {
+    let Some(jss) = server.jetstream.get().cloned() else {
+        return;
+    };
+    if !jss.set_disabled() {
+        return;
+    }
+    crate::error!(
+        server.log,
+        "JetStream disabled: this server was removed from the JetStream cluster"
+    );
+    if let Some(sys) = server.accounts.system_account() {
+        let mut router = crate::router::Router::new(sys.clone(), 0x5352);
+        super::advisory::server_removed(server, &mut router);
+        router.flush();
+    }
+    for js in jss.all() {
+        let mut router = crate::router::Router::new(js.account.clone(), 0x554c);
+        for s in js.streams() {
+            super::registry::unload_stream(js, server, &mut router, &s.name).await;
+        }
+        router.flush();
+    }
+    meta.host.remove_group(META_GROUP);
+    let _ = meta.raft.shutdown().await;
+    if let Some(c) = server.cluster.get() {
+        c.announce_info(server);
+    }
+}
+
 /// Forms the group, then (on the leader) adds servers that joined the cluster later, and
 /// logs leader changes the way the reference does.
 async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
@@ -404,6 +472,9 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
         let Some(cluster) = server.cluster.get().cloned() else {
             return;
         };
+        if server.jetstream_enabled().is_none() {
+            return; // Disabled here (`disable`): its group node has stopped.
+        }
         let mut now_view: BTreeSet<String> = cluster
             .routes()
             .iter()
@@ -602,6 +673,21 @@ pub async fn api(
     };
     let hops = hops(m);
     let account = js.account.name.clone();
+    if server.jetstream_enabled().is_none() {
+        // Removed from the cluster (`disable`): the rest of the cluster answers, as the
+        // reference's other servers do for the clients of one whose JetStream is off.
+        match serving_peer(server) {
+            Some(to) if hops < MAX_HOPS => meta.forward(&to, &account, m, hops + 1),
+            _ => refuse(
+                server,
+                router,
+                &reply,
+                tokens,
+                super::api::ErrorKind::NotEnabled,
+            ),
+        }
+        return true;
+    }
     // A change of a stream's replicas is placed by the meta leader first (new peers join
     // the stream's group, removed ones leave it: `raft::stream::run_group`); the stream's
     // leader then takes the config as any other update.
@@ -693,6 +779,23 @@ fn unavailable(
     reply: &bytes::Bytes,
     tokens: &[&str],
 ) {
+    refuse(
+        server,
+        router,
+        reply,
+        tokens,
+        super::api::ErrorKind::ClusterUnavailable,
+    );
+}
+
+/// Answers a request with `error` (in its response type).
+fn refuse(
+    server: &Server,
+    router: &mut crate::router::Router,
+    reply: &bytes::Bytes,
+    tokens: &[&str],
+    error: super::api::ErrorKind,
+) {
     let kind = match tokens {
         ["INFO"] => "account_info",
         ["STREAM", op, ..] => match *op {
@@ -709,7 +812,7 @@ fn unavailable(
         },
         _ => "consumer_info",
     };
-    let e = super::api::ErrorKind::ClusterUnavailable.err();
+    let e = error.err();
     super::api::reply(server, router, reply, super::api::error_body_for(kind, &e));
     router.flush();
 }
@@ -1235,6 +1338,11 @@ pub async fn follow(
                         server.log,
                         "JetStream cluster: this server was removed from the meta group"
                     );
+                    // Only a removal made while this process runs: one replayed at a
+                    // restart leaves JetStream on (the leader adds it back in time).
+                    if at >= meta.started_at {
+                        tokio::spawn(disable_once_out(meta.clone(), server.clone()));
+                    }
                 }
             }
             MetaOp::RemoveStream { account, name } => {

@@ -48,6 +48,9 @@ pub struct JetStreams {
     lock: std::sync::Mutex<Option<keel_store::DirLock>>,
     /// In a cluster: the meta group (`cluster.rs`).
     pub meta: std::sync::OnceLock<Arc<cluster::Meta>>,
+    /// Set once this server was removed from the JetStream cluster (`cluster::disable`):
+    /// its streams are unloaded, and its API requests go to the rest of the cluster.
+    disabled: std::sync::atomic::AtomicBool,
 }
 
 impl JetStreams {
@@ -122,7 +125,18 @@ impl JetStreams {
             registry,
             lock: std::sync::Mutex::new(Some(lock)),
             meta: std::sync::OnceLock::new(),
+            disabled: std::sync::atomic::AtomicBool::new(false),
         }))
+    }
+
+    /// Whether JetStream was disabled here at run time (see `disabled`).
+    pub fn is_disabled(&self) -> bool {
+        self.disabled.load(Ordering::Acquire)
+    }
+
+    /// Disables JetStream here; true the first time.
+    pub(crate) fn set_disabled(&self) -> bool {
+        !self.disabled.swap(true, Ordering::AcqRel)
     }
 
     /// Every account's JetStream (at least one).

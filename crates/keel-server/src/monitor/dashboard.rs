@@ -139,7 +139,7 @@ pub fn take(server: &Server) -> Taken {
         streams: Vec::new(),
         consumers: Vec::new(),
     };
-    let Some(js) = server.jetstream.get() else {
+    let Some(js) = server.jetstream_enabled() else {
         return taken;
     };
     for st in js.streams() {
@@ -299,7 +299,7 @@ pub fn data(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     let mut streams = Vec::new();
     let mut consumers = Vec::new();
     let mut consumers_total = 0usize;
-    if let Some(js) = s.jetstream.get() {
+    if let Some(js) = s.jetstream_enabled() {
         let (api_total, api_errors) = js.api_stats();
         let (mut mem, mut file) = (0u64, 0u64);
         for st in js.streams() {

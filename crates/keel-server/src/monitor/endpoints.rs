@@ -98,7 +98,7 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
     let slow_routes = cluster.map_or(0, |c| c.slow_consumers.load(Ordering::Relaxed));
     let stale_routes = cluster.map_or(0, |c| c.stale.load(Ordering::Relaxed));
     let auth = s.auth();
-    let jetstream = match s.jetstream.get() {
+    let jetstream = match s.jetstream_enabled() {
         Some(js) => {
             let u = jsz::Usage::of(js);
             json!({
@@ -1218,12 +1218,12 @@ pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), Box<HealthError>>
     if p.js_server_only || !server.opts.jetstream {
         return Ok(());
     }
-    let Some(js) = server.jetstream.get() else {
+    let Some(js) = server.jetstream_enabled() else {
         return Err(Box::new(HealthError::new(
             503,
             "unavailable",
             "JETSTREAM",
-            "JetStream not enabled".into(),
+            "JetStream not enabled (10076)".into(),
         )));
     };
     if p.js_enabled_only {

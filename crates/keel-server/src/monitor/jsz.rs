@@ -110,7 +110,7 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         accounts = true;
     }
 
-    let Some(js) = s.jetstream.get() else {
+    let Some(js) = s.jetstream_enabled() else {
         return Ok(json!({
             "memory": 0, "storage": 0, "reserved_memory": 0, "reserved_storage": 0,
             "accounts": 0, "ha_assets": 0, "api": api_json(0, None),

@@ -192,7 +192,7 @@ impl Families {
     /// leader; and per durable consumer of a replicated stream, how far each follower's
     /// copy of the ack floor trails the leader's, in sequences and in seconds.
     fn raft(&mut self, ctx: &Ctx, id: &str) {
-        let Some(jss) = ctx.server.jetstream.get() else {
+        let Some(jss) = ctx.server.jetstream_enabled() else {
             return;
         };
         let Some(meta) = jss.meta.get() else {

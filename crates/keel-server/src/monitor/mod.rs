@@ -541,7 +541,7 @@ mod tests {
         assert_eq!(r.status, 503);
         assert_eq!(
             String::from_utf8_lossy(&r.body),
-            r#"{"status":"unavailable","error":"JetStream not enabled"}"#
+            r#"{"status":"unavailable","error":"JetStream not enabled (10076)"}"#
         );
         let r = route(&c, "/healthz", "js-enabled-only=true");
         assert_eq!(r.status, 503);

@@ -863,6 +863,10 @@ impl Conn {
             } else if info.ldm {
                 self.route.meta().lame_duck = true;
                 self.cluster.peer_lame_duck(&self.server, &self.route);
+            } else if !remote.is_empty() {
+                // The peer's own INFO again: its JetStream may have been disabled since.
+                let mut m = self.route.meta();
+                m.remote_jetstream = m.remote_jetstream && info.jetstream;
             }
             return Ok(());
         }

@@ -319,7 +319,8 @@ impl Cluster {
             ldm: self.lame_duck.load(Ordering::Relaxed),
             compression: "off".into(),
             // Peers with JetStream form the meta group (`jetstream::cluster`).
-            jetstream: server.opts.jetstream,
+            jetstream: server.opts.jetstream
+                && !server.jetstream.get().is_some_and(|j| j.is_disabled()),
             tags: server.opts.server_tags.clone(),
             ..RouteInfo::default()
         }
@@ -598,6 +599,16 @@ impl Cluster {
         info.ldm = true;
         let mut b = BytesMut::new();
         encode::info(&mut b, &info);
+        for r in self.routes() {
+            r.send(&b);
+        }
+    }
+
+    /// Tells every peer this server's INFO again (JetStream disabled here: its peers then
+    /// leave it out of the meta group).
+    pub fn announce_info(&self, server: &Server) {
+        let mut b = BytesMut::new();
+        encode::info(&mut b, &self.info(server, false));
         for r in self.routes() {
             r.send(&b);
         }

@@ -114,6 +114,8 @@ error_table! {
     /// The same code with only the reason (a stepdown's placement that cannot be met).
     NoPeers = (400, 10005, "{}");
     ClusterUnavailable = (503, 10008, "JetStream system temporarily unavailable");
+    /// JetStream disabled on this server (removed from its cluster) and no other to ask.
+    NotEnabled = (503, 10076, "JetStream not enabled");
     ClusteringRequired = (503, 10010, "JetStream clustering support required");
     PeerNotMember = (400, 10040, "peer not a member");
     ServerNotMember = (400, 10044, "server is not a member of the cluster");
