@@ -546,9 +546,10 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
                 .collect();
             let removed = meta.machine.state().removed;
             let now = crate::time::now_nanos();
+            let voter_ids: BTreeSet<NodeId> = metrics.membership_config.voter_ids().collect();
             for name in &view {
                 let id = node_id(name);
-                if members.contains(&id) {
+                if voter_ids.contains(&id) {
                     continue;
                 }
                 let recent =
@@ -556,8 +557,29 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
                 if removed.get(name).is_some_and(recent) {
                     continue;
                 }
-                let peer = Peer { name: name.clone() };
-                if meta.raft.add_learner(id, peer, true).await.is_ok() {
+                let added = if members.contains(&id) {
+                    // A learner whose add timed out: promoted once it has caught up.
+                    let last = metrics.last_log_index.unwrap_or(0);
+                    let matched = metrics
+                        .replication
+                        .as_ref()
+                        .and_then(|r| r.get(&id).cloned().flatten())
+                        .map_or(0, |l| l.index);
+                    if matched + 16 < last {
+                        continue;
+                    }
+                    true
+                } else {
+                    // Bounded: a joiner that stops answering must not hold up this loop.
+                    let peer = Peer { name: name.clone() };
+                    let r = tokio::time::timeout(
+                        Duration::from_secs(10),
+                        meta.raft.add_learner(id, peer, true),
+                    )
+                    .await;
+                    matches!(r, Ok(Ok(_)))
+                };
+                if added {
                     let mut voters: BTreeSet<NodeId> =
                         metrics.membership_config.voter_ids().collect();
                     voters.insert(id);
