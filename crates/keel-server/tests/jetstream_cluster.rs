@@ -941,6 +941,47 @@ async fn a_running_server_that_is_removed_turns_jetstream_off() {
     }
     let seq = publish_acked(&late, "rx.x", "5".into()).await;
     assert_eq!(seq, 6);
+    // A worker on it pulls from a durable that lives on the others, and acks.
+    let js = async_nats::jetstream::new(late.clone());
+    let stream = js
+        .get_stream("RX")
+        .await
+        .expect("stream through the cluster");
+    // (The reference may answer 10023 insufficient resources while its replicas move.)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let consumer: async_nats::jetstream::consumer::PullConsumer = loop {
+        let r = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::Config {
+                durable_name: Some("w".into()),
+                ..Default::default()
+            })
+            .await;
+        match r {
+            Ok(c) => break c,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "durable through the cluster: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < 6 {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(6 - got.len())
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await
+            .unwrap();
+        while let Some(Ok(m)) = batch.next().await {
+            m.double_ack().await.expect("confirmed ack");
+            got.push(m.info().unwrap().stream_sequence);
+        }
+        assert!(Instant::now() < deadline, "{got:?}");
+    }
+    assert_eq!(got, (1..=6).collect::<Vec<u64>>());
     for n in nodes {
         n.shutdown().await;
     }

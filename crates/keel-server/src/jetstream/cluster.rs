@@ -698,6 +698,9 @@ pub async fn api(
     if server.jetstream_enabled().is_none() {
         // Removed from the cluster (`disable`): the rest of the cluster answers, as the
         // reference's other servers do for the clients of one whose JetStream is off.
+        if matches!(tokens, ["CONSUMER", "MSG", "NEXT", ..]) {
+            return true; // The consumer's own subscription, on its leader, gets it.
+        }
         match serving_peer(server) {
             Some(to) if hops < MAX_HOPS => meta.forward(&to, &account, m, hops + 1),
             _ => refuse(
