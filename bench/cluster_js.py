@@ -9,6 +9,10 @@ R3, file) is created through the API, its leader found (STREAM.INFO cluster.lead
 
   async   --msgs messages of --size bytes, --window PubAcks in flight (throughput)
   sync    --sync-msgs messages from one publisher waiting for each ack (p50/p99 latency)
+  consume the async phase's messages read by one durable pull consumer (R3, with its
+          stream) with --window per pull and explicit acks (throughput), then
+          --sync-msgs more by a second durable whose every ack waits for the server's
+          confirmation (AckSync; on keel a confirmed ack is on a quorum's disks)
 
 Prints one table with keel/reference ratios (against both reference variants).
 
@@ -90,6 +94,39 @@ def bench(url, mode, msgs, size, window=None):
     return json.loads(p.stdout)
 
 
+def consume(url, msgs, batch, consumer, doubleack=False):
+    cmd = [
+        CLI,
+        "--server",
+        url,
+        "--user",
+        "app",
+        "--password",
+        "pass",
+        "--json",
+        "bench",
+        "js",
+        "consume",
+        "--stream",
+        STREAM,
+        "--consumer",
+        consumer,
+        "--msgs",
+        str(msgs),
+        "--batch",
+        str(batch),
+        "--acks",
+        "explicit",
+        "--no-progress",
+    ]
+    if doubleack:
+        cmd.append("--doubleack")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr or p.stdout}")
+    return json.loads(p.stdout)
+
+
 def run_one(label, binary, js_extra, args):
     print(f"== {label}", flush=True)
     kind = "keel" if binary == KEEL else "nats"
@@ -101,6 +138,10 @@ def run_one(label, binary, js_extra, args):
         url = cl.by_name(leader).url
         a = bench(url, "async", args.msgs, args.size, args.window)
         print(f"   async: {a['msgs_per_s']:.0f} msgs/s", flush=True)
+        c = consume(url, args.msgs, args.window, "bench-c")
+        print(f"   consume+ack: {c['msgs_per_s']:.0f} msgs/s", flush=True)
+        d = consume(url, args.sync_msgs, args.window, "bench-d", doubleack=True)
+        print(f"   consume+AckSync: {d['msgs_per_s']:.0f} msgs/s", flush=True)
         asyncio.run(purge(cl))
         s = bench(url, "sync", args.sync_msgs, args.size)
         lat = s.get("latency_us", {})
@@ -110,6 +151,8 @@ def run_one(label, binary, js_extra, args):
         )
         return {
             "async": a["msgs_per_s"],
+            "consume": c["msgs_per_s"],
+            "acksync": d["msgs_per_s"],
             "sync": s["msgs_per_s"],
             "p50": lat.get("p50"),
             "p99": lat.get("p99"),
@@ -140,7 +183,8 @@ def main():
         f"cluster_js.py ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
         f"{time.time() - started:.0f} s; {os.cpu_count()} cores shared by the 3 servers and the client)",
         f"3 separate processes, R3 file stream, client (keel bench js, async-nats) on the leader;"
-        f" async: {args.msgs} x {args.size} B, {args.window} in flight; sync: {args.sync_msgs} msgs",
+        f" async: {args.msgs} x {args.size} B, {args.window} in flight; sync: {args.sync_msgs} msgs;"
+        f" consume: {args.msgs} msgs, {args.window} per pull; AckSync consume: {args.sync_msgs} msgs",
         "nats = nats-server default (lazy fsync); nats-always = jetstream { sync_interval: always }",
         "",
         f"{'':22} {'keel':>10} {'nats':>10} {'nats-always':>12} {'keel/nats':>10} {'keel/always':>12}",
@@ -157,6 +201,8 @@ def main():
     row("sync msgs/s", "sync", "{:.0f}")
     row("sync p50 (us)", "p50", "{:.0f}")
     row("sync p99 (us)", "p99", "{:.0f}")
+    row("consume+ack msgs/s", "consume", "{:.0f}")
+    row("consume+AckSync msgs/s", "acksync", "{:.0f}")
     text = "\n".join(lines)
     print("\n" + text)
     if args.out:

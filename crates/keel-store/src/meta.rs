@@ -196,6 +196,46 @@ impl MetaFiles {
         Ok(())
     }
 
+    /// Makes durable every file under `dir` that this process last wrote without fsync
+    /// (their content and their names), so that a marker synced after this never runs
+    /// ahead of them: a replicated stream's consumer state files, written without fsync
+    /// (the group's log has them), before the store's applied marker moves past their
+    /// entries. Returns how many were synced.
+    pub fn make_durable_under(&self, dir: &Path) -> io::Result<usize> {
+        let mut known = self.durable.lock().unwrap_or_else(|e| e.into_inner());
+        let todo: Vec<PathBuf> = known
+            .iter()
+            .filter(|(p, durable)| !**durable && p.starts_with(dir))
+            .map(|(p, _)| p.clone())
+            .collect();
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for p in &todo {
+            match self.fs.open(p, false) {
+                Ok(mut f) => f.sync()?,
+                // Removed since (its directory went): nothing left to make durable.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    known.remove(p);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            if let Some(d) = p.parent() {
+                if !dirs.iter().any(|x| x == d) {
+                    dirs.push(d.to_path_buf());
+                }
+            }
+        }
+        for d in &dirs {
+            self.fs.sync_dir(d)?;
+        }
+        for p in &todo {
+            if let Some(v) = known.get_mut(p) {
+                *v = true;
+            }
+        }
+        Ok(todo.len())
+    }
+
     /// The newest copy of `path` that verifies.
     pub fn read(&self, path: &Path) -> MetaRead {
         let why = match self.load(path) {

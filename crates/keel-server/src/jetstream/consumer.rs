@@ -1572,8 +1572,11 @@ async fn run(
             let mut st = c.lock();
             let saved = if !sync_replies.is_empty() {
                 // An ack the client asked to be confirmed is on disk before we confirm it;
-                // if it cannot be written it is not confirmed (the client retries).
-                let r = c.save(&mut st, true);
+                // if it cannot be written it is not confirmed (the client retries). For a
+                // replicated stream that disk is a quorum's logs (the group commit below),
+                // so the file here skips its fsync: it is made durable before the store's
+                // marker passes its entry (`raft::stream::Shared::consumers_durable`).
+                let r = c.save(&mut st, c.stream.group.is_none());
                 if r.is_err() {
                     sync_replies.clear();
                 }

@@ -445,6 +445,7 @@ impl Shared {
     /// Syncs the store; its marker (the last applied batch) is then durable.
     fn sync_store(&self) -> Result<(), StoreError> {
         let at = unmarker(&self.store.lock().applied()).map_or(0, |l| l.index);
+        self.consumers_durable()?;
         self.store.sync()?;
         self.synced
             .fetch_max(at, std::sync::atomic::Ordering::AcqRel);
@@ -525,8 +526,20 @@ impl Shared {
         Ok(())
     }
 
+    /// Consumer state files written without fsync (a follower's copies, the leader's
+    /// saves, AckSync ones too: the group's log holds them on a quorum) are made durable
+    /// before the store's marker is synced past their entries, since a restart applies the
+    /// log again only after that marker.
+    pub fn consumers_durable(&self) -> Result<(), StoreError> {
+        let Some(s) = self.stream.get().and_then(Weak::upgrade) else {
+            return Ok(());
+        };
+        consumers_durable(&self.files, &s.dir)
+    }
+
     /// Syncs the store (locked, with only committed batches in it) and takes its state.
     fn capture(&self, st: &mut dyn Store) -> Result<Captured, StoreError> {
+        self.consumers_durable()?;
         st.sync()?;
         let at = unmarker(&st.applied());
         self.synced.fetch_max(
@@ -981,6 +994,18 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
     }
 }
 
+/// See [`Shared::consumers_durable`] (also before the actor's own syncs of a replicated
+/// stream's store: on taking the lead, at close).
+pub fn consumers_durable(
+    files: &keel_store::MetaFiles,
+    stream_dir: &std::path::Path,
+) -> Result<(), StoreError> {
+    files
+        .make_durable_under(&stream_dir.join("consumers"))
+        .map(|_| ())
+        .map_err(|e| StoreError::Io(e.to_string()))
+}
+
 /// A follower keeps its copy of a consumer's files, from which it starts the consumer
 /// when it becomes the stream's leader.
 fn follow_consumer(files: &keel_store::MetaFiles, stream_dir: &std::path::Path, c: &ConsumerEntry) {
@@ -995,7 +1020,9 @@ fn follow_consumer(files: &keel_store::MetaFiles, stream_dir: &std::path::Path, 
         ConsumerEntry::State { name, state, .. } => {
             let d = dir(name);
             if d.join("meta.json").exists() {
-                // Not fsynced: the group's log holds it, and a restart applies it again.
+                // Not fsynced: the group's log holds it, and a restart applies it again
+                // (from the store's marker, which is synced only after this file is:
+                // `Shared::consumers_durable`).
                 let _ = files.write(&d.join("state.json"), state, false);
             }
         }

@@ -659,7 +659,11 @@ impl<R: Replicator> Actor<R> {
         if let Command::Lead { reply } = c {
             // What this server applied as a follower is made durable first: a rollback after
             // a failed commit must only drop what it decided itself.
-            if let Err(e) = self.store.sync() {
+            let replica = self.core.stream.replica.get().cloned();
+            let r = replica
+                .map_or(Ok(()), |r| r.consumers_durable())
+                .and_then(|_| self.store.sync());
+            if let Err(e) = r {
                 crate::error!(
                     self.log(),
                     "Stream {}: sync on taking the lead failed: {e}",
@@ -676,10 +680,12 @@ impl<R: Replicator> Actor<R> {
             return;
         }
         if let Command::Replicate { entry, reply } = c {
+            // Committed = on a quorum's logs, which is what a confirmed ack promises; the
+            // store holds no consumer state, so its sync waits for its turn.
             let r = if self.core.replicator.propose_consumer(entry) {
                 self.core
                     .replicator
-                    .commit(&self.store, true)
+                    .commit(&self.store, false)
                     .await
                     .map_err(|_| ErrorKind::ClusterUnavailable.err())
             } else {
@@ -788,7 +794,9 @@ impl<R: Replicator> Actor<R> {
 
     /// The actor ends (shutdown): the store is synced and closed (its index saved).
     fn close(&mut self) {
+        let replica = self.core.stream.replica.get().cloned();
         let r = blocking(|| {
+            replica.map_or(Ok(()), |r| r.consumers_durable())?;
             let mut s = self.store.lock();
             s.sync().and_then(|_| s.close())
         });
