@@ -63,68 +63,29 @@ async def purge(cl):
     await nc.close()
 
 
-def bench(url, mode, msgs, size, window=None):
-    cmd = [
-        CLI,
-        "--server",
-        url,
-        "--user",
-        "app",
-        "--password",
-        "pass",
-        "--json",
-        "bench",
-        "js",
-        "pub",
-        mode,
-        "js.bench",
-        "--stream",
-        STREAM,
-        "--msgs",
-        str(msgs),
-        "--size",
-        str(size),
-        "--no-progress",
-    ]
-    if window:
-        cmd += ["--batch", str(window)]
+def keel_cli(url, args):
+    """`keel --json ...` as the bench user against `url`; its JSON output."""
+    cmd = [CLI, "--server", url, "--user", "app", "--password", "pass", "--json"] + args
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {p.stderr or p.stdout}")
     return json.loads(p.stdout)
+
+
+def bench(url, mode, msgs, size, window=None):
+    args = ["bench", "js", "pub", mode, "js.bench", "--stream", STREAM, "--msgs", str(msgs)]
+    args += ["--size", str(size), "--no-progress"]
+    if window:
+        args += ["--batch", str(window)]
+    return keel_cli(url, args)
 
 
 def consume(url, msgs, batch, consumer, doubleack=False):
-    cmd = [
-        CLI,
-        "--server",
-        url,
-        "--user",
-        "app",
-        "--password",
-        "pass",
-        "--json",
-        "bench",
-        "js",
-        "consume",
-        "--stream",
-        STREAM,
-        "--consumer",
-        consumer,
-        "--msgs",
-        str(msgs),
-        "--batch",
-        str(batch),
-        "--acks",
-        "explicit",
-        "--no-progress",
-    ]
+    args = ["bench", "js", "consume", "--stream", STREAM, "--consumer", consumer]
+    args += ["--msgs", str(msgs), "--batch", str(batch), "--acks", "explicit", "--no-progress"]
     if doubleack:
-        cmd.append("--doubleack")
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr or p.stdout}")
-    return json.loads(p.stdout)
+        args.append("--doubleack")
+    return keel_cli(url, args)
 
 
 def run_one(label, binary, js_extra, args):

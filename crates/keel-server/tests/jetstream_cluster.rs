@@ -213,17 +213,30 @@ async fn api(c: &async_nats::Client, subject: &str, body: &str) -> serde_json::V
 /// A JSON API request asked again until some server answers: right after a server restarts
 /// or a leader changes, the reference (and a client's retry) may see one request go unanswered.
 async fn api_answered(c: &async_nats::Client, subject: &str, body: &str) -> serde_json::Value {
+    request_until(c, subject, body.to_string(), |v| Some(v.clone())).await
+}
+
+/// Requests `subject` (2 s per try, 30 s in all) until an answer's JSON gives `take` a value.
+async fn request_until<T>(
+    c: &async_nats::Client,
+    subject: &str,
+    body: String,
+    take: impl Fn(&serde_json::Value) -> Option<T>,
+) -> T {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let r = tokio::time::timeout(
             Duration::from_secs(2),
-            c.request(subject.to_string(), body.to_string().into()),
+            c.request(subject.to_string(), body.clone().into()),
         )
         .await;
         if let Ok(Ok(m)) = r {
-            return serde_json::from_slice(&m.payload).expect("API JSON");
+            let v: serde_json::Value = serde_json::from_slice(&m.payload).expect("API JSON");
+            if let Some(t) = take(&v) {
+                return t;
+            }
         }
-        assert!(Instant::now() < deadline, "{subject}: no answer");
+        assert!(Instant::now() < deadline, "{subject}: no answer for {body}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -319,22 +332,7 @@ async fn create_stream(c: &async_nats::Client, name: &str, body: &str) -> serde_
 /// Publishes `body` on `subject` until a PubAck comes (a leader change in flight may drop
 /// or refuse one attempt; the acked sequence is what counts).
 async fn publish_acked(c: &async_nats::Client, subject: &str, body: String) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let r = tokio::time::timeout(
-            Duration::from_secs(2),
-            c.request(subject.to_string(), body.clone().into()),
-        )
-        .await;
-        if let Ok(Ok(m)) = r {
-            let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
-            if let Some(seq) = v["seq"].as_u64().filter(|s| *s > 0) {
-                return seq;
-            }
-        }
-        assert!(Instant::now() < deadline, "no ack for {body}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    request_until(c, subject, body, |v| v["seq"].as_u64().filter(|s| *s > 0)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -383,14 +383,7 @@ impl Meta {
 /// A server with JetStream (another Keel server of the cluster) to hand requests to: the
 /// meta leader this server last knew, else any.
 fn serving_peer(server: &Server) -> Option<String> {
-    let cluster = server.cluster.get()?;
-    let peers: Vec<String> = cluster
-        .routes()
-        .iter()
-        .filter(|r| r.remote_jetstream())
-        .map(|r| r.remote_name())
-        .filter(|n| !n.is_empty())
-        .collect();
+    let peers: Vec<String> = jetstream_peers(server.cluster.get()?);
     let last = server
         .jetstream
         .get()
@@ -398,6 +391,17 @@ fn serving_peer(server: &Server) -> Option<String> {
         .and_then(|m| m.leader());
     last.filter(|l| peers.contains(l))
         .or_else(|| peers.into_iter().next())
+}
+
+/// The Keel servers with JetStream this one has a route to, by name.
+fn jetstream_peers<C: FromIterator<String>>(cluster: &crate::route::Cluster) -> C {
+    cluster
+        .routes()
+        .iter()
+        .filter(|r| r.remote_jetstream())
+        .map(|r| r.remote_name())
+        .filter(|n| !n.is_empty())
+        .collect()
 }
 
 /// After this server's removal is applied, JetStream is disabled here, as the reference
@@ -475,13 +479,7 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
         if server.jetstream_enabled().is_none() {
             return; // Disabled here (`disable`): its group node has stopped.
         }
-        let mut now_view: BTreeSet<String> = cluster
-            .routes()
-            .iter()
-            .filter(|r| r.remote_jetstream())
-            .map(|r| r.remote_name())
-            .filter(|n| !n.is_empty())
-            .collect();
+        let mut now_view: BTreeSet<String> = jetstream_peers(&cluster);
         now_view.insert(meta.host.name.clone());
         if now_view != view {
             view = now_view;
