@@ -918,12 +918,13 @@ async fn advisories_subjects_types_and_fields() {
         .find(|v| v["subject"] == "$JS.API.STREAM.INFO.ADV")
         .unwrap();
     assert!(info.get("request").is_none(), "{info}");
-    // Stream actions come before the audit of the request that caused them.
+    // Stream actions come before the audit of the request that caused them: Keel's order
+    // (nats-server sends the two from different goroutines, in either order).
     let pos = |pred: &dyn Fn(&(String, Value)) -> bool| events.iter().position(pred).unwrap();
     let created = pos(&|(s, _)| s == "$JS.EVENT.ADVISORY.STREAM.CREATED.ADV");
     let audited =
         pos(&|(s, v)| s == "$JS.EVENT.ADVISORY.API" && v["subject"] == "$JS.API.STREAM.CREATE.ADV");
-    assert!(created < audited);
+    assert!(common::is_reference() || created < audited);
 }
 
 /// Nothing is sent to nobody: with no listener no advisory is built, and a listener on one
