@@ -1213,6 +1213,23 @@ async fn a_stream_does_not_store_what_a_peer_sent_through_an_import() {
     near.publish("feed.2", "here".into()).await.unwrap();
     near.flush().await.unwrap();
     assert_eq!(next_msg(&mut feed).await.payload, Bytes::from("here"));
+    // The subscriber may get it before the stream has stored it: wait for feed.2 in the
+    // stream, then count (feed.1, through the import, would make two).
+    within("feed.2 stored", async {
+        loop {
+            let (_, m) = common::json_request(
+                &in_b,
+                "$JS.API.STREAM.MSG.GET.S",
+                r#"{"last_by_subj":"feed.2"}"#,
+            )
+            .await;
+            if m.get("message").is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
     let (_, info) = common::json_request(&in_b, "$JS.API.STREAM.INFO.S", "").await;
     assert_eq!(info["state"]["messages"], 1, "{info}");
     for n in [a, b] {
