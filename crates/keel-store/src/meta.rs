@@ -14,7 +14,7 @@
 //! so it redelivers (duplicates) rather than skips.
 
 use crate::io::{Fs, StdFs};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -42,8 +42,9 @@ pub enum MetaRead {
 #[derive(Clone)]
 pub struct MetaFiles {
     fs: Arc<dyn Fs>,
-    /// Whether the current copy of each file this process wrote is durable.
-    durable: Arc<Mutex<HashMap<PathBuf, bool>>>,
+    /// Whether the current copy of each file this process wrote is durable (ordered, so
+    /// the files under one directory are one range: `make_durable_under`).
+    durable: Arc<Mutex<BTreeMap<PathBuf, bool>>>,
 }
 
 impl Default for MetaFiles {
@@ -204,8 +205,9 @@ impl MetaFiles {
     pub fn make_durable_under(&self, dir: &Path) -> io::Result<usize> {
         let mut known = self.durable.lock().unwrap_or_else(|e| e.into_inner());
         let todo: Vec<PathBuf> = known
-            .iter()
-            .filter(|(p, durable)| !**durable && p.starts_with(dir))
+            .range(dir.to_path_buf()..)
+            .take_while(|(p, _)| p.starts_with(dir))
+            .filter(|(_, durable)| !**durable)
             .map(|(p, _)| p.clone())
             .collect();
         let mut dirs: Vec<PathBuf> = Vec::new();

@@ -427,28 +427,24 @@ pub async fn stop_consumers(js: &JetStream, server: &Server, stream: &Stream) {
     router.flush();
 }
 
-/// Takes a stream off this server and keeps its files (JetStream disabled here): its
-/// sources' positions and consumers' state saved, its consumers stopped, its group left,
-/// then unlisted and unsubscribed, so its actor ends and closes its store.
+/// Takes a stream off this server and keeps its files (JetStream disabled here): unlisted,
+/// its sources' positions saved, its group left, its consumers' state saved and each
+/// stopped, then unsubscribed, so its actor ends and closes its store.
 pub async fn unload_stream(js: &JetStream, server: &Server, router: &mut Router, name: &str) {
-    let Some(s) = js.stream(name) else {
+    let Some((s, consumers)) = js.registry.remove_stream(&js.account.name, name) else {
         return;
     };
     s.save_source_positions(true);
     s.stop_sourcing();
-    for c in js.consumers_of(name) {
-        c.flush_state();
-    }
     if let Some(r) = s.replica.get() {
         r.stop_group().await;
     }
-    if let Some((_, consumers)) = js.registry.remove_stream(&js.account.name, name) {
-        for r in &consumers {
-            r.consumer.stop(server, router);
-        }
-        for r in consumers {
-            r.join().await;
-        }
+    for r in &consumers {
+        r.consumer.flush_state();
+        r.consumer.stop(server, router);
+    }
+    for r in consumers {
+        r.join().await;
     }
     s.unsubscribe();
 }

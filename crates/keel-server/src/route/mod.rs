@@ -318,7 +318,8 @@ impl Cluster {
             },
             ldm: self.lame_duck.load(Ordering::Relaxed),
             compression: "off".into(),
-            // Peers with JetStream form the meta group (`jetstream::cluster`).
+            // Peers with JetStream form the meta group (`jetstream::cluster`). From the
+            // config, not `jetstream_enabled()`: routes start before JetStream does.
             jetstream: server.opts.jetstream
                 && !server.jetstream.get().is_some_and(|j| j.is_disabled()),
             tags: server.opts.server_tags.clone(),

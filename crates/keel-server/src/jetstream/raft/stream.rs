@@ -529,12 +529,16 @@ impl Shared {
     /// Consumer state files written without fsync (a follower's copies, the leader's
     /// saves, AckSync ones too: the group's log holds them on a quorum) are made durable
     /// before the store's marker is synced past their entries, since a restart applies the
-    /// log again only after that marker.
+    /// log again only after that marker. (Also before the actor's own syncs of the store:
+    /// on taking the lead, at close.)
     pub fn consumers_durable(&self) -> Result<(), StoreError> {
         let Some(s) = self.stream.get().and_then(Weak::upgrade) else {
             return Ok(());
         };
-        consumers_durable(&self.files, &s.dir)
+        self.files
+            .make_durable_under(&s.dir.join("consumers"))
+            .map(|_| ())
+            .map_err(|e| StoreError::Io(e.to_string()))
     }
 
     /// Syncs the store (locked, with only committed batches in it) and takes its state.
@@ -992,18 +996,6 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
             snapshot: Box::new(Cursor::new(data.clone())),
         }))
     }
-}
-
-/// See [`Shared::consumers_durable`] (also before the actor's own syncs of a replicated
-/// stream's store: on taking the lead, at close).
-pub fn consumers_durable(
-    files: &keel_store::MetaFiles,
-    stream_dir: &std::path::Path,
-) -> Result<(), StoreError> {
-    files
-        .make_durable_under(&stream_dir.join("consumers"))
-        .map(|_| ())
-        .map_err(|e| StoreError::Io(e.to_string()))
 }
 
 /// A follower keeps its copy of a consumer's files, from which it starts the consumer
