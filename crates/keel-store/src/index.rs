@@ -589,6 +589,9 @@ pub(crate) struct Core<T: Table> {
     pub reset: bool,
     /// Sequences max_age must not expire (`Nats-TTL: never`); kept by the server.
     pub age_exempt: std::collections::BTreeSet<u64>,
+    /// A wholesale drop records every message in `removed` too (the memory store keeps
+    /// them to roll back with).
+    pub record_resets: bool,
 }
 
 impl<T: Table> Core<T> {
@@ -605,6 +608,7 @@ impl<T: Table> Core<T> {
             removed: Vec::new(),
             reset: false,
             age_exempt: Default::default(),
+            record_resets: false,
         }
     }
 
@@ -799,6 +803,11 @@ impl<T: Table> Core<T> {
     /// Drops everything; the next message gets `next_seq`.
     fn reset_to(&mut self, next_seq: u64) -> u64 {
         let n = self.msgs;
+        if self.record_resets && self.msgs > 0 {
+            for q in self.collect(self.first_seq, self.last_seq, &Sel::All, u64::MAX) {
+                self.remove(q);
+            }
+        }
         self.slots.clear();
         self.age_exempt.clear();
         self.msgs = 0;
