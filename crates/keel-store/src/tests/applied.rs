@@ -201,8 +201,20 @@ fn memory_store_marker() {
     assert_eq!(s.applied(), b"abc");
     assert!(s.set_applied(&[1; 33]).is_err());
     assert_eq!(s.applied(), b"abc");
+    // With a marker it rolls back to the last sync (before the first marker: none).
+    s.store_msg(b"a", b"", b"1", 1).unwrap();
+    s.discard_unsynced().unwrap();
+    assert_eq!((s.applied(), s.last_seq()), (b"".to_vec(), 0));
+    s.set_applied(b"def").unwrap();
+    s.store_msg(b"a", b"", b"1", 1).unwrap();
+    s.sync().unwrap();
+    s.store_msg(b"a", b"", b"2", 2).unwrap();
+    s.set_applied(b"ghi").unwrap();
+    s.discard_unsynced().unwrap();
+    assert_eq!((s.applied(), s.last_seq()), (b"def".to_vec(), 1));
+    let mut plain = MemStore::new(Limits::default());
     assert!(matches!(
-        s.discard_unsynced(),
+        plain.discard_unsynced(),
         Err(StoreError::Unsupported(_))
     ));
 }
