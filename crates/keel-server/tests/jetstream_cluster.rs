@@ -1670,13 +1670,23 @@ async fn r3_on_stores(
     names: &[&str],
     stores: &common::TempDir,
 ) -> (Vec<Node>, Vec<String>, usize, async_nats::Client) {
+    r3_stored_on(names, stores, "file").await
+}
+
+async fn r3_stored_on(
+    names: &[&str],
+    stores: &common::TempDir,
+    storage: &str,
+) -> (Vec<Node>, Vec<String>, usize, async_nats::Client) {
     let (nodes, confs) = mesh_in(names, Some(stores.path())).await;
     meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
     let c = connect(&nodes[0], "app").await;
     let created = create_stream(
         &c,
         "S",
-        r#"{"name":"S","subjects":["s"],"num_replicas":3,"allow_direct":true}"#,
+        &format!(
+            r#"{{"name":"S","subjects":["s"],"num_replicas":3,"allow_direct":true,"storage":"{storage}"}}"#
+        ),
     )
     .await;
     let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
@@ -1690,9 +1700,20 @@ async fn r3_on_stores(
 /// the log. Once the others are back, every replica serves every acked message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_loses_its_quorum_keeps_what_was_committed() {
+    leader_loses_its_quorum("file").await;
+}
+
+/// The same with a memory stream: its store rolls back too (an undo journal), and the
+/// others come back empty and are refilled from the leader, which kept it in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_stream_leader_that_loses_its_quorum_keeps_what_was_committed() {
+    leader_loses_its_quorum("memory").await;
+}
+
+async fn leader_loses_its_quorum(storage: &str) {
     let stores = common::TempDir::new("quorum");
     let names = ["Q1", "Q2", "Q3"];
-    let (mut nodes, confs, li, lc) = r3_on_stores(&names, &stores).await;
+    let (mut nodes, confs, li, lc) = r3_stored_on(&names, &stores, storage).await;
     for i in 1..=20u64 {
         assert_eq!(publish_acked(&lc, "s", format!("m{i}")).await, i);
     }
@@ -1942,6 +1963,171 @@ async fn placement_tags_pick_the_servers() {
     let varz = http_get(nodes[1].monitor_port(), "/varz").await;
     let v: serde_json::Value = serde_json::from_str(&varz.body).unwrap();
     assert_eq!(v["tags"], serde_json::json!(["cloud:test", "az:2"]), "{v}");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// An R3 memory stream (`storage: memory`, `num_replicas: 3`): acked messages and a
+/// durable's confirmed acks survive its leader going; a replica that restarts comes back
+/// empty and is refilled from the leader (shown by making it the only copy that leads);
+/// after every server restarts, the stream is there again, empty, and takes messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_r3_memory_stream_keeps_acked_messages_while_a_quorum_stays_up() {
+    use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy};
+    use futures::StreamExt;
+    let stores = common::TempDir::new("r3mem");
+    let names = ["M1", "M2", "M3"];
+    let (mut nodes, confs) = mesh_in(&names, Some(stores.path())).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c0 = connect(&nodes[0], "app").await;
+    let created = create_stream(
+        &c0,
+        "MEM",
+        r#"{"name":"MEM","subjects":["mem.>"],"storage":"memory","num_replicas":3}"#,
+    )
+    .await;
+    assert_eq!(created["config"]["storage"], "memory", "{created}");
+    assert!(
+        created["cluster"]["raft_group"]
+            .as_str()
+            .unwrap()
+            .starts_with("S-R3M-"),
+        "{created}"
+    );
+    for i in 0..20 {
+        let c = connect(&nodes[i % 3], "app").await;
+        let seq = publish_acked(&c, "mem.x", format!("m{i}")).await;
+        assert_eq!(seq, i as u64 + 1);
+    }
+    let js = jetstream::new(c0.clone());
+    let stream = js.get_stream("MEM").await.unwrap();
+    stream
+        .create_consumer(pull::Config {
+            durable_name: Some("w".into()),
+            ack_policy: AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    {
+        let consumer: jetstream::consumer::PullConsumer = stream.get_consumer("w").await.unwrap();
+        let mut batch = consumer.fetch().max_messages(5).messages().await.unwrap();
+        for _ in 0..5 {
+            let m = common::within("fetch", batch.next())
+                .await
+                .unwrap()
+                .unwrap();
+            m.double_ack().await.expect("ack confirmed");
+        }
+    }
+
+    // A follower restarts: empty, it is refilled by the leader.
+    let leader = stream_leader(&c0, "MEM", "").await;
+    let fi = (names.iter().position(|n| *n == leader).unwrap() + 1) % 3;
+    let follower = names[fi];
+    nodes.remove(fi).shutdown().await;
+    // Enough batches that the group snapshots and drops its log: the restarted replica
+    // installs the snapshot and fetches the messages.
+    let pc = connect(&nodes[0], "app").await;
+    for i in 20..1120 {
+        assert_eq!(
+            publish_acked(&pc, "mem.x", format!("m{i}")).await,
+            i as u64 + 1
+        );
+    }
+    let back = Node::start_jetstream_at(&confs[fi], &stores.path().join(follower)).await;
+    nodes.insert(fi, back);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let info = api(&c0, "$JS.API.STREAM.INFO.MEM", "").await;
+        let reps = info["cluster"]["replicas"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if reps.len() == 2 && reps.iter().all(|r| r["current"] == true) {
+            break;
+        }
+        if Instant::now() > deadline {
+            let j = http_get(nodes[fi].monitor_port(), "/jsz?streams=true").await;
+            panic!("not refilled: {info}\n{}\n{}", j.body, nodes[fi].log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The third server goes, then the leader hands over to the restarted replica: what it
+    // serves is what it was refilled with.
+    let third = names
+        .iter()
+        .position(|n| *n != leader && *n != follower)
+        .unwrap();
+    nodes.remove(third).shutdown().await;
+    let alive: Vec<&str> = names
+        .iter()
+        .filter(|n| **n != names[third])
+        .copied()
+        .collect();
+    let li = alive.iter().position(|n| *n == leader).unwrap();
+    let cl = connect(&nodes[li], "app").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = api(&cl, "$JS.API.STREAM.LEADER.STEPDOWN.MEM", "").await;
+        if r["success"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no stepdown: {r}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(stream_leader(&cl, "MEM", &leader).await, follower);
+    let fc = connect(&nodes[1 - li], "app").await;
+    let info = api_answered(&fc, "$JS.API.STREAM.INFO.MEM", "").await;
+    assert_eq!(info["state"]["messages"], 1120, "{info}");
+    assert_eq!(info["state"]["last_seq"], 1120, "{info}");
+    for seq in [1u64, 20, 600, 1120] {
+        let m = api(
+            &fc,
+            "$JS.API.STREAM.MSG.GET.MEM",
+            &format!("{{\"seq\":{seq}}}"),
+        )
+        .await;
+        assert_eq!(m["message"]["seq"], seq, "{m}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let info = loop {
+        let info = api(&fc, "$JS.API.CONSUMER.INFO.MEM.w", "").await;
+        if info["ack_floor"]["stream_seq"].is_u64() {
+            break info;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no consumer on the new leader: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(info["ack_floor"]["stream_seq"], 5, "{info}");
+    assert_eq!(info["num_pending"], 1115, "{info}");
+    assert_eq!(
+        publish_acked(&fc, "mem.x", "m1120".to_string()).await,
+        1121,
+        "a sequence was reused"
+    );
+
+    // Every server restarts: the memory stream is there again, empty, and works.
+    for n in nodes.drain(..) {
+        n.shutdown().await;
+    }
+    for (i, name) in names.iter().enumerate() {
+        nodes.push(Node::start_jetstream_at(&confs[i], &stores.path().join(name)).await);
+    }
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[2], "app").await;
+    stream_leader(&c, "MEM", "").await;
+    let info = api_answered(&c, "$JS.API.STREAM.INFO.MEM", "").await;
+    assert_eq!(info["config"]["storage"], "memory", "{info}");
+    assert_eq!(info["state"]["messages"], 0, "{info}");
+    let seq = request_until(&c, "mem.x", "again".to_string(), |v| v["seq"].as_u64()).await;
+    assert!(seq >= 1);
+    let info = api_answered(&c, "$JS.API.STREAM.INFO.MEM", "").await;
+    assert_eq!(info["state"]["messages"], 1, "{info}");
     for n in nodes {
         n.shutdown().await;
     }

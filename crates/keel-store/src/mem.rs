@@ -193,7 +193,8 @@ impl Store for MemStore {
                 }
                 Undo::Removed(r) => {
                     let m = r.meta;
-                    self.core.insert(r.seq, &r.subject, m.ts, m.size, m.hdr, r.p);
+                    self.core
+                        .insert(r.seq, &r.subject, m.ts, m.size, m.hdr, r.p);
                 }
             }
             self.core.removed.clear();
@@ -387,7 +388,14 @@ mod rollback_tests {
         let s = st.state();
         let mut out = format!(
             "{:?} {:?} {:?} {:?} {:?} {:?}\n",
-            (s.msgs, s.bytes, s.first_seq, s.first_ts, s.last_seq, s.last_ts),
+            (
+                s.msgs,
+                s.bytes,
+                s.first_seq,
+                s.first_ts,
+                s.last_seq,
+                s.last_ts
+            ),
             (s.num_subjects, s.num_deleted),
             st.deleted(),
             st.subjects(">"),

@@ -913,22 +913,13 @@ async fn create(
     let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let peers = place(meta, &state, cfg.num_replicas.max(1) as usize, &raw, &[])?;
     let replicas = peers.len();
-    if replicas > 1 && cfg.storage == super::stream::StorageType::Memory {
-        // A replicated stream's leader rolls its store back after a failed commit, which
-        // a memory store cannot do yet.
-        return Err(ErrorKind::InvalidConfig
-            .with("replicated memory streams are not supported yet: use file storage"));
-    }
     // Every file stream has a group, R1 too, so that its replicas can change later (new
-    // peers catch up from the group's log).
-    let group = if cfg.storage == super::stream::StorageType::File {
+    // peers catch up from the group's log); a memory stream has one when replicated.
+    let memory = cfg.storage == super::stream::StorageType::Memory;
+    let group = if !memory || replicas > 1 {
         format!(
             "S-R{replicas}{}-{}",
-            if cfg.storage == super::stream::StorageType::Memory {
-                "M"
-            } else {
-                "F"
-            },
+            if memory { "M" } else { "F" },
             crate::account::random_token(8)
         )
     } else {
@@ -1104,7 +1095,7 @@ async fn rescale(
     if a.group.is_empty() {
         return Err(ErrorKind::InvalidConfig.with(
             if cfg.storage == super::stream::StorageType::Memory {
-                "replicated memory streams are not supported yet: use file storage"
+                "this memory stream's replicas cannot change: it was made with one replica (make it with more, or use file storage)"
             } else {
                 "this stream's replicas cannot change: it has no Raft group"
             },
@@ -1278,6 +1269,22 @@ pub async fn follow(
     let Some(mut shutdown) = server.upgrade().map(|s| s.shutdown_rx()) else {
         return;
     };
+    // The log replays at start before the server knows its meta group: a stream made
+    // before then would not find its assignment's Raft group (a memory stream, which only
+    // this makes again after a restart, would come back unreplicated).
+    loop {
+        let Some(s) = server.upgrade() else {
+            return;
+        };
+        if s.jetstream.get().and_then(|j| j.meta.get()).is_some() {
+            break;
+        }
+        drop(s);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
     loop {
         let op = tokio::select! {
             op = applied.recv() => op,

@@ -180,6 +180,9 @@ pub struct Registry {
     accounts: RwLock<BTreeMap<String, AccountStreams>>,
     /// Every account's streams' bytes (for the server-wide limits).
     total: Arc<JsUsage>,
+    /// Groups of replicated memory streams this server had before it restarted: their
+    /// replicas come back empty and rejoin (`raft::stream::rejoin`).
+    rejoining: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Default for Registry {
@@ -193,7 +196,23 @@ impl Registry {
         Registry {
             accounts: RwLock::new(BTreeMap::new()),
             total: Arc::new(JsUsage::default()),
+            rejoining: Default::default(),
         }
+    }
+
+    fn rejoining(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.rejoining.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `group`'s replica here is one that restarted empty (and has not rejoined).
+    pub fn is_rejoining(&self, group: &str) -> bool {
+        self.rejoining().contains(group)
+    }
+
+    /// The replica has rejoined its group (kept until then: a replica made again before it
+    /// did rejoins too, and does not form the group anew).
+    pub fn rejoined(&self, group: &str) {
+        self.rejoining().remove(group);
     }
 
     fn account_entry<'a>(
@@ -383,7 +402,17 @@ pub fn recover(js: &JetStream, server: &Arc<Server>) -> Result<(), String> {
         };
         let name = meta.config.name.clone();
         if meta.config.storage == StorageType::Memory {
-            // Memory streams do not outlive the process, as with the reference.
+            // Memory streams do not outlive the process, as with the reference. A
+            // replicated one is made again from its assignment, and its replica here
+            // rejoins its group empty.
+            if let Some(spec) = &meta.cluster {
+                crate::info!(
+                    server.log,
+                    "  Memory stream {name} (group {}) is gone with the restart: its replica rejoins the group empty",
+                    spec.group
+                );
+                js.registry.rejoining().insert(spec.group.clone());
+            }
             let _ = std::fs::remove_dir_all(&dir);
             continue;
         }
@@ -513,9 +542,11 @@ pub async fn create_stream(
             .and_then(|j| j.meta.get())
             .is_some_and(|m| m.host.votes_held(g))
     };
-    let bootstrap = group
-        .as_ref()
-        .is_some_and(|g| g.peers.first() == Some(&server.server_name) && !held(&g.group));
+    let bootstrap = group.as_ref().is_some_and(|g| {
+        g.peers.first() == Some(&server.server_name)
+            && !held(&g.group)
+            && !js.registry.is_rejoining(&g.group)
+    });
     let meta = StreamMeta {
         config: cfg,
         created: now_nanos(),

@@ -373,6 +373,15 @@ pub struct Fetched {
     pub batch: Vec<u8>,
 }
 
+/// A replica's answer to `Rpc::Standing`.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy)]
+pub struct Standing {
+    /// It restarted empty (a memory replica) and has applied nothing since.
+    pub fresh: bool,
+    pub last_log_index: u64,
+    pub leader: Option<NodeId>,
+}
+
 #[derive(Serialize, Deserialize)]
 enum Rpc {
     Append(AppendEntriesRequest<TypeConfig>),
@@ -398,6 +407,9 @@ enum Rpc {
     Usage {
         account: String,
     },
+    /// A memory stream's replica that restarted empty asks its peers where they stand
+    /// (`raft::stream::rejoin`).
+    Standing,
     /// A rebuilt replica (empty log) asks the stream group's leader to append an empty
     /// batch: openraft 0.9's leader only finds out that a follower's log went back when it
     /// next replicates an entry (heartbeats do not), so an idle group would never refill it.
@@ -541,11 +553,49 @@ impl RaftHost {
                 "JetStream group {group}: its log lost entries it had acknowledged (up to {upto}); it neither votes nor stands for election until a leader has sent them again"
             );
         }
+        self.hold(group, upto);
+    }
+
+    /// Holds `group`'s votes until its log is back to `upto` (set later with
+    /// `set_hold_upto`, or ended with `release_votes`), without a warning: a memory
+    /// replica that restarted empty.
+    pub fn hold(&self, group: &str, upto: u64) {
         let n = self.holds.fetch_add(1, Ordering::Relaxed);
         self.held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(group.to_string(), (upto, n));
+    }
+
+    /// The index a held group waits for, while hold `n` is the one in place.
+    fn held_upto(&self, group: &str, n: u64) -> Option<u64> {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(group)
+            .filter(|(_, m)| *m == n)
+            .map(|(u, _)| *u)
+    }
+
+    /// A held group learnt how far its log must come back (the hold stays the same one).
+    pub fn set_hold_upto(&self, group: &str, upto: u64) {
+        if let Some(h) = self
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(group)
+        {
+            h.0 = upto;
+        }
+    }
+
+    /// Ends a hold at once: the group votes and stands for election again.
+    pub fn release_votes(&self, group: &str, raft: &Raft) {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(group);
+        raft.runtime_config().elect(true);
     }
 
     pub(crate) fn votes_held(&self, group: &str) -> bool {
@@ -558,7 +608,7 @@ impl RaftHost {
     /// Once `raft` runs for `group`: if its votes are held, keeps it from standing for
     /// election until a leader (another server) has brought its log back, then lets it.
     pub fn guard_votes(self: &Arc<Self>, group: &str, raft: &Raft) {
-        let Some((upto, n)) = self
+        let Some((_, n)) = self
             .held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -570,16 +620,28 @@ impl RaftHost {
         raft.runtime_config().elect(false);
         let (host, raft, group, me) = (self.clone(), raft.clone(), group.to_string(), self.id);
         tokio::spawn(async move {
-            let healed = raft
-                .wait(None)
-                .metrics(
-                    |m| {
-                        m.last_log_index.unwrap_or(0) >= upto
-                            && m.current_leader.is_some_and(|l| l != me)
-                    },
-                    "log brought back",
-                )
-                .await;
+            // `upto` may be set later (`set_hold_upto`: a memory replica learns it from its
+            // peers), so it is read again at each look.
+            let mut metrics = raft.metrics();
+            let mut upto;
+            let healed: Result<(), ()> = loop {
+                match host.held_upto(&group, n) {
+                    Some(u) => upto = u,
+                    None => return, // Released, or another hold took its place.
+                }
+                let done = {
+                    let m = metrics.borrow_and_update();
+                    m.last_log_index.unwrap_or(0) >= upto
+                        && m.current_leader.is_some_and(|l| l != me)
+                };
+                if done {
+                    break Ok(());
+                }
+                tokio::select! {
+                    r = metrics.changed() => if r.is_err() { break Err(()) },
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                }
+            };
             if healed.is_err() {
                 return; // The group ended.
             }
@@ -669,6 +731,26 @@ impl RaftHost {
 
     /// Asks `target`, the leader of stream group `group`, to append an empty batch
     /// (`Rpc::Nudge`).
+    /// Where `target`'s replica of `group` stands, if it answers.
+    pub async fn standing(&self, target: &str, group: &str) -> Option<Standing> {
+        let mut router = Router::new(self.account.clone(), 0x5246);
+        let peer = Peer {
+            name: target.to_string(),
+        };
+        let b = self
+            .call(
+                &mut router,
+                &peer,
+                "STANDING",
+                group,
+                &Rpc::Standing,
+                Duration::from_secs(1),
+            )
+            .await
+            .ok()?;
+        bincode::deserialize(&b).ok()
+    }
+
     pub async fn nudge(&self, target: &str, group: &str) {
         let mut router = Router::new(self.account.clone(), 0x5246);
         let peer = Peer {
@@ -926,6 +1008,15 @@ async fn answer(host: &Arc<RaftHost>, m: InMsg) {
                 }
             });
             bincode::serialize(&Ok::<(), String>(()))
+        }
+        Rpc::Standing => {
+            let m = raft.metrics().borrow().clone();
+            let st = Standing {
+                fresh: host.store_of(&group).is_some_and(|sh| sh.is_fresh()),
+                last_log_index: m.last_log_index.unwrap_or(0),
+                leader: m.current_leader,
+            };
+            bincode::serialize(&st)
         }
         Rpc::Nudge => {
             let shared = host.store_of(&group);

@@ -298,6 +298,8 @@ pub struct Shared {
     captured_ready: tokio::sync::Notify,
     /// The last snapshot built (openraft sends it to a replica whose log is behind it).
     current: Mutex<Option<Built>>,
+    /// A memory replica that restarted empty and rejoins its group (`rejoin`).
+    rejoining: std::sync::atomic::AtomicBool,
 }
 
 /// A snapshot as built or installed: its meta and its data.
@@ -360,7 +362,14 @@ impl Shared {
             captured: Mutex::new(None),
             captured_ready: tokio::sync::Notify::new(),
             current: Mutex::new(None),
+            rejoining: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// A rejoining memory replica that has applied nothing yet (`Rpc::Standing`).
+    pub fn is_fresh(&self) -> bool {
+        self.rejoining.load(std::sync::atomic::Ordering::Acquire)
+            && self.store.lock().applied().is_empty()
     }
 
     /// How far each follower's copy of `consumer`'s ack floor trails `floor` (the leader's
@@ -532,8 +541,13 @@ impl Shared {
     /// log again only after that marker. (Also before the actor's own syncs of the store:
     /// on taking the lead, at close.)
     pub fn consumers_durable(&self) -> Result<(), StoreError> {
-        let Some(s) = self.stream.get().and_then(Weak::upgrade) else {
-            return Ok(());
+        let Some(s) = self
+            .stream
+            .get()
+            .and_then(Weak::upgrade)
+            .filter(|s| s.storage == crate::jetstream::stream::StorageType::File)
+        else {
+            return Ok(()); // (A memory stream's files do not outlive it.)
         };
         self.files
             .make_durable_under(&s.dir.join("consumers"))
@@ -914,10 +928,17 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
             let mut from = a;
             let mut tries = 0;
             while from <= b {
-                // The leader is the one sending the snapshot.
+                // The leader is the one sending the snapshot. (Named from the snapshot's
+                // membership when this replica's log is empty and knows none yet.)
                 let leader = sh.raft.get().and_then(|r| {
                     let m = r.metrics().borrow().clone();
-                    m.current_leader.and_then(|l| super::member_name(&m, l))
+                    let l = m.current_leader?;
+                    super::member_name(&m, l).or_else(|| {
+                        meta.last_membership
+                            .nodes()
+                            .find(|(n, _)| **n == l)
+                            .map(|(_, p)| p.name.clone())
+                    })
                 });
                 let got = match leader {
                     Some(l) => host.fetch(&l, &group, from, b).await,
@@ -1379,24 +1400,46 @@ pub async fn run_group(
             _ = shutdown.changed() => return,
         }
     };
-    let (backend, problems, lost) = match super::log::FileBackend::open(&dir.join("log")) {
-        Ok(b) => b,
-        Err(e) => {
-            crate::error!(
-                server.log,
-                "JetStream stream group {}: log: {e}",
-                spec.group
-            );
-            return;
+    // A memory stream's log is in memory too: a PubAck means a quorum holds the message,
+    // not that it is on disk (as with the reference's memory streams).
+    let memory = stream
+        .upgrade()
+        .is_some_and(|s| s.storage == crate::jetstream::stream::StorageType::Memory);
+    let backend: Box<dyn super::log::LogBackend> = if memory {
+        Box::new(super::log::MemBackend::default())
+    } else {
+        let (backend, problems, lost) = match super::log::FileBackend::open(&dir.join("log")) {
+            Ok(b) => b,
+            Err(e) => {
+                crate::error!(
+                    server.log,
+                    "JetStream stream group {}: log: {e}",
+                    spec.group
+                );
+                return;
+            }
+        };
+        for p in problems {
+            crate::warn!(server.log, "JetStream stream group {} log: {p}", spec.group);
         }
+        if let Some(upto) = lost {
+            host.hold_votes(&spec.group, upto);
+        }
+        Box::new(backend)
     };
-    for p in problems {
-        crate::warn!(server.log, "JetStream stream group {} log: {p}", spec.group);
+    let rejoining = memory
+        && stream
+            .upgrade()
+            .and_then(|s| account_js(&server, &s))
+            .is_some_and(|js| js.registry.is_rejoining(&spec.group));
+    if rejoining {
+        // Until it knows where its peers stand: see `rejoin`.
+        host.hold(&spec.group, u64::MAX);
+        shared
+            .rejoining
+            .store(true, std::sync::atomic::Ordering::Release);
     }
-    if let Some(upto) = lost {
-        host.hold_votes(&spec.group, upto);
-    }
-    let log = match super::log::LogStore::open(Box::new(backend), false) {
+    let log = match super::log::LogStore::open(backend, false) {
         Ok(l) => l,
         Err(e) => {
             crate::error!(
@@ -1428,6 +1471,18 @@ pub async fn run_group(
     host.add_store(&spec.group, &shared);
     host.add_group(&spec.group, raft.clone());
     host.guard_votes(&spec.group, &raft);
+    if rejoining {
+        if let Some(s) = stream.upgrade() {
+            server.spawn(rejoin(
+                server.clone(),
+                raft.clone(),
+                host.clone(),
+                s.account().name.clone(),
+                s.name.clone(),
+                spec.group.clone(),
+            ));
+        }
+    }
     if bootstrap {
         let members: std::collections::BTreeMap<NodeId, Peer> = spec
             .peers
@@ -1608,6 +1663,92 @@ pub async fn run_group(
             // since, and a leader's quorum can go quiet without a metrics change.
             _ = tokio::time::sleep(Duration::from_millis(250)) => {}
         }
+    }
+}
+
+/// A memory stream's replica that restarted came back empty, with an empty log: it votes
+/// for nobody and stands for nothing (its votes are held) until it knows where its peers
+/// stand, asking them (`Rpc::Standing`) every half second:
+/// - a quorum of them kept the stream, or one that kept it leads: it waits until the leader
+///   has sent it the log up to where its peers were (a snapshot and the messages it lacks,
+///   as for a new replica), then votes again, so its empty log never helps elect a leader
+///   that lacks acknowledged messages;
+/// - every peer answered and fewer than a quorum kept anything: what a quorum held is gone
+///   with their memory. When none kept anything, all of them start the group again
+///   (`initialize` with the same members, which openraft allows on several nodes) and the
+///   stream starts empty, as the reference's memory streams do after a restart of all of
+///   their servers; else it votes again, and the replica that kept the most leads.
+async fn rejoin(
+    server: Arc<crate::server::Server>,
+    raft: Raft,
+    host: Arc<super::RaftHost>,
+    account: String,
+    name: String,
+    group: String,
+) {
+    crate::info!(
+        server.log,
+        "JetStream stream '{account} > {name}': this memory replica restarted empty; it rejoins its group"
+    );
+    let me = server.server_name.clone();
+    let mut shutdown = server.shutdown_rx();
+    while host.votes_held(&group) {
+        let Some(peers) = server
+            .jetstream
+            .get()
+            .and_then(|j| j.meta.get())
+            .and_then(|m| m.assignment(&account, &name))
+            .map(|a| a.peers)
+        else {
+            return; // The stream went.
+        };
+        let others: Vec<&String> = peers.iter().filter(|p| **p != me).collect();
+        let (mut answered, mut kept, mut upto, mut leader) = (0, 0, 0, None);
+        for p in &others {
+            if let Some(st) = host.standing(p, &group).await {
+                answered += 1;
+                if !st.fresh {
+                    kept += 1;
+                    upto = upto.max(st.last_log_index);
+                    leader = leader.or(st.leader);
+                }
+            }
+        }
+        let quorum = peers.len() / 2 + 1;
+        if kept >= quorum || (kept > 0 && leader.is_some()) {
+            host.set_hold_upto(&group, upto.max(1));
+            // An idle leader only finds an emptied follower out when it next replicates.
+            let to = leader.and_then(|id| peers.iter().find(|p| super::node_id(p) == id));
+            if let Some(l) = to.filter(|l| **l != me) {
+                host.nudge(l, &group).await;
+            }
+        } else if answered == others.len() {
+            if kept == 0 {
+                let members: std::collections::BTreeMap<NodeId, Peer> = peers
+                    .iter()
+                    .map(|n| (super::node_id(n), Peer { name: n.clone() }))
+                    .collect();
+                let _ = raft.initialize(members).await;
+                crate::warn!(
+                    server.log,
+                    "JetStream stream '{account} > {name}': every replica restarted empty; the memory stream starts again empty"
+                );
+            } else {
+                crate::warn!(
+                    server.log,
+                    "JetStream stream '{account} > {name}': fewer than a quorum of replicas kept this memory stream; it goes on from what they kept"
+                );
+            }
+            host.release_votes(&group, &raft);
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+    if let Some(js) = server.jetstream.get().and_then(|j| j.account(&account)) {
+        js.registry.rejoined(&group);
     }
 }
 
