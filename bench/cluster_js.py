@@ -17,6 +17,7 @@ R3, file) is created through the API, its leader found (STREAM.INFO cluster.lead
 Prints one table with keel/reference ratios (against both reference variants).
 
 Usage: bench/cluster_js.py [--msgs 100000] [--size 128] [--window 500] [--sync-msgs 5000]
+                          [--storage file|memory]
 """
 
 import argparse
@@ -40,6 +41,7 @@ from cluster_common import (  # noqa: E402
 
 CLI = os.path.join(ROOT, "target", "release", "keel")
 STREAM = "benchstream"
+STORAGE = "file"  # --storage
 
 
 async def create(cl):
@@ -47,7 +49,7 @@ async def create(cl):
     r = await api(
         nc,
         f"$JS.API.STREAM.CREATE.{STREAM}",
-        {"name": STREAM, "subjects": ["js.bench"], "storage": "file", "num_replicas": 3},
+        {"name": STREAM, "subjects": ["js.bench"], "storage": STORAGE, "num_replicas": 3},
         timeout=15,
     )
     if "error" in r:
@@ -131,7 +133,15 @@ def main():
     ap.add_argument("--dir", default=None)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--storage",
+        choices=["file", "memory"],
+        default="file",
+        help="the stream's storage (memory: a PubAck means a quorum holds it in memory, on both servers)",
+    )
     args = ap.parse_args()
+    global STORAGE
+    STORAGE = args.storage
     started = time.time()
     runs = [
         ("keel", KEEL, ""),
@@ -143,7 +153,7 @@ def main():
     lines = [
         f"cluster_js.py ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
         f"{time.time() - started:.0f} s; {os.cpu_count()} cores shared by the 3 servers and the client)",
-        f"3 separate processes, R3 file stream, client (keel bench js, async-nats) on the leader;"
+        f"3 separate processes, R3 {args.storage} stream, client (keel bench js, async-nats) on the leader;"
         f" async: {args.msgs} x {args.size} B, {args.window} in flight; sync: {args.sync_msgs} msgs;"
         f" consume: {args.msgs} msgs, {args.window} per pull; AckSync consume: {args.sync_msgs} msgs",
         "nats = nats-server default (lazy fsync); nats-always = jetstream { sync_interval: always }",

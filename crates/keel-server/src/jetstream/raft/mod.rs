@@ -138,6 +138,10 @@ pub fn node_id(name: &str) -> NodeId {
 /// are shorter so that a leader's loss is noticed within about a second, while an idle group
 /// still costs a few messages a second.
 pub fn config(name: &str) -> Arc<openraft::Config> {
+    // (`S-R3M-...`: see `cluster::create`.)
+    let memory = name
+        .strip_prefix("S-R")
+        .is_some_and(|r| r.trim_start_matches(|c: char| c.is_ascii_digit()).starts_with("M-"));
     let cfg = openraft::Config {
         cluster_name: name.to_string(),
         heartbeat_interval: 250,
@@ -149,16 +153,28 @@ pub fn config(name: &str) -> Arc<openraft::Config> {
         // log before it (keeping some, for a replica a little behind); a replica further
         // behind, or a new one, installs the snapshot and fetches the messages it lacks
         // from the leader. The meta group's log is small and kept whole.
+        // A memory stream's log is in memory, a second copy of its recent messages: it is
+        // cut much sooner, so that copy stays small.
         snapshot_policy: if name == crate::jetstream::cluster::META_GROUP {
             openraft::SnapshotPolicy::Never
+        } else if memory {
+            openraft::SnapshotPolicy::LogsSinceLast(MEMORY_SNAPSHOT_EVERY)
         } else {
             openraft::SnapshotPolicy::LogsSinceLast(STREAM_SNAPSHOT_EVERY)
         },
-        max_in_snapshot_log_to_keep: STREAM_LOG_KEPT,
+        max_in_snapshot_log_to_keep: if memory {
+            MEMORY_LOG_KEPT
+        } else {
+            STREAM_LOG_KEPT
+        },
         ..Default::default()
     };
     Arc::new(cfg.validate().expect("valid raft config"))
 }
+
+/// The same for a memory stream's group (its log is in memory).
+pub const MEMORY_SNAPSHOT_EVERY: u64 = 128;
+const MEMORY_LOG_KEPT: u64 = 32;
 
 /// A stream group snapshots after this many log entries (batches) since the last.
 pub const STREAM_SNAPSHOT_EVERY: u64 = 1024;
