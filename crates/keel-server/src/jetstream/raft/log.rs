@@ -48,6 +48,11 @@ pub trait LogBackend: Send + 'static {
     /// Small durable state (vote, committed, purged): written atomically, durable on return.
     fn save_state(&mut self, body: &[u8]) -> io::Result<()>;
     fn load_state(&self) -> io::Result<Option<Vec<u8>>>;
+    /// Nothing to make durable (memory): an append is complete once written, with no trip
+    /// through the syncer.
+    fn volatile(&self) -> bool {
+        false
+    }
 }
 
 /// Memory only: for tests of the consensus layer.
@@ -91,6 +96,9 @@ impl LogBackend for MemBackend {
     }
     fn load_state(&self) -> io::Result<Option<Vec<u8>>> {
         Ok(self.state.clone())
+    }
+    fn volatile(&self) -> bool {
+        true
     }
 }
 
@@ -357,7 +365,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let b = bincode::serialize(&e).map_err(io_err)?;
             batch.push((e.log_id.index + 1, b));
         }
-        self.lock().backend.append(&batch).map_err(io_err)?;
+        let volatile = {
+            let mut g = self.lock();
+            g.backend.append(&batch).map_err(io_err)?;
+            g.backend.volatile()
+        };
+        if volatile {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        }
         // The fsync happens on the syncer; openraft learns of it through the callback.
         if let Err(e) = self.syncer.send(callback) {
             e.0.log_io_completed(Err(io::Error::other("log closed")));

@@ -139,9 +139,10 @@ pub fn node_id(name: &str) -> NodeId {
 /// still costs a few messages a second.
 pub fn config(name: &str) -> Arc<openraft::Config> {
     // (`S-R3M-...`: see `cluster::create`.)
-    let memory = name
-        .strip_prefix("S-R")
-        .is_some_and(|r| r.trim_start_matches(|c: char| c.is_ascii_digit()).starts_with("M-"));
+    let memory = name.strip_prefix("S-R").is_some_and(|r| {
+        r.trim_start_matches(|c: char| c.is_ascii_digit())
+            .starts_with("M-")
+    });
     let cfg = openraft::Config {
         cluster_name: name.to_string(),
         heartbeat_interval: 250,
