@@ -14,6 +14,7 @@ R3, file) is created through the API, its leader found (STREAM.INFO cluster.lead
           --sync-msgs more by a second durable whose every ack waits for the server's
           confirmation (AckSync; on keel a confirmed ack is on a quorum's disks)
 
+Also each node's RSS after the consume phases (the async phase's messages still stored).
 Prints one table with keel/reference ratios (against both reference variants).
 
 Usage: bench/cluster_js.py [--msgs 100000] [--size 128] [--window 500] [--sync-msgs 5000]
@@ -36,6 +37,7 @@ from cluster_common import (  # noqa: E402
     Cluster,
     api,
     connect,
+    rss_kib,
     wait_stream_leader,
 )
 
@@ -105,6 +107,10 @@ def run_one(label, binary, js_extra, args):
         print(f"   consume+ack: {c['msgs_per_s']:.0f} msgs/s", flush=True)
         d = consume(url, args.sync_msgs, args.window, "bench-d", doubleack=True)
         print(f"   consume+AckSync: {d['msgs_per_s']:.0f} msgs/s", flush=True)
+        # Holding the async phase's messages and two durables (a memory stream: in memory,
+        # with what its group's log still keeps).
+        rss = [rss_kib(n.proc.pid) / 1024 for n in cl.nodes]
+        print(f"   RSS per node: {', '.join(f'{r:.1f}' for r in rss)} MiB", flush=True)
         asyncio.run(purge(cl))
         s = bench(url, "sync", args.sync_msgs, args.size)
         lat = s.get("latency_us", {})
@@ -119,6 +125,8 @@ def run_one(label, binary, js_extra, args):
             "sync": s["msgs_per_s"],
             "p50": lat.get("p50"),
             "p99": lat.get("p99"),
+            "rss": max(rss),
+            "rss_total": sum(rss),
         }
     finally:
         cl.cleanup(keep=args.keep)
@@ -174,6 +182,8 @@ def main():
     row("sync p99 (us)", "p99", "{:.0f}")
     row("consume+ack msgs/s", "consume", "{:.0f}")
     row("consume+AckSync msgs/s", "acksync", "{:.0f}")
+    row("max node RSS MiB", "rss", "{:.1f}")
+    row("total RSS MiB", "rss_total", "{:.1f}")
     text = "\n".join(lines)
     print("\n" + text)
     if args.out:
