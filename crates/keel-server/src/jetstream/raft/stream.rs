@@ -1405,41 +1405,25 @@ pub async fn run_group(
     let memory = stream
         .upgrade()
         .is_some_and(|s| s.storage == crate::jetstream::stream::StorageType::Memory);
-    let backend: Box<dyn super::log::LogBackend> = if memory {
-        Box::new(super::log::MemBackend::default())
+    let opened = if memory {
+        Ok(Box::new(super::log::MemBackend::default()) as Box<dyn super::log::LogBackend>)
     } else {
-        let (backend, problems, lost) = match super::log::FileBackend::open(&dir.join("log")) {
-            Ok(b) => b,
-            Err(e) => {
-                crate::error!(
-                    server.log,
-                    "JetStream stream group {}: log: {e}",
-                    spec.group
-                );
-                return;
+        super::log::FileBackend::open(&dir.join("log")).map(|(backend, problems, lost)| {
+            for p in problems {
+                crate::warn!(server.log, "JetStream stream group {} log: {p}", spec.group);
             }
-        };
-        for p in problems {
-            crate::warn!(server.log, "JetStream stream group {} log: {p}", spec.group);
-        }
-        if let Some(upto) = lost {
-            host.hold_votes(&spec.group, upto);
-        }
-        Box::new(backend)
+            if let Some(upto) = lost {
+                host.hold_votes(&spec.group, upto);
+            }
+            Box::new(backend) as Box<dyn super::log::LogBackend>
+        })
     };
     let rejoining = memory
         && stream
             .upgrade()
             .and_then(|s| account_js(&server, &s))
             .is_some_and(|js| js.registry.is_rejoining(&spec.group));
-    if rejoining {
-        // Until it knows where its peers stand: see `rejoin`.
-        host.hold(&spec.group, u64::MAX);
-        shared
-            .rejoining
-            .store(true, std::sync::atomic::Ordering::Release);
-    }
-    let log = match super::log::LogStore::open(backend, false) {
+    let log = match opened.and_then(|b| super::log::LogStore::open(b, false)) {
         Ok(l) => l,
         Err(e) => {
             crate::error!(
@@ -1450,6 +1434,13 @@ pub async fn run_group(
             return;
         }
     };
+    if rejoining {
+        // Until it knows where its peers stand: see `rejoin`.
+        host.hold(&spec.group, u64::MAX);
+        shared
+            .rejoining
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
     let _ = shared.log.set(log.clone());
     let raft = match Raft::new(
         shared.node,
