@@ -52,7 +52,7 @@ impl Meta {
         let (machine, applied) = MetaMachine::new();
         let raft = Raft::new(
             host.id,
-            raft::config(META_GROUP),
+            raft::config(META_GROUP, false),
             host.network(META_GROUP),
             log,
             machine.clone(),

@@ -137,12 +137,8 @@ pub fn node_id(name: &str) -> NodeId {
 /// openraft's timers. The reference uses seconds (heartbeat 1 s, election 4-9 s); these
 /// are shorter so that a leader's loss is noticed within about a second, while an idle group
 /// still costs a few messages a second.
-pub fn config(name: &str) -> Arc<openraft::Config> {
-    // (`S-R3M-...`: see `cluster::create`.)
-    let memory = name.strip_prefix("S-R").is_some_and(|r| {
-        r.trim_start_matches(|c: char| c.is_ascii_digit())
-            .starts_with("M-")
-    });
+/// `memory`: a memory stream's group (its log is in memory).
+pub fn config(name: &str, memory: bool) -> Arc<openraft::Config> {
     let cfg = openraft::Config {
         cluster_name: name.to_string(),
         heartbeat_interval: 250,
@@ -576,16 +572,19 @@ impl RaftHost {
     /// Holds `group`'s votes until its log is back to `upto` (set later with
     /// `set_hold_upto`, or ended with `release_votes`), without a warning: a memory
     /// replica that restarted empty.
-    pub fn hold(&self, group: &str, upto: u64) {
+    /// Returns the hold's number (for `held_upto`, `set_hold_upto`, `release_votes`: a
+    /// group made again under the same name gets a hold of its own).
+    pub fn hold(&self, group: &str, upto: u64) -> u64 {
         let n = self.holds.fetch_add(1, Ordering::Relaxed);
         self.held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(group.to_string(), (upto, n));
+        n
     }
 
     /// The index a held group waits for, while hold `n` is the one in place.
-    fn held_upto(&self, group: &str, n: u64) -> Option<u64> {
+    pub fn held_upto(&self, group: &str, n: u64) -> Option<u64> {
         self.held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -594,25 +593,22 @@ impl RaftHost {
             .map(|(u, _)| *u)
     }
 
-    /// A held group learnt how far its log must come back (the hold stays the same one).
-    pub fn set_hold_upto(&self, group: &str, upto: u64) {
-        if let Some(h) = self
-            .held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut(group)
-        {
+    /// Hold `n` of a group learnt how far its log must come back.
+    pub fn set_hold_upto(&self, group: &str, n: u64, upto: u64) {
+        let mut g = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = g.get_mut(group).filter(|(_, m)| *m == n) {
             h.0 = upto;
         }
     }
 
-    /// Ends a hold at once: the group votes and stands for election again.
-    pub fn release_votes(&self, group: &str, raft: &Raft) {
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(group);
-        raft.runtime_config().elect(true);
+    /// Ends hold `n` at once: the group votes and stands for election again.
+    pub fn release_votes(&self, group: &str, n: u64, raft: &Raft) {
+        let mut g = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if g.get(group).is_some_and(|(_, m)| *m == n) {
+            g.remove(group);
+            drop(g);
+            raft.runtime_config().elect(true);
+        }
     }
 
     pub(crate) fn votes_held(&self, group: &str) -> bool {

@@ -1434,17 +1434,15 @@ pub async fn run_group(
             return;
         }
     };
-    if rejoining {
-        // Until it knows where its peers stand: see `rejoin`.
-        host.hold(&spec.group, u64::MAX);
-        shared
-            .rejoining
-            .store(true, std::sync::atomic::Ordering::Release);
-    }
+    // Until it knows where its peers stand: see `rejoin`.
+    let hold = rejoining.then(|| host.hold(&spec.group, u64::MAX));
+    shared
+        .rejoining
+        .store(rejoining, std::sync::atomic::Ordering::Release);
     let _ = shared.log.set(log.clone());
     let raft = match Raft::new(
         shared.node,
-        super::config(&spec.group),
+        super::config(&spec.group, memory),
         host.network(&spec.group),
         log,
         StreamMachine(shared.clone()),
@@ -1462,17 +1460,15 @@ pub async fn run_group(
     host.add_store(&spec.group, &shared);
     host.add_group(&spec.group, raft.clone());
     host.guard_votes(&spec.group, &raft);
-    if rejoining {
-        if let Some(s) = stream.upgrade() {
-            server.spawn(rejoin(
-                server.clone(),
-                raft.clone(),
-                host.clone(),
-                s.account().name.clone(),
-                s.name.clone(),
-                spec.group.clone(),
-            ));
-        }
+    if let Some((hold, s)) = hold.zip(stream.upgrade()) {
+        server.spawn(rejoin(
+            server.clone(),
+            raft.clone(),
+            host.clone(),
+            (s.account().name.clone(), s.name.clone()),
+            spec.group.clone(),
+            hold,
+        ));
     }
     if bootstrap {
         let members: std::collections::BTreeMap<NodeId, Peer> = spec
@@ -1673,9 +1669,9 @@ async fn rejoin(
     server: Arc<crate::server::Server>,
     raft: Raft,
     host: Arc<super::RaftHost>,
-    account: String,
-    name: String,
+    (account, name): (String, String),
     group: String,
+    hold: u64,
 ) {
     crate::info!(
         server.log,
@@ -1683,7 +1679,7 @@ async fn rejoin(
     );
     let me = server.server_name.clone();
     let mut shutdown = server.shutdown_rx();
-    while host.votes_held(&group) {
+    while host.held_upto(&group, hold).is_some() {
         let Some(peers) = server
             .jetstream
             .get()
@@ -1707,7 +1703,7 @@ async fn rejoin(
         }
         let quorum = peers.len() / 2 + 1;
         if kept >= quorum || (kept > 0 && leader.is_some()) {
-            host.set_hold_upto(&group, upto.max(1));
+            host.set_hold_upto(&group, hold, upto.max(1));
             // An idle leader only finds an emptied follower out when it next replicates.
             let to = leader.and_then(|id| peers.iter().find(|p| super::node_id(p) == id));
             if let Some(l) = to.filter(|l| **l != me) {
@@ -1730,7 +1726,7 @@ async fn rejoin(
                     "JetStream stream '{account} > {name}': fewer than a quorum of replicas kept this memory stream; it goes on from what they kept"
                 );
             }
-            host.release_votes(&group, &raft);
+            host.release_votes(&group, hold, &raft);
             break;
         }
         tokio::select! {
