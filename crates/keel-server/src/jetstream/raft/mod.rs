@@ -701,17 +701,13 @@ impl RaftHost {
         from: u64,
         to: u64,
     ) -> Result<(u64, Vec<u8>), String> {
-        let mut router = Router::new(self.account.clone(), 0x5246);
         let rpc = Rpc::Fetch {
             from,
             to,
             max_bytes: FETCH_BYTES,
         };
-        let peer = Peer {
-            name: target.to_string(),
-        };
         let b = self
-            .call(&mut router, &peer, "FETCH", group, &rpc, RPC_TIMEOUT)
+            .ask(target, "FETCH", group, &rpc, RPC_TIMEOUT)
             .await
             .map_err(|e| e.to_string())?;
         let f =
@@ -727,57 +723,46 @@ impl RaftHost {
         account: &str,
         timeout: Duration,
     ) -> Option<(u64, u64, u64)> {
-        let mut router = Router::new(self.account.clone(), 0x5246);
-        let peer = Peer {
-            name: target.to_string(),
-        };
         let rpc = Rpc::Usage {
             account: account.to_string(),
         };
         let group = crate::jetstream::cluster::META_GROUP;
-        let b = self
-            .call(&mut router, &peer, "USAGE", group, &rpc, timeout)
-            .await
-            .ok()?;
+        let b = self.ask(target, "USAGE", group, &rpc, timeout).await.ok()?;
         bincode::deserialize::<Option<(u64, u64, u64)>>(&b).ok()?
     }
 
-    /// Asks `target`, the leader of stream group `group`, to append an empty batch
-    /// (`Rpc::Nudge`).
-    /// Where `target`'s replica of `group` stands, if it answers.
-    pub async fn standing(&self, target: &str, group: &str) -> Option<Standing> {
+    /// One RPC to `target` about `group`, on a router of its own.
+    async fn ask(
+        &self,
+        target: &str,
+        kind: &str,
+        group: &str,
+        rpc: &Rpc,
+        timeout: Duration,
+    ) -> Result<Bytes, NetworkError> {
         let mut router = Router::new(self.account.clone(), 0x5246);
         let peer = Peer {
             name: target.to_string(),
         };
+        self.call(&mut router, &peer, kind, group, rpc, timeout)
+            .await
+    }
+
+    /// Where `target`'s replica of `group` stands, if it answers.
+    pub async fn standing(&self, target: &str, group: &str) -> Option<Standing> {
+        let rpc = Rpc::Standing;
         let b = self
-            .call(
-                &mut router,
-                &peer,
-                "STANDING",
-                group,
-                &Rpc::Standing,
-                Duration::from_secs(1),
-            )
+            .ask(target, "STANDING", group, &rpc, Duration::from_secs(1))
             .await
             .ok()?;
         bincode::deserialize(&b).ok()
     }
 
+    /// Asks `target`, the leader of stream group `group`, to append an empty batch
+    /// (`Rpc::Nudge`).
     pub async fn nudge(&self, target: &str, group: &str) {
-        let mut router = Router::new(self.account.clone(), 0x5246);
-        let peer = Peer {
-            name: target.to_string(),
-        };
         let _ = self
-            .call(
-                &mut router,
-                &peer,
-                "NUDGE",
-                group,
-                &Rpc::Nudge,
-                Duration::from_secs(1),
-            )
+            .ask(target, "NUDGE", group, &Rpc::Nudge, Duration::from_secs(1))
             .await;
     }
 
