@@ -2,16 +2,23 @@
 //! state), written through the same [`Fs`] seam as the segments so the fault-injection
 //! tests cover them.
 //!
-//! Each file is `KEELMETA1 <length> <crc32 hex>\n` followed by the body (JSON, so an
-//! operator can still read it). A write goes to `<name>.tmp`, optionally fsynced, and is
-//! renamed over `<name>`. `<name>.prev` holds an older good copy: before a durable write,
-//! and before a write that skips the fsync replaces a current copy that is (or may be)
-//! durable, the current copy is copied there (durably in the second case, so such writes
-//! can never leave the last durable version unreadable after a power failure). A read takes the newest copy
-//! that verifies: the current one, else a `.tmp` left by an interrupted write (always
-//! newer), else `.prev`. Falling back to an older copy is what keeps a consumer
-//! at-least-once when its state file is damaged: the older state has a lower ack floor,
-//! so it redelivers (duplicates) rather than skips.
+//! A file `<name>` has two slots, `<name>` and `<name>.alt`, each holding one copy:
+//! `KEELMETA2 <length> <crc32 hex> <generation>\n`, the body (JSON, so an operator can
+//! still read it), and possibly stale bytes after it. A write overwrites one slot in place
+//! with the next generation, never the slot holding the newest copy that is (or may be)
+//! durable, so a torn write (a crash, a kill in the middle of it) always leaves that copy
+//! whole; a durable write fsyncs its slot, which then becomes the one kept. Writing in
+//! place matters: replacing a file by rename frees the old one's blocks, and on a
+//! filesystem mounted with `discard` that is a synchronous trim per write (about 300 us,
+//! paid per confirmed ack). A slot is created through `<slot>.tmp` and a rename, so a
+//! half-made file never carries the slot's name.
+//!
+//! A read takes the copy of the highest generation that verifies, else (no slot verifies)
+//! a `.tmp` left by an interrupted first write, else a `.prev` (files written by an older
+//! Keel: `KEELMETA1 <length> <crc32 hex>\n`, renamed over `<name>`, an older copy in
+//! `.prev`; they read as generation 0). Falling back to an older copy is what keeps a
+//! consumer at-least-once when its state file is damaged: the older state has a lower
+//! ack floor, so it redelivers (duplicates) rather than skips.
 
 use crate::io::{Fs, StdFs};
 use std::collections::BTreeMap;
@@ -19,17 +26,24 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-const MAGIC: &str = "KEELMETA1";
+const MAGIC: &str = "KEELMETA2";
+/// Files written before slots: no generation, exactly the body after the header.
+const MAGIC1: &str = "KEELMETA1";
+const ALT: &str = ".alt";
+/// A slot is cut back to its copy when it holds this much more than twice the copy (a
+/// consumer whose pending list shrank), not on every shorter write: a truncate frees
+/// blocks, the cost the in-place write avoids.
+const SHRINK_SLACK: u64 = 64 * 1024;
 
 /// What [`MetaFiles::read`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaRead {
     /// No copy of the file exists.
     Missing,
-    /// The current copy, checksum verified.
+    /// The newest copy, checksum verified.
     Current(Vec<u8>),
-    /// The current copy is missing or damaged (`damage` says how); `body` is an older
-    /// copy that verified.
+    /// A copy is missing or damaged (`damage` says how); `body` is the newest copy that
+    /// verified, which may be older than the damaged one.
     Older { body: Vec<u8>, damage: String },
     /// Copies exist but none verifies.
     Damaged(String),
@@ -38,13 +52,35 @@ pub enum MetaRead {
     Unchecked(Vec<u8>),
 }
 
-/// Checksummed, atomically replaced metadata files.
+/// What this process knows of one file's slots.
+#[derive(Clone, Copy, Default, Debug)]
+struct Slots {
+    /// The generation of the newest copy written or found.
+    gen: u64,
+    /// The slot holding the newest copy that is (or may be) durable: never overwritten.
+    keep: Option<usize>,
+    /// The slot holding a newer copy written without fsync.
+    newer: Option<usize>,
+    /// Whether each slot's file exists.
+    exists: [bool; 2],
+    /// Whether each slot's name is durable (its directory synced since this process
+    /// looked: a name made by a process that was killed may not be).
+    named: [bool; 2],
+    /// A write failed since the last good one: the slot it went to may be torn.
+    failed: bool,
+    /// Each slot's file length, once known.
+    lens: [Option<u64>; 2],
+}
+
+/// Checksummed metadata files, each replaced by writing one of its two slots in place.
 #[derive(Clone)]
 pub struct MetaFiles {
     fs: Arc<dyn Fs>,
-    /// Whether the current copy of each file this process wrote is durable (ordered, so
-    /// the files under one directory are one range: `make_durable_under`).
+    /// Whether the current copy of each file this process wrote by rename is durable
+    /// (ordered, so the files under one directory are one range: `make_durable_under`).
     durable: Arc<Mutex<BTreeMap<PathBuf, bool>>>,
+    /// What this process knows of each file it wrote in place.
+    slots: Arc<Mutex<BTreeMap<PathBuf, Slots>>>,
 }
 
 impl Default for MetaFiles {
@@ -59,18 +95,35 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// The body if `b` is a complete file whose checksum matches.
-fn verify(b: &[u8]) -> Result<Vec<u8>, String> {
+fn slot_path(path: &Path, slot: usize) -> PathBuf {
+    if slot == 0 {
+        path.to_path_buf()
+    } else {
+        sibling(path, ALT)
+    }
+}
+
+fn checksum(gen: u64, body: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&gen.to_le_bytes());
+    h.update(body);
+    h.finalize()
+}
+
+/// The generation and body if `b` holds a complete copy whose checksum matches.
+fn verify(b: &[u8]) -> Result<(u64, Vec<u8>), String> {
     let nl = b
         .iter()
-        .take(64)
+        .take(80)
         .position(|&c| c == b'\n')
         .ok_or("no header")?;
     let head = std::str::from_utf8(&b[..nl]).map_err(|_| "bad header")?;
     let mut parts = head.split(' ');
-    if parts.next() != Some(MAGIC) {
-        return Err("bad header".into());
-    }
+    let v1 = match parts.next() {
+        Some(MAGIC) => false,
+        Some(MAGIC1) => true,
+        _ => return Err("bad header".into()),
+    };
     let len: usize = parts
         .next()
         .and_then(|v| v.parse().ok())
@@ -79,28 +132,62 @@ fn verify(b: &[u8]) -> Result<Vec<u8>, String> {
         .next()
         .and_then(|v| u32::from_str_radix(v, 16).ok())
         .ok_or("bad checksum field")?;
-    let body = &b[nl + 1..];
-    if body.len() != len {
-        return Err(format!("length {} instead of {len}", body.len()));
+    let rest = &b[nl + 1..];
+    if v1 {
+        if rest.len() != len {
+            return Err(format!("length {} instead of {len}", rest.len()));
+        }
+        if crc32fast::hash(rest) != crc {
+            return Err("checksum mismatch".into());
+        }
+        return Ok((0, rest.to_vec()));
     }
-    if crc32fast::hash(body) != crc {
+    let gen: u64 = parts
+        .next()
+        .and_then(|v| v.parse().ok())
+        .ok_or("bad generation")?;
+    // Bytes past the copy are what a longer earlier copy left.
+    let body = rest
+        .get(..len)
+        .ok_or_else(|| format!("length {} instead of {len}", rest.len()))?;
+    if checksum(gen, body) != crc {
         return Err("checksum mismatch".into());
     }
-    Ok(body.to_vec())
+    Ok((gen, body.to_vec()))
 }
 
-/// The file content for `body`: header, then the body.
-fn frame(body: &[u8]) -> Vec<u8> {
-    let mut buf = format!("{MAGIC} {} {:08x}\n", body.len(), crc32fast::hash(body)).into_bytes();
+/// A renamed file's content: the older header (generation 0), then the body.
+fn frame1(body: &[u8]) -> Vec<u8> {
+    let mut buf = format!("{MAGIC1} {} {:08x}\n", body.len(), crc32fast::hash(body)).into_bytes();
+    buf.extend_from_slice(body);
+    buf
+}
+
+/// A slot's copy for `body` at generation `gen`: header, then the body.
+fn frame(gen: u64, body: &[u8]) -> Vec<u8> {
+    let mut buf =
+        format!("{MAGIC} {} {:08x} {gen}\n", body.len(), checksum(gen, body)).into_bytes();
     buf.extend_from_slice(body);
     buf
 }
 
 enum Copy {
     Missing,
-    Ok(Vec<u8>),
+    Ok(u64, Vec<u8>),
+    /// No header at all: a file from before checksums.
     Legacy(Vec<u8>),
     Bad(String),
+}
+
+impl Copy {
+    /// The generation of a copy that can be used.
+    fn gen(&self) -> Option<u64> {
+        match self {
+            Copy::Ok(g, _) => Some(*g),
+            Copy::Legacy(_) => Some(0),
+            Copy::Missing | Copy::Bad(_) => None,
+        }
+    }
 }
 
 impl MetaFiles {
@@ -113,12 +200,22 @@ impl MetaFiles {
         MetaFiles {
             fs,
             durable: Arc::default(),
+            slots: Arc::default(),
         }
     }
 
     #[cfg(test)]
     pub(crate) fn with_fs(fs: Arc<dyn Fs>) -> MetaFiles {
         Self::on(fs)
+    }
+
+    /// Every name a copy of `path` may have (slots, interrupted writes, an older Keel's
+    /// fallback), for moving a damaged file's copies aside.
+    pub fn copies(path: &Path) -> Vec<PathBuf> {
+        ["", ALT, ".tmp", ".alt.tmp", ".prev", ".prev.tmp"]
+            .iter()
+            .map(|s| sibling(path, s))
+            .collect()
     }
 
     fn load(&self, path: &Path) -> Copy {
@@ -134,32 +231,73 @@ impl MetaFiles {
         if let Err(e) = f.read_at(&mut b, 0) {
             return Copy::Bad(format!("unreadable: {e}"));
         }
-        if !b.starts_with(MAGIC.as_bytes()) && b.first() == Some(&b'{') {
+        if !b.starts_with(b"KEELMETA") && b.first() == Some(&b'{') {
             return Copy::Legacy(b);
         }
         match verify(&b) {
-            Ok(body) => Copy::Ok(body),
+            Ok((gen, body)) => Copy::Ok(gen, body),
             Err(why) => Copy::Bad(why),
         }
     }
 
-    /// Replaces `path` with `body`. With `durable`, the new content and its directory
-    /// entry are on disk when this returns.
+    /// What the files of `path` hold, for its first write by this process.
+    fn scan(&self, path: &Path) -> io::Result<Slots> {
+        let mut c = [self.load(path), self.load(&slot_path(path, 1))];
+        let tmp = sibling(path, ".tmp");
+        if c[0].gen().is_none() {
+            // A good `.tmp` newer than every slot is an interrupted write (the newest
+            // state): finish it rather than overwrite it.
+            let t = self.load(&tmp);
+            if let Some(g) = t.gen().filter(|&g| c[1].gen().is_none_or(|g1| g > g1)) {
+                self.fs.rename(&tmp, path)?;
+                c[0] = Copy::Ok(g, Vec::new());
+            }
+        }
+        let mut s = Slots {
+            exists: [
+                !matches!(c[0], Copy::Missing),
+                !matches!(c[1], Copy::Missing),
+            ],
+            ..Slots::default()
+        };
+        for (i, copy) in c.iter().enumerate() {
+            if let Some(g) = copy.gen() {
+                if s.keep.is_none() || g > s.gen {
+                    s.keep = Some(i);
+                    s.gen = g;
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    /// Replaces `path` with `body` by a rename (for files written now and then: configs,
+    /// a Raft log's vote). With `durable`, the new content and its directory entry are on
+    /// disk when this returns.
     pub fn write(&self, path: &Path, body: &[u8], durable: bool) -> io::Result<()> {
         let dir = path.parent().unwrap_or(Path::new("."));
         self.fs.create_dir_all(dir)?;
+        if self.fs.open(&slot_path(path, 1), false).is_ok() {
+            // Written in place before: it stays so (a renamed copy would read as older).
+            return self.overwrite(path, body, durable);
+        }
+        // What an in-place write knew no longer holds once a rename replaces the file.
+        self.slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(path);
         let tmp = sibling(path, ".tmp");
         let mut known = self.durable.lock().unwrap_or_else(|e| e.into_inner());
-        if !known.contains_key(path) && !matches!(self.load(path), Copy::Ok(_)) {
+        if !known.contains_key(path) && !matches!(self.load(path), Copy::Ok(..)) {
             // A good `.tmp` with no good current copy is an interrupted write (the newest
             // state): finish it rather than overwrite it.
-            if let Copy::Ok(_) = self.load(&tmp) {
+            if let Copy::Ok(..) = self.load(&tmp) {
                 self.fs.rename(&tmp, path)?;
             }
         }
         let mut f = self.fs.open(&tmp, true)?;
         f.truncate(0)?;
-        f.write_at(&frame(body), 0)?;
+        f.write_at(&frame1(body), 0)?;
         if durable {
             f.sync()?;
         }
@@ -172,11 +310,11 @@ impl MetaFiles {
         // current copy is the durable one.
         let state = known.get(path).copied();
         if durable || state != Some(false) {
-            if let Copy::Ok(old) = self.load(path) {
+            if let Copy::Ok(_, old) = self.load(path) {
                 let ptmp = sibling(path, ".prev.tmp");
                 let mut f = self.fs.open(&ptmp, true)?;
                 f.truncate(0)?;
-                f.write_at(&frame(&old), 0)?;
+                f.write_at(&frame1(&old), 0)?;
                 if !durable {
                     f.sync()?;
                 }
@@ -197,12 +335,114 @@ impl MetaFiles {
         Ok(())
     }
 
-    /// Makes durable every file under `dir` that this process last wrote without fsync
-    /// (their content and their names), so that a marker synced after this never runs
-    /// ahead of them: a replicated stream's consumer state files, written without fsync
-    /// (the group's log has them), before the store's applied marker moves past their
-    /// entries. Returns how many were synced.
+    /// Replaces `path` with `body` by writing one of its slots in place (for files written
+    /// often: a consumer's state, per ack). With `durable`, the new content and its name
+    /// are on disk when this returns.
+    pub fn overwrite(&self, path: &Path, body: &[u8], durable: bool) -> io::Result<()> {
+        // What a rename knew no longer holds once a slot is written.
+        self.durable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(path);
+        let mut known = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = match known.get(path) {
+            Some(s) => *s,
+            None => {
+                let dir = path.parent().unwrap_or(Path::new("."));
+                self.fs.create_dir_all(dir)?;
+                self.scan(path)?
+            }
+        };
+        s.gen += 1;
+        let slot = s.keep.map_or(0, |k| 1 - k);
+        let r = self.put(path, slot, &frame(s.gen, body), durable, &mut s);
+        match r {
+            Ok(()) => {
+                s.failed = false;
+                if durable {
+                    s.keep = Some(slot);
+                    s.newer = None;
+                } else {
+                    s.newer = Some(slot);
+                }
+            }
+            Err(_) => s.failed = true,
+        }
+        known.insert(path.to_path_buf(), s);
+        r
+    }
+
+    /// Writes one slot: in place, or (a slot not made yet) through `<slot>.tmp`.
+    fn put(
+        &self,
+        path: &Path,
+        slot: usize,
+        bytes: &[u8],
+        durable: bool,
+        s: &mut Slots,
+    ) -> io::Result<()> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let name = slot_path(path, slot);
+        if s.exists[slot] {
+            let mut f = match self.fs.open(&name, false) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    // Removed behind our back: made again below.
+                    s.exists[slot] = false;
+                    s.lens[slot] = None;
+                    return self.put(path, slot, bytes, durable, s);
+                }
+                r => r?,
+            };
+            // The slot's length as this process left it (read once), not a stat per write.
+            let len = match s.lens[slot] {
+                Some(l) => l,
+                None => f.len()?,
+            };
+            s.lens[slot] = None;
+            f.write_at(bytes, 0)?;
+            let mut len = len.max(bytes.len() as u64);
+            if len > 2 * bytes.len() as u64 + SHRINK_SLACK {
+                f.truncate(bytes.len() as u64)?;
+                len = bytes.len() as u64;
+            }
+            s.lens[slot] = Some(len);
+            if durable {
+                f.sync()?;
+            }
+        } else {
+            let tmp = sibling(&name, ".tmp");
+            // (Its directory may have gone behind our back too.)
+            self.fs.create_dir_all(dir)?;
+            let mut f = self.fs.open(&tmp, true)?;
+            f.truncate(0)?;
+            f.write_at(bytes, 0)?;
+            if durable {
+                f.sync()?;
+            }
+            drop(f);
+            self.fs.rename(&tmp, &name)?;
+            s.exists[slot] = true;
+            s.lens[slot] = Some(bytes.len() as u64);
+            s.named[slot] = false;
+        }
+        if durable && !s.named[slot] {
+            self.fs.sync_dir(dir)?;
+            s.named = [s.exists[0], s.exists[1]];
+        }
+        Ok(())
+    }
+
+    /// Makes durable every file under `dir` whose newest copy this process wrote without
+    /// fsync (content and name), so that a marker synced after this never runs ahead of
+    /// them: a replicated stream's consumer state files, written without fsync (the
+    /// group's log has them), before the store's applied marker moves past their entries.
+    /// Fails while a file's last write failed (its newest copy may be torn). Returns how
+    /// many were synced.
     pub fn make_durable_under(&self, dir: &Path) -> io::Result<usize> {
+        Ok(self.renamed_durable_under(dir)? + self.slots_durable_under(dir)?)
+    }
+
+    fn renamed_durable_under(&self, dir: &Path) -> io::Result<usize> {
         let mut known = self.durable.lock().unwrap_or_else(|e| e.into_inner());
         let todo: Vec<PathBuf> = known
             .range(dir.to_path_buf()..)
@@ -238,36 +478,111 @@ impl MetaFiles {
         Ok(todo.len())
     }
 
-    /// The newest copy of `path` that verifies.
-    pub fn read(&self, path: &Path) -> MetaRead {
-        let why = match self.load(path) {
-            Copy::Ok(b) => return MetaRead::Current(b),
-            Copy::Legacy(b) => return MetaRead::Unchecked(b),
-            Copy::Missing => None,
-            Copy::Bad(why) => Some(why),
-        };
-        let damage = why.clone().unwrap_or_else(|| "missing".into());
-        let mut others = Vec::new();
-        for suffix in [".tmp", ".prev"] {
-            match self.load(&sibling(path, suffix)) {
-                Copy::Ok(body) => {
-                    return MetaRead::Older {
-                        body,
-                        damage: format!("{damage}; using {suffix} copy"),
+    fn slots_durable_under(&self, dir: &Path) -> io::Result<usize> {
+        let mut known = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let todo: Vec<(PathBuf, Slots)> = known
+            .range(dir.to_path_buf()..)
+            .take_while(|(p, _)| p.starts_with(dir))
+            .filter(|(_, s)| s.newer.is_some() || s.failed)
+            .map(|(p, s)| (p.clone(), *s))
+            .collect();
+        if let Some((p, _)) = todo.iter().find(|(_, s)| s.failed) {
+            return Err(io::Error::other(format!(
+                "the last write of {} failed",
+                p.display()
+            )));
+        }
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        let mut done = Vec::new();
+        for (p, s) in &todo {
+            let slot = s.newer.expect("filtered");
+            match self.fs.open(&slot_path(p, slot), false) {
+                Ok(mut f) => f.sync()?,
+                // Removed since (its directory went): nothing left to make durable.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    known.remove(p);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            if !s.named[slot] {
+                if let Some(d) = p.parent() {
+                    if !dirs.iter().any(|x| x == d) {
+                        dirs.push(d.to_path_buf());
                     }
                 }
+            }
+            done.push(p);
+        }
+        for d in &dirs {
+            self.fs.sync_dir(d)?;
+        }
+        for p in &done {
+            if let Some(s) = known.get_mut(*p) {
+                s.keep = s.newer.take();
+                s.named = [s.exists[0], s.exists[1]];
+            }
+        }
+        Ok(done.len())
+    }
+
+    /// The newest copy of `path` that verifies.
+    pub fn read(&self, path: &Path) -> MetaRead {
+        let names = ["", ALT];
+        let c = [self.load(path), self.load(&slot_path(path, 1))];
+        let bad: Vec<String> = c
+            .iter()
+            .zip(names)
+            .filter_map(|(c, n)| match c {
+                Copy::Bad(why) => Some(format!("{} copy: {why}", label(n))),
+                _ => None,
+            })
+            .collect();
+        let best = (0..2)
+            .filter_map(|i| Some((c[i].gen()?, i)))
+            .max_by_key(|&(g, i)| (g, std::cmp::Reverse(i)));
+        if let Some((_, i)) = best {
+            let [a, b] = c;
+            let copy = if i == 0 { a } else { b };
+            return match copy {
+                Copy::Ok(_, body) if bad.is_empty() => MetaRead::Current(body),
+                Copy::Ok(_, body) => MetaRead::Older {
+                    body,
+                    damage: format!("{}; using the {} copy", bad.join("; "), label(names[i])),
+                },
+                Copy::Legacy(b) => MetaRead::Unchecked(b),
+                Copy::Missing | Copy::Bad(_) => unreachable!("has a generation"),
+            };
+        }
+        let damage = if bad.is_empty() {
+            "missing".to_string()
+        } else {
+            bad.join("; ")
+        };
+        let mut others = Vec::new();
+        let mut found: Option<(u64, &str, Vec<u8>)> = None;
+        for suffix in [".tmp", ".alt.tmp", ".prev"] {
+            match self.load(&sibling(path, suffix)) {
+                // The newest interrupted write, else the older Keel's fallback.
+                Copy::Ok(g, body) if found.as_ref().is_none_or(|(fg, _, _)| g > *fg) => {
+                    found = Some((g, suffix, body))
+                }
                 Copy::Bad(w) => others.push(format!("{suffix} copy: {w}")),
-                Copy::Legacy(_) | Copy::Missing => {}
+                _ => {}
             }
         }
-        match why {
-            None if others.is_empty() => MetaRead::Missing,
-            _ => {
-                let mut all = vec![damage];
-                all.extend(others);
-                MetaRead::Damaged(all.join("; "))
-            }
+        if let Some((_, suffix, body)) = found {
+            return MetaRead::Older {
+                body,
+                damage: format!("{damage}; using {suffix} copy"),
+            };
         }
+        if bad.is_empty() && others.is_empty() {
+            return MetaRead::Missing;
+        }
+        let mut all = vec![damage];
+        all.extend(others);
+        MetaRead::Damaged(all.join("; "))
     }
 
     pub fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
@@ -281,11 +596,41 @@ impl MetaFiles {
 
     /// Renames `from` to `to` (same filesystem).
     pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.forget(from);
+        self.forget(to);
         self.fs.rename(from, to)
     }
 
     /// Removes `dir` and everything in it; a missing directory is not an error.
     pub fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        self.forget(dir);
         self.fs.remove_dir_all(dir)
+    }
+
+    /// What this process knew of the files at or under `path` no longer holds (they went,
+    /// or something else takes their names): the next write looks again.
+    fn forget(&self, path: &Path) {
+        fn under<T>(map: &Mutex<BTreeMap<PathBuf, T>>, path: &Path) {
+            let mut known = map.lock().unwrap_or_else(|e| e.into_inner());
+            let gone: Vec<PathBuf> = known
+                .range(path.to_path_buf()..)
+                .take_while(|(p, _)| p.starts_with(path))
+                .map(|(p, _)| p.clone())
+                .collect();
+            for p in gone {
+                known.remove(&p);
+            }
+        }
+        under(&self.durable, path);
+        under(&self.slots, path);
+    }
+}
+
+/// How a read names a slot.
+fn label(suffix: &str) -> &str {
+    if suffix.is_empty() {
+        "main"
+    } else {
+        suffix
     }
 }

@@ -335,11 +335,12 @@ impl RaftLog {
                      {why}"
                 ));
                 // Out of the way, so that the damage is reported once.
-                for suffix in ["", ".tmp", ".prev"] {
-                    let from = self.path(&format!("state{suffix}"));
+                let state = self.path("state");
+                for from in MetaFiles::copies(&state) {
+                    let name = from.file_name().unwrap_or_default().to_string_lossy();
                     match self
                         .fs
-                        .rename(&from, &self.path(&format!("damaged-state{suffix}")))
+                        .rename(&from, &self.path(&format!("damaged-{name}")))
                     {
                         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                         _ => {}

@@ -1107,7 +1107,7 @@ impl Consumer {
         if let Err(e) = self
             .stream
             .meta
-            .write(&dir.join("state.json"), &bytes, sync)
+            .overwrite(&dir.join("state.json"), &bytes, sync)
         {
             crate::error!(
                 self.handle.log(),

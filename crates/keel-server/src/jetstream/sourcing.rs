@@ -708,8 +708,9 @@ pub fn save_positions(
         })
         .collect();
     let body = serde_json::to_vec(&map).expect("positions serialize");
-    // Through keel-store's MetaFiles (the Fs seam): checksummed, atomically replaced.
-    if let Err(e) = meta.write(&dir.join(POSITIONS_FILE), &body, durable) {
+    // Through keel-store's MetaFiles (the Fs seam): checksummed, a slot written in place
+    // (saved as sourced messages are stored, so no rename per save).
+    if let Err(e) = meta.overwrite(&dir.join(POSITIONS_FILE), &body, durable) {
         crate::warn!(
             log,
             "Could not save source positions in {}: {e}",

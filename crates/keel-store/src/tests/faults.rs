@@ -463,10 +463,16 @@ fn confirmed_ack_sync_state_survives_power_failures() {
                     if rng.chance(12) {
                         sim.fail_after(rng.below(6));
                     }
-                    let r = m.write(path, body.as_bytes(), sync);
+                    // In place or by rename, mixed (a file once written in place stays so).
+                    let in_place = rng.chance(2);
+                    let r = if in_place {
+                        m.overwrite(path, body.as_bytes(), sync)
+                    } else {
+                        m.write(path, body.as_bytes(), sync)
+                    };
                     if std::env::var_os("KEEL_SIM_TRACE").is_some() {
                         eprintln!(
-                            "write {written} sync {sync} => {r:?} names {:?}",
+                            "write {written} sync {sync} in place {in_place} => {r:?} names {:?}",
                             sim.names()
                         );
                     }
@@ -562,6 +568,103 @@ fn confirmed_ack_sync_state_survives_power_failures() {
 /// caught, and the previous good copy is used.
 #[test]
 fn damaged_state_file_falls_back_to_the_previous_copy() {
+    let d = TempDir::new();
+    let m = MetaFiles::new();
+    let p = d.0.join("state.json");
+    let alt = d.0.join("state.json.alt");
+    m.overwrite(&p, br#"{"delivered":4000}"#, true).unwrap();
+    m.overwrite(&p, br#"{"delivered":5000}"#, true).unwrap();
+    // The two copies are the two slots.
+    let holding = |text: &[u8]| {
+        [&p, &alt]
+            .into_iter()
+            .find(|f| {
+                let b = std::fs::read(f).unwrap_or_default();
+                b.windows(text.len()).any(|w| w == text)
+            })
+            .unwrap()
+            .clone()
+    };
+    let newest = holding(b"5000");
+    let mut b = std::fs::read(&newest).unwrap();
+    let at = b.windows(4).position(|w| w == b"5000").unwrap();
+    b[at] = b'7';
+    std::fs::write(&newest, &b).unwrap();
+    match m.read(&p) {
+        MetaRead::Older { body, damage } => {
+            assert_eq!(body, br#"{"delivered":4000}"#);
+            assert!(damage.contains("checksum"), "{damage}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A durable write goes to the other slot than the newest durable copy; the damaged
+    // one is still reported until it is written again.
+    m.overwrite(&p, br#"{"delivered":6000}"#, true).unwrap();
+    assert!(matches!(m.read(&p), MetaRead::Older { body, .. } if body == br#"{"delivered":6000}"#));
+    m.overwrite(&p, br#"{"delivered":7000}"#, false).unwrap();
+    assert_eq!(
+        m.read(&p),
+        MetaRead::Current(br#"{"delivered":7000}"#.to_vec())
+    );
+    // A shorter copy over a longer one: the stale tail is not part of it. (It goes over
+    // the copy written without fsync, not the durable one.)
+    m.overwrite(&p, br#"{"d":1}"#, true).unwrap();
+    assert_eq!(m.read(&p), MetaRead::Current(br#"{"d":1}"#.to_vec()));
+    std::fs::write(holding(br#"{"d":1}"#), b"garbage").unwrap();
+    match m.read(&p) {
+        MetaRead::Older { body, .. } => assert_eq!(body, br#"{"delivered":6000}"#),
+        other => panic!("{other:?}"),
+    }
+    std::fs::write(holding(b"6000"), b"junk").unwrap();
+    assert!(matches!(m.read(&p), MetaRead::Damaged(_)));
+    assert_eq!(m.read(&d.0.join("nothing.json")), MetaRead::Missing);
+}
+
+/// A file written by an older Keel (renamed over, `KEELMETA1`, a `.prev` fallback) reads,
+/// and the first write after it keeps it until a newer copy is durable.
+#[test]
+fn files_of_the_rename_format_still_read() {
+    let d = TempDir::new();
+    let p = d.0.join("state.json");
+    let v1 = |body: &[u8]| {
+        let mut b =
+            format!("KEELMETA1 {} {:08x}\n", body.len(), crc32fast::hash(body)).into_bytes();
+        b.extend_from_slice(body);
+        b
+    };
+    std::fs::create_dir_all(&d.0).unwrap();
+    std::fs::write(&p, v1(b"{\"v\":2}")).unwrap();
+    std::fs::write(d.0.join("state.json.prev"), v1(b"{\"v\":1}")).unwrap();
+    let m = MetaFiles::new();
+    assert_eq!(m.read(&p), MetaRead::Current(b"{\"v\":2}".to_vec()));
+    m.overwrite(&p, b"{\"v\":3}", false).unwrap();
+    assert_eq!(
+        std::fs::read(&p).unwrap(),
+        v1(b"{\"v\":2}"),
+        "the old copy is kept"
+    );
+    assert_eq!(m.read(&p), MetaRead::Current(b"{\"v\":3}".to_vec()));
+    // Damage to the new copy: the old one is what is left.
+    std::fs::write(d.0.join("state.json.alt"), b"KEELMETA2 x").unwrap();
+    assert!(
+        matches!(MetaFiles::new().read(&p), MetaRead::Older { body, .. } if body == b"{\"v\":2}")
+    );
+    // An interrupted write of the older Keel (a good `.tmp`, the current copy damaged).
+    std::fs::write(&p, b"KEELMETA1 zz").unwrap();
+    std::fs::write(d.0.join("state.json.tmp"), v1(b"{\"v\":4}")).unwrap();
+    assert!(
+        matches!(MetaFiles::new().read(&p), MetaRead::Older { body, .. } if body == b"{\"v\":4}")
+    );
+    // The next process's first write finishes it rather than writing over it.
+    let m = MetaFiles::new();
+    m.overwrite(&p, b"{\"v\":5}", false).unwrap();
+    assert_eq!(std::fs::read(&p).unwrap(), v1(b"{\"v\":4}"));
+    assert_eq!(m.read(&p), MetaRead::Current(b"{\"v\":5}".to_vec()));
+}
+
+/// The same for a file replaced by rename (`.prev` is the older copy).
+#[test]
+fn damaged_renamed_file_falls_back_to_the_previous_copy() {
     let d = TempDir::new();
     let m = MetaFiles::new();
     let p = d.0.join("state.json");

@@ -995,7 +995,7 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
                     .map_err(sm_err)?;
                 if let Some(state) = state {
                     sh.files
-                        .write(&d.join("state.json"), state, true)
+                        .overwrite(&d.join("state.json"), state, true)
                         .map_err(sm_err)?;
                 }
             }
@@ -1036,7 +1036,7 @@ fn follow_consumer(files: &keel_store::MetaFiles, stream_dir: &std::path::Path, 
                 // Not fsynced: the group's log holds it, and a restart applies it again
                 // (from the store's marker, which is synced only after this file is:
                 // `Shared::consumers_durable`).
-                let _ = files.write(&d.join("state.json"), state, false);
+                let _ = files.overwrite(&d.join("state.json"), state, false);
             }
         }
         ConsumerEntry::Delete { name } => {
