@@ -2135,6 +2135,28 @@ async fn an_r3_memory_stream_keeps_acked_messages_while_a_quorum_stays_up() {
     assert!(seq >= 1);
     let info = api_answered(&c, "$JS.API.STREAM.INFO.MEM", "").await;
     assert_eq!(info["state"]["messages"], 1, "{info}");
+    // Its durable is there again too (its config outlives the restart, its state does not,
+    // as with the stream's messages), and delivers what is stored now.
+    let info = request_until(&c, "$JS.API.CONSUMER.INFO.MEM.w", String::new(), |v| {
+        v["config"]["durable_name"].is_string().then(|| v.clone())
+    })
+    .await;
+    assert_eq!(info["config"]["ack_policy"], "explicit", "{info}");
+    let js = jetstream::new(c.clone());
+    let consumer: jetstream::consumer::PullConsumer = js
+        .get_stream("MEM")
+        .await
+        .unwrap()
+        .get_consumer("w")
+        .await
+        .unwrap();
+    let mut batch = consumer.fetch().max_messages(1).messages().await.unwrap();
+    let m = common::within("fetch after the restart", batch.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&m.payload[..], b"again");
+    m.double_ack().await.expect("ack confirmed");
     for n in nodes {
         n.shutdown().await;
     }

@@ -412,8 +412,12 @@ pub fn recover(js: &JetStream, server: &Arc<Server>) -> Result<(), String> {
                     spec.group
                 );
                 js.registry.rejoining().insert(spec.group.clone());
+                // Its durables' configs stay (as the reference keeps their assignments):
+                // made again, the stream's leader starts them from these, with no state.
+                keep_consumer_configs(&js.meta, &dir, &server.log);
+            } else {
+                let _ = js.meta.remove_dir_all(&dir);
             }
-            let _ = std::fs::remove_dir_all(&dir);
             continue;
         }
         match Stream::open(server, &js.account, &dir, meta, &js.settings()) {
@@ -480,6 +484,41 @@ pub async fn unload_stream(js: &JetStream, server: &Server, router: &mut Router,
 
 /// Restarts the durable consumers saved under a recovered stream's directory (and a
 /// replicated stream's, where it now leads).
+/// Empties a memory stream's directory but for its consumers' config files.
+fn keep_consumer_configs(
+    files: &keel_store::MetaFiles,
+    dir: &std::path::Path,
+    log: &crate::log::Log,
+) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_name() != "consumers" {
+            let p = e.path();
+            let _ = if p.is_dir() {
+                files.remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+        }
+    }
+    let consumers = dir.join("consumers");
+    for c in std::fs::read_dir(&consumers)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let cdir = c.path();
+        if consumer::read_meta(files, &cdir, log).is_err() {
+            let _ = files.remove_dir_all(&cdir);
+            continue;
+        }
+        for f in std::fs::read_dir(&cdir).into_iter().flatten().flatten() {
+            if !f.file_name().to_string_lossy().starts_with("meta.json") {
+                let _ = std::fs::remove_file(f.path());
+            }
+        }
+    }
+}
+
 pub fn recover_consumers(js: &JetStream, server: &Arc<Server>, stream: &Arc<Stream>) {
     let dir = stream.dir.join("consumers");
     let Ok(entries) = std::fs::read_dir(&dir) else {
