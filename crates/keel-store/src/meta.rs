@@ -368,7 +368,13 @@ impl MetaFiles {
             }
             Err(_) => s.failed = true,
         }
-        known.insert(path.to_path_buf(), s);
+        // (No new key per write: this runs per confirmed ack.)
+        match known.get_mut(path) {
+            Some(k) => *k = s,
+            None => {
+                known.insert(path.to_path_buf(), s);
+            }
+        }
         r
     }
 
