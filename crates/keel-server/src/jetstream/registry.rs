@@ -482,9 +482,8 @@ pub async fn unload_stream(js: &JetStream, server: &Server, router: &mut Router,
     s.unsubscribe();
 }
 
-/// Restarts the durable consumers saved under a recovered stream's directory (and a
-/// replicated stream's, where it now leads).
-/// Empties a memory stream's directory but for its consumers' config files.
+/// Empties a memory stream's directory but for its consumers' config files (read back
+/// through `consumer::read_meta`; a consumer without a readable one goes entirely).
 fn keep_consumer_configs(
     files: &keel_store::MetaFiles,
     dir: &std::path::Path,
@@ -519,6 +518,8 @@ fn keep_consumer_configs(
     }
 }
 
+/// Restarts the durable consumers saved under a recovered stream's directory (and a
+/// replicated stream's, where it now leads).
 pub fn recover_consumers(js: &JetStream, server: &Arc<Server>, stream: &Arc<Stream>) {
     let dir = stream.dir.join("consumers");
     let Ok(entries) = std::fs::read_dir(&dir) else {
