@@ -523,11 +523,12 @@ async fn walkthrough_on_an_r3_stream_survives_the_consumers_server() {
     }
 }
 
-/// Waits until STREAM.INFO names a leader other than `not`, and returns it.
+/// Waits until STREAM.INFO names a leader other than `not`, and returns it (a request left
+/// unanswered mid-election, as the reference may, is asked again).
 async fn stream_leader(c: &async_nats::Client, stream: &str, not: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let info = api(c, &format!("$JS.API.STREAM.INFO.{stream}"), "").await;
+        let info = api_answered(c, &format!("$JS.API.STREAM.INFO.{stream}"), "").await;
         if let Some(l) = info["cluster"]["leader"].as_str() {
             if !l.is_empty() && l != not {
                 return l.to_string();
@@ -728,6 +729,95 @@ async fn stepdown_hands_leadership_to_the_preferred_server() {
     .await;
     assert_eq!(r["success"], true, "{r}");
     assert_eq!(consumer_leader(first).await, want);
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// A stepdown to a preferred server while publishers keep the stream's log growing lands
+/// on that server, round after round: the target must have the leader's whole log to win,
+/// so an entry appended between the leader's check and the target's election would leave
+/// it one short, refused by both others while the old leader stands aside (seen as ~12 s
+/// with no leader, then another server winning). Every acked publish is in the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stepdown_to_a_preferred_server_lands_there_while_publishes_go_on() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let names = ["T1", "T2", "T3"];
+    let nodes = mesh(&names).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    create_stream(
+        &c,
+        "TS",
+        r#"{"name":"TS","subjects":["ts.>"],"num_replicas":3}"#,
+    )
+    .await;
+    let mut leader = stream_leader(&c, "TS", "").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let mut pubs = Vec::new();
+    for p in 0..4 {
+        let (c, stop, acked) = (c.clone(), stop.clone(), acked.clone());
+        pubs.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let r = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    c.request("ts.x", format!("{p}-{i}").into()),
+                )
+                .await;
+                if let Ok(Ok(m)) = r {
+                    let v: serde_json::Value =
+                        serde_json::from_slice(&m.payload).unwrap_or_default();
+                    // (An error answer may carry `seq` 0.)
+                    if let (None, Some(seq)) = (v.get("error"), v["seq"].as_u64()) {
+                        acked.lock().unwrap().push(seq);
+                    }
+                }
+            }
+        }));
+    }
+    for round in 0..3 {
+        // Wait for the publishers to be acked by this leader before each stepdown.
+        let before = acked.lock().unwrap().len();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while acked.lock().unwrap().len() < before + 50 {
+            assert!(Instant::now() < deadline, "round {round}: no publish acked");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let at = names.iter().position(|n| *n == leader).unwrap();
+        let want = names[(at + 1) % names.len()];
+        let r = api(
+            &c,
+            "$JS.API.STREAM.LEADER.STEPDOWN.TS",
+            &format!(r#"{{"placement":{{"preferred":"{want}"}}}}"#),
+        )
+        .await;
+        assert_eq!(r["success"], true, "{r}");
+        let now = stream_leader(&c, "TS", &leader).await;
+        assert_eq!(
+            now, want,
+            "round {round}: leadership went from {leader} to {now}"
+        );
+        leader = now;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for p in pubs {
+        p.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    let info = api(&c, "$JS.API.STREAM.INFO.TS", "").await;
+    let last = info["state"]["last_seq"].as_u64().unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for s in &acked {
+        assert!(seen.insert(*s), "sequence {s} acked twice");
+        assert!(
+            *s <= last,
+            "acked {s} past the stream's last {last}: {info}"
+        );
+    }
     for n in nodes {
         n.shutdown().await;
     }

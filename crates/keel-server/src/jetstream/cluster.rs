@@ -193,6 +193,8 @@ impl Meta {
     /// applied here.
     pub async fn propose(&self, op: &MetaOp) -> Result<(), String> {
         let body = serde_json::to_vec(op).map_err(|e| e.to_string())?;
+        let gate = self.host.gate(META_GROUP);
+        let _open = gate.read().await;
         self.raft
             .client_write(Cmd(body))
             .await

@@ -245,12 +245,16 @@ pub async fn step_down(raft: &Raft, me: NodeId) -> Result<(), String> {
 /// heard the leader, so a transfer takes about that long).
 const TRANSFER_WAIT: Duration = Duration::from_secs(10);
 
+/// How long a transfer waits for the writes in flight (each gives up after 5 s).
+const GATE_WAIT: Duration = Duration::from_secs(6);
+
 /// Hands `raft`'s leadership (this server leads group `group`) to the voter `target`.
 /// openraft 0.9 has no leadership transfer, so this is Raft's usual recipe built from its
 /// switches: the leader stops its heartbeats and its own elections, the other voters hold
 /// theirs (`Rpc::Hold`, which expires by itself should the release be lost), and the target
 /// starts elections (`Rpc::Elect`) until it wins. Its log must be as long as a quorum's to
-/// win: a target that is behind is refused up front.
+/// win, so writes to the group wait (its gate, `RaftHost::gate`) from before the target is
+/// checked until the transfer is over, and a target that does not catch up is refused.
 pub async fn transfer(
     host: &RaftHost,
     raft: &Raft,
@@ -271,7 +275,14 @@ pub async fn transfer(
         })
         .map(|(_, p)| p.clone())
         .collect();
-    // The target must have everything the leader has (or nearly: it is given a moment).
+    // No entry is appended from here on (writes in flight finish first): one appended
+    // after the check below would leave the target an entry short of the others, whose
+    // votes it then never gets while this leader has stopped leading.
+    let gate = host.gate(group);
+    let Ok(_closed) = tokio::time::timeout(GATE_WAIT, gate.write()).await else {
+        return Err("writes in flight did not finish".into());
+    };
+    // The target must have everything the leader has (it is given a moment).
     let current = raft
         .wait(Some(Duration::from_secs(2)))
         .metrics(
@@ -496,6 +507,10 @@ pub struct RaftHost {
     /// as the one it replaced, whose watcher must not release the new hold.)
     held: Mutex<HashMap<String, (u64, u64)>>,
     holds: AtomicU64,
+    /// Per group: a write to its log (`client_write`) holds the gate shared, a leadership
+    /// transfer holds it alone (`transfer`), so the log stops growing while the chosen
+    /// server catches up and runs: one entry short, it could never win.
+    gates: Mutex<HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
 }
 
 impl RaftHost {
@@ -531,6 +546,7 @@ impl RaftHost {
             heard: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             holds: AtomicU64::new(0),
+            gates: Mutex::new(HashMap::new()),
         });
         server.spawn(serve(host.clone(), rx));
         host
@@ -766,7 +782,21 @@ impl RaftHost {
             .await;
     }
 
+    /// Group `group`'s write gate (see `gates`): hold it shared around each `client_write`.
+    pub fn gate(&self, group: &str) -> Arc<tokio::sync::RwLock<()>> {
+        self.gates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(group.to_string())
+            .or_default()
+            .clone()
+    }
+
     pub fn remove_group(&self, group: &str) -> Option<Raft> {
+        self.gates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(group);
         self.stores
             .write()
             .unwrap_or_else(|e| e.into_inner())

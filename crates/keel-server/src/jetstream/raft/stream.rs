@@ -732,6 +732,11 @@ impl Shared {
         self.host.get().map(|(h, _)| h.clone())
     }
 
+    /// The group's write gate (`RaftHost::gate`).
+    fn gate(&self) -> Option<Arc<tokio::sync::RwLock<()>>> {
+        self.host.get().map(|(h, g)| h.gate(g))
+    }
+
     /// On the leader: has its actor append an empty batch (`Rpc::Nudge`), which makes
     /// openraft replicate to every follower and so find one whose log went back.
     pub fn nudge(&self) {
@@ -1122,7 +1127,15 @@ impl Replicator for RaftReplicator {
             entries: Vec::new(),
             consumers: Vec::new(),
         });
-        let _ = tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(Cmd(body))).await;
+        let gate = self.shared.gate();
+        let write = async {
+            let _open = match &gate {
+                Some(g) => Some(g.read().await),
+                None => None,
+            };
+            raft.client_write(Cmd(body)).await
+        };
+        let _ = tokio::time::timeout(COMMIT_TIMEOUT, write).await;
     }
 
     fn propose(
@@ -1216,7 +1229,17 @@ impl RaftReplicator {
                 self.shared.set_fenced();
                 return Err(unavailable());
             };
-            let r = tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(Cmd(body))).await;
+            // (A leadership transfer holds the gate: the batch waits, then fails as any
+            // batch does at a change of leader.)
+            let gate = self.shared.gate();
+            let write = async {
+                let _open = match &gate {
+                    Some(g) => Some(g.read().await),
+                    None => None,
+                };
+                raft.client_write(Cmd(body)).await
+            };
+            let r = tokio::time::timeout(COMMIT_TIMEOUT, write).await;
             match r {
                 Ok(Ok(resp)) => {
                     if !floors.is_empty() {
