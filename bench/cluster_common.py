@@ -4,11 +4,13 @@ config file and store directory, that can be SIGKILLed, SIGSTOPped and restarted
 same store; optionally with its routes through a TCP proxy the test controls
 (`Partitioner`), which cuts and heals network links between nodes; optionally with each
 store directory on its own loop-mounted ext4 image (`LoopDisk`, as root), so that a power
-cut can drop what was written but not fsynced.
+cut can drop what was written but not fsynced; optionally with each node's wall clock under
+the test's control (`clocks`: libfaketime, see `clock_unavailable`).
 """
 
 import asyncio
 import atexit
+import glob
 import json
 import os
 import shutil
@@ -28,6 +30,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # KEEL_SERVER_BIN picks another build (CI runs the short checker on the debug binary).
 KEEL = os.environ.get("KEEL_SERVER_BIN") or os.path.join(ROOT, "target", "release", "keel-server")
 NATS = shutil.which("nats-server") or "/work/venv/bin/nats-server"
+
+# libfaketime (Debian's libfaketime): preloaded into a node whose wall clock the test moves.
+FAKETIME_LIB = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)
+
+
+def clock_unavailable(binary):
+    """Why the wall clock of `binary`'s processes cannot be moved (None if it can). A node
+    runs with libfaketime preloaded, reading its offset from a file the test rewrites;
+    only CLOCK_REALTIME moves (a clock step, as NTP makes), the monotonic clock does not."""
+    if FAKETIME_LIB is None:
+        return "libfaketime is not installed (apt-get install libfaketime)"
+    with open(binary, "rb") as f:
+        head = f.read(4096)
+    if b"/ld-linux" not in head:
+        # No program interpreter: a static binary (Go's, as nats-server) reads the clock
+        # through the vDSO itself, where no LD_PRELOAD reaches.
+        return f"{os.path.basename(binary)} is a static binary (LD_PRELOAD cannot reach its clock)"
+    return None
+
 
 ACCOUNTS = """accounts {
   SYS: { users: [{user: sys, password: pass}] }
@@ -50,6 +71,10 @@ class Node:
         self.log = os.path.join(cluster.dir, self.name + ".log")
         self.proc = None
         self.stopped = False  # SIGSTOPped
+        # With the cluster's `clocks`: the wall clock's offset in seconds, read by
+        # libfaketime from this file (at most a second late: FAKETIME_CACHE_DURATION).
+        self.clock = os.path.join(cluster.dir, self.name + ".clock")
+        self.offset = 0
 
     @property
     def url(self):
@@ -80,12 +105,54 @@ class Node:
 
     def start(self):
         assert self.proc is None or self.proc.poll() is not None
+        env = None
+        if self.cluster.clocks:
+            self._write_clock()
+            env = dict(
+                os.environ,
+                LD_PRELOAD=FAKETIME_LIB,
+                FAKETIME_TIMESTAMP_FILE=self.clock,
+                FAKETIME_CACHE_DURATION="1",
+                FAKETIME_DONT_FAKE_MONOTONIC="1",
+                NO_FAKE_STAT="1",
+            )
         self.proc = subprocess.Popen(
             [self.cluster.binary, "-c", self.conf],
             stdout=open(self.log, "a"),
             stderr=subprocess.STDOUT,
+            env=env,
         )
         self.stopped = False
+
+    def _write_clock(self):
+        tmp = self.clock + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{self.offset:+d}\n")
+        os.replace(tmp, self.clock)
+
+    def set_clock(self, offset, timeout=10):
+        """Steps this node's wall clock to `offset` seconds from the true time, and waits
+        until the node itself says so (its /varz `now`). Returns the offset it reports."""
+        assert self.cluster.clocks, "the cluster was made without clocks"
+        self.offset = int(offset)
+        self._write_clock()
+        t = time.monotonic()
+        seen = None
+        while time.monotonic() - t < timeout:
+            seen = self.wall_offset()
+            if seen is not None and abs(seen - self.offset) < 5:
+                return seen
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name}: clock offset {seen} after {timeout}s, wanted {self.offset}")
+
+    def wall_offset(self):
+        """The node's wall clock minus ours, in seconds, from its /varz `now` (None if it
+        does not answer)."""
+        try:
+            now = self.http("/varz")["now"]
+        except Exception:  # noqa: BLE001 - a stopped or starting node
+            return None
+        return parse_rfc3339(now) - time.time()
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -537,11 +604,15 @@ class Cluster:
     `partitions` ("close" or "hang", see `Partitioner`) the routes go through a proxy
     (`self.proxy`) that can cut links between nodes. With `disks` (root only, see
     `disks_unavailable`) each node's store directory is its own `LoopDisk`, and
-    `power_cut()` cuts the power of all of them."""
+    `power_cut()` cuts the power of all of them. With `clocks` (see `clock_unavailable`)
+    each node's wall clock can be stepped (`Node.set_clock`)."""
 
-    def __init__(self, kind, binary, js_extra="", size=3, base=None, partitions=None, disks=False):
+    def __init__(
+        self, kind, binary, js_extra="", size=3, base=None, partitions=None, disks=False, clocks=False
+    ):
         self.kind = kind
         self.binary = binary
+        self.clocks = clocks
         self.js_extra = js_extra
         self.prefix = {"keel": "k", "nats": "n"}.get(kind, kind[:1])
         self.dir = tempfile.mkdtemp(prefix=f"cbench-{kind}-", dir=base)
@@ -662,6 +733,16 @@ class Cluster:
                 last = e
             time.sleep(0.2)
         raise RuntimeError(f"{self.kind}: no meta leader: {last}")
+
+
+def parse_rfc3339(text):
+    """Seconds since the epoch of an RFC 3339 time in UTC with up to nine fractional digits
+    (the monitoring endpoints' `now`)."""
+    import datetime
+
+    main, _, frac = text.rstrip("Z").partition(".")
+    t = datetime.datetime.strptime(main, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+    return t.timestamp() + (float("0." + frac) if frac else 0.0)
 
 
 async def connect(urls, user="app", **kw):

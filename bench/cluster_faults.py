@@ -32,6 +32,17 @@ publish is recorded as (seq, payload); every publish that timed out or failed is
                   files and its Raft group's log: paths naming the stream or its
                   raft_group, chosen by size), restart it after --down seconds (Jepsen's
                   single-bit error on a minority node)
+  clock-jump      the stream leader's wall clock steps 2 h ahead and a follower's 1 h back
+                  (libfaketime preloaded into each node; only CLOCK_REALTIME moves, as when
+                  NTP steps a clock; each step is confirmed by the node's /varz `now`);
+                  after --stop seconds of publishing, leadership moves to that follower
+                  (STREAM.LEADER.STEPDOWN with placement.preferred), which stamps messages
+                  3 h before the ones they follow; after --stop seconds more it is
+                  SIGKILLed and restarted; then both clocks step back to the true time.
+                  The report counts the message times that step back, and a sequence
+                  whose time differs between replicas counts as divergent. Only where the server's
+                  clock can be reached: not nats-server (a static Go binary reads the clock
+                  through the vDSO, where no LD_PRELOAD reaches; the fault is skipped there)
   rescale         the stream scaled down to R1 and back to R3 while the publishers go on
                   (STREAM.UPDATE num_replicas): the removed replicas drop their copy, the
                   new ones catch up (on keel from a snapshot and the leader's messages once
@@ -87,8 +98,8 @@ mid-way; checks that no message whose ack was confirmed is redelivered and that 
 of new messages come in stream order.
 
 Usage: bench/cluster_faults.py [--short] [--faults F1,F2,...] [--disks auto|on|off] [--out FILE]
---short: one round of kill-leader, kill-follower, stop-leader, partition-leader, rescale,
-power-loss and power-loss-disk, shorter gaps (about 3 minutes for both servers on 2 cores).
+--short: one round of kill-leader, kill-follower, stop-leader, partition-leader, clock-jump,
+rescale, power-loss and power-loss-disk, shorter gaps (about 3 minutes for both servers on 2 cores).
 --faults: this schedule instead (e.g. power-loss-disk,power-loss-disk,power-loss-disk).
 --check-disks: only the disk self-check (exit 1 if it fails).
 """
@@ -109,6 +120,7 @@ from cluster_common import (  # noqa: E402
     NATS,
     Cluster,
     api,
+    clock_unavailable,
     connect,
     disk_selfcheck,
     disks_unavailable,
@@ -331,9 +343,64 @@ async def run_schedule(cl, faults, args, t0, sched):
             await partition(cl, f, leader, replicas, args.partition, t0, sched)
         elif f == "rescale":
             await rescale(cl, gap, t0, sched)
+        elif f == "clock-jump":
+            await clock_jump(cl, leader, replicas, args, t0, sched)
         else:
             raise ValueError(f"unknown fault {f}")
     await asyncio.sleep(gap)
+
+
+async def clock_jump(cl, leader, replicas, args, t0, sched):
+    """The clock-jump fault (see the docstring)."""
+    if not cl.clocks:
+        log(t0, f"clock-jump: skipped ({cl.clock_why})", sched)
+        return
+    loop = asyncio.get_running_loop()
+    lead = cl.by_name(leader)
+    other = cl.by_name(random.choice(replicas)) if replicas else None
+    ahead = await loop.run_in_executor(None, lead.set_clock, 7200)
+    what = f"clock: leader {leader} stepped {ahead:+.0f}s"
+    if other is not None:
+        behind = await loop.run_in_executor(None, other.set_clock, -3600)
+        what += f", follower {other.name} {behind:+.0f}s"
+    log(t0, what, sched)
+    await asyncio.sleep(args.stop)
+    victim = lead
+    if other is not None:
+        # Leadership to the server whose clock is behind: its messages follow ones
+        # stamped three hours later.
+        nc = await connect(cl.urls())
+        try:
+            body = {"placement": {"preferred": other.name}}
+            r = await api(nc, f"$JS.API.STREAM.LEADER.STEPDOWN.{STREAM}", body, timeout=15)
+            if r.get("error"):
+                log(t0, f"stepdown to {other.name} refused: {r['error']}", sched)
+            else:
+                info = await wait_stream_leader(nc, STREAM, 30, not_=leader)
+                now = info["cluster"]["leader"]
+                log(t0, f"stepdown to {other.name}: stream leader now {now}", sched)
+                victim = cl.by_name(now)
+        except Exception as e:  # noqa: BLE001 - logged; the kill below still runs
+            log(t0, f"stepdown to {other.name}: {type(e).__name__} {str(e)[:120]}", sched)
+        finally:
+            await nc.close()
+        await asyncio.sleep(args.stop)
+    victim.kill()
+    log(t0, f"SIGKILL leader {victim.name} (clock {victim.offset:+d}s)", sched)
+    await asyncio.sleep(args.down)
+    victim.start()
+    await loop.run_in_executor(None, victim.wait_port)
+    try:
+        now, _ = await find_roles(cl)
+        seen = f"stream leader now {now} (clock {cl.by_name(now).offset:+d}s)"
+    except RuntimeError:
+        seen = "NO stream leader in 60 s"
+    log(t0, f"restarted {victim.name}; {seen}", sched)
+    await asyncio.sleep(args.gap)
+    for n in (lead, other):
+        if n is not None:
+            await loop.run_in_executor(None, n.set_clock, 0)
+    log(t0, "clocks stepped back to the true time", sched)
 
 
 async def rescale(cl, gap, t0, sched):
@@ -419,8 +486,9 @@ async def lead_with(cl, node, tries=10):
     return "NOT leader"
 
 
-async def read_alone(node, upto, timeout=60):
-    """Every sequence 1..upto from `node`'s own store: seq -> payload (None if absent)."""
+async def read_alone(node, upto, timeout=60, stamps=None):
+    """Every sequence 1..upto from `node`'s own store: seq -> payload (None if absent);
+    `stamps` (a dict) gets seq -> the message's Nats-Time-Stamp."""
     nc = await connect([node.url], max_reconnect_attempts=5)
     out = {}
     t = time.monotonic()
@@ -456,23 +524,27 @@ async def read_alone(node, upto, timeout=60):
             if st is None:
                 got = int(h.get("Nats-Sequence", seq))
                 if got != seq:
-                    return seq, ("WRONG-SEQ", got, m.data.decode())
-                return seq, m.data.decode()
+                    return seq, ("WRONG-SEQ", got, m.data.decode()), None
+                return seq, m.data.decode(), h.get("Nats-Time-Stamp")
             if st == "404":
-                return seq, None
+                return seq, None, None
             await asyncio.sleep(0.2)
-        return seq, ("NO-ANSWER",)
+        return seq, ("NO-ANSWER",), None
 
     seqs = list(range(1, upto + 1))
     for i in range(0, len(seqs), 256):
-        for seq, v in await asyncio.gather(*(one(s) for s in seqs[i : i + 256])):
+        for seq, v, ts in await asyncio.gather(*(one(s) for s in seqs[i : i + 256])):
             out[seq] = v
+            if stamps is not None and ts is not None:
+                stamps[seq] = ts
     await nc.close()
     return out
 
 
-def check(rec, reads):
-    """reads: node name -> {seq: payload|None}. Returns a dict of counts and examples."""
+def check(rec, reads, stamps=None):
+    """reads: node name -> {seq: payload|None}; stamps: node name -> {seq: Nats-Time-Stamp}
+    (a sequence must carry the same time on every replica: the leader's, in its entry).
+    Returns a dict of counts and examples."""
     res = {"lost": 0, "divergent": 0, "order": 0, "foreign": 0, "unreadable": 0}
     ex = {k: [] for k in res}
     attempted = set()
@@ -533,7 +605,27 @@ def check(rec, reads):
             res["divergent"] += 1
             if len(ex["divergent"]) < 5:
                 ex["divergent"].append(f"seq {s}: {sorted(map(str, vals))}")
+            continue
+        times = {(stamps or {}).get(n, {}).get(s) for n in names}
+        times.discard(None)
+        if len(times) > 1:
+            res["divergent"] += 1
+            if len(ex["divergent"]) < 5:
+                ex["divergent"].append(f"seq {s}: times {sorted(times)}")
     return res, ex
+
+
+def steps_back(stamps):
+    """How often a message's time is earlier than the one before it in the stream, and the
+    largest such step in seconds (a clock stepped back on a leader shows here)."""
+    n, most, last = 0, 0.0, None
+    for seq in sorted(stamps):
+        t = cluster_common.parse_rfc3339(stamps[seq])
+        if last is not None and t < last:
+            n += 1
+            most = max(most, last - t)
+        last = t
+    return n, most
 
 
 async def consumer_part(cl, msgs, t0, sched):
@@ -645,8 +737,12 @@ async def run_one(kind, binary, args, faults):
     print(f"\n== {kind}: {binary}", flush=True)
     sched = []
     res = {"kind": kind}
+    clock_why = clock_unavailable(binary) if "clock-jump" in faults else "not in the schedule"
+    clocks = clock_why is None
     try:
-        cl = Cluster(kind, binary, base=args.dir, partitions=args.partition_mode, disks=args.use_disks)
+        cl = Cluster(
+            kind, binary, base=args.dir, partitions=args.partition_mode, disks=args.use_disks, clocks=clocks
+        )
     except RuntimeError as e:
         if args.disks == "on" or not args.use_disks:
             raise
@@ -654,7 +750,8 @@ async def run_one(kind, binary, args, faults):
         msg = f"disk mode off for {kind}: {e}"
         print(msg, flush=True)
         sched.append(f"  {msg}")
-        cl = Cluster(kind, binary, base=args.dir, partitions=args.partition_mode)
+        cl = Cluster(kind, binary, base=args.dir, partitions=args.partition_mode, clocks=clocks)
+    cl.clock_why = clock_why
     try:
         cl.start()
         cl.wait_meta()
@@ -707,11 +804,12 @@ async def run_one(kind, binary, args, faults):
         cl.stop()
         upto = max([last, *rec.acked.values(), 0]) + len(rec.unknown) + args.consumer + 10
         reads = {}
+        stamps = {n.name: {} for n in cl.nodes}
         pending = []
         for n in cl.nodes:
             n.start()
             n.wait_port()
-            reads[n.name] = await read_alone(n, upto, args.alone_wait)
+            reads[n.name] = await read_alone(n, upto, args.alone_wait, stamps[n.name])
             n.term()
             if reads[n.name] is None:
                 pending.append(n)
@@ -732,7 +830,7 @@ async def run_one(kind, binary, args, faults):
                 await converge(cl, 60)
                 for n in pending:
                     how = await lead_with(cl, n)
-                    reads[n.name] = await read_alone(n, upto, 30)
+                    reads[n.name] = await read_alone(n, upto, 30, stamps[n.name])
                     led += reads[n.name] is not None
                     present = sum(1 for v in (reads[n.name] or {}).values() if v is not None)
                     log(t0, f"read {n.name} as stream leader ({how}), all up: {present} messages", sched)
@@ -754,7 +852,12 @@ async def run_one(kind, binary, args, faults):
             res["read_mode"] = "STREAM GONE"
         else:
             res["read_mode"] = f"{3 - len(pending)} alone, {led} as leader"
-        counts, ex = check(rec, reads)
+        counts, ex = check(rec, reads, stamps)
+        if "clock-jump" in faults:
+            read = [st for st in stamps.values() if st]
+            if read:
+                n, most = steps_back(read[0])
+                log(t0, f"message times stepping back in the stream: {n} (largest {most:.0f}s)", sched)
         res.update(
             attempts=rec.attempts,
             acked=len(rec.acked),
@@ -862,7 +965,8 @@ def main():
         sys.exit(0 if ok else 1)
     power = [] if args.no_power_loss else ["power-loss", "power-loss-disk"]
     if args.short:
-        faults = ["kill-leader", "kill-follower", "stop-leader", "partition-leader", "rescale"]
+        faults = ["kill-leader", "kill-follower", "stop-leader", "partition-leader", "clock-jump"]
+        faults += ["rescale"]
         faults += power
         args.gap = args.gap if args.gap is not None else 1.5
         args.stop = args.stop if args.stop is not None else 5.0
@@ -871,7 +975,7 @@ def main():
         args.alone_wait = min(args.alone_wait, 3.0)
     else:
         base = ["kill-leader", "kill-follower", "stop-leader"]
-        base += ["partition-leader", "partition-follower", "bridge", "rescale", *power]
+        base += ["partition-leader", "partition-follower", "bridge", "clock-jump", "rescale", *power]
         faults = base * args.rounds
         args.gap = args.gap if args.gap is not None else 5.0
         args.stop = args.stop if args.stop is not None else 12.0
@@ -881,6 +985,7 @@ def main():
         faults = [f.strip() for f in args.faults.split(",") if f.strip()]
         known = {"kill-leader", "kill-follower", "stop-leader", "power-loss", "power-loss-disk"}
         known |= {"partition-leader", "partition-follower", "bridge", "rescale", "bitflip-follower"}
+        known |= {"clock-jump"}
         bad = [f for f in faults if f not in known]
         if bad:
             ap.error(f"unknown fault(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")

@@ -152,7 +152,15 @@ if [ "${KEEL_SKIP_REFERENCE:-0}" != 1 ]; then
   fi
 fi
 
-step "cluster fault checker, short (keel: SIGKILL, SIGSTOP, a partition of the leader, R3 to R1 and back, all-node kills and a power cut (disk mode, as root) of an R3 stream's servers)"
+# The clock-jump fault preloads libfaketime (Debian's libfaketime) into the servers; as root
+# it is installed here, otherwise the fault is skipped, as the timeline then says.
+if ! compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfaketime >/dev/null 2>&1 ||
+    { DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfaketime >/dev/null 2>&1; }) ||
+    loud "libfaketime could not be installed: the fault checker's clock-jump is SKIPPED"
+fi
+step "cluster fault checker, short (keel: SIGKILL, SIGSTOP, a partition of the leader, clock steps on the leader and a follower, R3 to R1 and back, all-node kills and a power cut (disk mode, as root) of an R3 stream's servers)"
 # The short schedule against the debug build; `bench/cluster_faults.py` without --short runs
 # the long one, side by side with the reference, by hand.
 KEEL_SERVER_BIN=$ROOT/target/debug/keel-server "$PY" bench/cluster_faults.py --short --only keel
