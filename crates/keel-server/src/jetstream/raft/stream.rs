@@ -537,6 +537,9 @@ impl Shared {
         use openraft::storage::RaftLogReader;
         let upto = unmarker(&self.store.lock().applied())?;
         let from = self.synced.load(std::sync::atomic::Ordering::Acquire) + 1;
+        if from > upto.index {
+            return Some((upto, Vec::new())); // Nothing committed since the last sync.
+        }
         let mut log = self.log.get()?.clone();
         let entries = log.try_get_log_entries(from..=upto.index).await.ok()?;
         Some((upto, entries))
