@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A Jepsen-style safety checker for R3 file streams: keel-server and nats-server side by
-side in one run.
+"""A Jepsen-style safety checker for R3 file streams (or memory streams, --storage memory):
+keel-server and nats-server side by side in one run.
 
 For each server in turn: a 3-node cluster of separate processes, one R3 file stream
 (allow_direct), --pubs publishers (nats-py; each publish waits for its PubAck). Every acked
@@ -92,12 +92,23 @@ on each; "replicas read" says STREAM GONE). Checks:
               a publisher's payloads that are present must be in publish order)
   foreign     a payload in the stream that nobody published, or one payload at two seqs
 
+Memory streams (--storage memory): the same, on an R3 memory stream, with the faults that
+leave a quorum's memory: kill-leader, kill-follower, stop-leader, the partitions and
+clock-jump (a killed server comes back empty and is refilled from its peers). Before each
+fault the checker waits (up to 60 s) until every replica is current, so no fault takes
+the last full copy. power-loss, power-loss-disk and bitflip-follower are refused (a memory
+stream keeps nothing through a restart of all its servers, on both servers, and has no
+files), and rescale too (an R1 memory stream cannot grow back on keel). Replicas are read
+with all three up: each in turn is made the stream's leader (STREAM.LEADER.STEPDOWN with
+placement.preferred) and read through direct gets on its own server.
+
 Consumer part (--consumer): a durable pull consumer (explicit ack) read by one worker with
 AckSync acks (msg.ack_sync()); the server leading the stream (and the consumer) is killed
 mid-way; checks that no message whose ack was confirmed is redelivered and that deliveries
 of new messages come in stream order.
 
-Usage: bench/cluster_faults.py [--short] [--faults F1,F2,...] [--disks auto|on|off] [--out FILE]
+Usage: bench/cluster_faults.py [--short] [--storage file|memory] [--faults F1,F2,...]
+                               [--disks auto|on|off] [--out FILE]
 --short: one round of kill-leader, kill-follower, stop-leader, partition-leader, clock-jump,
 rescale, power-loss and power-loss-disk, shorter gaps (about 3 minutes for both servers on 2 cores).
 --faults: this schedule instead (e.g. power-loss-disk,power-loss-disk,power-loss-disk).
@@ -279,6 +290,14 @@ async def run_schedule(cl, faults, args, t0, sched):
     gap, down, stop_s = args.gap, args.down, args.stop
     for f in faults:
         await asyncio.sleep(gap)
+        if args.storage == "memory":
+            # A killed memory replica comes back empty: the next fault waits until it has
+            # been refilled, so that no fault takes the last full copy.
+            _, took = await converge(cl, 60, lag_ok=True)
+            if took is None:
+                log(t0, f"replicas NOT current within 60 s before {f}", sched)
+            elif took > 0.5:
+                log(t0, f"replicas current after {took:.1f}s", sched)
         try:
             leader, replicas = await find_roles(cl)
         except RuntimeError:
@@ -441,8 +460,9 @@ def said(info):
     return f"STREAM.INFO: {st.get('messages')} messages, last_seq {st.get('last_seq')}, leader {lead}"
 
 
-async def converge(cl, timeout):
-    """Wait until STREAM.INFO shows every replica current with no lag (best effort)."""
+async def converge(cl, timeout, lag_ok=False):
+    """Wait until STREAM.INFO shows every replica current with no lag (best effort; with
+    `lag_ok`, current is enough: under load some lag is always there)."""
     nc = await connect(cl.urls())
     t = time.monotonic()
     info = None
@@ -454,7 +474,7 @@ async def converge(cl, timeout):
                 if (
                     info.get("cluster", {}).get("leader")
                     and len(reps) == 2
-                    and all(r.get("current") and not r.get("lag") for r in reps)
+                    and all(r.get("current") and (lag_ok or not r.get("lag")) for r in reps)
                 ):
                     return info, time.monotonic() - t
             except Exception:  # noqa: BLE001
@@ -484,6 +504,32 @@ async def lead_with(cl, node, tries=10):
         await loop.run_in_executor(None, old.wait_port)
         await converge(cl, 30)
     return "NOT leader"
+
+
+async def lead_by_stepdown(cl, node, tries=5):
+    """Moves the stream's leadership to `node` (all three up) with STREAM.LEADER.STEPDOWN
+    and placement.preferred; says how it went."""
+    nc = await connect(cl.urls())
+    errors = []
+    try:
+        for i in range(tries):
+            info = await wait_stream_leader(nc, STREAM, 30)
+            now = info["cluster"]["leader"]
+            if now == node.name:
+                return f"{i} stepdowns"
+            body = {"placement": {"preferred": node.name}}
+            r = await api(nc, f"$JS.API.STREAM.LEADER.STEPDOWN.{STREAM}", body, timeout=15)
+            if r.get("error"):
+                errors.append(r["error"].get("description", str(r["error"])))
+                await asyncio.sleep(1)  # e.g. not current yet
+                continue
+            try:
+                await wait_stream_leader(nc, STREAM, 15, not_=now)
+            except RuntimeError as e:
+                errors.append(str(e)[:100])
+        return f"NOT leader: {'; '.join(errors)}"
+    finally:
+        await nc.close()
 
 
 async def read_alone(node, upto, timeout=60, stamps=None):
@@ -762,7 +808,7 @@ async def run_one(kind, binary, args, faults):
             {
                 "name": STREAM,
                 "subjects": ["jep.>"],
-                "storage": "file",
+                "storage": args.storage,
                 "num_replicas": 3,
                 "allow_direct": True,
             },
@@ -801,12 +847,21 @@ async def run_one(kind, binary, args, faults):
                 res["consumer"] = {"error": repr(e)}
             info, took = await converge(cl, 30)
             log(t0, f"converged: {'yes in %.1fs' % took if took is not None else 'NO (30 s)'}; {said(info)}", sched)
-        cl.stop()
         upto = max([last, *rec.acked.values(), 0]) + len(rec.unknown) + args.consumer + 10
         reads = {}
         stamps = {n.name: {} for n in cl.nodes}
         pending = []
-        for n in cl.nodes:
+        if args.storage == "memory":
+            # A memory replica keeps nothing through a restart: each is read while it leads,
+            # all three up (a leader answers direct gets from its own store).
+            await converge(cl, 60)
+            for n in cl.nodes:
+                how = await lead_by_stepdown(cl, n)
+                reads[n.name] = await read_alone(n, upto, 30, stamps[n.name])
+                present = sum(1 for v in (reads[n.name] or {}).values() if v is not None)
+                log(t0, f"read {n.name} as stream leader ({how}): {present} messages", sched)
+        cl.stop()
+        for n in cl.nodes if args.storage != "memory" else []:
             n.start()
             n.wait_port()
             reads[n.name] = await read_alone(n, upto, args.alone_wait, stamps[n.name])
@@ -846,7 +901,9 @@ async def run_one(kind, binary, args, faults):
                     res["stream_gone"] = True
                     log(t0, f"stream {STREAM} NOT FOUND per the meta leader: {', '.join(gone)} count as empty", sched)
             cl.stop()
-        if not pending:
+        if args.storage == "memory":
+            res["read_mode"] = "each leading"
+        elif not pending:
             res["read_mode"] = "alone"
         elif res.get("stream_gone"):
             res["read_mode"] = "STREAM GONE"
@@ -945,6 +1002,12 @@ def main():
     )
     ap.add_argument("--consumer", type=int, default=None, help="messages for the consumer part (0: skip)")
     ap.add_argument("--only", choices=["keel", "nats"])
+    ap.add_argument(
+        "--storage",
+        choices=["file", "memory"],
+        default="file",
+        help="the R3 stream's storage (memory: only faults that leave a quorum's memory)",
+    )
     ap.add_argument("--dir", default=None, help="parent of the store directories")
     ap.add_argument("--keep", action="store_true", help="keep stores and logs")
     ap.add_argument("--out", default=None, help="also write the report here")
@@ -981,8 +1044,15 @@ def main():
         args.stop = args.stop if args.stop is not None else 12.0
         args.partition = args.partition if args.partition is not None else 10.0
         args.consumer = 2000 if args.consumer is None else args.consumer
+    # What a memory stream cannot survive by design (or has no files for), and what keel
+    # cannot do with one (an R1 memory stream has no group to grow back from).
+    not_memory = {"power-loss", "power-loss-disk", "bitflip-follower", "rescale"}
+    if args.storage == "memory":
+        faults = [f for f in faults if f not in not_memory]
     if args.faults:
         faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+        if args.storage == "memory" and not_memory & set(faults):
+            ap.error(f"not with --storage memory: {', '.join(sorted(not_memory & set(faults)))}")
         known = {"kill-leader", "kill-follower", "stop-leader", "power-loss", "power-loss-disk"}
         known |= {"partition-leader", "partition-follower", "bridge", "rescale", "bitflip-follower"}
         known |= {"clock-jump"}
@@ -1022,10 +1092,14 @@ def main():
     lines = [
         f"cluster_faults.py {' '.join(sys.argv[1:])} "
         f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {time.time() - started:.0f} s)",
-        f"3 separate processes per server, R3 file stream, {args.pubs} publishers (PubAck "
+        f"3 separate processes per server, R3 {args.storage} stream, {args.pubs} publishers (PubAck "
         f"timeout {args.timeout}s), gap {args.gap}s, down {args.down}s, SIGSTOP {args.stop}s, "
         f"partition {args.partition}s ({args.partition_mode})",
-        "keel: acks after a quorum fsynced; nats-server: default lazy fsync (sync_interval 2m).",
+        (
+            "keel: acks after a quorum fsynced; nats-server: default lazy fsync (sync_interval 2m)."
+            if args.storage == "file"
+            else "both: acks once a quorum holds the message in memory."
+        ),
         "power-loss is SIGKILL of all three at once: the page cache survives, so unsynced",
         "writes are not lost by it on either server.",
         disk_line,

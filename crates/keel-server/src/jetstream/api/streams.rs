@@ -107,11 +107,17 @@ pub fn cluster_info(js: &JetStream, s: &Stream) -> ClusterInfo {
                 .and_then(|rep| rep.get(&crate::jetstream::raft::node_id(p)).cloned())
                 .flatten()
                 .map(|l| l.index);
-            let last = m.as_ref().and_then(|m| m.last_log_index).unwrap_or(0);
+            // As the reference counts them: against what the leader has applied (not its
+            // last entry, which under load is nearly always one in flight), so a replica
+            // that has every committed batch is current while publishes go on.
+            let applied = m
+                .as_ref()
+                .and_then(|m| m.last_applied)
+                .map_or(0, |l| l.index);
             let lag = match matched {
-                Some(i) => last.saturating_sub(i),
+                Some(i) => applied.saturating_sub(i),
                 None if *p == js.server_name => 0,
-                None => last,
+                None => applied,
             };
             let recent = *p == js.server_name
                 || heard.is_some_and(|d| d < std::time::Duration::from_secs(10));
