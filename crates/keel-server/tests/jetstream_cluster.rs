@@ -1583,13 +1583,24 @@ async fn replicas_current(
 /// started on, and shrinks back to R1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_scales_from_r1_to_r3_and_back() {
+    scales_from_r1_to_r3_and_back("file").await;
+}
+
+/// The same with a memory stream (its group's log in memory; the new peers are refilled
+/// from the leader's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_stream_scales_from_r1_to_r3_and_back() {
+    scales_from_r1_to_r3_and_back("memory").await;
+}
+
+async fn scales_from_r1_to_r3_and_back(storage: &str) {
     let names = ["E1", "E2", "E3"];
     let mut nodes = mesh(&names).await;
     meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
     let c = connect(&nodes[0], "app").await;
     let cfg = |r: u32| {
         format!(
-            r#"{{"name":"ORDERS","subjects":["orders.>"],"storage":"file","num_replicas":{r}}}"#
+            r#"{{"name":"ORDERS","subjects":["orders.>"],"storage":"{storage}","num_replicas":{r}}}"#
         )
     };
     let created = create_stream(&c, "ORDERS", &cfg(1)).await;
@@ -2272,6 +2283,52 @@ async fn an_r3_memory_stream_keeps_acked_messages_while_a_quorum_stays_up() {
         .unwrap();
     assert_eq!(&m.payload[..], b"again");
     m.double_ack().await.expect("ack confirmed");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// An R1 memory stream in a cluster (it has a Raft group, so it can grow): when its one
+/// server restarts, the stream is there again, empty, leads on that server and takes
+/// messages; then it still grows to R3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_r1_memory_stream_comes_back_empty_after_its_server_restarts() {
+    let stores = common::TempDir::new("r1mem");
+    let names = ["O1", "O2", "O3"];
+    let (mut nodes, confs) = mesh_in(&names, Some(stores.path())).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c0 = connect(&nodes[0], "app").await;
+    let cfg = |r: u32| {
+        format!(r#"{{"name":"ONE","subjects":["one.>"],"storage":"memory","num_replicas":{r}}}"#)
+    };
+    let created = create_stream(&c0, "ONE", &cfg(1)).await;
+    let host = created["cluster"]["leader"].as_str().unwrap().to_string();
+    for i in 1..=5u64 {
+        assert_eq!(publish_acked(&c0, "one.x", format!("m{i}")).await, i);
+    }
+    let hi = names.iter().position(|n| *n == host).unwrap();
+    nodes.remove(hi).shutdown().await;
+    nodes.insert(
+        hi,
+        Node::start_jetstream_at(&confs[hi], &stores.path().join(names[hi])).await,
+    );
+    let c = connect(&nodes[(hi + 1) % 3], "app").await;
+    // (nats-server leaves requests unanswered for a while after a restart.)
+    let info = request_until(&c, "$JS.API.STREAM.INFO.ONE", String::new(), |v| {
+        v["cluster"]["leader"]
+            .as_str()
+            .filter(|l| !l.is_empty())
+            .map(|_| v.clone())
+    })
+    .await;
+    assert_eq!(info["cluster"]["leader"], host.as_str(), "{info}");
+    assert_eq!(info["state"]["messages"], 0, "{info}");
+    let seq = publish_acked(&c, "one.x", "again".into()).await;
+    assert!(seq >= 1, "{seq}");
+    let up = api(&c, "$JS.API.STREAM.UPDATE.ONE", &cfg(3)).await;
+    assert!(up.get("error").is_none(), "{up}");
+    let info = replicas_current(&c, "ONE", 2, "").await;
+    assert_eq!(info["state"]["messages"], 1, "{info}");
     for n in nodes {
         n.shutdown().await;
     }

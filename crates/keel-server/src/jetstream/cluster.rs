@@ -915,18 +915,14 @@ async fn create(
     let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let peers = place(meta, &state, cfg.num_replicas.max(1) as usize, &raw, &[])?;
     let replicas = peers.len();
-    // Every file stream has a group, R1 too, so that its replicas can change later (new
-    // peers catch up from the group's log); a memory stream has one when replicated.
+    // Every stream has a group, R1 too, so that its replicas can change later (new peers
+    // catch up from the group's log or a snapshot); a memory stream's log is in memory.
     let memory = cfg.storage == super::stream::StorageType::Memory;
-    let group = if !memory || replicas > 1 {
-        format!(
-            "S-R{replicas}{}-{}",
-            if memory { "M" } else { "F" },
-            crate::account::random_token(8)
-        )
-    } else {
-        String::new()
-    };
+    let group = format!(
+        "S-R{replicas}{}-{}",
+        if memory { "M" } else { "F" },
+        crate::account::random_token(8)
+    );
     let assignment = StreamAssignment {
         config: raw,
         peers,
@@ -1097,7 +1093,7 @@ async fn rescale(
     if a.group.is_empty() {
         return Err(ErrorKind::InvalidConfig.with(
             if cfg.storage == super::stream::StorageType::Memory {
-                "this memory stream's replicas cannot change: it was made with one replica (make it with more, or use file storage)"
+                "this memory stream's replicas cannot change: it was made with one replica by an older Keel, without a Raft group (make it again)"
             } else {
                 "this stream's replicas cannot change: it has no Raft group"
             },
