@@ -44,6 +44,7 @@ from cluster_common import (  # noqa: E402
 CLI = os.path.join(ROOT, "target", "release", "keel")
 STREAM = "benchstream"
 STORAGE = "file"  # --storage
+REPLICAS = 3  # --replicas
 
 
 async def create(cl):
@@ -51,7 +52,7 @@ async def create(cl):
     r = await api(
         nc,
         f"$JS.API.STREAM.CREATE.{STREAM}",
-        {"name": STREAM, "subjects": ["js.bench"], "storage": STORAGE, "num_replicas": 3},
+        {"name": STREAM, "subjects": ["js.bench"], "storage": STORAGE, "num_replicas": REPLICAS},
         timeout=15,
     )
     if "error" in r:
@@ -147,9 +148,11 @@ def main():
         default="file",
         help="the stream's storage (memory: a PubAck means a quorum holds it in memory, on both servers)",
     )
+    ap.add_argument("--replicas", type=int, default=3, help="the stream's num_replicas (1, 3 or 5)")
     args = ap.parse_args()
-    global STORAGE
+    global STORAGE, REPLICAS
     STORAGE = args.storage
+    REPLICAS = args.replicas
     started = time.time()
     runs = [
         ("keel", KEEL, ""),
@@ -161,7 +164,7 @@ def main():
     lines = [
         f"cluster_js.py ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
         f"{time.time() - started:.0f} s; {os.cpu_count()} cores shared by the 3 servers and the client)",
-        f"3 separate processes, R3 {args.storage} stream, client (keel bench js, async-nats) on the leader;"
+        f"3 separate processes, R{args.replicas} {args.storage} stream, client (keel bench js, async-nats) on the leader;"
         f" async: {args.msgs} x {args.size} B, {args.window} in flight; sync: {args.sync_msgs} msgs;"
         f" consume: {args.msgs} msgs, {args.window} per pull; AckSync consume: {args.sync_msgs} msgs",
         "nats = nats-server default (lazy fsync); nats-always = jetstream { sync_interval: always }",

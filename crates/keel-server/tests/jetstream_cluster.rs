@@ -2333,3 +2333,88 @@ async fn an_r1_memory_stream_comes_back_empty_after_its_server_restarts() {
         n.shutdown().await;
     }
 }
+
+/// A server removed (`$JS.API.SERVER.REMOVE`) while it was down, restarted at once (before
+/// a leader would add it back): it does not serve the copy it kept of a stream it no longer
+/// holds; its clients get the cluster's answers, with the message published meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_removed_while_down_does_not_serve_its_stale_copy() {
+    let stores = common::TempDir::new("removed");
+    let names = ["Y1", "Y2", "Y3", "Y4"];
+    let (mut nodes, confs) = mesh_in(&names, Some(stores.path())).await;
+    let all: Vec<&Node> = nodes.iter().collect();
+    let leader = meta_leader(&all, "").await;
+    let keep = names.iter().position(|n| *n == leader).unwrap();
+    let c = connect(&nodes[keep], "app").await;
+    let sys = connect(&nodes[keep], "sys").await;
+    create_stream(
+        &c,
+        "RY",
+        r#"{"name":"RY","subjects":["ry.>"],"num_replicas":3,"allow_direct":true}"#,
+    )
+    .await;
+    let sl = stream_leader(&c, "RY", "").await;
+    for i in 1..=5u64 {
+        assert_eq!(publish_acked(&c, "ry.x", format!("m{i}")).await, i);
+    }
+    let info = api(&c, "$JS.API.STREAM.INFO.RY", "").await;
+    let victim = info["cluster"]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .find(|r| *r != leader && *r != sl)
+        .expect("a plain replica");
+    let vi = names.iter().position(|n| *n == victim).unwrap();
+    nodes.remove(vi).shutdown().await;
+    let r = api(
+        &sys,
+        "$JS.API.SERVER.REMOVE",
+        &format!(r#"{{"peer":"{victim}"}}"#),
+    )
+    .await;
+    assert_eq!(r["success"], true, "{r}");
+    let listed = |info: &serde_json::Value| {
+        let cl = &info["cluster"];
+        cl["leader"] == victim.as_str()
+            || cl["replicas"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|x| x["name"] == victim.as_str()))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let info = api_answered(&c, "$JS.API.STREAM.INFO.RY", "").await;
+        let current = info["cluster"]["replicas"]
+            .as_array()
+            .is_some_and(|r| r.len() == 2 && r.iter().all(|x| x["current"] == true));
+        if !listed(&info) && current {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{info}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(publish_acked(&c, "ry.x", "m6".into()).await, 6);
+
+    // It comes back on its store, with its copy of the five.
+    let back = Node::start_jetstream_at(&confs[vi], &stores.path().join(&victim)).await;
+    let vc = connect(&back, "app").await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let info = api_answered(&vc, "$JS.API.STREAM.INFO.RY", "").await;
+        let m = tokio::time::timeout(
+            Duration::from_secs(2),
+            vc.request("$JS.API.DIRECT.GET.RY", r#"{"seq":6}"#.into()),
+        )
+        .await;
+        let six = matches!(&m, Ok(Ok(m)) if m.payload == "m6");
+        if info["state"]["messages"] == 6 && !listed(&info) && six {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{info}\n{m:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    nodes.push(back);
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
