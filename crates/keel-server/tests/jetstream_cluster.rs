@@ -2418,3 +2418,69 @@ async fn a_server_removed_while_down_does_not_serve_its_stale_copy() {
         n.shutdown().await;
     }
 }
+
+/// Direct gets through a memory replica that restarted empty: while it is being refilled
+/// it does not answer from its own store (which would say 404 for messages the stream
+/// has), so every answer is the message (or a moment of no answer), never "not found".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refilling_memory_replica_does_not_answer_direct_gets_with_not_found() {
+    let stores = common::TempDir::new("refill");
+    let names = ["F1", "F2", "F3"];
+    let (mut nodes, confs) = mesh_in(&names, Some(stores.path())).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    create_stream(
+        &c,
+        "RF",
+        r#"{"name":"RF","subjects":["rf.>"],"storage":"memory","num_replicas":3,"allow_direct":true}"#,
+    )
+    .await;
+    let leader = stream_leader(&c, "RF", "").await;
+    let total = 2000u64;
+    for i in 1..=total {
+        let ack = common::within("pub", c.request("rf.x", format!("m{i}").into()))
+            .await
+            .expect("ack");
+        let v: serde_json::Value = serde_json::from_slice(&ack.payload).unwrap();
+        assert_eq!(v["seq"], i, "{v}");
+    }
+    let fi = names.iter().position(|n| *n != leader).unwrap();
+    nodes.remove(fi).shutdown().await;
+    nodes.insert(
+        fi,
+        Node::start_jetstream_at(&confs[fi], &stores.path().join(names[fi])).await,
+    );
+    let fc = connect(&nodes[fi], "app").await;
+    let (mut found, mut other) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for round in 0u64.. {
+        if found >= 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "found {found}, other answers {other}"
+        );
+        let seq = 1 + (round * 7) % total;
+        let r = tokio::time::timeout(
+            Duration::from_secs(2),
+            fc.request("$JS.API.DIRECT.GET.RF", format!("{{\"seq\":{seq}}}").into()),
+        )
+        .await;
+        if let Ok(Ok(m)) = r {
+            let status = m.status.map(|s| s.as_u16());
+            assert_ne!(status, Some(404), "seq {seq} not found in round {round}");
+            if status.is_none() {
+                assert_eq!(m.payload, format!("m{seq}"), "seq {seq}");
+                found += 1;
+                continue;
+            }
+        }
+        // (No answer yet: the reference has no direct-get responder there for a moment.)
+        other += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}

@@ -766,8 +766,12 @@ pub async fn api(
         return false; // This server leads it (an R1 stream's one server).
     }
     // With `allow_direct`, every replica answers direct gets from its own store, as the
-    // reference's do.
-    if matches!(tokens, ["DIRECT", ..]) && local.as_ref().is_some_and(|s| s.config().allow_direct) {
+    // reference's do, but one being refilled or that left its group (`serves_reads`).
+    if matches!(tokens, ["DIRECT", ..])
+        && local
+            .as_ref()
+            .is_some_and(|s| s.config().allow_direct && s.serves_reads())
+    {
         return false;
     }
     if matches!(tokens, ["CONSUMER", "MSG", "NEXT", ..]) {

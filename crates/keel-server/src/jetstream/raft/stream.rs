@@ -789,6 +789,17 @@ impl Shared {
         self.fence().fenced = true;
     }
 
+    /// Whether this replica's store may answer reads (direct gets) itself: not once it
+    /// left its group (its store is not to be trusted), nor while its votes are held (a
+    /// restarted memory replica being refilled, a log that lost acknowledged entries),
+    /// which would answer "not found" for messages the stream has.
+    pub fn serves_reads(&self) -> bool {
+        match self.host.get() {
+            Some((h, g)) => h.group(g).is_some() && !h.votes_held(g),
+            None => false,
+        }
+    }
+
     pub fn is_fenced(&self) -> bool {
         self.fence().fenced
     }

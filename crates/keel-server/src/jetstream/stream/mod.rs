@@ -215,7 +215,11 @@ impl Stream {
                     replicator::LocalReplicator::new(settings.sync_always),
                     settings,
                 );
-                server.spawn(actor::run(a, rx, cmd_rx, cmd_tx, sourced_rx, sourced_tx));
+                contain(
+                    server,
+                    &stream,
+                    actor::run(a, rx, cmd_rx, cmd_tx, sourced_rx, sourced_tx),
+                );
             }
             Some(spec) => {
                 use crate::jetstream::raft::stream as rs;
@@ -241,7 +245,11 @@ impl Stream {
                     rs::RaftReplicator::new(shared.clone()),
                     settings,
                 );
-                server.spawn(actor::run(a, rx, cmd_rx, cmd_tx, sourced_rx, sourced_tx));
+                contain(
+                    server,
+                    &stream,
+                    actor::run(a, rx, cmd_rx, cmd_tx, sourced_rx, sourced_tx),
+                );
                 server.spawn(rs::run_group(
                     server.clone(),
                     Arc::downgrade(&stream),
@@ -322,6 +330,12 @@ impl Stream {
     /// stream, the ready leader for a replicated one.
     pub fn leads(&self) -> bool {
         self.replica.get().is_none_or(|r| !r.is_fenced())
+    }
+
+    /// Whether direct gets may be answered from this server's store (`Shared::serves_reads`
+    /// for a replica; always for an unreplicated stream).
+    pub fn serves_reads(&self) -> bool {
+        self.replica.get().is_none_or(|r| r.serves_reads())
     }
 
     /// The replicated stream's leader (server name), as this server knows it.
@@ -614,4 +628,35 @@ impl Stream {
         m.insert("consumer_count".into(), consumers.into());
         Value::Object(m)
     }
+}
+
+/// Runs a stream's actor on a task of its own, so that a panic in it (a bug) is contained
+/// to the stream: it stops taking messages here, and a replica leaves its group (its store
+/// may hold a batch that never committed, which a dead actor no longer rolls back) and so
+/// stops answering reads, rather than serving on from a store nobody writes any more.
+fn contain(
+    server: &Arc<Server>,
+    stream: &Arc<Stream>,
+    actor: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let task = tokio::spawn(actor);
+    let (srv, weak) = (server.clone(), Arc::downgrade(stream));
+    server.spawn(async move {
+        let Err(e) = task.await else {
+            return;
+        };
+        let Some(s) = weak.upgrade().filter(|_| e.is_panic()) else {
+            return;
+        };
+        crate::error!(
+            srv.log,
+            "Stream {} > {}: internal error (its actor panicked); the stream stops on this server until it restarts",
+            s.account().name,
+            s.name
+        );
+        s.unsubscribe();
+        if let Some(r) = s.replica.get() {
+            r.stop_group().await;
+        }
+    });
 }
