@@ -784,12 +784,11 @@ impl RaftHost {
 
     /// Group `group`'s write gate (see `gates`): hold it shared around each `client_write`.
     pub fn gate(&self, group: &str) -> Arc<tokio::sync::RwLock<()>> {
-        self.gates
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(group.to_string())
-            .or_default()
-            .clone()
+        let mut gates = self.gates.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = gates.get(group) {
+            return g.clone(); // (No key allocated per batch.)
+        }
+        gates.entry(group.to_string()).or_default().clone()
     }
 
     pub fn remove_group(&self, group: &str) -> Option<Raft> {

@@ -735,9 +735,29 @@ impl Shared {
         self.host.get().map(|(h, _)| h.clone())
     }
 
-    /// The group's write gate (`RaftHost::gate`).
-    fn gate(&self) -> Option<Arc<tokio::sync::RwLock<()>>> {
-        self.host.get().map(|(h, g)| h.gate(g))
+    /// Appends `body` to the group's log and waits (at most `COMMIT_TIMEOUT`) until it is
+    /// committed, through the group's write gate (`RaftHost::gate`): while a leadership
+    /// transfer holds it, the batch waits, then fails as any batch does at a change of leader.
+    async fn write(
+        &self,
+        raft: &Raft,
+        body: Vec<u8>,
+    ) -> Result<
+        Result<
+            openraft::raft::ClientWriteResponse<TypeConfig>,
+            openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, Peer>>,
+        >,
+        tokio::time::error::Elapsed,
+    > {
+        let gate = self.host.get().map(|(h, g)| h.gate(g));
+        let write = async {
+            let _open = match &gate {
+                Some(g) => Some(g.read().await),
+                None => None,
+            };
+            raft.client_write(Cmd(body)).await
+        };
+        tokio::time::timeout(COMMIT_TIMEOUT, write).await
     }
 
     /// On the leader: has its actor append an empty batch (`Rpc::Nudge`), which makes
@@ -1141,15 +1161,7 @@ impl Replicator for RaftReplicator {
             entries: Vec::new(),
             consumers: Vec::new(),
         });
-        let gate = self.shared.gate();
-        let write = async {
-            let _open = match &gate {
-                Some(g) => Some(g.read().await),
-                None => None,
-            };
-            raft.client_write(Cmd(body)).await
-        };
-        let _ = tokio::time::timeout(COMMIT_TIMEOUT, write).await;
+        let _ = self.shared.write(&raft, body).await;
     }
 
     fn propose(
@@ -1243,17 +1255,7 @@ impl RaftReplicator {
                 self.shared.set_fenced();
                 return Err(unavailable());
             };
-            // (A leadership transfer holds the gate: the batch waits, then fails as any
-            // batch does at a change of leader.)
-            let gate = self.shared.gate();
-            let write = async {
-                let _open = match &gate {
-                    Some(g) => Some(g.read().await),
-                    None => None,
-                };
-                raft.client_write(Cmd(body)).await
-            };
-            let r = tokio::time::timeout(COMMIT_TIMEOUT, write).await;
+            let r = self.shared.write(&raft, body).await;
             match r {
                 Ok(Ok(resp)) => {
                     if !floors.is_empty() {
