@@ -10,6 +10,7 @@ the test's control (`clocks`: libfaketime, see `clock_unavailable`).
 
 import asyncio
 import atexit
+import datetime
 import glob
 import json
 import os
@@ -738,8 +739,6 @@ class Cluster:
 def parse_rfc3339(text):
     """Seconds since the epoch of an RFC 3339 time in UTC with up to nine fractional digits
     (the monitoring endpoints' `now`)."""
-    import datetime
-
     main, _, frac = text.rstrip("Z").partition(".")
     t = datetime.datetime.strptime(main, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
     return t.timestamp() + (float("0." + frac) if frac else 0.0)

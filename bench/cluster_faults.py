@@ -93,13 +93,13 @@ on each; "replicas read" says STREAM GONE). Checks:
   foreign     a payload in the stream that nobody published, or one payload at two seqs
 
 Memory streams (--storage memory): the same, on an R3 memory stream, with the faults that
-leave a quorum's memory: kill-leader, kill-follower, stop-leader, the partitions and
-clock-jump (a killed server comes back empty and is refilled from its peers). Before each
-fault the checker waits (up to 60 s) until every replica is current, so no fault takes
-the last full copy. power-loss, power-loss-disk and bitflip-follower are refused (a memory
-stream keeps nothing through a restart of all its servers, on both servers, and has no
-files), and rescale too (an R1 memory stream cannot grow back on keel). Replicas are read
-with all three up: each in turn is made the stream's leader (STREAM.LEADER.STEPDOWN with
+leave a quorum's memory: kill-leader, kill-follower, stop-leader, the partitions,
+clock-jump and rescale (a killed server comes back empty, and a new replica starts empty:
+both are refilled from their peers). Before each fault the checker waits (up to 60 s)
+until every replica is current, so no fault takes the last full copy. power-loss,
+power-loss-disk and bitflip-follower are refused (a memory stream keeps nothing through a
+restart of all its servers, on both servers, and has no files). Replicas are read with all
+three up: each in turn is made the stream's leader (STREAM.LEADER.STEPDOWN with
 placement.preferred) and read through direct gets on its own server.
 
 Consumer part (--consumer): a durable pull consumer (explicit ack) read by one worker with
@@ -393,21 +393,12 @@ async def clock_jump(cl, leader, replicas, args, t0, sched):
     if other is not None:
         # Leadership to the server whose clock is behind: its messages follow ones
         # stamped three hours later.
-        nc = await connect(cl.urls())
+        how = await lead_by_stepdown(cl, other)
+        log(t0, f"stepdown to {other.name}: {how}", sched)
         try:
-            body = {"placement": {"preferred": other.name}}
-            r = await api(nc, f"$JS.API.STREAM.LEADER.STEPDOWN.{STREAM}", body, timeout=15)
-            if r.get("error"):
-                log(t0, f"stepdown to {other.name} refused: {r['error']}", sched)
-            else:
-                info = await wait_stream_leader(nc, STREAM, 30, not_=leader)
-                now = info["cluster"]["leader"]
-                log(t0, f"stepdown to {other.name}: stream leader now {now}", sched)
-                victim = cl.by_name(now)
-        except Exception as e:  # noqa: BLE001 - logged; the kill below still runs
-            log(t0, f"stepdown to {other.name}: {type(e).__name__} {str(e)[:120]}", sched)
-        finally:
-            await nc.close()
+            victim = cl.by_name((await find_roles(cl))[0])
+        except RuntimeError:
+            pass  # No leader: the old one is killed anyway.
         await asyncio.sleep(args.stop)
     victim.kill()
     log(t0, f"SIGKILL leader {victim.name} (clock {victim.offset:+d}s)", sched)
@@ -1049,9 +1040,8 @@ def main():
         args.stop = args.stop if args.stop is not None else 12.0
         args.partition = args.partition if args.partition is not None else 10.0
         args.consumer = 2000 if args.consumer is None else args.consumer
-    # What a memory stream cannot survive by design (or has no files for), and what keel
-    # cannot do with one (an R1 memory stream has no group to grow back from).
-    not_memory = {"power-loss", "power-loss-disk", "bitflip-follower", "rescale"}
+    # What a memory stream cannot survive by design (or has no files for).
+    not_memory = {"power-loss", "power-loss-disk", "bitflip-follower"}
     if args.storage == "memory":
         faults = [f for f in faults if f not in not_memory]
     if args.faults:

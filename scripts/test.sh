@@ -164,7 +164,7 @@ step "cluster fault checker, short (keel: SIGKILL, SIGSTOP, a partition of the l
 # The short schedule against the debug build; `bench/cluster_faults.py` without --short runs
 # the long one, side by side with the reference, by hand.
 KEEL_SERVER_BIN=$ROOT/target/debug/keel-server "$PY" bench/cluster_faults.py --short --only keel
-step "cluster fault checker, short, on an R3 memory stream (keel: kills, a pause, a partition and clock steps of a minority)"
+step "cluster fault checker, short, on an R3 memory stream (keel: kills, a pause, a partition and clock steps of a minority, R3 to R1 and back)"
 KEEL_SERVER_BIN=$ROOT/target/debug/keel-server "$PY" bench/cluster_faults.py --short --storage memory --only keel
 
 step "interop suite against keel-server"

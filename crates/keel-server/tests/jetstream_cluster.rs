@@ -2426,25 +2426,16 @@ async fn a_server_removed_while_down_does_not_serve_its_stale_copy() {
 async fn a_refilling_memory_replica_does_not_answer_direct_gets_with_not_found() {
     let stores = common::TempDir::new("refill");
     let names = ["F1", "F2", "F3"];
-    let (mut nodes, confs) = mesh_in(&names, Some(stores.path())).await;
-    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
-    let c = connect(&nodes[0], "app").await;
-    create_stream(
-        &c,
-        "RF",
-        r#"{"name":"RF","subjects":["rf.>"],"storage":"memory","num_replicas":3,"allow_direct":true}"#,
-    )
-    .await;
-    let leader = stream_leader(&c, "RF", "").await;
+    let (mut nodes, confs, li, c) = r3_stored_on(&names, &stores, "memory").await;
     let total = 2000u64;
     for i in 1..=total {
-        let ack = common::within("pub", c.request("rf.x", format!("m{i}").into()))
+        let ack = common::within("pub", c.request("s", format!("m{i}").into()))
             .await
             .expect("ack");
         let v: serde_json::Value = serde_json::from_slice(&ack.payload).unwrap();
         assert_eq!(v["seq"], i, "{v}");
     }
-    let fi = names.iter().position(|n| *n != leader).unwrap();
+    let fi = (li + 1) % names.len();
     nodes.remove(fi).shutdown().await;
     nodes.insert(
         fi,
@@ -2464,7 +2455,7 @@ async fn a_refilling_memory_replica_does_not_answer_direct_gets_with_not_found()
         let seq = 1 + (round * 7) % total;
         let r = tokio::time::timeout(
             Duration::from_secs(2),
-            fc.request("$JS.API.DIRECT.GET.RF", format!("{{\"seq\":{seq}}}").into()),
+            fc.request("$JS.API.DIRECT.GET.S", format!("{{\"seq\":{seq}}}").into()),
         )
         .await;
         if let Ok(Ok(m)) = r {
