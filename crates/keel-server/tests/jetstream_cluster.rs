@@ -779,25 +779,22 @@ async fn a_stepdown_to_a_preferred_server_lands_there_while_publishes_go_on() {
             }
         }));
     }
-    // While they publish, replicas with every committed batch count as current (as the
-    // reference counts them: against what the leader applied, not its last entry, which
-    // under load is nearly always one in flight).
-    let mut current = 0;
-    for _ in 0..20 {
+    // While they publish, a replica with every batch the leader applied counts as current
+    // (as the reference counts them), so at every look at least one is (a batch commits
+    // only once a replica has it); against the leader's last entry, nearly always one in
+    // flight under load, most looks showed none.
+    for look in 0..20 {
         let info = api_answered(&c, "$JS.API.STREAM.INFO.TS", "").await;
         let reps = info["cluster"]["replicas"]
             .as_array()
             .cloned()
             .unwrap_or_default();
-        if reps.len() == 2 && reps.iter().all(|r| r["current"] == true) {
-            current += 1;
-        }
+        assert!(
+            reps.iter().any(|r| r["current"] == true),
+            "look {look}: no replica current while publishing: {info}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        current >= 10,
-        "replicas current in only {current} of 20 looks while publishing"
-    );
     for round in 0..3 {
         // Wait for the publishers to be acked by this leader before each stepdown.
         let before = acked.lock().unwrap().len();
