@@ -48,12 +48,12 @@ impl Meta {
         host: Arc<RaftHost>,
         backend: Box<dyn LogBackend>,
     ) -> Result<Arc<Meta>, String> {
-        let log = LogStore::open(backend, true).map_err(|e| format!("meta log: {e}"))?;
+        let log = LogStore::open(backend, true, None).map_err(|e| format!("meta log: {e}"))?;
         let (machine, applied) = MetaMachine::new();
         let raft = Raft::new(
             host.id,
             raft::config(META_GROUP, false),
-            host.network(META_GROUP),
+            host.network(META_GROUP, None),
             log,
             machine.clone(),
         )

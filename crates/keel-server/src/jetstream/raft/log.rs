@@ -183,13 +183,65 @@ struct Inner {
     /// and is rebuilt from the log up to it at start). A stream's state machine keeps its
     /// own applied marker, so its log saves no committed id (an fsync less per batch).
     persist_committed: bool,
+    /// This server's id, when a leader's own appends are reported to openraft before their
+    /// fsync (a stream group's: see `append`); None: every append after its fsync.
+    early: Option<NodeId>,
+    /// The last entry appended.
+    appended: Option<LogId<NodeId>>,
+}
+
+/// How far a log is on disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OnDisk {
+    /// The last entry known to be on disk (a volatile backend's: the last appended).
+    pub last: Option<LogId<NodeId>>,
+    /// An fsync failed: nothing after `last` will be (the log refuses everything after).
+    pub failed: bool,
+}
+
+/// Where an append went.
+#[derive(Debug, PartialEq)]
+enum Written {
+    /// Nothing to make durable (memory).
+    Volatile,
+    /// A leader's own: reported now, the syncer makes it durable (`flushed` moves).
+    Own,
+    /// Reported once the syncer's fsync covers it.
+    Wait,
+}
+
+/// Whether an append is this server's own as the leader of the current term (reported
+/// before its fsync: see `LogStore::append`): its vote is committed, for itself, and every
+/// entry carries that leader id. A follower saves the new leader's vote before it takes
+/// that leader's entries, so its appends never count, even of entries it once wrote itself.
+fn own_append(
+    early: Option<NodeId>,
+    vote: Option<Vote<NodeId>>,
+    leaders: &[openraft::CommittedLeaderId<NodeId>],
+) -> bool {
+    let (Some(me), Some(v)) = (early, vote) else {
+        return false;
+    };
+    v.is_committed()
+        && v.leader_id().voted_for() == Some(me)
+        && !leaders.is_empty()
+        && leaders.iter().all(|l| l == v.leader_id())
+}
+
+/// What waits for the syncer's next fsync.
+enum Waiter {
+    /// openraft's callback: a follower's append, answered only once it is on disk.
+    Flush(LogFlushed<TypeConfig>),
+    /// A leader's own append, already reported: `flushed` tells when it is on disk.
+    Own,
 }
 
 /// One group's log, as openraft sees it. Cheap to clone (the reader is a clone).
 #[derive(Clone)]
 pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
-    syncer: mpsc::UnboundedSender<LogFlushed<TypeConfig>>,
+    syncer: mpsc::UnboundedSender<Waiter>,
+    flushed: Arc<tokio::sync::watch::Sender<OnDisk>>,
 }
 
 fn io_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
@@ -197,7 +249,13 @@ fn io_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
 }
 
 impl LogStore {
-    pub fn open(backend: Box<dyn LogBackend>, persist_committed: bool) -> io::Result<LogStore> {
+    /// `early`: this server's id, for a stream group (a leader's own appends are reported
+    /// at once, see `append`); None for the meta group.
+    pub fn open(
+        backend: Box<dyn LogBackend>,
+        persist_committed: bool,
+        early: Option<NodeId>,
+    ) -> io::Result<LogStore> {
         let mut hard: Hard = match backend.load_state()? {
             Some(b) => serde_json::from_slice(&b).map_err(io::Error::other)?,
             None => Hard::default(),
@@ -210,16 +268,31 @@ impl LogStore {
         {
             hard.committed = None;
         }
+        // What the log holds at opening is what it reads back: counted as on disk.
+        let appended = match backend.last_index() {
+            Some(i) => match backend.read(i, i)?.first() {
+                Some((_, b)) => Some(*decode(b).map_err(io::Error::other)?.get_log_id()),
+                None => None,
+            },
+            None => None,
+        };
         let inner = Arc::new(Mutex::new(Inner {
             backend,
             hard,
             persist_committed,
+            early,
+            appended,
+        }));
+        let flushed = Arc::new(tokio::sync::watch::Sender::new(OnDisk {
+            last: appended,
+            failed: false,
         }));
         // One syncer per log: callbacks queue in order; each round runs one fsync for all
         // of them. (Unbounded, but at most one entry per append openraft has in flight,
         // which its own max_payload_entries and replication window bound.)
-        let (tx, mut rx) = mpsc::unbounded_channel::<LogFlushed<TypeConfig>>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Waiter>();
         let weak = Arc::downgrade(&inner);
+        let on_disk = flushed.clone();
         tokio::spawn(async move {
             let mut waiting = Vec::new();
             while rx.recv_many(&mut waiting, 1024).await > 0 {
@@ -227,11 +300,10 @@ impl LogStore {
                     return;
                 };
                 let r = tokio::task::spawn_blocking(move || {
-                    let job = inner
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .backend
-                        .begin_sync()?;
+                    let (job, upto) = {
+                        let mut g = inner.lock().unwrap_or_else(|e| e.into_inner());
+                        (g.backend.begin_sync()?, g.appended)
+                    };
                     match job {
                         // The fsync with no lock held: appends go on meanwhile.
                         Some(mut job) => {
@@ -240,26 +312,89 @@ impl LogStore {
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
                                 .backend
-                                .finish_sync(job)
+                                .finish_sync(job)?;
                         }
                         None => inner
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .backend
-                            .sync(),
+                            .sync()?,
                     }
+                    Ok(upto)
                 })
                 .await
                 .unwrap_or_else(|e| Err(io::Error::other(e)));
-                for cb in waiting.drain(..) {
-                    cb.log_io_completed(match &r {
-                        Ok(()) => Ok(()),
-                        Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
-                    });
+                // A failed fsync leaves `last` where it was: a leader's own batch past it is
+                // never applied (and the log refuses everything after such a failure).
+                on_disk.send_if_modified(|d| match &r {
+                    Ok(upto) if *upto > d.last => {
+                        d.last = *upto;
+                        true
+                    }
+                    Err(_) if !d.failed => {
+                        d.failed = true;
+                        true
+                    }
+                    _ => false,
+                });
+                for w in waiting.drain(..) {
+                    if let Waiter::Flush(cb) = w {
+                        cb.log_io_completed(match &r {
+                            Ok(_) => Ok(()),
+                            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+                        });
+                    }
                 }
             }
         });
-        Ok(LogStore { inner, syncer: tx })
+        Ok(LogStore {
+            inner,
+            syncer: tx,
+            flushed,
+        })
+    }
+
+    /// Writes entries (not yet durable); an own append (see `own_append`) is queued for
+    /// the syncer here, the others wait for it through openraft's callback.
+    fn write(
+        &self,
+        entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+    ) -> Result<Written, StorageError<NodeId>> {
+        let mut batch = Vec::new();
+        let mut leaders = Vec::new();
+        let mut last = None;
+        for e in entries {
+            let b = bincode::serialize(&e).map_err(io_err)?;
+            batch.push((e.log_id.index + 1, b));
+            if leaders.last() != Some(&e.log_id.leader_id) {
+                leaders.push(e.log_id.leader_id);
+            }
+            last = Some(e.log_id);
+        }
+        let mut g = self.lock();
+        g.backend.append(&batch).map_err(io_err)?;
+        if last.is_some() {
+            g.appended = last;
+        }
+        if g.backend.volatile() {
+            let last = g.appended;
+            drop(g);
+            self.flushed.send_modify(|d| d.last = last);
+            return Ok(Written::Volatile);
+        }
+        if !own_append(g.early, g.hard.vote, &leaders) {
+            return Ok(Written::Wait);
+        }
+        drop(g);
+        if self.syncer.send(Waiter::Own).is_err() {
+            return Err(io_err("log closed"));
+        }
+        Ok(Written::Own)
+    }
+
+    /// How far the log is on disk, as it moves.
+    pub fn flushed(&self) -> tokio::sync::watch::Receiver<OnDisk> {
+        self.flushed.subscribe()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -365,23 +500,25 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut batch = Vec::new();
-        for e in entries {
-            let b = bincode::serialize(&e).map_err(io_err)?;
-            batch.push((e.log_id.index + 1, b));
-        }
-        let volatile = {
-            let mut g = self.lock();
-            g.backend.append(&batch).map_err(io_err)?;
-            g.backend.volatile()
-        };
-        if volatile {
-            callback.log_io_completed(Ok(()));
-            return Ok(());
-        }
-        // The fsync happens on the syncer; openraft learns of it through the callback.
-        if let Err(e) = self.syncer.send(callback) {
-            e.0.log_io_completed(Err(io::Error::other("log closed")));
+        match self.write(entries)? {
+            // openraft 0.9's core waits for a leader's own append to be flushed before it
+            // sends the entries to the followers, so their fsyncs came after the leader's,
+            // one after the other. A leader's own append is reported at once: the
+            // followers' fsyncs run alongside its own. openraft may then count the leader
+            // in a quorum before its fsync, so what depends on that waits for `flushed`
+            // instead: the state machine applies (and so a batch is confirmed, a marker
+            // moves, a snapshot is taken) only what the leader's fsync covers, and the
+            // commit index the followers learn is held to it (`Conn::append_entries`): no
+            // replica applies, and no client hears of, an entry only one disk holds.
+            Written::Volatile | Written::Own => callback.log_io_completed(Ok(())),
+            // The fsync happens on the syncer; openraft learns of it through the callback.
+            Written::Wait => {
+                if let Err(e) = self.syncer.send(Waiter::Flush(callback)) {
+                    if let Waiter::Flush(cb) = e.0 {
+                        cb.log_io_completed(Err(io::Error::other("log closed")));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -389,7 +526,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
         let mut g = self.lock();
         // Removes log_id.index and after: backend index log_id.index + 1 and after.
-        g.backend.truncate_after(log_id.index).map_err(io_err)
+        g.backend.truncate_after(log_id.index).map_err(io_err)?;
+        g.appended = match g.backend.last_index() {
+            Some(i) => match g.backend.read(i, i).map_err(io_err)?.first() {
+                Some((_, b)) => Some(*decode(b)?.get_log_id()),
+                None => g.hard.purged,
+            },
+            None => g.hard.purged,
+        };
+        let last = g.appended;
+        self.flushed.send_if_modified(|d| {
+            let past = d.last > last;
+            if past {
+                d.last = last;
+            }
+            past
+        });
+        Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
@@ -403,6 +556,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// Both backends answer an empty span (`from` past `to`) with nothing: a failed commit
     /// right after a sync asks for the committed batches since, which are none.
@@ -413,5 +567,132 @@ mod tests {
         assert!(m.read(3, 2).unwrap().is_empty());
         assert!(m.read(2, 1).unwrap().is_empty());
         assert_eq!(m.read(1, 2).unwrap().len(), 2);
+    }
+
+    use openraft::{CommittedLeaderId, EntryPayload};
+    use std::sync::Condvar;
+
+    /// A log whose fsyncs wait until the test lets them finish (or fail).
+    #[derive(Clone, Default)]
+    struct Gate(Arc<(Mutex<(u32, bool)>, Condvar)>);
+
+    impl Gate {
+        /// Lets `n` more fsyncs finish; `fail`: they fail.
+        fn open(&self, n: u32, fail: bool) {
+            let mut g = self.0 .0.lock().unwrap();
+            g.0 += n;
+            g.1 = fail;
+            self.0 .1.notify_all();
+        }
+    }
+
+    struct Gated(MemBackend, Gate);
+
+    impl LogBackend for Gated {
+        fn append(&mut self, entries: &[(u64, Vec<u8>)]) -> io::Result<()> {
+            self.0.append(entries)
+        }
+        fn sync(&mut self) -> io::Result<()> {
+            let (lock, cv) = &*self.1 .0;
+            let mut g = cv.wait_while(lock.lock().unwrap(), |g| g.0 == 0).unwrap();
+            g.0 -= 1;
+            if g.1 {
+                return Err(io::Error::other("injected fsync failure"));
+            }
+            Ok(())
+        }
+        fn read(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Bytes)>> {
+            self.0.read(from, to)
+        }
+        fn truncate_after(&mut self, index: u64) -> io::Result<()> {
+            self.0.truncate_after(index)
+        }
+        fn purge_upto(&mut self, index: u64) -> io::Result<()> {
+            self.0.purge_upto(index)
+        }
+        fn last_index(&self) -> Option<u64> {
+            self.0.last_index()
+        }
+        fn save_state(&mut self, body: &[u8]) -> io::Result<()> {
+            self.0.save_state(body)
+        }
+        fn load_state(&self) -> io::Result<Option<Vec<u8>>> {
+            self.0.load_state()
+        }
+    }
+
+    fn entry(term: u64, node: NodeId, index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(term, node), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    #[test]
+    fn only_a_leaders_appends_in_its_own_term_are_its_own() {
+        let lead = |t, n| Some(Vote::new_committed(t, n));
+        let ids = |v: &[(u64, NodeId)]| {
+            v.iter()
+                .map(|(t, n)| CommittedLeaderId::new(*t, *n))
+                .collect::<Vec<_>>()
+        };
+        assert!(own_append(Some(1), lead(3, 1), &ids(&[(3, 1)])));
+        // A follower: the vote (and the entries) are another server's.
+        assert!(!own_append(Some(1), lead(3, 2), &ids(&[(3, 2)])));
+        // Entries this server wrote as leader of an earlier term, sent back by a later
+        // leader: not its own any more (it must answer only once they are on disk).
+        assert!(!own_append(Some(1), lead(4, 2), &ids(&[(3, 1)])));
+        assert!(!own_append(Some(1), lead(4, 1), &ids(&[(3, 1), (4, 1)])));
+        // A candidate's vote is not committed; the meta group opts out (None).
+        assert!(!own_append(Some(1), Some(Vote::new(3, 1)), &ids(&[(3, 1)])));
+        assert!(!own_append(None, lead(3, 1), &ids(&[(3, 1)])));
+        assert!(!own_append(Some(1), None, &ids(&[(3, 1)])));
+    }
+
+    /// A leader's own append is reported before its fsync and `flushed` moves only once
+    /// the fsync is done (what the state machine waits for before applying); a follower's
+    /// append waits for its fsync; a failed fsync is reported and `flushed` stays.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leaders_own_append_is_on_disk_only_once_flushed_says_so() {
+        let gate = Gate::default();
+        let mut log = LogStore::open(
+            Box::new(Gated(MemBackend::default(), gate.clone())),
+            false,
+            Some(1),
+        )
+        .unwrap();
+        let mut on_disk = log.flushed();
+        assert_eq!(*on_disk.borrow(), OnDisk::default());
+        log.save_vote(&Vote::new_committed(3, 1)).await.unwrap();
+        assert_eq!(
+            log.write([entry(3, 1, 1), entry(3, 1, 2)]).unwrap(),
+            Written::Own
+        );
+        // Not on disk yet: the fsync is held.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), on_disk.changed())
+                .await
+                .is_err()
+        );
+        assert_eq!(on_disk.borrow().last, None);
+        gate.open(1, false);
+        let d = *on_disk.wait_for(|d| d.last.is_some()).await.unwrap();
+        assert_eq!(d.last, Some(entry(3, 1, 2).log_id));
+        assert!(!d.failed);
+
+        // Another leader's entries: reported only after the fsync (through the callback).
+        log.save_vote(&Vote::new_committed(4, 2)).await.unwrap();
+        assert_eq!(log.write([entry(4, 2, 3)]).unwrap(), Written::Wait);
+
+        // A failed fsync: `flushed` keeps its place and says so.
+        log.save_vote(&Vote::new_committed(5, 1)).await.unwrap();
+        assert_eq!(log.write([entry(5, 1, 4)]).unwrap(), Written::Own);
+        gate.open(1, true);
+        let d = *on_disk.wait_for(|d| d.failed).await.unwrap();
+        assert_eq!(d.last, Some(entry(3, 1, 2).log_id));
+
+        // Truncation takes `flushed` back with it.
+        log.truncate(entry(3, 1, 2).log_id).await.unwrap();
+        assert_eq!(on_disk.borrow().last, Some(entry(3, 1, 1).log_id));
     }
 }

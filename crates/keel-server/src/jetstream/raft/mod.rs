@@ -815,10 +815,12 @@ impl RaftHost {
     }
 
     /// The network factory of one group.
-    pub fn network(self: &Arc<Self>, group: &str) -> Network {
+    /// `flushed`: a stream group's log's last entry on disk (see `log::LogStore::append`).
+    pub fn network(self: &Arc<Self>, group: &str, flushed: Option<Flushed>) -> Network {
         Network {
             host: self.clone(),
             group: group.to_string(),
+            flushed,
         }
     }
 
@@ -1091,7 +1093,11 @@ async fn answer(host: &Arc<RaftHost>, m: InMsg) {
 pub struct Network {
     host: Arc<RaftHost>,
     group: String,
+    flushed: Option<Flushed>,
 }
+
+/// A log's last entry on disk, as it moves.
+pub type Flushed = tokio::sync::watch::Receiver<log::OnDisk>;
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Conn;
@@ -1102,6 +1108,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             host: self.host.clone(),
             group: self.group.clone(),
             target: node.clone(),
+            flushed: self.flushed.clone(),
         }
     }
 }
@@ -1112,6 +1119,7 @@ pub struct Conn {
     group: String,
     target: Peer,
     router: Router,
+    flushed: Option<Flushed>,
 }
 
 impl Conn {
@@ -1149,9 +1157,17 @@ impl Conn {
 impl RaftNetwork<TypeConfig> for Conn {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Peer, RaftError<NodeId>>> {
+        // The followers learn no commit past what the leader's own log has on disk: openraft
+        // counts a leader's append before its fsync (`log::LogStore::append`).
+        if let Some(f) = &self.flushed {
+            let on_disk = f.borrow().last;
+            if rpc.leader_commit > on_disk {
+                rpc.leader_commit = on_disk;
+            }
+        }
         self.rpc("AE", Rpc::Append(rpc), &option).await
     }
 

@@ -909,6 +909,22 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
         let mut out = Vec::new();
         let mut wrote = false;
         let mut last = None;
+        let entries: Vec<_> = entries.into_iter().collect();
+        // openraft counts a leader's own append before its fsync (`log::LogStore::append`),
+        // so it may call an entry committed while this server's copy is not on disk yet:
+        // nothing is applied (and so no client answered, no marker moved, no snapshot taken
+        // past it) until it is. (A follower's entries are on disk before it answers.)
+        if let (Some(l), Some(log)) = (entries.last(), sh.log.get()) {
+            let upto = Some(l.log_id);
+            let mut on_disk = log.flushed();
+            let durable = match on_disk.wait_for(|d| d.failed || d.last >= upto).await {
+                Ok(d) => !d.failed,
+                Err(_) => false,
+            };
+            if !durable {
+                return Err(sm_err("the log could not make its entries durable"));
+            }
+        }
         for e in entries {
             last = Some(e.log_id);
             match e.payload {
@@ -965,6 +981,7 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
                 }
             }
         }
+
         Ok(out)
     }
 
@@ -1499,7 +1516,7 @@ pub async fn run_group(
             .upgrade()
             .and_then(|s| account_js(&server, &s))
             .is_some_and(|js| js.registry.is_rejoining(&spec.group));
-    let log = match opened.and_then(|b| super::log::LogStore::open(b, false)) {
+    let log = match opened.and_then(|b| super::log::LogStore::open(b, false, Some(shared.node))) {
         Ok(l) => l,
         Err(e) => {
             crate::error!(
@@ -1519,7 +1536,7 @@ pub async fn run_group(
     let raft = match Raft::new(
         shared.node,
         super::config(&spec.group, memory),
-        host.network(&spec.group),
+        host.network(&spec.group, Some(log.flushed())),
         log,
         StreamMachine(shared.clone()),
     )
