@@ -3,8 +3,10 @@
 //!
 //! `append` writes the entries and hands their flush to the log's syncer task, which runs
 //! one fsync for everything queued (group commit) and only then tells openraft the entries
-//! are on disk: a follower confirms an append, and a leader counts itself, only after its
-//! fsync. That is what makes a quorum ack mean "on disk on a quorum".
+//! are on disk: a follower confirms an append only after its fsync. A stream leader's own
+//! appends are reported at once (so that its fsync runs alongside the followers'), and
+//! what openraft could then count too early waits for the `flushed` watch instead (see
+//! `LogStore::append`). That is what makes a quorum ack mean "on disk on a quorum".
 
 // openraft's storage traits fix the error type (`StorageError`, large); helpers return it too.
 #![allow(clippy::result_large_err)]
@@ -14,6 +16,7 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -33,10 +36,10 @@ pub trait LogBackend: Send + 'static {
     fn sync(&mut self) -> io::Result<()>;
     /// A sync in two halves, the fsync (`run`) with no lock held: None when the backend
     /// has no such split (then `sync` is called under the lock).
-    fn begin_sync(&mut self) -> io::Result<Option<keel_store::RaftSyncJob>> {
+    fn begin_sync(&mut self) -> io::Result<Option<SyncJob>> {
         Ok(None)
     }
-    fn finish_sync(&mut self, _job: keel_store::RaftSyncJob) -> io::Result<()> {
+    fn finish_sync(&mut self, _job: SyncJob) -> io::Result<()> {
         Ok(())
     }
     fn read(&self, from: u64, to_inclusive: u64) -> io::Result<Vec<(u64, Bytes)>>;
@@ -52,6 +55,24 @@ pub trait LogBackend: Send + 'static {
     /// through the syncer.
     fn volatile(&self) -> bool {
         false
+    }
+}
+
+/// The fsync half of a split sync, run with no lock held.
+pub enum SyncJob {
+    Log(keel_store::RaftSyncJob),
+    /// A test's: waits for the test to let it finish (or fail).
+    #[cfg(test)]
+    Held(tests::Gate),
+}
+
+impl SyncJob {
+    fn run(&mut self) {
+        match self {
+            SyncJob::Log(j) => j.run(),
+            #[cfg(test)]
+            SyncJob::Held(g) => g.pass(),
+        }
     }
 }
 
@@ -134,11 +155,15 @@ impl LogBackend for FileBackend {
     fn sync(&mut self) -> io::Result<()> {
         self.0.sync().map_err(store_io)
     }
-    fn begin_sync(&mut self) -> io::Result<Option<keel_store::RaftSyncJob>> {
-        self.0.begin_sync().map_err(store_io)
+    fn begin_sync(&mut self) -> io::Result<Option<SyncJob>> {
+        Ok(self.0.begin_sync().map_err(store_io)?.map(SyncJob::Log))
     }
-    fn finish_sync(&mut self, job: keel_store::RaftSyncJob) -> io::Result<()> {
-        self.0.finish_sync(job).map_err(store_io)
+    fn finish_sync(&mut self, job: SyncJob) -> io::Result<()> {
+        match job {
+            SyncJob::Log(j) => self.0.finish_sync(j).map_err(store_io),
+            #[cfg(test)]
+            SyncJob::Held(_) => Ok(()),
+        }
     }
     fn read(&self, from: u64, to: u64) -> io::Result<Vec<(u64, Bytes)>> {
         let from = from.max(self.0.first_index());
@@ -188,7 +213,18 @@ struct Inner {
     early: Option<NodeId>,
     /// The last entry appended.
     appended: Option<LogId<NodeId>>,
+    /// When the first append not yet in a sync round was written.
+    unsynced_since: Option<Instant>,
+    /// The running round's oldest append: a round older than `STALL` means the disk has
+    /// stalled (see `write`).
+    round_since: Option<Instant>,
 }
+
+/// A leader's own appends are waited for again (as openraft 0.9 waits for them) while an
+/// fsync has run this long: openraft's core then stops, heartbeats too, and another server
+/// is elected, as before, instead of a leader that goes on heartbeating while nothing it
+/// writes reaches its disk.
+const STALL: Duration = Duration::from_millis(500);
 
 /// How far a log is on disk.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -242,6 +278,9 @@ pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
     syncer: mpsc::UnboundedSender<Waiter>,
     flushed: Arc<tokio::sync::watch::Sender<OnDisk>>,
+    /// Held by the syncer for a round: keel-store's log refuses a truncation while an
+    /// fsync runs, and a leader's own appends no longer keep openraft waiting for it.
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 fn io_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
@@ -282,43 +321,64 @@ impl LogStore {
             persist_committed,
             early,
             appended,
+            unsynced_since: None,
+            round_since: None,
         }));
         let flushed = Arc::new(tokio::sync::watch::Sender::new(OnDisk {
             last: appended,
             failed: false,
         }));
-        // One syncer per log: callbacks queue in order; each round runs one fsync for all
-        // of them. (Unbounded, but at most one entry per append openraft has in flight,
-        // which its own max_payload_entries and replication window bound.)
+        // One syncer per log: waiters queue in order; each round runs one fsync for all of
+        // them. (Unbounded, but one waiter per append: a follower's are bounded by what
+        // openraft has in flight, a leader's own by its clients' batches, which wait for
+        // their commit, and `STALL` turns them back into waited-for appends.)
         let (tx, mut rx) = mpsc::unbounded_channel::<Waiter>();
         let weak = Arc::downgrade(&inner);
         let on_disk = flushed.clone();
+        let turn = Arc::new(tokio::sync::Mutex::new(()));
+        let my_turn = turn.clone();
         tokio::spawn(async move {
             let mut waiting = Vec::new();
             while rx.recv_many(&mut waiting, 1024).await > 0 {
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };
+                // Held until `flushed` is updated: a truncation waits for the round.
+                let _turn = my_turn.lock().await;
                 let r = tokio::task::spawn_blocking(move || {
                     let (job, upto) = {
                         let mut g = inner.lock().unwrap_or_else(|e| e.into_inner());
-                        (g.backend.begin_sync()?, g.appended)
+                        g.round_since = g.unsynced_since.take();
+                        let job = g.backend.begin_sync();
+                        if job.is_err() {
+                            g.round_since = None;
+                        }
+                        (job?, g.appended)
+                    };
+                    let done = |inner: &Mutex<Inner>, r: io::Result<()>| {
+                        let mut g = inner.lock().unwrap_or_else(|e| e.into_inner());
+                        g.round_since = None;
+                        r
                     };
                     match job {
                         // The fsync with no lock held: appends go on meanwhile.
                         Some(mut job) => {
                             job.run();
-                            inner
+                            let r = inner
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
                                 .backend
-                                .finish_sync(job)?;
+                                .finish_sync(job);
+                            done(&inner, r)?;
                         }
-                        None => inner
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .backend
-                            .sync()?,
+                        None => {
+                            let r = inner
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .backend
+                                .sync();
+                            done(&inner, r)?;
+                        }
                     }
                     Ok(upto)
                 })
@@ -351,6 +411,7 @@ impl LogStore {
             inner,
             syncer: tx,
             flushed,
+            turn,
         })
     }
 
@@ -382,7 +443,11 @@ impl LogStore {
             self.flushed.send_modify(|d| d.last = last);
             return Ok(Written::Volatile);
         }
-        if !own_append(g.early, g.hard.vote, &leaders) {
+        if g.unsynced_since.is_none() {
+            g.unsynced_since = Some(Instant::now());
+        }
+        let stalled = g.round_since.is_some_and(|t| t.elapsed() > STALL);
+        if stalled || !own_append(g.early, g.hard.vote, &leaders) {
             return Ok(Written::Wait);
         }
         drop(g);
@@ -524,6 +589,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let _turn = self.turn.lock().await;
         let mut g = self.lock();
         // Removes log_id.index and after: backend index log_id.index + 1 and after.
         g.backend.truncate_after(log_id.index).map_err(io_err)?;
@@ -556,7 +622,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     /// Both backends answer an empty span (`from` past `to`) with nothing: a failed commit
     /// right after a sync asks for the committed batches since, which are none.
@@ -572,11 +637,22 @@ mod tests {
     use openraft::{CommittedLeaderId, EntryPayload};
     use std::sync::Condvar;
 
-    /// A log whose fsyncs wait until the test lets them finish (or fail).
+    /// A log whose fsyncs wait (with no lock held, as keel-store's) until the test lets
+    /// them finish (or fail).
     #[derive(Clone, Default)]
-    struct Gate(Arc<(Mutex<(u32, bool)>, Condvar)>);
+    pub struct Gate(Arc<(Mutex<(u32, bool)>, Condvar)>);
 
     impl Gate {
+        /// The fsync: waits for the test; a failure is taken up by `finish_sync`.
+        pub fn pass(&self) {
+            let (lock, cv) = &*self.0;
+            let mut g = cv.wait_while(lock.lock().unwrap(), |g| g.0 == 0).unwrap();
+            g.0 -= 1;
+        }
+        fn failing(&self) -> bool {
+            self.0 .0.lock().unwrap().1
+        }
+
         /// Lets `n` more fsyncs finish; `fail`: they fail.
         fn open(&self, n: u32, fail: bool) {
             let mut g = self.0 .0.lock().unwrap();
@@ -593,10 +669,13 @@ mod tests {
             self.0.append(entries)
         }
         fn sync(&mut self) -> io::Result<()> {
-            let (lock, cv) = &*self.1 .0;
-            let mut g = cv.wait_while(lock.lock().unwrap(), |g| g.0 == 0).unwrap();
-            g.0 -= 1;
-            if g.1 {
+            unreachable!("the syncer splits its syncs")
+        }
+        fn begin_sync(&mut self) -> io::Result<Option<SyncJob>> {
+            Ok(Some(SyncJob::Held(self.1.clone())))
+        }
+        fn finish_sync(&mut self, _job: SyncJob) -> io::Result<()> {
+            if self.1.failing() {
                 return Err(io::Error::other("injected fsync failure"));
             }
             Ok(())
@@ -694,5 +773,45 @@ mod tests {
         // Truncation takes `flushed` back with it.
         log.truncate(entry(3, 1, 2).log_id).await.unwrap();
         assert_eq!(on_disk.borrow().last, Some(entry(3, 1, 1).log_id));
+    }
+
+    /// While an fsync runs longer than `STALL`, a leader's own appends are waited for
+    /// again (openraft's core stops, and another server is elected); a truncation waits
+    /// for the running fsync (keel-store's log refuses one meanwhile).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_fsync_makes_appends_wait_and_truncation_waits_for_it() {
+        let gate = Gate::default();
+        let mut log = LogStore::open(
+            Box::new(Gated(MemBackend::default(), gate.clone())),
+            false,
+            Some(1),
+        )
+        .unwrap();
+        let mut on_disk = log.flushed();
+        log.save_vote(&Vote::new_committed(3, 1)).await.unwrap();
+        assert_eq!(log.write([entry(3, 1, 1)]).unwrap(), Written::Own);
+        assert_eq!(log.write([entry(3, 1, 2)]).unwrap(), Written::Own);
+        let started = Instant::now();
+        while log.lock().round_since.is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no sync round began"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(STALL + Duration::from_millis(50)).await;
+        assert_eq!(log.write([entry(3, 1, 3)]).unwrap(), Written::Wait);
+
+        let mut t = log.clone();
+        let truncating = tokio::spawn(async move { t.truncate(entry(3, 1, 2).log_id).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!truncating.is_finished(), "truncated while an fsync ran");
+        gate.open(1, false);
+        truncating.await.unwrap().unwrap();
+        let d = *on_disk.wait_for(|d| d.last.is_some()).await.unwrap();
+        assert_eq!(d.last, Some(entry(3, 1, 1).log_id));
+        // The disk is back: a leader's own appends are reported at once again.
+        assert_eq!(log.write([entry(3, 1, 2)]).unwrap(), Written::Own);
+        gate.open(10, false);
     }
 }
