@@ -1372,7 +1372,7 @@ async fn scrub(shared: Arc<Shared>) {
         if done || shared.is_stopped() {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(QUIET).await;
     }
 }
 
@@ -1752,10 +1752,12 @@ pub async fn run_group(
 
 /// The followers learn the commit index only up to the leader's flush
 /// (`Conn::append_entries`), and openraft sends it with the next append, or the next
-/// heartbeat (250 ms). Once the leader's log goes quiet after a flush, a heartbeat carries it
-/// at once, so idle replicas are not a quarter second behind. (Under load the next append
-/// carries it; the short wait keeps this off the path of one publisher waiting for each
-/// ack.)
+/// heartbeat (250 ms). Once the leader's log has stayed quiet for `QUIET` after a flush, a
+/// heartbeat carries it, so idle replicas are not a quarter second behind. (Under load the
+/// next append carries it; a heartbeat then would take openraft's one append in flight to a
+/// follower just when the next batch wants it.)
+const QUIET: Duration = Duration::from_millis(20);
+
 async fn carry_commit(raft: Raft, mut on_disk: super::Flushed) {
     while on_disk.changed().await.is_ok() {
         let flushed = on_disk.borrow_and_update().last;
