@@ -419,6 +419,81 @@ async fn an_r3_stream_keeps_every_acked_message_when_its_leader_goes() {
     }
 }
 
+/// An R5 stream on five servers: a PubAck needs three of them, so it goes on with two
+/// down (the leader among them), keeps every acked message, and the two catch up when they
+/// come back; then, with two others down, the three left (the two that were away among them)
+/// still hold and serve all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_r5_stream_keeps_acking_with_two_of_five_servers_down() {
+    let stores = common::TempDir::new("r5");
+    let names = ["F1", "F2", "F3", "F4", "F5"];
+    let (nodes, confs) = mesh_in(&names, Some(stores.path())).await;
+    let mut nodes: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
+    meta_leader(&nodes.iter().flatten().collect::<Vec<_>>(), "").await;
+    let c0 = connect(nodes[0].as_ref().unwrap(), "app").await;
+    let created = create_stream(
+        &c0,
+        "FIVE",
+        r#"{"name":"FIVE","subjects":["five.>"],"storage":"file","num_replicas":5}"#,
+    )
+    .await;
+    let cl = &created["cluster"];
+    assert!(
+        cl["raft_group"].as_str().unwrap().starts_with("S-R5F-"),
+        "{created}"
+    );
+    assert_eq!(cl["replicas"].as_array().unwrap().len(), 4, "{created}");
+    for i in 0..20 {
+        let seq = publish_acked(&c0, "five.new", format!("{{\"id\":{i}}}")).await;
+        assert_eq!(seq, i + 1);
+    }
+
+    // The leader and one other go: three of five still make a quorum.
+    let leader = stream_leader(&c0, "FIVE", "").await;
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    let other = (li + 1) % 5;
+    let away = [li, other];
+    for i in away {
+        nodes[i].take().unwrap().shutdown().await;
+    }
+    let up = (0..5).find(|i| nodes[*i].is_some()).unwrap();
+    let c = connect(nodes[up].as_ref().unwrap(), "app").await;
+    for i in 20..30 {
+        let seq = publish_acked(&c, "five.new", format!("{{\"id\":{i}}}")).await;
+        assert_eq!(seq, i + 1, "a sequence was lost or reused");
+    }
+    let info = api_answered(&c, "$JS.API.STREAM.INFO.FIVE", "").await;
+    assert_eq!(info["state"]["messages"], 30, "{info}");
+
+    // They come back and catch up.
+    for i in away {
+        nodes[i] = Some(Node::start_jetstream_at(&confs[i], &stores.path().join(names[i])).await);
+    }
+    replicas_current(&c, "FIVE", 4, "").await;
+
+    // Two of the servers that never left go now: the three left include both that were
+    // away, so they must have caught up for the stream to go on with every message.
+    let stay: Vec<usize> = (0..5).filter(|i| !away.contains(i)).take(2).collect();
+    for i in &stay {
+        nodes[*i].take().unwrap().shutdown().await;
+    }
+    let c = connect(nodes[away[0]].as_ref().unwrap(), "app").await;
+    let seq = publish_acked(&c, "five.new", "{\"id\":30}".to_string()).await;
+    assert_eq!(seq, 31, "a sequence was lost or reused");
+    for seq in 1..=31u64 {
+        let m = api(
+            &c,
+            "$JS.API.STREAM.MSG.GET.FIVE",
+            &format!("{{\"seq\":{seq}}}"),
+        )
+        .await;
+        assert_eq!(m["message"]["seq"], seq, "{m}");
+    }
+    for n in nodes.into_iter().flatten() {
+        n.shutdown().await;
+    }
+}
+
 /// The seed's walkthrough on a 3-server cluster with an R3 stream: a worker acks 1 and 2
 /// (confirmed acks), the server leading the stream and its consumer goes, and a worker on
 /// another server gets only 3; the consumer's numbers are the same from every server.
