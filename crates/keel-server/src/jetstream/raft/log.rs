@@ -308,13 +308,9 @@ impl LogStore {
             hard.committed = None;
         }
         // What the log holds at opening is what it reads back: counted as on disk.
-        let appended = match backend.last_index() {
-            Some(i) => match backend.read(i, i)?.first() {
-                Some((_, b)) => Some(*decode(b).map_err(io::Error::other)?.get_log_id()),
-                None => None,
-            },
-            None => None,
-        };
+        let appended = last_log_id(&*backend)
+            .map_err(|e| io::Error::other(e.to_string()))?
+            .or(hard.purged);
         let inner = Arc::new(Mutex::new(Inner {
             backend,
             hard,
@@ -346,41 +342,26 @@ impl LogStore {
                 // Held until `flushed` is updated: a truncation waits for the round.
                 let _turn = my_turn.lock().await;
                 let r = tokio::task::spawn_blocking(move || {
-                    let (job, upto) = {
-                        let mut g = inner.lock().unwrap_or_else(|e| e.into_inner());
-                        g.round_since = g.unsynced_since.take();
-                        let job = g.backend.begin_sync();
-                        if job.is_err() {
-                            g.round_since = None;
+                    let lock = || inner.lock().unwrap_or_else(|e| e.into_inner());
+                    let round = || {
+                        let (job, upto) = {
+                            let mut g = lock();
+                            g.round_since = g.unsynced_since.take();
+                            (g.backend.begin_sync()?, g.appended)
+                        };
+                        match job {
+                            // The fsync with no lock held: appends go on meanwhile.
+                            Some(mut job) => {
+                                job.run();
+                                lock().backend.finish_sync(job)?;
+                            }
+                            None => lock().backend.sync()?,
                         }
-                        (job?, g.appended)
+                        Ok(upto)
                     };
-                    let done = |inner: &Mutex<Inner>, r: io::Result<()>| {
-                        let mut g = inner.lock().unwrap_or_else(|e| e.into_inner());
-                        g.round_since = None;
-                        r
-                    };
-                    match job {
-                        // The fsync with no lock held: appends go on meanwhile.
-                        Some(mut job) => {
-                            job.run();
-                            let r = inner
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .backend
-                                .finish_sync(job);
-                            done(&inner, r)?;
-                        }
-                        None => {
-                            let r = inner
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .backend
-                                .sync();
-                            done(&inner, r)?;
-                        }
-                    }
-                    Ok(upto)
+                    let r = round();
+                    lock().round_since = None;
+                    r
                 })
                 .await
                 .unwrap_or_else(|e| Err(io::Error::other(e)));
@@ -476,6 +457,20 @@ fn decode(b: &[u8]) -> Result<Entry<TypeConfig>, StorageError<NodeId>> {
     bincode::deserialize(b).map_err(|e| StorageIOError::read_logs(&e).into())
 }
 
+/// The id of the last entry the backend holds (None when it holds none: all purged).
+fn last_log_id(backend: &dyn LogBackend) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+    let Some(i) = backend.last_index() else {
+        return Ok(None);
+    };
+    let raw = backend
+        .read(i, i)
+        .map_err(|e| StorageError::from(StorageIOError::read_logs(&e)))?;
+    match raw.first() {
+        Some((_, b)) => Ok(Some(*decode(b)?.get_log_id())),
+        None => Ok(None),
+    }
+}
+
 impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
@@ -506,23 +501,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
         let g = self.lock();
-        let purged = g.hard.purged;
-        let last = match g.backend.last_index() {
-            Some(i) => {
-                let raw = g
-                    .backend
-                    .read(i, i)
-                    .map_err(|e| StorageError::from(StorageIOError::read_logs(&e)))?;
-                match raw.first() {
-                    Some((_, b)) => Some(*decode(b)?.get_log_id()),
-                    None => purged,
-                }
-            }
-            None => purged,
-        };
         Ok(LogState {
-            last_purged_log_id: purged,
-            last_log_id: last,
+            last_purged_log_id: g.hard.purged,
+            last_log_id: last_log_id(&*g.backend)?.or(g.hard.purged),
         })
     }
 
@@ -593,14 +574,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut g = self.lock();
         // Removes log_id.index and after: backend index log_id.index + 1 and after.
         g.backend.truncate_after(log_id.index).map_err(io_err)?;
-        g.appended = match g.backend.last_index() {
-            Some(i) => match g.backend.read(i, i).map_err(io_err)?.first() {
-                Some((_, b)) => Some(*decode(b)?.get_log_id()),
-                None => g.hard.purged,
-            },
-            None => g.hard.purged,
-        };
-        let last = g.appended;
+        let last = last_log_id(&*g.backend)?.or(g.hard.purged);
+        g.appended = last;
         self.flushed.send_if_modified(|d| {
             let past = d.last > last;
             if past {
@@ -700,6 +675,18 @@ mod tests {
         }
     }
 
+    /// A stream group's log (server 1) over a `Gated` backend, with its gate.
+    fn gated() -> (Gate, LogStore) {
+        let gate = Gate::default();
+        let log = LogStore::open(
+            Box::new(Gated(MemBackend::default(), gate.clone())),
+            false,
+            Some(1),
+        )
+        .unwrap();
+        (gate, log)
+    }
+
     fn entry(term: u64, node: NodeId, index: u64) -> Entry<TypeConfig> {
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(term, node), index),
@@ -733,13 +720,7 @@ mod tests {
     /// append waits for its fsync; a failed fsync is reported and `flushed` stays.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_leaders_own_append_is_on_disk_only_once_flushed_says_so() {
-        let gate = Gate::default();
-        let mut log = LogStore::open(
-            Box::new(Gated(MemBackend::default(), gate.clone())),
-            false,
-            Some(1),
-        )
-        .unwrap();
+        let (gate, mut log) = gated();
         let mut on_disk = log.flushed();
         assert_eq!(*on_disk.borrow(), OnDisk::default());
         log.save_vote(&Vote::new_committed(3, 1)).await.unwrap();
@@ -780,13 +761,7 @@ mod tests {
     /// for the running fsync (keel-store's log refuses one meanwhile).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stalled_fsync_makes_appends_wait_and_truncation_waits_for_it() {
-        let gate = Gate::default();
-        let mut log = LogStore::open(
-            Box::new(Gated(MemBackend::default(), gate.clone())),
-            false,
-            Some(1),
-        )
-        .unwrap();
+        let (gate, mut log) = gated();
         let mut on_disk = log.flushed();
         log.save_vote(&Vote::new_committed(3, 1)).await.unwrap();
         assert_eq!(log.write([entry(3, 1, 1)]).unwrap(), Written::Own);

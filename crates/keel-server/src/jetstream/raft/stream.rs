@@ -981,7 +981,6 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
                 }
             }
         }
-
         Ok(out)
     }
 
@@ -1372,7 +1371,7 @@ async fn scrub(shared: Arc<Shared>) {
         if done || shared.is_stopped() {
             return;
         }
-        tokio::time::sleep(QUIET).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 
@@ -1761,7 +1760,7 @@ const QUIET: Duration = Duration::from_millis(20);
 async fn carry_commit(raft: Raft, mut on_disk: super::Flushed) {
     while on_disk.changed().await.is_ok() {
         let flushed = on_disk.borrow_and_update().last;
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(QUIET).await;
         let quiet = {
             let m = raft.metrics();
             let m = m.borrow();
