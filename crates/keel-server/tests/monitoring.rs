@@ -2455,17 +2455,37 @@ async fn dashboard_in_headless_chromium() {
         }
     }
     // Traffic while the page is open: publishes, and a worker taking and acking some.
+    // Chromium starting beside another test on a 2-core CI machine can hold one fsync for
+    // seconds (a CI run once saw a publish take over 5 s), so a publish may take up to 30 s
+    // here: this test is about the page. A publish that never completes still fails it.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let traffic = {
         let (client, stop) = (client.clone(), stop.clone());
         tokio::spawn(async move {
             let started = Instant::now();
             let mut n = 0u64;
+            let publish = |subject: &'static str, payload: &'static str| {
+                let client = client.clone();
+                async move {
+                    let t = Instant::now();
+                    let request = async_nats::Request::new()
+                        .payload(Bytes::from_static(payload.as_bytes()))
+                        .timeout(Some(Duration::from_secs(30)));
+                    let ack = client
+                        .send_request(subject, request)
+                        .await
+                        .unwrap_or_else(|e| panic!("no PubAck for {subject} within 30 s: {e}"));
+                    let v: Value = serde_json::from_slice(&ack.payload).expect("PubAck JSON");
+                    assert!(v.get("seq").is_some(), "publish to {subject}: {v}");
+                    t.elapsed()
+                }
+            };
+            let mut slowest = Duration::ZERO;
             while !stop.load(std::sync::atomic::Ordering::Relaxed)
                 && started.elapsed() < Duration::from_secs(240)
             {
-                js_publish(&client, "orders.new", "{\"id\":2}").await;
-                js_publish(&client, "events.click", "y").await;
+                slowest = slowest.max(publish("orders.new", "{\"id\":2}").await);
+                slowest = slowest.max(publish("events.click", "y").await);
                 if n.is_multiple_of(3) {
                     let msgs = fetch(&client, "ORDERS", "order-worker", 2).await;
                     client
@@ -2475,6 +2495,9 @@ async fn dashboard_in_headless_chromium() {
                 }
                 n += 1;
                 tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            if slowest > STEP {
+                eprintln!("note: the slowest publish during the page check took {slowest:?}");
             }
         })
     };
@@ -2495,7 +2518,10 @@ async fn dashboard_in_headless_chromium() {
         .expect("browser check timed out")
         .expect("run node");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let _ = traffic.await;
+    // The traffic's own failure first: without traffic the page has nothing to show.
+    if let Err(e) = traffic.await {
+        std::panic::resume_unwind(e.into_panic());
+    }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
