@@ -404,6 +404,9 @@ impl ClientHandle {
         data: &Bytes,
     ) -> bool {
         let reply = reply.map(|r| &r[..]);
+        if self.tracing() {
+            self.trace_msg_out(subject, sid, reply, hdr_len, data);
+        }
         let mut o = self.lock_out();
         if o.closing {
             return false;
@@ -501,6 +504,84 @@ impl ClientHandle {
     }
 
     /// Queues raw protocol bytes (PONG, +OK, INFO, -ERR; RS+ and RS- on a route).
+    /// Whether the protocol is traced (`-V`, `trace: true`).
+    pub(crate) fn tracing(&self) -> bool {
+        self.log.enabled(crate::log::Level::Trace)
+    }
+
+    /// One trace line in the reference's form: `<addr> - cid:<id> - "v<version>:<lang>
+    /// [:<name>]" - "<account>/<user>" - <dir> <what>` (`<<-` from the client, `->>` to
+    /// it; the client's part once its CONNECT said it, the user's once authenticated).
+    pub(crate) fn trace(&self, dir: &str, what: std::fmt::Arguments) {
+        let mut who = {
+            let m = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+            // An IPv4 peer of a dual-stack listener shows as IPv4, as the reference's.
+            let addr = m.addr.map_or_else(
+                || "pipe".to_string(),
+                |a| std::net::SocketAddr::new(a.ip().to_canonical(), a.port()).to_string(),
+            );
+            let mut who = format!("{addr} - cid:{}", self.id);
+            let client = match (m.lang.is_empty() && m.version.is_empty(), m.name.is_empty()) {
+                (true, true) => String::new(),
+                (true, false) => m.name.clone(),
+                (false, true) => format!("v{}:{}", m.version, m.lang),
+                (false, false) => format!("v{}:{}:{}", m.version, m.lang, m.name),
+            };
+            if !client.is_empty() {
+                who.push_str(&format!(" - {client:?}"));
+            }
+            if !m.user.is_empty() {
+                let kind = if crate::auth::is_user_nkey(&m.user) {
+                    "nkey"
+                } else {
+                    "user"
+                };
+                who.push_str(&format!(" - \"{}/{kind}:{}\"", self.account().name, m.user));
+            }
+            who
+        };
+        who.push_str(" - ");
+        crate::trace!(self.log, "{who}{dir} {what}");
+    }
+
+    /// `->> [MSG subject sid [reply] size]` (HMSG with its header size).
+    fn trace_msg_out(
+        &self,
+        subject: &[u8],
+        sid: &[u8],
+        reply: Option<&[u8]>,
+        hdr_len: Option<usize>,
+        data: &[u8],
+    ) {
+        let size = data.len();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let reply = reply.map_or_else(String::new, |r| format!(" {}", text(r)));
+        match hdr_len {
+            Some(h) if self.headers.load(Ordering::Relaxed) => self.trace(
+                "->>",
+                format_args!("[HMSG {} {}{reply} {h} {size}]", text(subject), text(sid)),
+            ),
+            Some(h) => self.trace(
+                "->>",
+                format_args!(
+                    "[MSG {} {}{reply} {}]",
+                    text(subject),
+                    text(sid),
+                    size.saturating_sub(h)
+                ),
+            ),
+            None => self.trace(
+                "->>",
+                format_args!("[MSG {} {}{reply} {size}]", text(subject), text(sid)),
+            ),
+        }
+        let shown = match hdr_len {
+            Some(h) if !self.headers.load(Ordering::Relaxed) => &data[h.min(size)..],
+            _ => data,
+        };
+        self.trace("->>", format_args!("MSG_PAYLOAD: [{}]", go_quote(shown)));
+    }
+
     pub(crate) fn queue_raw(&self, bytes: &[u8]) -> bool {
         let mut o = self.lock_out();
         if o.closing {
@@ -1031,6 +1112,9 @@ impl Conn {
     }
 
     fn send_err(&mut self, text: &str) {
+        if self.handle.tracing() {
+            self.handle.trace("->>", format_args!("[-ERR {text}]"));
+        }
         let mut b = BytesMut::with_capacity(text.len() + 10);
         encode::err(&mut b, text);
         self.send_raw(&b);
@@ -1044,6 +1128,9 @@ impl Conn {
 
     fn ok(&mut self) {
         if self.verbose {
+            if self.handle.tracing() {
+                self.handle.trace("->>", format_args!("[OK]"));
+            }
             self.send_raw(encode::OK);
         }
     }
@@ -1069,6 +1156,9 @@ impl Conn {
                     return Err(CloseReason::ProtocolError);
                 }
             };
+            if self.handle.tracing() {
+                trace_in(&self.handle, &op);
+            }
             if self.awaiting_auth && !matches!(op, ClientOp::Connect(_)) && !self.no_auth_user() {
                 // The reference: anything but CONNECT first, when auth is required.
                 return Err(self.auth_violation("no CONNECT before other operations".into()));
@@ -1093,6 +1183,9 @@ impl Conn {
                 } => self.process_sub(&subject, queue.as_deref(), &sid),
                 ClientOp::Unsub { sid, max } => self.process_unsub(&sid, max),
                 ClientOp::Ping => {
+                    if self.handle.tracing() {
+                        self.handle.trace("->>", format_args!("[PONG]"));
+                    }
                     self.send_raw(encode::PONG);
                     if self.info_after_pong {
                         self.info_after_pong = false;
@@ -1514,11 +1607,129 @@ pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
     let _ = tokio::time::timeout(Duration::from_secs(1), wr.shutdown()).await;
 }
 
+/// Traces one op from a client as the reference does: its line (`<<- [PUB subject 5]`) and,
+/// for a publish, its payload Go-quoted (`<<- MSG_PAYLOAD: ["hello"]`). CONNECT's secrets
+/// (password, token, nonce signature) are shown as `[REDACTED]`.
+fn trace_in(h: &ClientHandle, op: &ClientOp) {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    match op {
+        ClientOp::Pub {
+            subject,
+            reply,
+            hdr_len,
+            data,
+        } => {
+            let reply = reply
+                .as_ref()
+                .map_or_else(String::new, |r| format!(" {}", text(r)));
+            match hdr_len {
+                Some(n) => h.trace(
+                    "<<-",
+                    format_args!("[HPUB {}{reply} {n} {}]", text(subject), data.len()),
+                ),
+                None => h.trace(
+                    "<<-",
+                    format_args!("[PUB {}{reply} {}]", text(subject), data.len()),
+                ),
+            }
+            h.trace("<<-", format_args!("MSG_PAYLOAD: [{}]", go_quote(data)));
+        }
+        ClientOp::Sub {
+            subject,
+            queue,
+            sid,
+        } => {
+            let queue = queue
+                .as_ref()
+                .map_or_else(String::new, |q| format!(" {}", text(q)));
+            h.trace(
+                "<<-",
+                format_args!("[SUB {}{queue} {}]", text(subject), text(sid)),
+            );
+        }
+        ClientOp::Unsub { sid, max } => {
+            let max = max.map_or_else(String::new, |m| format!(" {m}"));
+            h.trace("<<-", format_args!("[UNSUB {}{max}]", text(sid)));
+        }
+        ClientOp::Ping => h.trace("<<-", format_args!("[PING]")),
+        ClientOp::Pong => h.trace("<<-", format_args!("[PONG]")),
+        ClientOp::Info => h.trace("<<-", format_args!("[INFO]")),
+        ClientOp::Connect(json) => {
+            h.trace("<<-", format_args!("[CONNECT {}]", redact_connect(json)))
+        }
+    }
+}
+
+/// CONNECT's JSON with its secrets replaced (unparseable JSON is not shown at all).
+fn redact_connect(json: &[u8]) -> String {
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(json) else {
+        return "[REDACTED]".to_string();
+    };
+    if let Some(m) = v.as_object_mut() {
+        for key in ["pass", "auth_token", "sig"] {
+            if let Some(x) = m.get_mut(key) {
+                *x = serde_json::Value::String("[REDACTED]".into());
+            }
+        }
+    }
+    v.to_string()
+}
+
+/// Go's `%q` of a byte string, as the reference prints payloads: quoted, with `"`, `\`
+/// and control characters escaped, printable Unicode kept.
+fn go_quote(b: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(b.len() + 2);
+    out.push('"');
+    for chunk in b.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                    let _ = write!(out, "\\x{:02x}", c as u32);
+                }
+                c => out.push(c),
+            }
+        }
+        for byte in chunk.invalid() {
+            let _ = write!(out, "\\x{byte:02x}");
+        }
+    }
+    out.push('"');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::Opts;
     use crate::permissions::tests::Deny;
+
+    #[test]
+    fn traced_payloads_are_go_quoted_and_connect_secrets_redacted() {
+        assert_eq!(go_quote(b"hello"), "\"hello\"");
+        assert_eq!(
+            go_quote(b"a\"b\\c\r\n\t\x01\x7f\xffz"),
+            "\"a\\\"b\\\\c\\r\\n\\t\\x01\\x7f\\xffz\""
+        );
+        assert_eq!(go_quote("héllo".as_bytes()), "\"héllo\"");
+        let c =
+            redact_connect(br#"{"user":"u","pass":"p1","auth_token":"t1","sig":"s1","lang":"go"}"#);
+        let v: serde_json::Value = serde_json::from_str(&c).unwrap();
+        for key in ["pass", "auth_token", "sig"] {
+            assert_eq!(v[key], "[REDACTED]", "{c}");
+        }
+        assert_eq!(v["user"], "u");
+        assert!(
+            !c.contains("p1") && !c.contains("t1") && !c.contains("s1"),
+            "{c}"
+        );
+        assert_eq!(redact_connect(b"{not json pass"), "[REDACTED]");
+    }
 
     fn outbound(h: &ClientHandle) -> String {
         let mut o = h.lock_out();

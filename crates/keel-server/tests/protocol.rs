@@ -259,3 +259,49 @@ async fn raw_queue_subscription_and_unsub_max() {
     assert_eq!(raw.read_op().await, "PONG");
     raw.expect_silence().await;
 }
+
+/// `-V` traces the protocol as the reference does: each op from the client (`<<- [PUB foo
+/// bar 5]`, its payload Go-quoted), each answer (`->> [MSG foo 7 bar 5]`, `->> [PONG]`),
+/// with the client's version, language and name once its CONNECT gave them; CONNECT's
+/// password never reaches the log.
+#[tokio::test]
+async fn trace_flag_logs_the_protocol_without_secrets() {
+    let server = Server::start_with_config_and_args(
+        "authorization { user: tracer, password: \"s3cret-pw\" }",
+        &["-V"],
+    );
+    let mut raw = server.raw().await;
+    raw.send(
+        b"CONNECT {\"verbose\":false,\"user\":\"tracer\",\"pass\":\"s3cret-pw\",\"lang\":\"raw\",\"version\":\"9.9\",\"name\":\"tr\"}\r\n\
+          SUB foo 7\r\nPUB foo bar 6\r\nhel\"lo\r\nPING\r\n",
+    )
+    .await;
+    let (fields, payload) = raw.read_msg().await;
+    assert_eq!(fields, ["MSG", "foo", "7", "bar", "6"]);
+    assert_eq!(payload, b"hel\"lo");
+    assert_eq!(raw.read_op().await, "PONG");
+    for line in [
+        "<<- [CONNECT {",
+        "<<- [SUB foo 7]",
+        "<<- [PUB foo bar 6]",
+        "<<- MSG_PAYLOAD: [\"hel\\\"lo\"]",
+        "->> [MSG foo 7 bar 6]",
+        "->> MSG_PAYLOAD: [\"hel\\\"lo\"]",
+        "<<- [PING]",
+        "->> [PONG]",
+    ] {
+        server.wait_log_count(line, 1);
+    }
+    let log = server.full_log();
+    let sub = log.lines().find(|l| l.contains("<<- [SUB foo 7]")).unwrap();
+    assert!(
+        sub.contains("[TRC]") && sub.contains("\"v9.9:raw:tr\""),
+        "{sub}"
+    );
+    let connect = log.lines().find(|l| l.contains("<<- [CONNECT")).unwrap();
+    assert!(connect.contains("[REDACTED]"), "{connect}");
+    assert!(
+        !log.contains("s3cret-pw"),
+        "the password was logged:\n{log}"
+    );
+}

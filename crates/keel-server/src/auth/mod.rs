@@ -639,6 +639,16 @@ fn jwt_imports(acc: &jwt::Jwt) -> Result<Vec<ImportOpts>, String> {
     Ok(out)
 }
 
+/// Whether an authenticated identity is a user's public nkey (`U` and 55 more base32
+/// characters) rather than a user name.
+pub fn is_user_nkey(id: &str) -> bool {
+    id.len() == 56
+        && id.starts_with('U')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
