@@ -643,12 +643,21 @@ struct Pin {
     deadline: Instant,
 }
 
-/// What is persisted for a durable consumer.
+/// What is persisted for a durable consumer (and, for a replicated stream, carried in its
+/// group's log at every confirmed ack: keep it small).
 #[derive(Serialize, Deserialize, Default)]
 struct SavedState {
     delivered: SeqPair,
     ack_floor: SeqPair,
-    /// (stream seq, consumer seq) delivered and not acked.
+    /// Delivered and not acked, as runs (first stream seq, first consumer seq, count) in
+    /// which both sequences step by one: a window of 500 in-order deliveries is one run
+    /// instead of 500 pairs (it made each confirmed ack's log entry about 6 KB).
+    #[serde(default)]
+    pending_runs: Vec<(u64, u64, u64)>,
+    /// The older form, one (stream seq, consumer seq) per message, still read. Never
+    /// written: a Keel that only knows this field then finds it missing and redelivers
+    /// from its start rather than take the runs for acked.
+    #[serde(default, skip_serializing)]
     pending: Vec<(u64, u64)>,
     /// (stream seq, deliveries) of redelivered messages.
     redelivered: Vec<(u64, u64)>,
@@ -851,12 +860,12 @@ impl Consumer {
         match saved {
             Loaded::Saved(s) => {
                 st.next_seq = s.delivered.stream_seq + 1;
+                st.rep = s.into_replicated();
                 // Delivered but unacked before the restart: redeliver them now.
-                for &(sseq, _) in &s.pending {
+                for &sseq in st.rep.pending.keys() {
                     st.deadlines.insert(sseq, now);
                     st.rdq.insert(sseq);
                 }
-                st.rep = s.into_replicated();
                 st.check_against(stream, &name);
             }
             Loaded::Fresh => st.init_position(stream),
@@ -2713,24 +2722,44 @@ impl SavedState {
     /// The invariants every state this server wrote keeps.
     fn consistent(&self) -> bool {
         let (floor, top) = (self.ack_floor.stream_seq, self.delivered.stream_seq);
-        floor <= top && self.pending.iter().all(|&(s, _)| s > floor && s <= top)
+        floor <= top
+            && self.pending.iter().all(|&(s, _)| s > floor && s <= top)
+            && self.pending_runs.iter().all(|&(s, c, n)| {
+                n > 0
+                    && s > floor
+                    && s.checked_add(n - 1).is_some_and(|last| last <= top)
+                    && c.checked_add(n - 1).is_some()
+            })
     }
 
     /// The snapshot of the replicated state that is written.
     fn of(r: &Replicated) -> SavedState {
+        let mut runs: Vec<(u64, u64, u64)> = Vec::new();
+        for (&s, &c) in &r.pending {
+            match runs.last_mut() {
+                Some((s0, c0, n)) if *s0 + *n == s && *c0 + *n == c => *n += 1,
+                _ => runs.push((s, c, 1)),
+            }
+        }
         SavedState {
             delivered: r.delivered,
             ack_floor: r.ack_floor,
-            pending: r.pending.iter().map(|(s, c)| (*s, *c)).collect(),
+            pending_runs: runs,
+            pending: Vec::new(),
             redelivered: r.redelivered.iter().map(|(s, n)| (*s, *n)).collect(),
         }
     }
 
+    /// (Only after `consistent`: the runs are bounded by the delivered sequence.)
     fn into_replicated(self) -> Replicated {
+        let runs = self
+            .pending_runs
+            .into_iter()
+            .flat_map(|(s, c, n)| (0..n).map(move |i| (s + i, c + i)));
         Replicated {
             delivered: self.delivered,
             ack_floor: self.ack_floor,
-            pending: self.pending.into_iter().collect(),
+            pending: self.pending.into_iter().chain(runs).collect(),
             redelivered: self.redelivered.into_iter().collect(),
         }
     }
@@ -2825,6 +2854,56 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pending messages are saved as runs: a window of in-order deliveries is one run, gaps
+    /// (acked in the middle, redelivered out of order) start new ones, and the state reads
+    /// back the same. The older one-pair-per-message form still reads; runs reaching past
+    /// what was delivered make the state untrusted.
+    #[test]
+    fn pending_is_saved_as_runs_and_reads_back_the_same() {
+        let pair = |s, c| SeqPair {
+            stream_seq: s,
+            consumer_seq: c,
+        };
+        let mut r = Replicated {
+            delivered: pair(1_000_600, 900),
+            ack_floor: pair(1_000_000, 300),
+            ..Default::default()
+        };
+        // 500 in order, a gap (1_000_501 acked), then two whose consumer seqs jump
+        // (redelivered), then one more.
+        r.pending
+            .extend((1_000_001..=1_000_500).map(|s| (s, s - 1_000_000 + 300)));
+        r.pending
+            .extend([(1_000_502, 802), (1_000_503, 850), (1_000_600, 900)]);
+        r.redelivered.insert(1_000_503, 2);
+        let saved = SavedState::of(&r);
+        assert_eq!(
+            saved.pending_runs,
+            [
+                (1_000_001, 301, 500),
+                (1_000_502, 802, 1),
+                (1_000_503, 850, 1),
+                (1_000_600, 900, 1)
+            ]
+        );
+        let bytes = serde_json::to_vec(&saved).unwrap();
+        assert!(bytes.len() < 300, "{}", String::from_utf8_lossy(&bytes));
+        let back: SavedState = serde_json::from_slice(&bytes).unwrap();
+        assert!(back.consistent());
+        assert_eq!(back.into_replicated(), r);
+
+        let old = br#"{"delivered":{"consumer_seq":3,"stream_seq":3},"ack_floor":{"consumer_seq":1,"stream_seq":1},"pending":[[2,2],[3,3]],"redelivered":[]}"#;
+        let old: SavedState = serde_json::from_slice(old).unwrap();
+        assert!(old.consistent());
+        assert_eq!(old.into_replicated().pending.len(), 2);
+
+        for bad in [(1_000_590, 890, 20), (1_000_001, 1, 0), (1_000_000, 1, 1)] {
+            let mut s: SavedState = serde_json::from_slice(&bytes).unwrap();
+            s.pending_runs.push(bad);
+            assert!(!s.consistent(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn pull_bodies() {
