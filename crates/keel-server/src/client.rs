@@ -503,7 +503,6 @@ impl ClientHandle {
         schedule(&mut o)
     }
 
-    /// Queues raw protocol bytes (PONG, +OK, INFO, -ERR; RS+ and RS- on a route).
     /// Whether the protocol is traced (`-V`, `trace: true`).
     pub(crate) fn tracing(&self) -> bool {
         self.log.enabled(crate::log::Level::Trace)
@@ -582,6 +581,7 @@ impl ClientHandle {
         self.trace("->>", format_args!("MSG_PAYLOAD: [{}]", go_quote(shown)));
     }
 
+    /// Queues raw protocol bytes (PONG, +OK, INFO, -ERR; RS+ and RS- on a route).
     pub(crate) fn queue_raw(&self, bytes: &[u8]) -> bool {
         let mut o = self.lock_out();
         if o.closing {
