@@ -552,33 +552,29 @@ impl ClientHandle {
         hdr_len: Option<usize>,
         data: &[u8],
     ) {
-        let size = data.len();
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         let reply = reply.map_or_else(String::new, |r| format!(" {}", text(r)));
-        match hdr_len {
-            Some(h) if self.headers.load(Ordering::Relaxed) => self.trace(
-                "->>",
-                format_args!("[HMSG {} {}{reply} {h} {size}]", text(subject), text(sid)),
-            ),
+        let (subject, sid) = (text(subject), text(sid));
+        // As written on the wire: HMSG to a client that takes headers, else MSG without them.
+        let hmsg = hdr_len.filter(|_| self.headers.load(Ordering::Relaxed));
+        let shown = match (hdr_len, hmsg) {
+            (Some(h), None) => &data[h.min(data.len())..],
+            _ => data,
+        };
+        match hmsg {
             Some(h) => self.trace(
                 "->>",
-                format_args!(
-                    "[MSG {} {}{reply} {}]",
-                    text(subject),
-                    text(sid),
-                    size.saturating_sub(h)
-                ),
+                format_args!("[HMSG {subject} {sid}{reply} {h} {}]", shown.len()),
             ),
             None => self.trace(
                 "->>",
-                format_args!("[MSG {} {}{reply} {size}]", text(subject), text(sid)),
+                format_args!("[MSG {subject} {sid}{reply} {}]", shown.len()),
             ),
         }
-        let shown = match hdr_len {
-            Some(h) if !self.headers.load(Ordering::Relaxed) => &data[h.min(size)..],
-            _ => data,
-        };
-        self.trace("->>", format_args!("MSG_PAYLOAD: [{}]", go_quote(shown)));
+        self.trace(
+            "->>",
+            format_args!("MSG_PAYLOAD: [{}]", crate::log::go_quote(shown)),
+        );
     }
 
     /// Queues raw protocol bytes (PONG, +OK, INFO, -ERR; RS+ and RS- on a route).
@@ -1632,7 +1628,10 @@ fn trace_in(h: &ClientHandle, op: &ClientOp) {
                     format_args!("[PUB {}{reply} {}]", text(subject), data.len()),
                 ),
             }
-            h.trace("<<-", format_args!("MSG_PAYLOAD: [{}]", go_quote(data)));
+            h.trace(
+                "<<-",
+                format_args!("MSG_PAYLOAD: [{}]", crate::log::go_quote(data)),
+            );
         }
         ClientOp::Sub {
             subject,
@@ -1675,34 +1674,6 @@ fn redact_connect(json: &[u8]) -> String {
     v.to_string()
 }
 
-/// Go's `%q` of a byte string, as the reference prints payloads: quoted, with `"`, `\`
-/// and control characters escaped, printable Unicode kept.
-fn go_quote(b: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(b.len() + 2);
-    out.push('"');
-    for chunk in b.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '"' => out.push_str("\\\""),
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                '\r' => out.push_str("\\r"),
-                '\t' => out.push_str("\\t"),
-                c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                    let _ = write!(out, "\\x{:02x}", c as u32);
-                }
-                c => out.push(c),
-            }
-        }
-        for byte in chunk.invalid() {
-            let _ = write!(out, "\\x{byte:02x}");
-        }
-    }
-    out.push('"');
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1711,12 +1682,12 @@ mod tests {
 
     #[test]
     fn traced_payloads_are_go_quoted_and_connect_secrets_redacted() {
-        assert_eq!(go_quote(b"hello"), "\"hello\"");
+        assert_eq!(crate::log::go_quote(b"hello"), "\"hello\"");
         assert_eq!(
-            go_quote(b"a\"b\\c\r\n\t\x01\x7f\xffz"),
+            crate::log::go_quote(b"a\"b\\c\r\n\t\x01\x7f\xffz"),
             "\"a\\\"b\\\\c\\r\\n\\t\\x01\\x7f\\xffz\""
         );
-        assert_eq!(go_quote("héllo".as_bytes()), "\"héllo\"");
+        assert_eq!(crate::log::go_quote("héllo".as_bytes()), "\"héllo\"");
         let c =
             redact_connect(br#"{"user":"u","pass":"p1","auth_token":"t1","sig":"s1","lang":"go"}"#);
         let v: serde_json::Value = serde_json::from_str(&c).unwrap();

@@ -238,6 +238,34 @@ macro_rules! debug { ($log:expr, $($t:tt)*) => {{ let l = &$log; if l.enabled($c
 #[macro_export]
 macro_rules! trace { ($log:expr, $($t:tt)*) => {{ let l = &$log; if l.enabled($crate::log::Level::Trace) { l.write($crate::log::Level::Trace, format_args!($($t)*)) } }} }
 
+/// Go's `%q` / `strconv.Quote`, as the reference prints payloads and texts: quoted, with
+/// `"`, `\` and control characters escaped, printable Unicode kept, invalid UTF-8 as `\x..`.
+pub fn go_quote(b: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(b.len() + 2);
+    out.push('"');
+    for chunk in b.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                    let _ = write!(out, "\\x{:02x}", c as u32);
+                }
+                c => out.push(c),
+            }
+        }
+        for byte in chunk.invalid() {
+            let _ = write!(out, "\\x{byte:02x}");
+        }
+    }
+    out.push('"');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

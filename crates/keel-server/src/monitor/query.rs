@@ -50,7 +50,7 @@ impl Query {
         parse_bool(v).ok_or_else(|| {
             format!(
                 "Error decoding boolean for '{key}': strconv.ParseBool: parsing {}: invalid syntax",
-                go_quote(v)
+                crate::log::go_quote(v.as_bytes())
             )
         })
     }
@@ -64,7 +64,7 @@ impl Query {
         parse_int(v).map_err(|why| {
             format!(
                 "Error decoding int for '{key}': strconv.Atoi: parsing {}: {why}",
-                go_quote(v)
+                crate::log::go_quote(v.as_bytes())
             )
         })
     }
@@ -78,7 +78,7 @@ impl Query {
         parse_uint(v).map_err(|why| {
             format!(
                 "Error decoding uint64 for '{key}': strconv.ParseUint: parsing {}: {why}",
-                go_quote(v)
+                crate::log::go_quote(v.as_bytes())
             )
         })
     }
@@ -150,27 +150,6 @@ fn parse_uint(s: &str) -> Result<u64, &'static str> {
         return Err(SYNTAX);
     }
     s.parse::<u64>().map_err(|_| RANGE)
-}
-
-/// Go's `strconv.Quote` for the texts above (ASCII escapes; other characters as they are).
-fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32))
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 #[cfg(test)]
