@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use async_nats::Client;
 use bytes::Bytes;
-use common::{http_get, is_reference, json_request, within, Http, Server, TempDir, STEP};
+use common::{
+    http_get, is_reference, json_request, json_request_within, within, Http, Server, TempDir, STEP,
+};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -2468,15 +2470,10 @@ async fn dashboard_in_headless_chromium() {
                 let client = client.clone();
                 async move {
                     let t = Instant::now();
-                    let request = async_nats::Request::new()
-                        .payload(Bytes::from_static(payload.as_bytes()))
-                        .timeout(Some(Duration::from_secs(30)));
-                    let ack = client
-                        .send_request(subject, request)
-                        .await
-                        .unwrap_or_else(|e| panic!("no PubAck for {subject} within 30 s: {e}"));
-                    let v: Value = serde_json::from_slice(&ack.payload).expect("PubAck JSON");
-                    assert!(v.get("seq").is_some(), "publish to {subject}: {v}");
+                    let body = Bytes::from_static(payload.as_bytes());
+                    let limit = Duration::from_secs(30);
+                    let (_, ack) = json_request_within(&client, subject, body, limit).await;
+                    assert!(ack.get("seq").is_some(), "publish to {subject}: {ack}");
                     t.elapsed()
                 }
             };

@@ -869,12 +869,24 @@ pub async fn json_request(
     subject: &str,
     body: impl Into<bytes::Bytes>,
 ) -> (String, serde_json::Value) {
-    let reply = within(
-        &format!("request {subject}"),
-        client.request(subject.to_string(), body.into()),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("request {subject} failed: {e}"));
+    json_request_within(client, subject, body, STEP).await
+}
+
+/// [`json_request`] with its own time limit (for a test whose subject is not the request's
+/// latency, on a loaded machine).
+pub async fn json_request_within(
+    client: &async_nats::Client,
+    subject: &str,
+    body: impl Into<bytes::Bytes>,
+    limit: Duration,
+) -> (String, serde_json::Value) {
+    let request = async_nats::Request::new()
+        .payload(body.into())
+        .timeout(Some(limit));
+    let reply = tokio::time::timeout(limit, client.send_request(subject.to_string(), request))
+        .await
+        .unwrap_or_else(|_| panic!("timed out: request {subject}"))
+        .unwrap_or_else(|e| panic!("request {subject} failed: {e}"));
     let text = String::from_utf8_lossy(&reply.payload).into_owned();
     let json = serde_json::from_str(&text)
         .unwrap_or_else(|e| panic!("reply to {subject} is not JSON ({e}): {text:?}"));
