@@ -571,10 +571,24 @@ impl ClientHandle {
                 format_args!("[MSG {subject} {sid}{reply} {}]", shown.len()),
             ),
         }
-        self.trace(
-            "->>",
-            format_args!("MSG_PAYLOAD: [{}]", crate::log::go_quote(shown)),
-        );
+        self.trace_payload("->>", shown);
+    }
+
+    /// `MSG_PAYLOAD: ["..."]`, Go-quoted; past `max_traced_msg_len` bytes, its first that
+    /// many and `...` inside the quotes (as the reference: the cut counts bytes, and a
+    /// character it splits shows as `\x` escapes).
+    fn trace_payload(&self, dir: &str, data: &[u8]) {
+        let max = self.log.max_traced();
+        if max > 0 && data.len() > max {
+            let q = crate::log::go_quote(&data[..max]);
+            let inner = &q[..q.len() - 1];
+            self.trace(dir, format_args!("MSG_PAYLOAD: [{inner}...\"]"));
+        } else {
+            self.trace(
+                dir,
+                format_args!("MSG_PAYLOAD: [{}]", crate::log::go_quote(data)),
+            );
+        }
     }
 
     /// Queues raw protocol bytes (PONG, +OK, INFO, -ERR; RS+ and RS- on a route).
@@ -1628,10 +1642,7 @@ fn trace_in(h: &ClientHandle, op: &ClientOp) {
                     format_args!("[PUB {}{reply} {}]", text(subject), data.len()),
                 ),
             }
-            h.trace(
-                "<<-",
-                format_args!("MSG_PAYLOAD: [{}]", crate::log::go_quote(data)),
-            );
+            h.trace_payload("<<-", data);
         }
         ClientOp::Sub {
             subject,

@@ -60,6 +60,9 @@ pub struct Opts {
     pub jetstream_domain: Option<String>,
     pub debug: bool,
     pub trace: bool,
+    /// `max_traced_msg_len`: a traced payload longer than this shows its first this many
+    /// bytes and `...` (0, the default: whole).
+    pub max_traced_msg_len: usize,
     pub logtime: bool,
     pub log_file: Option<PathBuf>,
     pub pid_file: Option<PathBuf>,
@@ -274,6 +277,7 @@ impl Default for Opts {
             jetstream_domain: None,
             debug: false,
             trace: false,
+            max_traced_msg_len: 0,
             logtime: true,
             log_file: None,
             pid_file: None,
@@ -323,6 +327,7 @@ Logging Options:
     -D, --debug[=bool]               Enable debugging output
     -V, --trace[=bool]               Trace the raw protocol
     -DV                              Debug and trace
+        --max_traced_msg_len <len>   Maximum printable length for traced messages (default: unlimited)
 
 Cluster Options:
         --routes <rurl-1, rurl-2>    Routes to solicit and connect
@@ -354,7 +359,7 @@ Common Options:
 
 Config file keys: port, listen, host, server_name, http_port, http, max_payload,
 max_connections, max_pending, ping_interval, ping_max, write_deadline, lame_duck_duration,
-lame_duck_grace_period, max_closed_clients, http_dashboard, debug, trace, logtime,
+lame_duck_grace_period, max_closed_clients, http_dashboard, debug, trace, max_traced_msg_len, logtime,
 log_file, pid_file, store_dir, https_port, https, allow_non_tls, tls { cert_file, key_file,
 ca_file, certs, verify, verify_and_map, insecure, timeout, handshake_first, cipher_suites,
 curve_preferences, allow_insecure_cipher_suites, min_version, pinned_certs,
@@ -396,6 +401,7 @@ const FLAGS: &[(&[&str], Kind, &str)] = &[
     (&["T", "logtime"], Kind::Bool, "logtime"),
     (&["D", "debug"], Kind::Bool, "debug"),
     (&["V", "trace"], Kind::Bool, "trace"),
+    (&["max_traced_msg_len"], Kind::Value, "max_traced_msg_len"),
     (&["DV"], Kind::Bool, "DV"),
     (&["VV"], Kind::Bool, "VV"),
     (&["DVV"], Kind::Bool, "DVV"),
@@ -424,7 +430,6 @@ const UNSUPPORTED: &[&str] = &[
     "remote_syslog",
     "client_advertise",
     "ports_file_dir",
-    "max_traced_msg_len",
     "logtime_utc",
     "log_size_limit",
     "profile",
@@ -457,7 +462,6 @@ const UNSUPPORTED_KEYS: &[&str] = &[
     "prof_block_rate",
     "max_control_line",
     "proxy_protocol",
-    "max_traced_msg_len",
     "max_subscriptions",
     "max_subs",
     "max_sub_tokens",
@@ -601,6 +605,12 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Command, St
             "logtime" => opts.logtime = parse_bool(canon, &v)?,
             "debug" => opts.debug = parse_bool(canon, &v)?,
             "trace" => opts.trace = parse_bool(canon, &v)?,
+            "max_traced_msg_len" => {
+                opts.max_traced_msg_len =
+                    traced_len(&v.parse::<i64>().map_err(|_| {
+                        format!("invalid value {v:?} for flag --max_traced_msg_len")
+                    })?)
+            }
             "DV" | "VV" | "DVV" => {
                 let on = parse_bool(canon, &v)?;
                 opts.trace = on;
@@ -692,6 +702,11 @@ pub fn finish_tls(opts: &mut Opts) -> Result<(), String> {
         return Err("TLS cert and key required for HTTPS".into());
     }
     Ok(())
+}
+
+/// As the reference: a length of 0 or less traces whole payloads.
+fn traced_len(n: &i64) -> usize {
+    usize::try_from(*n).unwrap_or(0)
 }
 
 fn positive_size(key: &str, v: &Value) -> Result<usize, String> {
@@ -992,6 +1007,7 @@ pub fn apply_config(opts: &mut Opts, map: &Map) -> Result<(), String> {
             "lame_duck_grace_period" => opts.lame_duck_grace_period = duration(key, v)?,
             "debug" => opts.debug = boolean(key, v)?,
             "trace" => opts.trace = boolean(key, v)?,
+            "max_traced_msg_len" => opts.max_traced_msg_len = traced_len(&int(key, v)?),
             "logtime" => opts.logtime = boolean(key, v)?,
             "log_file" => opts.log_file = Some(string(key, v)?.into()),
             "pid_file" => opts.pid_file = Some(string(key, v)?.into()),
@@ -1135,6 +1151,12 @@ mod tests {
         let o = run(&["--port", "-1", "--jetstream=false", "-T=false"]).unwrap();
         assert_eq!(o.port, -1);
         assert!(!o.jetstream && !o.logtime);
+        let o = run(&["-V", "--max_traced_msg_len", "64"]).unwrap();
+        assert_eq!(o.max_traced_msg_len, 64);
+        // As the reference: 0 or less means whole payloads.
+        let o = run(&["--max_traced_msg_len=-1"]).unwrap();
+        assert_eq!(o.max_traced_msg_len, 0);
+        assert!(run(&["--max_traced_msg_len", "many"]).is_err());
     }
 
     #[test]

@@ -107,6 +107,7 @@ pub async fn start(mut opts: Opts) -> Result<TestServer, String> {
         debug: opts.debug,
         trace: opts.trace,
         logtime: opts.logtime,
+        max_traced: opts.max_traced_msg_len,
     });
     match launch::start(opts, log.clone()).await {
         Ok(running) => Ok(TestServer {

@@ -44,6 +44,8 @@ pub struct LogOpts {
     pub debug: bool,
     pub trace: bool,
     pub logtime: bool,
+    /// `max_traced_msg_len` (0: whole payloads).
+    pub max_traced: usize,
 }
 
 /// A server's log. Cheap to clone; every clone writes to the same place.
@@ -106,6 +108,11 @@ impl Log {
                 dropped: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// How much of a payload a trace shows (`max_traced_msg_len`; 0: all of it).
+    pub fn max_traced(&self) -> usize {
+        self.inner.opts.max_traced
     }
 
     pub fn enabled(&self, level: Level) -> bool {

@@ -50,6 +50,7 @@ fn main() -> ExitCode {
             debug: opts.debug,
             trace: opts.trace,
             logtime: opts.logtime,
+            max_traced: opts.max_traced_msg_len,
         },
         log_file,
     );

@@ -305,3 +305,24 @@ async fn trace_flag_logs_the_protocol_without_secrets() {
         "the password was logged:\n{log}"
     );
 }
+
+/// `max_traced_msg_len` cuts traced payloads, both ways, as the reference does: the first
+/// that many bytes, Go-quoted, then `...`; a payload that fits is shown whole.
+#[tokio::test]
+async fn max_traced_msg_len_cuts_traced_payloads() {
+    let server = Server::start_with_config_and_args("max_traced_msg_len: 5", &["-V"]);
+    let mut raw = server.raw_connected().await;
+    raw.send(b"SUB foo 1\r\nPUB foo 11\r\nh\"\x01llo wxyz\r\nPUB foo 5\r\nabcde\r\nPING\r\n")
+        .await;
+    assert_eq!(raw.read_msg().await.1, b"h\"\x01llo wxyz");
+    assert_eq!(raw.read_msg().await.1, b"abcde");
+    assert_eq!(raw.read_op().await, "PONG");
+    for line in [
+        "<<- MSG_PAYLOAD: [\"h\\\"\\x01ll...\"]",
+        "->> MSG_PAYLOAD: [\"h\\\"\\x01ll...\"]",
+        "<<- MSG_PAYLOAD: [\"abcde\"]",
+        "->> MSG_PAYLOAD: [\"abcde\"]",
+    ] {
+        server.wait_log_count(line, 1);
+    }
+}
