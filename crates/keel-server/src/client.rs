@@ -440,6 +440,7 @@ impl ClientHandle {
         if o.closing {
             return false;
         }
+        let start = o.buf.len();
         match hdr_len {
             Some(h) if self.headers.load(Ordering::Relaxed) => {
                 renc::hmsg(&mut o.buf, account, subject, reply, queues, h, data)
@@ -454,7 +455,20 @@ impl ClientHandle {
             ),
             None => renc::rmsg(&mut o.buf, account, subject, reply, queues, data),
         }
-        self.queued(o, data.len())
+        // Traced as written (after the lock: the trace takes the handle's meta lock).
+        let traced = self.traces_socket().then(|| {
+            let written = &o.buf[start..];
+            let eol = written.iter().position(|b| *b == b'\r').unwrap_or(0);
+            let line = String::from_utf8_lossy(&written[..eol]).into_owned();
+            let body = written[eol + 2..written.len() - 2].to_vec();
+            (line, body)
+        });
+        let signal = self.queued(o, data.len());
+        if let Some((line, body)) = traced {
+            self.trace("->>", format_args!("[{line}]"));
+            self.trace_payload("->>", &body);
+        }
+        signal
     }
 
     /// Queues protocol bytes (a route's interest lines) under the max_pending limit, which
@@ -519,6 +533,10 @@ impl ClientHandle {
                 || "pipe".to_string(),
                 |a| std::net::SocketAddr::new(a.ip().to_canonical(), a.port()).to_string(),
             );
+            if self.is_route() {
+                // A route's lines name only its address and rid, as the reference's.
+                return self.trace_line(format!("{addr} - rid:{} - ", self.id), dir, what);
+            }
             let mut who = format!("{addr} - cid:{}", self.id);
             let client = match (m.lang.is_empty() && m.version.is_empty(), m.name.is_empty()) {
                 (true, true) => String::new(),
@@ -540,7 +558,40 @@ impl ClientHandle {
             who
         };
         who.push_str(" - ");
+        self.trace_line(who, dir, what);
+    }
+
+    fn trace_line(&self, who: String, dir: &str, what: std::fmt::Arguments) {
         crate::trace!(self.log, "{who}{dir} {what}");
+    }
+
+    /// Whether this handle's protocol is traced: a socket's (a client's or a route's), not
+    /// an in-process subscriber's (the reference traces those only with `-VV`).
+    pub(crate) fn traces_socket(&self) -> bool {
+        self.internal.is_none() && self.tracing()
+    }
+
+    /// `<-> [DELSUB sid]`: a client's subscription went (UNSUB, its auto-unsubscribe
+    /// limit, or the connection's close).
+    pub(crate) fn trace_delsub(&self, sid: &[u8]) {
+        if self.traces_socket() && !self.is_route() {
+            self.trace(
+                "<->",
+                format_args!("[DELSUB {}]", String::from_utf8_lossy(sid)),
+            );
+        }
+    }
+
+    /// Traces protocol lines queued for a route peer (`->> [RS+ $G foo]`), but its INFO
+    /// and CONNECT, which the reference does not trace either.
+    pub(crate) fn trace_route_lines(&self, bytes: &[u8]) {
+        for line in bytes.split(|b| *b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if line.is_empty() || line.starts_with(b"INFO ") || line.starts_with(b"CONNECT ") {
+                continue;
+            }
+            self.trace("->>", format_args!("[{}]", String::from_utf8_lossy(line)));
+        }
     }
 
     /// `->> [MSG subject sid [reply] size]` (HMSG with its header size).
@@ -577,7 +628,7 @@ impl ClientHandle {
     /// `MSG_PAYLOAD: ["..."]`, Go-quoted; past `max_traced_msg_len` bytes, its first that
     /// many and `...` inside the quotes (as the reference: the cut counts bytes, and a
     /// character it splits shows as `\x` escapes).
-    fn trace_payload(&self, dir: &str, data: &[u8]) {
+    pub(crate) fn trace_payload(&self, dir: &str, data: &[u8]) {
         let max = self.log.max_traced();
         if max > 0 && data.len() > max {
             let q = crate::log::go_quote(&data[..max]);
@@ -1491,6 +1542,7 @@ impl Conn {
             .map(|(_, s)| s)
             .collect();
         for s in subs {
+            self.handle.trace_delsub(&s.sid);
             self.handle.account().sublist.remove(&s);
         }
     }
@@ -1671,7 +1723,7 @@ fn trace_in(h: &ClientHandle, op: &ClientOp) {
 }
 
 /// CONNECT's JSON with its secrets replaced (unparseable JSON is not shown at all).
-fn redact_connect(json: &[u8]) -> String {
+pub(crate) fn redact_connect(json: &[u8]) -> String {
     let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(json) else {
         return "[REDACTED]".to_string();
     };

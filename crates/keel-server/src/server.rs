@@ -709,6 +709,8 @@ impl Server {
         let mut subs = sub.client.subs.lock().unwrap_or_else(|e| e.into_inner());
         if subs.get(&sub.sid).is_some_and(|s| Arc::ptr_eq(s, sub)) {
             subs.remove(&sub.sid);
+            drop(subs);
+            sub.client.trace_delsub(&sub.sid);
         }
     }
 

@@ -462,12 +462,7 @@ async fn a_server_of_another_cluster_is_refused() {
     let a = member("t", &[]).await;
     let b = member("other", &[a.route_url()]).await;
     let want = "Rejecting connection, cluster name \"other\" does not match \"t\"";
-    within("cluster name refused", async {
-        while !a.log().contains(want) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    a.wait_logged(want).await;
     assert_eq!(a.varz().await["remotes"], 0);
     assert_eq!(b.varz().await["remotes"], 0);
     a.shutdown().await;
@@ -501,12 +496,7 @@ async fn routes_authenticate_with_the_cluster_credentials() {
     let port = a.route_url().rsplit(':').next().unwrap().to_string();
     let wrong = format!("nats://ruser:nope@127.0.0.1:{port}");
     let b = member("t", &[wrong]).await;
-    within("bad credentials refused", async {
-        while !a.log().contains("authentication error - User \"ruser\"") {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    a.wait_logged("authentication error - User \"ruser\"").await;
     assert_eq!(a.varz().await["remotes"], 0);
     assert!(!a.log().contains("nope"), "a password reached the log");
     let right = format!("nats://ruser:rpass@127.0.0.1:{port}");
@@ -672,6 +662,65 @@ async fn a_fake_peer_gets_interest_and_messages_in_the_reference_format() {
     }
     assert_eq!(next_msg(&mut q).await.payload, Bytes::from("m2"));
     expect_no_msg(&mut q).await;
+    a.shutdown().await;
+}
+
+/// With `trace: true` a route's protocol is traced as the reference traces it: each op
+/// from the peer (`<<- [RS+ $G x]`, `<<- [RMSG $G x 2]` and its payload, `<<- [PING]`,
+/// its CONNECT) and each sent to it (`->> [RS+ ...]`, `->> [RMSG ...]` and its payload,
+/// `->> [PONG]`), after `<addr> - rid:<n> -`, but not the interest a new route is given at
+/// once; a client's subscription that goes is traced as `<-> [DELSUB sid]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_covers_route_protocol_and_removed_subscriptions() {
+    let a = Node::start_cluster(&format!(
+        "trace: true\n{}",
+        conf("t", "127.0.0.1:-1", &[], "")
+    ))
+    .await;
+    let ca = a.client().await;
+    let _s = ca.subscribe("tr.plain").await.unwrap();
+    sync(&ca).await;
+    let mut raw = fake_peer(route_addr(&a), "t", "fake").await;
+    raw.send(b"RS+ $G tr.from\r\nPING\r\n").await;
+    within("PONG", async { while raw.read_line().await != "PONG" {} }).await;
+    a.wait_route_interest("tr.from", true).await;
+    ca.publish("tr.from", "hello".into()).await.unwrap();
+    ca.flush().await.unwrap();
+    let mut plain = ca.subscribe("tr.to").await.unwrap();
+    sync(&ca).await;
+    raw.send(b"RMSG $G tr.to 2\r\nm1\r\n").await;
+    assert_eq!(next_msg(&mut plain).await.payload, Bytes::from("m1"));
+    plain.unsubscribe().await.unwrap();
+    sync(&ca).await;
+    for line in [
+        "<<- [CONNECT {",
+        "<<- [RS+ $G tr.from]",
+        "<<- [PING]",
+        "->> [PONG]",
+        "->> [RS+ $G tr.to]",
+        "->> [RS- $G tr.to]",
+        "->> [RMSG $G tr.from 5]",
+        "->> MSG_PAYLOAD: [\"hello\"]",
+        "<<- [RMSG $G tr.to 2]",
+        "<<- MSG_PAYLOAD: [\"m1\"]",
+    ] {
+        a.wait_logged(line).await;
+    }
+    // The interest a route gets as it connects is sent untraced, as by the reference.
+    let log = a.log();
+    assert!(!log.contains("[RS+ $G tr.plain]"), "{log}");
+    let sid = log
+        .lines()
+        .find_map(|l| l.split("<<- [SUB tr.to ").nth(1))
+        .and_then(|rest| rest.strip_suffix(']'))
+        .expect("the SUB traced")
+        .to_string();
+    a.wait_logged(&format!("<-> [DELSUB {sid}]")).await;
+    let rs = log
+        .lines()
+        .find(|l| l.contains("<<- [RS+ $G tr.from]"))
+        .unwrap();
+    assert!(rs.contains(" - rid:") && rs.contains("[TRC]"), "{rs}");
     a.shutdown().await;
 }
 
@@ -1164,12 +1213,7 @@ async fn routes_over_tls_verify_both_ends() {
         certs.ca_key()
     );
     let c = Node::start_cluster(&conf("t", "127.0.0.1:-1", &[a.route_url()], &bad)).await;
-    within("the other CA's certificate refused", async {
-        while !a.log().contains("TLS route handshake error") {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    a.wait_logged("TLS route handshake error").await;
     assert_eq!(a.varz().await["remotes"], 1);
     for n in [a, b, c] {
         n.shutdown().await;

@@ -263,7 +263,7 @@ async fn raw_queue_subscription_and_unsub_max() {
 /// `-V` traces the protocol as the reference does: each op from the client (`<<- [PUB foo
 /// bar 5]`, its payload Go-quoted), each answer (`->> [MSG foo 7 bar 5]`, `->> [PONG]`),
 /// with the client's version, language and name once its CONNECT gave them; CONNECT's
-/// password never reaches the log.
+/// password never reaches the log; the subscription going at the close is traced too.
 #[tokio::test]
 async fn trace_flag_logs_the_protocol_without_secrets() {
     let server = Server::start_with_config_and_args(
@@ -304,6 +304,9 @@ async fn trace_flag_logs_the_protocol_without_secrets() {
         !log.contains("s3cret-pw"),
         "the password was logged:\n{log}"
     );
+    // A closing connection's subscriptions go: `<-> [DELSUB 7]`.
+    drop(raw);
+    server.wait_log_count("<-> [DELSUB 7]", 1);
 }
 
 /// `max_traced_msg_len` cuts traced payloads, both ways, as the reference does: the first

@@ -233,6 +233,15 @@ impl Route {
 
     /// Queues protocol bytes (interest, INFO) for the peer, under the route's max_pending.
     pub(crate) fn send(&self, bytes: &[u8]) {
+        if self.handle.traces_socket() {
+            self.handle.trace_route_lines(bytes);
+        }
+        self.send_untraced(bytes);
+    }
+
+    /// As `send`, not traced: the interest a new route is given at once (the reference
+    /// does not trace that either).
+    pub(crate) fn send_untraced(&self, bytes: &[u8]) {
         if self.handle.queue_bounded(bytes) {
             self.handle.signal();
         }
@@ -640,6 +649,9 @@ impl Conn {
                 Ok(None) => return Ok(()),
                 Err(e) => return Err(self.parse_error(e, buf)),
             };
+            if self.route.handle.traces_socket() {
+                trace_in(&self.route.handle, &op);
+            }
             match op {
                 RouteOp::Msg(m) => self.process_msg(m),
                 RouteOp::Sub(s) => {
@@ -984,4 +996,30 @@ fn same(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Traces an op from a route peer as the reference does: `<<- [RS+ $G foo]`, `<<- [RMSG $G
+/// foo 5]` then `<<- MSG_PAYLOAD: ["hello"]`, `<<- [PING]`; a CONNECT with its password shown
+/// as `[REDACTED]`; INFO is not traced (nor by the reference). The line is the op written
+/// back in its wire form.
+fn trace_in(h: &ClientHandle, op: &RouteOp) {
+    match op {
+        RouteOp::Info(_) => return,
+        RouteOp::Connect(json) => {
+            let shown = crate::client::redact_connect(json);
+            h.trace("<<-", format_args!("[CONNECT {shown}]"));
+            return;
+        }
+        _ => {}
+    }
+    let mut b = BytesMut::new();
+    encode::op(&mut b, op, false);
+    let eol = b.iter().position(|c| *c == b'\r').unwrap_or(b.len());
+    h.trace(
+        "<<-",
+        format_args!("[{}]", String::from_utf8_lossy(&b[..eol])),
+    );
+    if let RouteOp::Msg(m) = op {
+        h.trace_payload("<<-", &m.data);
+    }
 }

@@ -146,7 +146,7 @@ impl AccountInterest {
             encode::rs_sub(&mut b, acc, subject, queue.as_deref().map(|q| (q, *n)));
         }
         // Under the lock: a change right after must reach the peer after the snapshot.
-        route.send(&b);
+        route.send_untraced(&b);
     }
 
     pub(crate) fn detach(&self, route: &Arc<Route>) {

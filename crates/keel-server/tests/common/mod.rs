@@ -1367,6 +1367,16 @@ impl Node {
         }
     }
 
+    /// Waits (at most `STEP`) until the log holds `text`.
+    pub async fn wait_logged(&self, text: &str) {
+        within(&format!("{text:?} in the log"), async {
+            while !self.log().contains(text) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+
     pub async fn client(&self) -> async_nats::Client {
         async_nats::connect(self.url())
             .await
