@@ -142,6 +142,7 @@ SCENARIOS=(
     "js-consume-128B|js consume-fill --msgs $(n 200000) --size 128 --batch 500"
     "js-fanout-128B-4|js fanout --msgs $(n 50000) --size 128 --consumers 4"
     "js-fanout-128B-10|js fanout --msgs $(n 50000) --size 128 --consumers 10"
+    "js-fanout-acksync-8|js fanout --msgs $(n 3000) --size 128 --consumers 8 --batch 100 --doubleack"
 )
 # Durable consumers for the memory scenario (QUICK: a tenth).
 MEM_CONSUMERS=$(n 1000)

@@ -174,6 +174,9 @@ pub struct FanoutArgs {
     /// Messages per pull request
     #[arg(long, default_value_t = 500)]
     pub batch: usize,
+    /// Wait for the server to confirm each ack (AckSync), every consumer at once
+    #[arg(long)]
+    pub doubleack: bool,
     /// Report this server process's CPU time per message over the timed phase (Linux /proc)
     #[arg(long, value_name = "PID")]
     pub server_pid: Option<u32>,
@@ -528,6 +531,7 @@ async fn consume_all(
     total: u64,
     batch: usize,
     idle: Duration,
+    double: bool,
     done: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> Res<Instant> {
     let mut msgs = consumer
@@ -553,7 +557,12 @@ async fn consume_all(
             })?
             .ok_or("the consumer's message stream ended")?
             .map_err(|e| format!("receiving failed: {e}"))?;
-        msg.ack().await.map_err(|e| format!("ack failed: {e}"))?;
+        if double {
+            msg.double_ack().await
+        } else {
+            msg.ack().await
+        }
+        .map_err(|e| format!("ack failed: {e}"))?;
         got += 1;
         done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
@@ -596,6 +605,7 @@ async fn bench_consume(ctx: &Ctx, a: &ConsumeArgs, progress: bool) -> Res<Report
             a.s.msgs,
             a.batch,
             ctx.conn.timeout,
+            false,
             bar.counter(),
         )
         .await;
@@ -657,10 +667,11 @@ async fn bench_fanout(ctx: &Ctx, a: &FanoutArgs, progress: bool) -> Res<Report> 
         let mut set = JoinSet::new();
         for (c, consumer) in clients.into_iter().zip(consumers) {
             let (msgs, batch, idle, done) = (a.s.msgs, a.batch, ctx.conn.timeout, bar.counter());
+            let double = a.doubleack;
             let mut go = go_rx.clone();
             set.spawn(async move {
                 wait_for_start(&mut go).await?;
-                consume_all(c, consumer, msgs, batch, idle, done).await
+                consume_all(c, consumer, msgs, batch, idle, double, done).await
             });
         }
         let cpu0 = a.server_pid.map(crate::bench::cpu_us).transpose()?;
@@ -694,8 +705,9 @@ async fn bench_fanout(ctx: &Ctx, a: &FanoutArgs, progress: bool) -> Res<Report> 
             ctx,
             &a.s,
             &format!(
-                "{} (each gets every message), ",
-                plural(a.consumers, "durable")
+                "{} (each gets every message{}), ",
+                plural(a.consumers, "durable"),
+                if a.doubleack { ", confirmed acks" } else { "" }
             )
         ),
         rate.line("consume"),
@@ -703,6 +715,7 @@ async fn bench_fanout(ctx: &Ctx, a: &FanoutArgs, progress: bool) -> Res<Report> 
     let mut json = stream_json("js-fanout", ctx, &a.s);
     json["consumers"] = json!(a.consumers);
     json["batch"] = json!(a.batch);
+    json["doubleack"] = json!(a.doubleack);
     json["consume"] = rate.json();
     json["server_cpu_us_per_msg"] = json!(cpu);
     Ok(Report { text, json })

@@ -79,9 +79,15 @@ pub struct MetaFiles {
     /// Whether the current copy of each file this process wrote by rename is durable
     /// (ordered, so the files under one directory are one range: `make_durable_under`).
     durable: Arc<Mutex<BTreeMap<PathBuf, bool>>>,
-    /// What this process knows of each file it wrote in place.
-    slots: Arc<Mutex<BTreeMap<PathBuf, Slots>>>,
+    /// What this process knows of each file it wrote in place, each behind its own lock
+    /// (held across that file's write and fsync), so one file's fsync does not hold up
+    /// another's write: consumers confirming acks at once fsync side by side.
+    slots: Arc<Mutex<BTreeMap<PathBuf, SlotCell>>>,
 }
+
+/// One file's slots; None until this process has looked at the files (or after they
+/// went).
+type SlotCell = Arc<Mutex<Option<Slots>>>;
 
 impl Default for MetaFiles {
     fn default() -> Self {
@@ -344,9 +350,17 @@ impl MetaFiles {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(path);
-        let mut known = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let mut s = match known.get(path) {
-            Some(s) => *s,
+        let cell = {
+            let mut map = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            // (No new key per write: this runs per confirmed ack.)
+            match map.get(path) {
+                Some(c) => c.clone(),
+                None => map.entry(path.to_path_buf()).or_default().clone(),
+            }
+        };
+        let mut known = cell.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = match *known {
+            Some(s) => s,
             None => {
                 let dir = path.parent().unwrap_or(Path::new("."));
                 self.fs.create_dir_all(dir)?;
@@ -368,14 +382,41 @@ impl MetaFiles {
             }
             Err(_) => s.failed = true,
         }
-        // (No new key per write: this runs per confirmed ack.)
-        match known.get_mut(path) {
-            Some(k) => *k = s,
-            None => {
-                known.insert(path.to_path_buf(), s);
-            }
-        }
+        *known = Some(s);
         r
+    }
+
+    /// Syncs `path`'s newer slot, under its lock: the lock keeps a write from going into
+    /// that slot between its fsync and its becoming the kept copy.
+    fn durable_slot(&self, path: &Path, cell: &SlotCell) -> io::Result<bool> {
+        let mut known = cell.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = known.as_mut() else {
+            return Ok(false);
+        };
+        if s.failed {
+            return Err(io::Error::other(format!(
+                "the last write of {} failed",
+                path.display()
+            )));
+        }
+        let Some(slot) = s.newer else {
+            return Ok(false);
+        };
+        match self.fs.open(&slot_path(path, slot), false) {
+            Ok(mut f) => f.sync()?,
+            // Removed since (its directory went): nothing left to make durable.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                *known = None;
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        }
+        if !s.named[slot] {
+            self.fs.sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+        }
+        s.keep = s.newer.take();
+        s.named = [s.exists[0], s.exists[1]];
+        Ok(true)
     }
 
     /// Writes one slot: in place, or (a slot not made yet) through `<slot>.tmp`.
@@ -485,51 +526,23 @@ impl MetaFiles {
     }
 
     fn slots_durable_under(&self, dir: &Path) -> io::Result<usize> {
-        let mut known = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let todo: Vec<(PathBuf, Slots)> = known
+        // The cells are taken under the map's lock, then synced one at a time under their
+        // own (a write to another file goes on meanwhile).
+        let cells: Vec<(PathBuf, SlotCell)> = self
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .range(dir.to_path_buf()..)
             .take_while(|(p, _)| p.starts_with(dir))
-            .filter(|(_, s)| s.newer.is_some() || s.failed)
-            .map(|(p, s)| (p.clone(), *s))
+            .map(|(p, c)| (p.clone(), c.clone()))
             .collect();
-        if let Some((p, _)) = todo.iter().find(|(_, s)| s.failed) {
-            return Err(io::Error::other(format!(
-                "the last write of {} failed",
-                p.display()
-            )));
-        }
-        let mut dirs: Vec<PathBuf> = Vec::new();
-        let mut done = Vec::new();
-        for (p, s) in &todo {
-            let slot = s.newer.expect("filtered");
-            match self.fs.open(&slot_path(p, slot), false) {
-                Ok(mut f) => f.sync()?,
-                // Removed since (its directory went): nothing left to make durable.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    known.remove(p);
-                    continue;
-                }
-                Err(e) => return Err(e),
-            }
-            if !s.named[slot] {
-                if let Some(d) = p.parent() {
-                    if !dirs.iter().any(|x| x == d) {
-                        dirs.push(d.to_path_buf());
-                    }
-                }
-            }
-            done.push(p);
-        }
-        for d in &dirs {
-            self.fs.sync_dir(d)?;
-        }
-        for p in &done {
-            if let Some(s) = known.get_mut(*p) {
-                s.keep = s.newer.take();
-                s.named = [s.exists[0], s.exists[1]];
+        let mut n = 0;
+        for (p, c) in &cells {
+            if self.durable_slot(p, c)? {
+                n += 1;
             }
         }
-        Ok(done.len())
+        Ok(n)
     }
 
     /// The newest copy of `path` that verifies.

@@ -1585,7 +1585,15 @@ async fn run(
                 // replicated stream that disk is a quorum's logs (the group commit below),
                 // so the file here skips its fsync: it is made durable before the store's
                 // marker passes its entry (`raft::stream::Shared::consumers_durable`).
-                let r = c.save(&mut st, c.stream.group.is_none());
+                // Consumers confirming acks at once fsync side by side: each file has its
+                // own lock in `MetaFiles`, and `fsync` moves this worker's other tasks
+                // away once most workers sit in one.
+                let sync = c.stream.group.is_none();
+                let r = if sync {
+                    super::stream::read::fsync(&c.stream.syncing, || c.save(&mut st, true))
+                } else {
+                    c.save(&mut st, false)
+                };
                 if r.is_err() {
                     sync_replies.clear();
                 }

@@ -11,7 +11,7 @@ use crate::record::HEADS_LEN;
 use crate::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 fn open(dir: &Path) -> (FileStore, RecoveryReport) {
     FileStore::open_with(dir, Limits::default(), small()).unwrap()
@@ -691,4 +691,123 @@ fn damaged_renamed_file_falls_back_to_the_previous_copy() {
     std::fs::write(d.0.join("state.json.prev"), b"junk").unwrap();
     assert!(matches!(m.read(&p), MetaRead::Damaged(_)));
     assert_eq!(m.read(&d.0.join("nothing.json")), MetaRead::Missing);
+}
+
+/// A filesystem whose fsyncs of files under `stall` wait until the test lets them go.
+struct StallFs {
+    inner: SimFs,
+    stall: PathBuf,
+    entered: std::sync::mpsc::SyncSender<()>,
+    release: Arc<Mutex<std::sync::mpsc::Receiver<()>>>,
+}
+
+struct StallFile {
+    inner: Box<dyn crate::io::FsFile>,
+    stalls: bool,
+    entered: std::sync::mpsc::SyncSender<()>,
+    release: Arc<Mutex<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl crate::io::Fs for StallFs {
+    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        self.inner.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn open(&self, path: &Path, create: bool) -> std::io::Result<Box<dyn crate::io::FsFile>> {
+        Ok(Box::new(StallFile {
+            inner: self.inner.open(path, create)?,
+            stalls: path.starts_with(&self.stall),
+            entered: self.entered.clone(),
+            release: self.release.clone(),
+        }))
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        self.inner.remove(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+    fn remove_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        self.inner.remove_dir_all(dir)
+    }
+}
+
+impl crate::io::FsFile for StallFile {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, off)
+    }
+    fn write_at(&mut self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, off)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        if self.stalls {
+            let _ = self.entered.send(());
+            let _ = self.release.lock().unwrap().recv();
+        }
+        self.inner.sync()
+    }
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.inner.truncate(len)
+    }
+    fn allocate(&mut self, len: u64) -> std::io::Result<()> {
+        self.inner.allocate(len)
+    }
+}
+
+/// One file's fsync does not hold up another file's write or fsync: consumers confirming
+/// acks at the same time sync side by side (each file has its own lock), while
+/// `make_durable_under` still syncs what was written without fsync.
+#[test]
+fn one_files_fsync_does_not_hold_up_another_file() {
+    let (entered_tx, entered) = std::sync::mpsc::sync_channel(8);
+    let (release, release_rx) = std::sync::mpsc::channel();
+    let sim = SimFs::new(7);
+    let m = MetaFiles::with_fs(Arc::new(StallFs {
+        inner: sim.clone(),
+        stall: PathBuf::from("/c/slow"),
+        entered: entered_tx,
+        release: Arc::new(Mutex::new(release_rx)),
+    }));
+    let (slow, fast) = (Path::new("/c/slow/state"), Path::new("/c/fast/state"));
+    // Slots made (their first writes) before the stall.
+    release.send(()).unwrap();
+    m.overwrite(slow, b"{\"v\":0}", true).unwrap();
+    entered.recv().unwrap();
+    m.overwrite(fast, b"{\"v\":0}", true).unwrap();
+    let m2 = m.clone();
+    let writer =
+        std::thread::spawn(move || m2.overwrite(Path::new("/c/slow/state"), b"{\"v\":1}", true));
+    entered
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the slow file's fsync started");
+    // While it waits: another file is written, synced and read.
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let m3 = m.clone();
+    std::thread::spawn(move || {
+        let r = m3.overwrite(Path::new("/c/fast/state"), b"{\"v\":1}", true);
+        let r2 = m3.overwrite(Path::new("/c/fast/state"), b"{\"v\":2}", false);
+        let n = m3.make_durable_under(Path::new("/c/fast"));
+        let _ = done_tx.send((r.is_ok(), r2.is_ok(), n.ok()));
+    });
+    let got = done.recv_timeout(std::time::Duration::from_secs(10));
+    release.send(()).unwrap();
+    writer.join().unwrap().unwrap();
+    assert_eq!(
+        got.expect("another file's writes waited for the stalled fsync"),
+        (true, true, Some(1))
+    );
+    assert!(matches!(m.read(fast), MetaRead::Current(b) if b == b"{\"v\":2}"));
+    assert!(matches!(m.read(slow), MetaRead::Current(b) if b == b"{\"v\":1}"));
+    // What make_durable_under synced survives a crash.
+    sim.crash(0);
+    let m = MetaFiles::with_fs(Arc::new(sim));
+    assert!(matches!(m.read(fast), MetaRead::Current(b) if b == b"{\"v\":2}"));
 }

@@ -75,6 +75,8 @@ pub struct Stream {
     pub storage: StorageType,
     /// The JetStream instance's metadata files (configs, consumer state, source positions).
     pub meta: MetaFiles,
+    /// The server's count of fsyncs running on tokio workers (see `read::fsync`).
+    pub syncing: Arc<std::sync::atomic::AtomicUsize>,
     store: ReadHandle,
     /// The live config, swapped by the actor when an update is applied.
     config: RwLock<Arc<StreamConfig>>,
@@ -182,6 +184,7 @@ impl Stream {
             dir: dir.to_path_buf(),
             storage: config.storage,
             meta: settings.meta.clone(),
+            syncing: settings.syncing.clone(),
             store: read,
             config: RwLock::new(config.clone()),
             handle,

@@ -65,17 +65,7 @@ impl WriteHandle {
         let Some(mut job) = job else {
             return Ok(());
         };
-        // The fsync blocks this worker. While another worker is free that is cheapest: the
-        // acks then go out from this thread with no hand-off (one publisher waiting for
-        // each ack: ~50 us and half the context switches). Once most workers sit in an
-        // fsync, block_in_place moves this worker's other tasks to another thread.
-        let busy = self.1.fetch_add(1, Ordering::AcqRel) + 1;
-        if workers().is_some_and(|n| busy < n) {
-            job.run();
-        } else {
-            blocking(|| job.run());
-        }
-        self.1.fetch_sub(1, Ordering::AcqRel);
+        fsync(&self.1, || job.run());
         self.lock().finish_sync(job)
     }
 
@@ -87,6 +77,22 @@ impl WriteHandle {
             Box::new(keel_store::mem::MemStore::new(Default::default())),
         )
     }
+}
+
+/// Runs an fsync (`f`) from a tokio task. It blocks this worker. While another worker is
+/// free that is cheapest: the answers then go out from this thread with no hand-off (one
+/// publisher waiting for each ack: ~50 us and half the context switches). Once most
+/// workers sit in an fsync, block_in_place moves this worker's other tasks to another
+/// thread. `syncing` is the server's count of fsyncs running on workers.
+pub fn fsync<T>(syncing: &AtomicUsize, f: impl FnOnce() -> T) -> T {
+    let busy = syncing.fetch_add(1, Ordering::AcqRel) + 1;
+    let r = if workers().is_some_and(|n| busy < n) {
+        f()
+    } else {
+        blocking(f)
+    };
+    syncing.fetch_sub(1, Ordering::AcqRel);
+    r
 }
 
 /// Runs blocking work (an fsync) on this thread, telling a multi-thread tokio runtime to
