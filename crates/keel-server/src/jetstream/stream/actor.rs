@@ -92,6 +92,9 @@ pub enum Command {
         entry: crate::jetstream::raft::stream::ConsumerEntry,
         reply: Option<oneshot::Sender<Result<(), ApiError>>>,
     },
+    /// Unit tests: the actor panics, as a bug would make it.
+    #[cfg(test)]
+    Panic,
 }
 
 /// The actor: its store (the write handle) and everything else (the [`Core`]), apart so
@@ -656,6 +659,13 @@ impl<R: Replicator> Actor<R> {
     }
 
     async fn command(&mut self, c: Command, sourced_tx: &mpsc::Sender<SourcedBatch>) {
+        #[cfg(test)]
+        if let Command::Panic = c {
+            panic!(
+                "stream {}: a test asked its actor to panic",
+                self.core.cfg.name
+            );
+        }
         if let Command::Lead { reply } = c {
             // What this server applied as a follower is made durable first: a rollback after
             // a failed commit must only drop what it decided itself.
@@ -774,6 +784,8 @@ impl<R: Replicator> Actor<R> {
             | Command::Nudge => {
                 unreachable!("handled before")
             }
+            #[cfg(test)]
+            Command::Panic => unreachable!("handled before"),
         }
         self.core.router.flush();
     }

@@ -663,3 +663,75 @@ fn contain(
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// A stream whose actor panics (a bug) stops on this server: the error is logged, its
+    /// subjects are no longer taken (a publish finds no responders rather than waiting
+    /// on a dead actor), and the server and its other streams go on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_actor_stops_its_stream_and_nothing_else() {
+        let opts = crate::harness::opts_from_config("jetstream: enabled").unwrap();
+        let server = crate::harness::start(opts).await.unwrap();
+        let client = async_nats::connect(server.client_url()).await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        for (name, subject) in [("BROKEN", "broken.>"), ("FINE", "fine.>")] {
+            js.create_stream(async_nats::jetstream::stream::Config {
+                name: name.into(),
+                subjects: vec![subject.into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+        js.publish("broken.1", "before".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        let stream = server
+            .server()
+            .jetstream
+            .get()
+            .and_then(|j| j.account("$G").cloned())
+            .and_then(|a| a.stream("BROKEN"))
+            .unwrap();
+        stream
+            .commands()
+            .unwrap()
+            .send(super::actor::Command::Panic)
+            .await
+            .unwrap();
+        let wait = async {
+            while !server
+                .log()
+                .contains("Stream $G > BROKEN: internal error (its actor panicked)")
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .expect("the panic is reported");
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            client.request("broken.2", "after".into()),
+        )
+        .await
+        .expect("a publish to the stopped stream is answered at once");
+        assert!(
+            matches!(&r, Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders),
+            "{r:?}"
+        );
+        let ack = js
+            .publish("fine.1", "still".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!((ack.stream.as_str(), ack.sequence), ("FINE", 1));
+        server.shutdown().await;
+    }
+}
