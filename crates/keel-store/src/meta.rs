@@ -77,8 +77,9 @@ struct Slots {
 pub struct MetaFiles {
     fs: Arc<dyn Fs>,
     /// Whether the current copy of each file this process wrote by rename is durable
-    /// (ordered, so the files under one directory are one range: `make_durable_under`).
-    durable: Arc<Mutex<BTreeMap<PathBuf, bool>>>,
+    /// (ordered, so the files under one directory are one range: `make_durable_under`),
+    /// each behind its own lock, held across that file's write and fsyncs.
+    durable: Arc<Mutex<BTreeMap<PathBuf, RenamedCell>>>,
     /// What this process knows of each file it wrote in place, each behind its own lock
     /// (held across that file's write and fsync), so one file's fsync does not hold up
     /// another's write: consumers confirming acks at once fsync side by side.
@@ -88,6 +89,33 @@ pub struct MetaFiles {
 /// One file's slots; None until this process has looked at the files (or after they
 /// went).
 type SlotCell = Arc<Mutex<Option<Slots>>>;
+
+/// Whether a file this process replaced by rename is durable; None: not known (never
+/// written by this process, or its name may not be durable yet).
+type RenamedCell = Arc<Mutex<Option<bool>>>;
+
+/// `path`'s cell in `map`, made on its first use.
+fn cell<T: Default>(map: &Mutex<BTreeMap<PathBuf, Arc<Mutex<T>>>>, path: &Path) -> Arc<Mutex<T>> {
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    // (No new key per write: a consumer's state is written per confirmed ack.)
+    match map.get(path) {
+        Some(c) => c.clone(),
+        None => map.entry(path.to_path_buf()).or_default().clone(),
+    }
+}
+
+/// The cells of the files at or under `dir`.
+fn cells_under<T>(
+    map: &Mutex<BTreeMap<PathBuf, Arc<Mutex<T>>>>,
+    dir: &Path,
+) -> Vec<(PathBuf, Arc<Mutex<T>>)> {
+    map.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .range(dir.to_path_buf()..)
+        .take_while(|(p, _)| p.starts_with(dir))
+        .map(|(p, c)| (p.clone(), c.clone()))
+        .collect()
+}
 
 impl Default for MetaFiles {
     fn default() -> Self {
@@ -293,8 +321,9 @@ impl MetaFiles {
             .unwrap_or_else(|e| e.into_inner())
             .remove(path);
         let tmp = sibling(path, ".tmp");
-        let mut known = self.durable.lock().unwrap_or_else(|e| e.into_inner());
-        if !known.contains_key(path) && !matches!(self.load(path), Copy::Ok(..)) {
+        let cell = cell(&self.durable, path);
+        let mut known = cell.lock().unwrap_or_else(|e| e.into_inner());
+        if known.is_none() && !matches!(self.load(path), Copy::Ok(..)) {
             // A good `.tmp` with no good current copy is an interrupted write (the newest
             // state): finish it rather than overwrite it.
             if let Copy::Ok(..) = self.load(&tmp) {
@@ -314,8 +343,7 @@ impl MetaFiles {
         // keep naming a durable copy until the replacing rename, and the fallback must be
         // durable once it is not. Before a durable write a plain copy does: the new
         // current copy is the durable one.
-        let state = known.get(path).copied();
-        if durable || state != Some(false) {
+        if durable || *known != Some(false) {
             if let Copy::Ok(_, old) = self.load(path) {
                 let ptmp = sibling(path, ".prev.tmp");
                 let mut f = self.fs.open(&ptmp, true)?;
@@ -334,10 +362,10 @@ impl MetaFiles {
         self.fs.rename(&tmp, path)?;
         if durable {
             // Until the directory is synced the new copy's name may not be durable.
-            known.remove(path);
+            *known = None;
             self.fs.sync_dir(dir)?;
         }
-        known.insert(path.to_path_buf(), durable);
+        *known = Some(durable);
         Ok(())
     }
 
@@ -350,14 +378,7 @@ impl MetaFiles {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(path);
-        let cell = {
-            let mut map = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-            // (No new key per write: this runs per confirmed ack.)
-            match map.get(path) {
-                Some(c) => c.clone(),
-                None => map.entry(path.to_path_buf()).or_default().clone(),
-            }
-        };
+        let cell = cell(&self.slots, path);
         let mut known = cell.lock().unwrap_or_else(|e| e.into_inner());
         let mut s = match *known {
             Some(s) => s,
@@ -490,55 +511,34 @@ impl MetaFiles {
     }
 
     fn renamed_durable_under(&self, dir: &Path) -> io::Result<usize> {
-        let mut known = self.durable.lock().unwrap_or_else(|e| e.into_inner());
-        let todo: Vec<PathBuf> = known
-            .range(dir.to_path_buf()..)
-            .take_while(|(p, _)| p.starts_with(dir))
-            .filter(|(_, durable)| !**durable)
-            .map(|(p, _)| p.clone())
-            .collect();
-        let mut dirs: Vec<PathBuf> = Vec::new();
-        for p in &todo {
-            match self.fs.open(p, false) {
+        let mut n = 0;
+        // One file at a time under its own lock (its writer waits; others go on).
+        for (p, c) in cells_under(&self.durable, dir) {
+            let mut known = c.lock().unwrap_or_else(|e| e.into_inner());
+            if *known != Some(false) {
+                continue;
+            }
+            match self.fs.open(&p, false) {
                 Ok(mut f) => f.sync()?,
                 // Removed since (its directory went): nothing left to make durable.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    known.remove(p);
+                    *known = None;
                     continue;
                 }
                 Err(e) => return Err(e),
             }
-            if let Some(d) = p.parent() {
-                if !dirs.iter().any(|x| x == d) {
-                    dirs.push(d.to_path_buf());
-                }
-            }
+            self.fs.sync_dir(p.parent().unwrap_or(Path::new(".")))?;
+            *known = Some(true);
+            n += 1;
         }
-        for d in &dirs {
-            self.fs.sync_dir(d)?;
-        }
-        for p in &todo {
-            if let Some(v) = known.get_mut(p) {
-                *v = true;
-            }
-        }
-        Ok(todo.len())
+        Ok(n)
     }
 
     fn slots_durable_under(&self, dir: &Path) -> io::Result<usize> {
-        // The cells are taken under the map's lock, then synced one at a time under their
-        // own (a write to another file goes on meanwhile).
-        let cells: Vec<(PathBuf, SlotCell)> = self
-            .slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .range(dir.to_path_buf()..)
-            .take_while(|(p, _)| p.starts_with(dir))
-            .map(|(p, c)| (p.clone(), c.clone()))
-            .collect();
+        // One file at a time under its own lock (a write to another goes on meanwhile).
         let mut n = 0;
-        for (p, c) in &cells {
-            if self.durable_slot(p, c)? {
+        for (p, c) in cells_under(&self.slots, dir) {
+            if self.durable_slot(&p, &c)? {
                 n += 1;
             }
         }

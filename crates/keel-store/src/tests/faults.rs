@@ -770,6 +770,7 @@ fn one_files_fsync_does_not_hold_up_another_file() {
     let (entered_tx, entered) = std::sync::mpsc::sync_channel(8);
     let (release, release_rx) = std::sync::mpsc::channel();
     let sim = SimFs::new(7);
+    let fast_meta = Path::new("/c/fast/meta");
     let m = MetaFiles::with_fs(Arc::new(StallFs {
         inner: sim.clone(),
         stall: PathBuf::from("/c/slow"),
@@ -806,8 +807,30 @@ fn one_files_fsync_does_not_hold_up_another_file() {
     );
     assert!(matches!(m.read(fast), MetaRead::Current(b) if b == b"{\"v\":2}"));
     assert!(matches!(m.read(slow), MetaRead::Current(b) if b == b"{\"v\":1}"));
+    // The same for files replaced by rename (configs): a stalled one holds up no other.
+    let m2 = m.clone();
+    let writer =
+        std::thread::spawn(move || m2.write(Path::new("/c/slow/meta"), b"{\"c\":1}", true));
+    entered
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the slow config's fsync started");
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let m3 = m.clone();
+    std::thread::spawn(move || {
+        let r = m3.write(Path::new("/c/fast/meta"), b"{\"c\":1}", false);
+        let n = m3.make_durable_under(Path::new("/c/fast"));
+        let _ = done_tx.send((r.is_ok(), n.ok()));
+    });
+    let got = done.recv_timeout(std::time::Duration::from_secs(10));
+    release.send(()).unwrap();
+    writer.join().unwrap().unwrap();
+    assert_eq!(
+        got.expect("another config's write waited for the stalled fsync"),
+        (true, Some(1))
+    );
     // What make_durable_under synced survives a crash.
     sim.crash(0);
     let m = MetaFiles::with_fs(Arc::new(sim));
     assert!(matches!(m.read(fast), MetaRead::Current(b) if b == b"{\"v\":2}"));
+    assert!(matches!(m.read(fast_meta), MetaRead::Current(b) if b == b"{\"c\":1}"));
 }
