@@ -11,7 +11,7 @@
 //! dropped and counted instead.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -55,7 +55,11 @@ pub struct Log {
 }
 
 struct Inner {
-    opts: LogOpts,
+    /// The options, each changeable by a config reload (SIGHUP).
+    debug: AtomicBool,
+    trace: AtomicBool,
+    logtime: AtomicBool,
+    max_traced: AtomicUsize,
     sink: Sink,
     dropped: AtomicU64,
 }
@@ -103,7 +107,10 @@ impl Log {
     fn with_sink(opts: LogOpts, sink: Sink) -> Log {
         Log {
             inner: Arc::new(Inner {
-                opts,
+                debug: AtomicBool::new(opts.debug),
+                trace: AtomicBool::new(opts.trace),
+                logtime: AtomicBool::new(opts.logtime),
+                max_traced: AtomicUsize::new(opts.max_traced),
                 sink,
                 dropped: AtomicU64::new(0),
             }),
@@ -112,15 +119,35 @@ impl Log {
 
     /// How much of a payload a trace shows (`max_traced_msg_len`; 0: all of it).
     pub fn max_traced(&self) -> usize {
-        self.inner.opts.max_traced
+        self.inner.max_traced.load(Ordering::Relaxed)
     }
 
     pub fn enabled(&self, level: Level) -> bool {
         match level {
-            Level::Trace => self.inner.opts.trace,
-            Level::Debug => self.inner.opts.debug,
+            Level::Trace => self.inner.trace.load(Ordering::Relaxed),
+            Level::Debug => self.inner.debug.load(Ordering::Relaxed),
             _ => true,
         }
+    }
+
+    /// The options now in force.
+    pub fn opts(&self) -> LogOpts {
+        let i = &self.inner;
+        LogOpts {
+            debug: i.debug.load(Ordering::Relaxed),
+            trace: i.trace.load(Ordering::Relaxed),
+            logtime: i.logtime.load(Ordering::Relaxed),
+            max_traced: i.max_traced.load(Ordering::Relaxed),
+        }
+    }
+
+    /// New options (a config reload): every line written after this follows them.
+    pub fn set_opts(&self, o: LogOpts) {
+        let i = &self.inner;
+        i.debug.store(o.debug, Ordering::Relaxed);
+        i.trace.store(o.trace, Ordering::Relaxed);
+        i.logtime.store(o.logtime, Ordering::Relaxed);
+        i.max_traced.store(o.max_traced, Ordering::Relaxed);
     }
 
     /// Writes one line (the macros check [`enabled`](Self::enabled) for debug and trace).
@@ -129,7 +156,7 @@ impl Log {
             return;
         }
         let mut line = format!("[{}] ", std::process::id());
-        if self.inner.opts.logtime {
+        if self.inner.logtime.load(Ordering::Relaxed) {
             line.push_str(&timestamp());
             line.push(' ');
         }

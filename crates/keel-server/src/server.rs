@@ -256,6 +256,37 @@ impl Server {
         })
     }
 
+    /// The log options take effect at once, each change reported as the reference does
+    /// (`Reloaded: trace = true`).
+    fn reload_log(&self, opts: &Opts) {
+        let old = self.log.opts();
+        let new = crate::log::LogOpts {
+            debug: opts.debug,
+            trace: opts.trace,
+            logtime: opts.logtime,
+            max_traced: opts.max_traced_msg_len,
+        };
+        self.log.set_opts(new);
+        for (what, changed, value) in [
+            ("trace", old.trace != new.trace, new.trace.to_string()),
+            ("debug", old.debug != new.debug, new.debug.to_string()),
+            (
+                "logtime",
+                old.logtime != new.logtime,
+                new.logtime.to_string(),
+            ),
+            (
+                "max_traced_msg_len",
+                old.max_traced != new.max_traced,
+                new.max_traced.to_string(),
+            ),
+        ] {
+            if changed {
+                crate::info!(self.log, "Reloaded: {what} = {value}");
+            }
+        }
+    }
+
     /// Reloads users, permissions and accounts from `opts` (SIGHUP): connections whose
     /// credentials no longer authenticate, or that would land in another account, are closed
     /// with the reference's `-ERR 'Authorization Violation'`; the others get their new
@@ -276,6 +307,7 @@ impl Server {
                 );
             }
         }
+        self.reload_log(opts);
         let old_system = self.accounts.system_name().to_string();
         let new_system = if opts.auth.no_system_account {
             String::new()

@@ -309,6 +309,22 @@ async fn trace_flag_logs_the_protocol_without_secrets() {
     server.wait_log_count("<-> [DELSUB 7]", 1);
 }
 
+/// A config reload turns tracing on and sets `max_traced_msg_len` at once, each change
+/// logged as the reference logs it (`Reloaded: trace = true`).
+#[tokio::test]
+async fn reload_turns_trace_on() {
+    let server = Server::start_with_config("debug: false");
+    server.reload_config("trace: true\nmax_traced_msg_len: 3");
+    server.wait_log_count("Reloaded: trace = true", 1);
+    server.wait_log_count("Reloaded: max_traced_msg_len = 3", 1);
+    let mut raw = server.raw_connected().await;
+    raw.send(b"SUB r 1\r\nPUB r 5\r\nabcde\r\nPING\r\n").await;
+    assert_eq!(raw.read_msg().await.1, b"abcde");
+    assert_eq!(raw.read_op().await, "PONG");
+    server.wait_log_count("<<- [PUB r 5]", 1);
+    server.wait_log_count("<<- MSG_PAYLOAD: [\"abc...\"]", 1);
+}
+
 /// `max_traced_msg_len` cuts traced payloads, both ways, as the reference does: the first
 /// that many bytes, Go-quoted, then `...`; a payload that fits is shown whole.
 #[tokio::test]
