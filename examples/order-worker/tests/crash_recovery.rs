@@ -167,7 +167,11 @@ impl Worker {
         let start = Instant::now();
         loop {
             if let Some(s) = self.child.try_wait().expect("poll worker") {
-                self.out_lines.extend(self.out.try_iter());
+                // Every line it wrote, up to the pipe's end (the reader thread may not
+                // have passed them on yet when the exit is seen).
+                while let Ok(line) = self.out.recv_timeout(DEADLINE) {
+                    self.out_lines.push(line);
+                }
                 return s;
             }
             assert!(start.elapsed() < DEADLINE, "worker did not exit");
