@@ -209,6 +209,15 @@ impl Drop for TestServer {
     fn drop(&mut self) {
         // Not shut down (a test panicked): ask it to stop; the runtime ends its tasks.
         if let Some(r) = &self.running {
+            if std::thread::panicking() {
+                // A failed test shows what each of its servers logged, as a process's does.
+                eprintln!(
+                    "---- server log ({} at {}) ----\n{}---- end server log ----",
+                    r.server.opts.server_name.as_deref().unwrap_or("unnamed"),
+                    self.client_addr(),
+                    self.log.captured()
+                );
+            }
             r.server.shutdown();
         }
     }
