@@ -577,6 +577,9 @@ async fn walkthrough_on_an_r3_stream_survives_the_consumers_server() {
     assert_eq!(m.payload, "{\"id\":3}");
     assert_eq!(m.info().unwrap().stream_sequence, 3);
     m.double_ack().await.unwrap();
+    if std::env::var("ZZ").is_ok() {
+        panic!("timing");
+    }
     for n in &nodes {
         let c = connect(n, "app").await;
         let info = api(&c, "$JS.API.CONSUMER.INFO.ORDERS.order-worker", "").await;
@@ -612,6 +615,178 @@ async fn stream_leader(c: &async_nats::Client, stream: &str, not: &str) -> Strin
         assert!(Instant::now() < deadline, "leader still {not}: {info}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Polls `f` (every 50 ms, at most 30 s) until it gives a value: reads from a replica
+/// catch up with a write on another server, and a leader change in flight refuses a write.
+async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(Some(v)) = tokio::time::timeout(Duration::from_secs(5), f()).await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A key-value bucket with three replicas, used through async-nats' `kv` from every server:
+/// a put on one is read on the others, compare-and-set is decided once for the whole
+/// cluster, a watcher on a third server sees every change in order; then the server leading
+/// the bucket goes, and the other two keep every value, its history and its revisions, and
+/// take new writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_r3_key_value_bucket_works_from_every_server_and_survives_its_leader() {
+    use async_nats::jetstream::{self, kv};
+    use futures::{StreamExt, TryStreamExt};
+    let names = ["K1", "K2", "K3"];
+    let mut nodes = mesh(&names).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let mut js = Vec::new();
+    for n in &nodes {
+        js.push(jetstream::new(connect(n, "app").await));
+    }
+    common::within(
+        "create_key_value",
+        js[0].create_key_value(kv::Config {
+            bucket: "CFG".into(),
+            history: 5,
+            num_replicas: 3,
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("an R3 bucket");
+    let mut kvs = Vec::new();
+    for j in &js {
+        kvs.push(
+            common::within("get_key_value", j.get_key_value("CFG"))
+                .await
+                .expect("the bucket from every server"),
+        );
+    }
+    let info = api(
+        &connect(&nodes[1], "app").await,
+        "$JS.API.STREAM.INFO.KV_CFG",
+        "",
+    )
+    .await;
+    assert_eq!(info["config"]["num_replicas"], 3, "{info}");
+    assert_eq!(
+        info["cluster"]["replicas"].as_array().map(Vec::len),
+        Some(2),
+        "{info}"
+    );
+    let mut watch = common::within("watch_all", kvs[2].watch_all())
+        .await
+        .expect("a watcher on the third server");
+
+    let r1 = kvs[0].put("db.url", "pg://a".into()).await.expect("put");
+    let got = eventually("the put read on another server", || async {
+        kvs[1].get("db.url").await.ok().flatten()
+    })
+    .await;
+    assert_eq!(got, "pg://a");
+    // Compare-and-set: one writer wins, the stale revision is refused wherever it is sent.
+    let r2 = kvs[1]
+        .update("db.url", "pg://b".into(), r1)
+        .await
+        .expect("update at the current revision");
+    assert!(r2 > r1);
+    let stale = kvs[2].update("db.url", "pg://c".into(), r1).await;
+    assert!(stale.is_err(), "a stale revision was taken: {stale:?}");
+    assert!(
+        kvs[0].create("db.url", "pg://d".into()).await.is_err(),
+        "create over an existing key"
+    );
+    kvs[2].create("db.pool", "10".into()).await.expect("create");
+    kvs[0].delete("db.pool").await.expect("delete");
+    // The watcher on the third server saw each change once, in order.
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let e = common::within("watch entry", watch.next())
+            .await
+            .expect("watch open")
+            .expect("watch entry");
+        seen.push((e.key, e.operation, e.value, e.revision));
+    }
+    assert_eq!(
+        seen.iter()
+            .map(|(k, op, v, _)| (k.as_str(), *op, &v[..]))
+            .collect::<Vec<_>>(),
+        vec![
+            ("db.url", kv::Operation::Put, &b"pg://a"[..]),
+            ("db.url", kv::Operation::Put, &b"pg://b"[..]),
+            ("db.pool", kv::Operation::Put, &b"10"[..]),
+            ("db.pool", kv::Operation::Delete, &b""[..]),
+        ]
+    );
+    assert!(seen.windows(2).all(|w| w[0].3 < w[1].3), "{seen:?}");
+
+    // The server leading the bucket goes.
+    let c = connect(&nodes[0], "app").await;
+    let leader = stream_leader(&c, "KV_CFG", "").await;
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    nodes.remove(li).shutdown().await;
+    kvs.remove(li);
+    js.remove(li);
+    // Every value, history and revision is on the survivors, and they take writes.
+    stream_leader(&connect(&nodes[0], "app").await, "KV_CFG", &leader).await;
+    let r3 = kvs[0]
+        .put("db.url", "pg://e".into())
+        .await
+        .expect("a put after the failover");
+    assert!(r3 > r2);
+    for (i, store) in kvs.iter().enumerate() {
+        let hist: Vec<(Vec<u8>, u64)> = eventually("history on a survivor", || async {
+            let h: Vec<kv::Entry> = store
+                .history("db.url")
+                .await
+                .ok()?
+                .try_collect()
+                .await
+                .ok()?;
+            let h: Vec<(Vec<u8>, u64)> = h
+                .into_iter()
+                .map(|e| (e.value.to_vec(), e.revision))
+                .collect();
+            (h.len() == 3).then_some(h)
+        })
+        .await;
+        assert_eq!(
+            hist,
+            vec![
+                (b"pg://a".to_vec(), r1),
+                (b"pg://b".to_vec(), r2),
+                (b"pg://e".to_vec(), r3)
+            ],
+            "survivor {i}"
+        );
+        let pool = store
+            .entry("db.pool")
+            .await
+            .expect("entry")
+            .expect("a delete marker");
+        assert_eq!(pool.operation, kv::Operation::Delete);
+        let keys: Vec<String> = store
+            .keys()
+            .await
+            .expect("keys")
+            .try_collect()
+            .await
+            .expect("keys");
+        assert_eq!(keys, vec!["db.url".to_string()], "survivor {i}");
+    }
+    // The revision check still holds across the new leader.
+    assert!(kvs[1].update("db.url", "pg://f".into(), r2).await.is_err());
+    let r4 = kvs[1]
+        .update("db.url", "pg://f".into(), r3)
+        .await
+        .expect("update at the current revision after the failover");
+    assert!(r4 > r3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

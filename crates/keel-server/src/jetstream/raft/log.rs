@@ -264,6 +264,23 @@ fn own_append(
         && leaders.iter().all(|l| l == v.leader_id())
 }
 
+/// The saved vote as a stream group's log gives it back at start. openraft 0.9 resumes a
+/// server whose saved vote is its own committed one as leader of that term at once. But a
+/// leader's own appends go to the followers before its fsync (`append`), and a kill cuts
+/// its unsynced tail at recovery while the followers keep those entries: resumed in the
+/// same term, it would write other entries under the same log ids, which the followers
+/// take for the ones they hold (found by the fault checker: a PubAck for sequences every
+/// replica holds other messages at). Not committed, the vote makes it stand for election
+/// in a new term, whose entries no follower can mistake for old ones.
+fn restart_vote(early: Option<NodeId>, v: Vote<NodeId>) -> Vote<NodeId> {
+    match early {
+        Some(me) if v.is_committed() && v.leader_id().voted_for() == Some(me) => {
+            Vote::new(v.leader_id().term, me)
+        }
+        _ => v,
+    }
+}
+
 /// What waits for the syncer's next fsync.
 enum Waiter {
     /// openraft's callback: a follower's append, answered only once it is on disk.
@@ -518,7 +535,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        Ok(self.lock().hard.vote)
+        let g = self.lock();
+        Ok(g.hard.vote.map(|v| restart_vote(g.early, v)))
     }
 
     async fn save_committed(
@@ -713,6 +731,29 @@ mod tests {
         assert!(!own_append(Some(1), Some(Vote::new(3, 1)), &ids(&[(3, 1)])));
         assert!(!own_append(None, lead(3, 1), &ids(&[(3, 1)])));
         assert!(!own_append(Some(1), None, &ids(&[(3, 1)])));
+    }
+
+    /// A stream group's leader that restarts does not resume its term as leader (its log
+    /// may have lost entries the followers hold under the same ids): its saved vote reads
+    /// back as not committed. Another leader's vote, and the meta group's, read back as saved.
+    #[tokio::test]
+    async fn a_restarted_leader_of_a_stream_group_stands_for_election_again() {
+        let (_gate, mut log) = gated();
+        log.save_vote(&Vote::new_committed(3, 1)).await.unwrap();
+        let v = log.read_vote().await.unwrap().unwrap();
+        assert!(!v.is_committed());
+        assert_eq!(v, Vote::new(3, 1));
+        log.save_vote(&Vote::new_committed(4, 2)).await.unwrap();
+        assert_eq!(
+            log.read_vote().await.unwrap(),
+            Some(Vote::new_committed(4, 2))
+        );
+        let mut meta = LogStore::open(Box::new(MemBackend::default()), true, None).unwrap();
+        meta.save_vote(&Vote::new_committed(3, 1)).await.unwrap();
+        assert_eq!(
+            meta.read_vote().await.unwrap(),
+            Some(Vote::new_committed(3, 1))
+        );
     }
 
     /// A leader's own append is reported before its fsync and `flushed` moves only once
