@@ -193,8 +193,21 @@ impl TestServer {
         self.running().server.opts.store_dir.as_deref()
     }
 
+    /// Stops the server as SIGTERM does: the Raft groups it leads are handed to other
+    /// servers first (`jetstream::cluster::hand_off_leadership`), then `shutdown`. Returns
+    /// everything it logged.
+    pub async fn terminate(self) -> String {
+        if let Some(r) = &self.running {
+            crate::jetstream::cluster::hand_off_leadership(&r.server, false).await;
+        }
+        let log = self.log.clone();
+        self.shutdown().await;
+        log.captured()
+    }
+
     /// Stops everything the server started (connections, listeners, JetStream's tasks,
-    /// stores closed, monitoring) and removes the store directory it made.
+    /// stores closed, monitoring) and removes the store directory it made. Leadership is
+    /// not handed over: to the rest of a cluster this is a server that went away.
     pub async fn shutdown(mut self) {
         if let Some(r) = self.running.take() {
             r.shutdown().await;

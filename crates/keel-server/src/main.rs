@@ -175,5 +175,7 @@ async fn signals(server: Arc<Server>, args: Vec<String>) {
             }
         }
     }
+    // Routes still up: the groups this server leads go to other servers first.
+    keel_server::jetstream::cluster::hand_off_leadership(&server, false).await;
     server.shutdown();
 }

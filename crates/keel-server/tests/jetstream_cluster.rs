@@ -789,6 +789,91 @@ async fn an_r3_key_value_bucket_works_from_every_server_and_survives_its_leader(
     assert!(r4 > r3);
 }
 
+/// A server stopped as SIGTERM stops it first hands the Raft groups it leads (the meta
+/// group, its streams') to servers that have their whole log, as the reference does: the
+/// others do not wait out an election timeout. Every acked message is still there and the
+/// stream takes publishes from the new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_stopped_gracefully_hands_its_leaderships_over_first() {
+    let names = ["G1", "G2", "G3"];
+    let mut nodes = mesh(&names).await;
+    let meta = meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let mi = names.iter().position(|n| *n == meta).unwrap();
+    let c = connect(&nodes[mi], "app").await;
+    // A preferred server is for stepdowns only: a config naming one is refused.
+    let refused = api(
+        &c,
+        "$JS.API.STREAM.CREATE.HAND",
+        &format!(
+            r#"{{"name":"HAND","subjects":["hand.>"],"num_replicas":3,"placement":{{"preferred":"{meta}"}}}}"#
+        ),
+    )
+    .await;
+    assert_eq!(refused["error"]["err_code"], 10052, "{refused}");
+    assert_eq!(
+        refused["error"]["description"], "preferred server not permitted in placement",
+        "{refused}"
+    );
+    create_stream(
+        &c,
+        "HAND",
+        r#"{"name":"HAND","subjects":["hand.>"],"num_replicas":3}"#,
+    )
+    .await;
+    let refused = api(
+        &c,
+        "$JS.API.CONSUMER.CREATE.HAND.w",
+        &format!(
+            r#"{{"stream_name":"HAND","config":{{"durable_name":"w","ack_policy":"explicit","placement":{{"preferred":"{meta}"}}}}}}"#
+        ),
+    )
+    .await;
+    // A consumer has no placement in 2.15 at all (strict mode: an unknown field).
+    assert_eq!(refused["error"]["err_code"], 10025, "{refused}");
+    // The meta leader leads the stream too (a stepdown to it), so one stop moves both.
+    let mut leader = stream_leader(&c, "HAND", "").await;
+    if leader != meta {
+        api(
+            &c,
+            "$JS.API.STREAM.LEADER.STEPDOWN.HAND",
+            &format!(r#"{{"placement":{{"preferred":"{meta}"}}}}"#),
+        )
+        .await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while leader != meta {
+            assert!(Instant::now() < deadline, "{meta} does not lead HAND");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            leader = stream_leader(&c, "HAND", "").await;
+        }
+    }
+    for i in 1..=5 {
+        publish_acked(&c, "hand.x", format!("m{i}")).await;
+    }
+    let stopping_log = nodes.remove(mi).terminate().await;
+    if !common::is_reference() {
+        // Both groups were handed over before the server stopped, each to a survivor.
+        for what in ["the meta group", "stream 'APP > HAND'"] {
+            let line = stopping_log
+                .lines()
+                .find(|l| l.contains(&format!("JetStream {what}: leadership handed to ")))
+                .unwrap_or_else(|| panic!("no hand-over of {what}:\n{stopping_log}"));
+            let to = line.rsplit(' ').next().unwrap();
+            assert!(names.contains(&to) && to != meta, "{line}");
+        }
+    }
+    let c2 = connect(&nodes[0], "app").await;
+    let next = stream_leader(&c2, "HAND", &meta).await;
+    assert_ne!(next, meta);
+    assert_ne!(
+        meta_leader(&nodes.iter().collect::<Vec<_>>(), &meta).await,
+        meta
+    );
+    let seq = publish_acked(&c2, "hand.x", "m6".into()).await;
+    assert_eq!(seq, 6);
+    let info = api(&c2, "$JS.API.STREAM.INFO.HAND", "").await;
+    assert_eq!(info["state"]["messages"], 6, "{info}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_and_consumer_leaders_step_down_on_request() {
     let nodes = mesh(&["D1", "D2", "D3"]).await;

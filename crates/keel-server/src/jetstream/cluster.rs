@@ -1498,6 +1498,91 @@ pub fn leader_stepdown(
     Ok(json!({"type": kind, "success": true}))
 }
 
+/// Hands every Raft group this server leads (the meta group, each stream's) to a voter that
+/// has its whole log, before the server stops (SIGTERM, SIGINT) or enters lame duck mode,
+/// as the reference does: the others need not wait out an election timeout, so a rolling
+/// restart leaves a stream without a leader only for the transfer (`raft::transfer`; its
+/// writes wait meanwhile). A group with no such voter up elects one itself once this server
+/// is gone. With `stay_out`, this server then stands for no election (lame duck: it keeps
+/// running a while but must not take a group back). Returns how many groups were handed over.
+pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize {
+    let Some(js) = server.jetstream.get() else {
+        return 0;
+    };
+    let Some(meta) = js.meta.get().cloned() else {
+        return 0;
+    };
+    let mut groups = vec![(
+        meta.host.clone(),
+        meta.raft.clone(),
+        META_GROUP.to_string(),
+        "the meta group".to_string(),
+    )];
+    for s in js.registry.all_streams() {
+        let Some(r) = s.replica.get() else { continue };
+        if let (Some(raft), Some(host), Some(group)) = (r.raft.get(), r.host(), r.group_name()) {
+            let what = format!("stream '{} > {}'", s.account().name, s.name);
+            groups.push((host, raft.clone(), group.to_string(), what));
+        }
+    }
+    let mut transfers = tokio::task::JoinSet::new();
+    for (host, raft, group, what) in &groups {
+        let Some(target) = current_voter(host, raft) else {
+            continue;
+        };
+        let (host, raft, group, what) = (host.clone(), raft.clone(), group.clone(), what.clone());
+        let log = server.log.clone();
+        transfers.spawn(async move {
+            match raft::transfer(&host, &raft, &group, &target).await {
+                Ok(()) => {
+                    info!(
+                        log,
+                        "JetStream {what}: leadership handed to {}", target.name
+                    );
+                    true
+                }
+                Err(e) => {
+                    warn!(log, "JetStream {what}: leadership not handed over: {e}");
+                    false
+                }
+            }
+        });
+    }
+    let handed = transfers
+        .join_all()
+        .await
+        .into_iter()
+        .filter(|ok| *ok)
+        .count();
+    if stay_out {
+        for (_, raft, _, _) in &groups {
+            raft.runtime_config().elect(false);
+        }
+    }
+    handed
+}
+
+/// The voter of a group this server leads with the most of its log, if one was heard from
+/// lately (`raft::transfer` then waits until it has all of it).
+fn current_voter(host: &RaftHost, raft: &Raft) -> Option<Peer> {
+    let m = raft.metrics().borrow().clone();
+    if !raft::leads(&m) {
+        return None;
+    }
+    let replication = m.replication.as_ref()?;
+    m.membership_config
+        .nodes()
+        .filter(|(id, p)| {
+            **id != host.id
+                && m.membership_config.voter_ids().any(|v| v == **id)
+                && host
+                    .since_heard(&p.name)
+                    .is_some_and(|d| d < Duration::from_millis(raft::QUORUM_LOST_MS))
+        })
+        .max_by_key(|(id, _)| replication.get(*id).cloned().flatten().map(|l| l.index))
+        .map(|(_, p)| p.clone())
+}
+
 /// A stepdown in the background (the request is answered at once, as the reference does):
 /// to `target` when the placement names one, else to whichever voter wins.
 fn spawn_stepdown(

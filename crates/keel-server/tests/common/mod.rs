@@ -1383,7 +1383,20 @@ impl Node {
             .expect("connect to the server")
     }
 
-    /// Stops the server (an in-process one: everything it started, awaited).
+    /// Stops the server as SIGTERM does (the reference's processes get SIGTERM): the Raft
+    /// groups it leads go to other servers first. Returns everything it logged.
+    pub async fn terminate(self) -> String {
+        match self {
+            Node::InProcess(s) => s.terminate().await,
+            Node::Process(mut s) => {
+                s.stop();
+                s.log()
+            }
+        }
+    }
+
+    /// Stops the server (an in-process one: everything it started, awaited; it hands no
+    /// leadership over, so to the others it is a server that went away).
     pub async fn shutdown(self) {
         match self {
             Node::InProcess(s) => s.shutdown().await,

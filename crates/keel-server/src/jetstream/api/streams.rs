@@ -156,7 +156,23 @@ pub(crate) fn parse_config(
     if cfg.num_replicas > 5 {
         return Err(ErrorKind::InvalidConfig.with("maximum replicas is 5"));
     }
+    refuse_preferred(body)?;
     Ok(cfg)
+}
+
+/// A stream config naming a preferred server in its `placement`: refused, as the
+/// reference does (a preferred server is for a leader stepdown only).
+fn refuse_preferred(body: &[u8]) -> Result<(), ApiError> {
+    let Ok(cfg) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Ok(());
+    };
+    if cfg["placement"]["preferred"]
+        .as_str()
+        .is_some_and(|p| !p.is_empty())
+    {
+        return Err(ErrorKind::InvalidConfig.with("preferred server not permitted in placement"));
+    }
+    Ok(())
 }
 
 /// `pedantic: true` asks the server to refuse rather than adjust a config; Keel adjusts, so
