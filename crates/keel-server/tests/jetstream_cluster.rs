@@ -849,6 +849,40 @@ async fn a_server_stopped_gracefully_hands_its_leaderships_over_first() {
     for i in 1..=5 {
         publish_acked(&c, "hand.x", format!("m{i}")).await;
     }
+    // A worker's plain acks (no confirmation asked), taken by the leader just before it
+    // stops: the next leader has them too, so nothing is delivered again.
+    {
+        use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy};
+        use futures::StreamExt;
+        let js = jetstream::new(c.clone());
+        let stream = js.get_stream("HAND").await.expect("stream");
+        let consumer = stream
+            .create_consumer(pull::Config {
+                durable_name: Some("w".into()),
+                ack_policy: AckPolicy::Explicit,
+                ..Default::default()
+            })
+            .await
+            .expect("a durable");
+        let mut batch = consumer.fetch().max_messages(5).messages().await.unwrap();
+        for i in 1..=5 {
+            let m = common::within("fetch", batch.next())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(m.payload, format!("m{i}"));
+            m.ack().await.expect("ack sent");
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let info = api(&c, "$JS.API.CONSUMER.INFO.HAND.w", "").await;
+            if info["ack_floor"]["stream_seq"] == 5 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "acks not taken: {info}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     let stopping_log = nodes.remove(mi).terminate().await;
     if !common::is_reference() {
         // Both groups were handed over before the server stopped, each to a survivor.
@@ -868,6 +902,10 @@ async fn a_server_stopped_gracefully_hands_its_leaderships_over_first() {
         meta_leader(&nodes.iter().collect::<Vec<_>>(), &meta).await,
         meta
     );
+    let w = api_answered(&c2, "$JS.API.CONSUMER.INFO.HAND.w", "").await;
+    assert_eq!(w["ack_floor"]["stream_seq"], 5, "{w}");
+    assert_eq!(w["num_ack_pending"], 0, "{w}");
+    assert_eq!(w["num_pending"], 0, "{w}");
     let seq = publish_acked(&c2, "hand.x", "m6".into()).await;
     assert_eq!(seq, 6);
     let info = api(&c2, "$JS.API.STREAM.INFO.HAND", "").await;

@@ -1518,13 +1518,24 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
         META_GROUP.to_string(),
         "the meta group".to_string(),
     )];
+    let mut consumers = Vec::new();
     for s in js.registry.all_streams() {
         let Some(r) = s.replica.get() else { continue };
         if let (Some(raft), Some(host), Some(group)) = (r.raft.get(), r.host(), r.group_name()) {
             let what = format!("stream '{} > {}'", s.account().name, s.name);
             groups.push((host, raft.clone(), group.to_string(), what));
+            if s.leads() {
+                consumers.extend(js.registry.consumers(&s.account().name, &s.name));
+            }
         }
     }
+    // The durables' latest acks go to the followers first (otherwise up to 20 ms of them
+    // would be redelivered by the next leader).
+    let mut flushes = tokio::task::JoinSet::new();
+    for c in consumers {
+        flushes.spawn(async move { c.flush_replicated().await });
+    }
+    flushes.join_all().await;
     let mut transfers = tokio::task::JoinSet::new();
     for (host, raft, group, what) in &groups {
         let Some(target) = current_voter(host, raft) else {

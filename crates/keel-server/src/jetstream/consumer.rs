@@ -1101,6 +1101,33 @@ impl Consumer {
 
     /// Writes the state (fsynced with `sync`): the bytes written (None when there is
     /// nothing on disk to write: not durable, or being deleted), an error if that failed.
+    /// A durable of a replicated stream whose state changed since its last save: written and
+    /// replicated now, confirmed by a quorum (before its server hands the stream's
+    /// leadership over: acks it took in its last moments are not redelivered by the next).
+    pub async fn flush_replicated(&self) {
+        if self.stream.group.is_none() {
+            return;
+        }
+        let saved = {
+            let mut st = self.lock();
+            if !st.dirty {
+                return;
+            }
+            match self.save(&mut st, false) {
+                Ok(Some(bytes)) => Some((bytes, st.rep.ack_floor.stream_seq)),
+                _ => None,
+            }
+        };
+        if let Some((state, ack_floor)) = saved {
+            let entry = super::raft::stream::ConsumerEntry::State {
+                name: self.name.clone(),
+                state,
+                ack_floor,
+            };
+            let _ = self.stream.replicate(entry, true).await;
+        }
+    }
+
     fn save(&self, st: &mut State, sync: bool) -> Result<Option<Vec<u8>>, ()> {
         st.dirty = false;
         st.last_save = Instant::now();
