@@ -1124,7 +1124,9 @@ impl Consumer {
                 state,
                 ack_floor,
             };
-            let _ = self.stream.replicate(entry, true).await;
+            if self.stream.replicate(entry, true).await.is_err() {
+                self.lock().dirty = true;
+            }
         }
     }
 
@@ -1648,6 +1650,9 @@ async fn run(
             let wait = !sync_replies.is_empty();
             if c.stream.replicate(entry, wait).await.is_err() {
                 sync_replies.clear();
+                // The followers must get this state (a new leader starts from it): the
+                // next pass writes and sends it again.
+                c.lock().dirty = true;
             }
         }
         for reply in sync_replies {

@@ -364,8 +364,10 @@ impl Stream {
             return Err(ErrorKind::ClusterUnavailable.err());
         };
         if !wait {
-            let _ = tx.try_send(Command::Replicate { entry, reply: None });
-            return Ok(());
+            // A full queue is an error too: the caller keeps the change to send again.
+            return tx
+                .try_send(Command::Replicate { entry, reply: None })
+                .map_err(|_| ErrorKind::ClusterUnavailable.err());
         }
         ask(&tx, |reply| Command::Replicate {
             entry,
