@@ -175,7 +175,12 @@ async fn signals(server: Arc<Server>, args: Vec<String>) {
             }
         }
     }
-    // Routes still up: the groups this server leads go to other servers first.
-    keel_server::jetstream::cluster::hand_off_leadership(&server, false).await;
+    // Routes still up: the groups this server leads go to other servers first; a second
+    // SIGTERM or SIGINT stops at once.
+    tokio::select! {
+        _ = keel_server::jetstream::cluster::hand_off_leadership(&server, false) => {}
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
     server.shutdown();
 }

@@ -826,13 +826,13 @@ impl Server {
         if let Some(c) = self.cluster.get() {
             c.enter_lame_duck(self);
         }
-        // As the reference: the Raft groups led here move now, and this server takes none
-        // back while it winds down.
-        crate::jetstream::cluster::hand_off_leadership(self, true).await;
         for h in self.clients() {
             let meta_addr = h.meta.lock().unwrap_or_else(|e| e.into_inner()).addr;
             h.send_info(&self.info_line(&h, meta_addr, false));
         }
+        // As the reference: the Raft groups led here move now (after the clients are told),
+        // and this server stands for no election of its own while it winds down.
+        crate::jetstream::cluster::hand_off_leadership(self, true).await;
         tokio::time::sleep(grace).await;
         let clients = self.clients();
         if !clients.is_empty() {

@@ -1506,6 +1506,9 @@ pub fn leader_stepdown(
 /// is gone. With `stay_out`, this server then stands for no election (lame duck: it keeps
 /// running a while but must not take a group back). Returns how many groups were handed over.
 pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize {
+    // The durables' flush and the transfers each end within this (a stop is not held up
+    // longer; a transfer normally takes milliseconds).
+    const HAND_OFF_LIMIT: Duration = Duration::from_secs(8);
     let Some(js) = server.jetstream.get() else {
         return 0;
     };
@@ -1535,7 +1538,7 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
     for c in consumers {
         flushes.spawn(async move { c.flush_replicated().await });
     }
-    flushes.join_all().await;
+    let _ = tokio::time::timeout(HAND_OFF_LIMIT, flushes.join_all()).await;
     let mut transfers = tokio::task::JoinSet::new();
     for (host, raft, group, what) in &groups {
         let Some(target) = current_voter(host, raft) else {
@@ -1559,12 +1562,15 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
             }
         });
     }
-    let handed = transfers
-        .join_all()
-        .await
-        .into_iter()
-        .filter(|ok| *ok)
-        .count();
+    // A transfer that cannot finish (its target stalled) must not hold the stop up: the
+    // rest is left to an election (the voters it held wait out the hold, at most 12 s).
+    let mut handed = 0;
+    let _ = tokio::time::timeout(HAND_OFF_LIMIT, async {
+        while let Some(r) = transfers.join_next().await {
+            handed += usize::from(r.unwrap_or(false));
+        }
+    })
+    .await;
     if stay_out {
         for (_, raft, _, _) in &groups {
             raft.runtime_config().elect(false);

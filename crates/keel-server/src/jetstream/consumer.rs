@@ -1099,8 +1099,6 @@ impl Consumer {
         let _ = self.save(&mut st, true);
     }
 
-    /// Writes the state (fsynced with `sync`): the bytes written (None when there is
-    /// nothing on disk to write: not durable, or being deleted), an error if that failed.
     /// A durable of a replicated stream whose state changed since its last save: written and
     /// replicated now, confirmed by a quorum (before its server hands the stream's
     /// leadership over: acks it took in its last moments are not redelivered by the next).
@@ -1130,6 +1128,8 @@ impl Consumer {
         }
     }
 
+    /// Writes the state (fsynced with `sync`): the bytes written (None when there is
+    /// nothing on disk to write: not durable, or being deleted), an error if that failed.
     fn save(&self, st: &mut State, sync: bool) -> Result<Option<Vec<u8>>, ()> {
         st.dirty = false;
         st.last_save = Instant::now();
