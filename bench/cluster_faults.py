@@ -123,6 +123,7 @@ import random
 import signal
 import sys
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster_common  # noqa: E402
@@ -266,6 +267,8 @@ async def partition(cl, fault, leader, replicas, hold, t0, sched):
         except RuntimeError:
             none = "NO new stream leader" if x is lead else "NO stream leader"
             seen = f"{none} per {names} after {time.monotonic() - t:.1f}s"
+            if cl.kind == "keel":
+                seen += f"; Raft per node: {raft_states(cl)}"
         if x is not None:
             # What the cut-off node says (its clients are not partitioned).
             xc = await connect([x.url], max_reconnect_attempts=1)
@@ -283,6 +286,37 @@ async def partition(cl, fault, leader, replicas, hold, t0, sched):
         px.heal()
     held = "held" if px.mode == "hang" else "refused"
     log(t0, f"healed ({px.stats[held]} new connections {held} while cut, so far)", sched)
+
+
+def raft_states(cl):
+    """Each keel node's view of the stream's Raft group from its /metrics (role 0 learner,
+    1 follower, 2 candidate, 3 leader; term; last log and applied index; on a leader, ms
+    since a quorum confirmed it): for a fault that leaves the stream without a leader."""
+    keys = {
+        "keel_raft_group_state": "role",
+        "keel_raft_group_term": "term",
+        "keel_raft_group_last_log_index": "last",
+        "keel_raft_group_applied_index": "applied",
+        "keel_raft_group_quorum_ack_age_milliseconds": "quorum_ack_ms",
+    }
+    out = []
+    for n in cl.nodes:
+        if not n.alive() or n.stopped:
+            continue
+        try:
+            url = f"http://127.0.0.1:{n.hport}/metrics"
+            with urllib.request.urlopen(url, timeout=2) as r:
+                text = r.read().decode()
+        except Exception as e:  # noqa: BLE001 - a node that does not answer
+            out.append(f"{n.name} ({type(e).__name__})")
+            continue
+        vals = []
+        for line in text.splitlines():
+            name = line.split("{", 1)[0]
+            if name in keys and f'stream_name="{STREAM}"' in line:
+                vals.append(f"{keys[name]}={line.rsplit(' ', 1)[-1]}")
+        out.append(f"{n.name} {' '.join(vals)}")
+    return "; ".join(out)
 
 
 async def run_schedule(cl, faults, args, t0, sched):

@@ -1860,6 +1860,22 @@ async fn metrics_show_raft_groups_and_the_ack_floor_lag() {
         "{metrics}"
     );
     assert!(metrics.contains("raft_group=\"_meta_\""), "{metrics}");
+    let series = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("stream_name=\"L\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_string)
+    };
+    assert_eq!(
+        series("keel_raft_group_state").as_deref(),
+        Some("3"),
+        "{metrics}"
+    );
+    let age: u64 = series("keel_raft_group_quorum_ack_age_milliseconds")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no quorum ack age:\n{metrics}"));
+    assert!(age < 3000, "{age}");
     for n in nodes {
         n.shutdown().await;
     }

@@ -272,8 +272,27 @@ impl Families {
                     "Index of the last entry this server applied",
                     m.last_applied.map_or(0, |l| l.index) as i64,
                 ),
+                (
+                    "keel_raft_group_state",
+                    "This server's role in the group: 0 learner, 1 follower, 2 candidate, 3 leader, 4 stopped",
+                    match m.state {
+                        openraft::ServerState::Learner => 0,
+                        openraft::ServerState::Follower => 1,
+                        openraft::ServerState::Candidate => 2,
+                        openraft::ServerState::Leader => 3,
+                        openraft::ServerState::Shutdown => 4,
+                    },
+                ),
             ] {
                 self.add(name, help, labels.clone(), Num::Int(v));
+            }
+            if let Some(ms) = m.millis_since_quorum_ack.filter(|_| leader) {
+                self.add(
+                    "keel_raft_group_quorum_ack_age_milliseconds",
+                    "On the leader: how long ago a quorum last confirmed it (over 3 s: it counts as no leader)",
+                    labels.clone(),
+                    Num::Int(ms as i64),
+                );
             }
             if let Some(rep) = m.replication.as_ref() {
                 let last = m.last_log_index.unwrap_or(0);
