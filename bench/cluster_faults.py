@@ -238,7 +238,10 @@ async def partition(cl, fault, leader, replicas, hold, t0, sched):
         third = [n.name for n in cl.nodes if n not in (lead, other)]
         cut = px.cut([(lead.idx, other.idx)])
         what = f"bridge: cut {lead.name} <-> {other.name}, both reach {', '.join(third)}"
-        asked = cl.nodes
+        # Asked through the node that reaches both: a client on the one cut off from the
+        # leader gets no answer (only the leader answers STREAM.INFO, on both servers), which
+        # read as "no leader" although the leader and the third node went on.
+        asked = [n for n in cl.nodes if n not in (lead, other)] + [lead, other]
         x = None
     else:
         x = lead if fault == "partition-leader" else other
