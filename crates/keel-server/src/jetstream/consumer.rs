@@ -1117,15 +1117,25 @@ impl Consumer {
             }
         };
         if let Some((state, ack_floor)) = saved {
-            let entry = super::raft::stream::ConsumerEntry::State {
-                name: self.name.clone(),
-                state,
-                ack_floor,
-            };
-            if self.stream.replicate(entry, true).await.is_err() {
-                self.lock().dirty = true;
-            }
+            self.send_state(state, ack_floor, true).await;
         }
+    }
+
+    /// Sends the state just written to the replicated stream's followers through its group
+    /// (with `wait`, resolves once a quorum has it). If it could not be sent, the state is
+    /// marked changed again so the next pass writes and sends it (a new leader starts from
+    /// the followers' copy). Whether it was sent.
+    async fn send_state(&self, state: Vec<u8>, ack_floor: u64, wait: bool) -> bool {
+        let entry = super::raft::stream::ConsumerEntry::State {
+            name: self.name.clone(),
+            state,
+            ack_floor,
+        };
+        let sent = self.stream.replicate(entry, wait).await.is_ok();
+        if !sent {
+            self.lock().dirty = true;
+        }
+        sent
     }
 
     /// Writes the state (fsynced with `sync`): the bytes written (None when there is
@@ -1640,19 +1650,12 @@ async fn run(
             }
         }
         if let Some((state, ack_floor)) = replicate {
-            // A replicated stream's followers get the same state through its group; a
-            // confirmed ack is on a quorum's disks first.
-            let entry = super::raft::stream::ConsumerEntry::State {
-                name: c.name.clone(),
-                state,
-                ack_floor,
-            };
-            let wait = !sync_replies.is_empty();
-            if c.stream.replicate(entry, wait).await.is_err() {
+            // A confirmed ack is on a quorum's disks first.
+            if !c
+                .send_state(state, ack_floor, !sync_replies.is_empty())
+                .await
+            {
                 sync_replies.clear();
-                // The followers must get this state (a new leader starts from it): the
-                // next pass writes and sends it again.
-                c.lock().dirty = true;
             }
         }
         for reply in sync_replies {
