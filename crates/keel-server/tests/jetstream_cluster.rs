@@ -537,13 +537,8 @@ async fn walkthrough_on_an_r3_stream_survives_the_consumers_server() {
     {
         let consumer: jetstream::consumer::PullConsumer =
             stream.get_consumer("order-worker").await.unwrap();
-        let mut batch = consumer.fetch().max_messages(2).messages().await.unwrap();
-        for i in 1..=2 {
-            let m = common::within("fetch", batch.next())
-                .await
-                .unwrap()
-                .unwrap();
-            assert_eq!(m.payload, format!("{{\"id\":{i}}}"));
+        for (i, m) in fetch(&consumer, 2).await.into_iter().enumerate() {
+            assert_eq!(m.payload, format!("{{\"id\":{}}}", i + 1));
             m.double_ack().await.expect("ack confirmed");
         }
     }
@@ -615,6 +610,25 @@ async fn stream_leader(c: &async_nats::Client, stream: &str, not: &str) -> Strin
         assert!(Instant::now() < deadline, "leader still {not}: {info}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The next `n` messages of a pull consumer, in one fetch.
+async fn fetch(
+    consumer: &async_nats::jetstream::consumer::PullConsumer,
+    n: usize,
+) -> Vec<async_nats::jetstream::Message> {
+    use futures::StreamExt;
+    let mut batch = consumer.fetch().max_messages(n).messages().await.unwrap();
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        out.push(
+            common::within("fetch", batch.next())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    out
 }
 
 /// Polls `f` (every 50 ms, at most 30 s) until it gives a value: reads from a replica
@@ -839,13 +853,13 @@ async fn a_server_stopped_gracefully_hands_its_leaderships_over_first() {
             &format!(r#"{{"placement":{{"preferred":"{meta}"}}}}"#),
         )
         .await;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while leader != meta {
-            assert!(Instant::now() < deadline, "{meta} does not lead HAND");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            leader = stream_leader(&c, "HAND", "").await;
-        }
+        leader = eventually("HAND led by the meta leader", || async {
+            let l = stream_leader(&c, "HAND", "").await;
+            (l == meta).then_some(l)
+        })
+        .await;
     }
+    assert_eq!(leader, meta);
     for i in 1..=5 {
         publish_acked(&c, "hand.x", format!("m{i}")).await;
     }
@@ -853,7 +867,6 @@ async fn a_server_stopped_gracefully_hands_its_leaderships_over_first() {
     // stops: the next leader has them too, so nothing is delivered again.
     {
         use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy};
-        use futures::StreamExt;
         let js = jetstream::new(c.clone());
         let stream = js.get_stream("HAND").await.expect("stream");
         let consumer = stream
@@ -864,24 +877,15 @@ async fn a_server_stopped_gracefully_hands_its_leaderships_over_first() {
             })
             .await
             .expect("a durable");
-        let mut batch = consumer.fetch().max_messages(5).messages().await.unwrap();
-        for i in 1..=5 {
-            let m = common::within("fetch", batch.next())
-                .await
-                .unwrap()
-                .unwrap();
-            assert_eq!(m.payload, format!("m{i}"));
+        for (i, m) in fetch(&consumer, 5).await.into_iter().enumerate() {
+            assert_eq!(m.payload, format!("m{}", i + 1));
             m.ack().await.expect("ack sent");
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        eventually("the leader took the acks", || async {
             let info = api(&c, "$JS.API.CONSUMER.INFO.HAND.w", "").await;
-            if info["ack_floor"]["stream_seq"] == 5 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "acks not taken: {info}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+            (info["ack_floor"]["stream_seq"] == 5).then_some(())
+        })
+        .await;
     }
     let stopping_log = nodes.remove(mi).terminate().await;
     if !common::is_reference() {
