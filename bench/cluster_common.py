@@ -775,6 +775,25 @@ async def stream_info(nc, stream, timeout=3.0):
     return await api(nc, f"$JS.API.STREAM.INFO.{stream}", None, timeout)
 
 
+async def create_stream(nc, config):
+    """STREAM.CREATE (an error raises); once the stream has a leader, its STREAM.INFO."""
+    r = await api(nc, f"$JS.API.STREAM.CREATE.{config['name']}", config, timeout=15)
+    if "error" in r:
+        raise RuntimeError(f"stream create: {r}")
+    return await wait_stream_leader(nc, config["name"])
+
+
+def replicas_current(info, replicas=2, lag_ok=True):
+    """Whether a STREAM.INFO shows a leader and its `replicas` others current (with
+    `lag_ok` False, also with no lag)."""
+    reps = info.get("cluster", {}).get("replicas") or []
+    return bool(
+        info.get("cluster", {}).get("leader")
+        and len(reps) == replicas
+        and all(r.get("current") and (lag_ok or not r.get("lag")) for r in reps)
+    )
+
+
 async def wait_stream_leader(nc, stream, timeout=60, not_=None):
     t = time.monotonic()
     last = None

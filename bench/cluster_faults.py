@@ -130,12 +130,14 @@ import cluster_common  # noqa: E402
 from cluster_common import (  # noqa: E402
     KEEL,
     NATS,
-    Cluster,
     api,
     clock_unavailable,
+    Cluster,
     connect,
+    create_stream,
     disk_selfcheck,
     disks_unavailable,
+    replicas_current,
     stream_info,
     wait_stream_leader,
 )
@@ -503,12 +505,7 @@ async def converge(cl, timeout, lag_ok=False):
         while time.monotonic() - t < timeout:
             try:
                 info = await stream_info(nc, STREAM, 2)
-                reps = info.get("cluster", {}).get("replicas", [])
-                if (
-                    info.get("cluster", {}).get("leader")
-                    and len(reps) == 2
-                    and all(r.get("current") and (lag_ok or not r.get("lag")) for r in reps)
-                ):
+                if replicas_current(info, lag_ok=lag_ok):
                     return info, time.monotonic() - t
             except Exception:  # noqa: BLE001
                 pass
@@ -835,9 +832,8 @@ async def run_one(kind, binary, args, faults):
         cl.start()
         cl.wait_meta()
         nc = await connect(cl.urls())
-        r = await api(
+        await create_stream(
             nc,
-            f"$JS.API.STREAM.CREATE.{STREAM}",
             {
                 "name": STREAM,
                 "subjects": ["jep.>"],
@@ -845,11 +841,7 @@ async def run_one(kind, binary, args, faults):
                 "num_replicas": 3,
                 "allow_direct": True,
             },
-            timeout=15,
         )
-        if "error" in r:
-            raise RuntimeError(f"stream create: {r}")
-        await wait_stream_leader(nc, STREAM)
         await nc.close()
         rec = Recorder()
         stop = asyncio.Event()

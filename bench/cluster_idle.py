@@ -23,13 +23,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_common import (  # noqa: E402
     KEEL,
     NATS,
-    Cluster,
     api,
+    Cluster,
     connect,
     cpu_ticks,
+    create_stream,
     rss_kib,
     stream_info,
-    wait_stream_leader,
 )
 
 STREAM = "IDLE"
@@ -38,15 +38,9 @@ HZ = os.sysconf("SC_CLK_TCK")
 
 async def setup(cl, args):
     nc = await connect(cl.urls())
-    r = await api(
-        nc,
-        f"$JS.API.STREAM.CREATE.{STREAM}",
-        {"name": STREAM, "subjects": ["idle.>"], "storage": "file", "num_replicas": 3},
-        timeout=15,
+    await create_stream(
+        nc, {"name": STREAM, "subjects": ["idle.>"], "storage": "file", "num_replicas": 3}
     )
-    if "error" in r:
-        raise RuntimeError(f"stream create: {r}")
-    await wait_stream_leader(nc, STREAM)
     js = nc.jetstream(timeout=10)
     for i in range(args.msgs):
         await js.publish(f"idle.{i % 10}", b"x" * 64)

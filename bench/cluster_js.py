@@ -34,11 +34,11 @@ from cluster_common import (  # noqa: E402
     KEEL,
     NATS,
     ROOT,
-    Cluster,
     api,
+    Cluster,
     connect,
+    create_stream,
     rss_kib,
-    wait_stream_leader,
 )
 
 CLI = os.path.join(ROOT, "target", "release", "keel")
@@ -49,15 +49,9 @@ REPLICAS = 3  # --replicas
 
 async def create(cl):
     nc = await connect(cl.urls())
-    r = await api(
-        nc,
-        f"$JS.API.STREAM.CREATE.{STREAM}",
-        {"name": STREAM, "subjects": ["js.bench"], "storage": STORAGE, "num_replicas": REPLICAS},
-        timeout=15,
+    info = await create_stream(
+        nc, {"name": STREAM, "subjects": ["js.bench"], "storage": STORAGE, "num_replicas": REPLICAS}
     )
-    if "error" in r:
-        raise RuntimeError(f"stream create: {r}")
-    info = await wait_stream_leader(nc, STREAM)
     await nc.close()
     return info["cluster"]["leader"]
 

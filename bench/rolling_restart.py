@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_common import KEEL, NATS, Cluster, api, connect, wait_stream_leader  # noqa: E402
+from cluster_common import KEEL, NATS, Cluster, api, connect, create_stream, replicas_current  # noqa: E402
 
 STREAM = "roll"
 
@@ -56,10 +56,8 @@ async def current(nc, timeout=60):
     while time.monotonic() - t < timeout:
         try:
             info = await api(nc, f"$JS.API.STREAM.INFO.{STREAM}", None, 2)
-            c = info.get("cluster", {})
-            reps = c.get("replicas") or []
-            if c.get("leader") and len(reps) == 2 and all(r.get("current") for r in reps):
-                return c["leader"]
+            if replicas_current(info):
+                return info["cluster"]["leader"]
         except Exception:  # noqa: BLE001
             pass
         await asyncio.sleep(0.2)
@@ -77,15 +75,9 @@ def run_one(label, kind, binary, args):
 
         async def setup():
             nc = await connect(cl.urls())
-            r = await api(
-                nc,
-                f"$JS.API.STREAM.CREATE.{STREAM}",
-                {"name": STREAM, "subjects": ["roll.>"], "storage": "file", "num_replicas": 3},
-                timeout=15,
+            await create_stream(
+                nc, {"name": STREAM, "subjects": ["roll.>"], "storage": "file", "num_replicas": 3}
             )
-            if "error" in r:
-                raise RuntimeError(r)
-            await wait_stream_leader(nc, STREAM)
             leader = await current(nc)
             await nc.close()
             return leader
