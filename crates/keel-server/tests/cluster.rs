@@ -958,18 +958,7 @@ async fn a_server_in_lame_duck_mode_is_no_longer_advertised() {
     assert_eq!(on_b.read_line().await, "PONG");
     info_until(&mut on_a, "A's INFO names B", |u| u.contains(&ub)).await;
     info_until(&mut on_b, "B's INFO names A", |u| u.contains(&ua)).await;
-    match &b {
-        Node::InProcess(s) => {
-            let server = s.server().clone();
-            tokio::spawn(async move { server.lame_duck().await });
-        }
-        Node::Process(p) => {
-            std::process::Command::new("kill")
-                .args(["-USR2", &p.pid().to_string()])
-                .status()
-                .expect("kill -USR2");
-        }
-    }
+    b.lame_duck();
     info_until(&mut on_a, "A stops advertising B", |u| {
         u.contains(&ua) && !u.contains(&ub)
     })

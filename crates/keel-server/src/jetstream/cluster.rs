@@ -150,7 +150,6 @@ impl Meta {
                             Some(meta.host.clone()),
                             meta.raft.clone(),
                             META_GROUP.to_string(),
-                            meta.host.id,
                             target,
                             server.log.clone(),
                         );
@@ -374,7 +373,7 @@ impl Meta {
         if !self.is_leader() {
             return Err("not leader".into());
         }
-        raft::step_down(&self.raft, self.host.id).await
+        raft::step_down(&self.host, &self.raft).await
     }
 
     pub async fn shutdown(&self) {
@@ -1493,7 +1492,7 @@ pub fn leader_stepdown(
             None => None,
         };
         let group = r.group_name().unwrap_or_default().to_string();
-        spawn_stepdown(r.host(), raft, group, me, target, server.log.clone());
+        spawn_stepdown(r.host(), raft, group, target, server.log.clone());
     }
     Ok(json!({"type": kind, "success": true}))
 }
@@ -1539,9 +1538,14 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
         flushes.spawn(async move { c.flush_replicated().await });
     }
     let _ = tokio::time::timeout(HAND_OFF_LIMIT, flushes.join_all()).await;
+    if stay_out {
+        // Before the transfers: their ends (and other servers' holds) must not let this
+        // server stand again.
+        meta.host.retire();
+    }
     let mut transfers = tokio::task::JoinSet::new();
     for (host, raft, group, what) in &groups {
-        let Some(target) = current_voter(host, raft) else {
+        let Some(target) = current_voter(server, host, raft) else {
             continue;
         };
         let (host, raft, group, what) = (host.clone(), raft.clone(), group.clone(), what.clone());
@@ -1571,17 +1575,12 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
         }
     })
     .await;
-    if stay_out {
-        for (_, raft, _, _) in &groups {
-            raft.runtime_config().elect(false);
-        }
-    }
     handed
 }
 
 /// The voter of a group this server leads with the most of its log, if one was heard from
-/// lately (`raft::transfer` then waits until it has all of it).
-fn current_voter(host: &RaftHost, raft: &Raft) -> Option<Peer> {
+/// lately and is not in lame duck mode (`raft::transfer` then waits until it has all of it).
+fn current_voter(server: &Server, host: &RaftHost, raft: &Raft) -> Option<Peer> {
     let m = raft.metrics().borrow().clone();
     if !raft::leads(&m) {
         return None;
@@ -1595,9 +1594,18 @@ fn current_voter(host: &RaftHost, raft: &Raft) -> Option<Peer> {
                 && host
                     .since_heard(&p.name)
                     .is_some_and(|d| d < Duration::from_millis(raft::QUORUM_LOST_MS))
+                && !peer_in_lame_duck(server, &p.name)
         })
         .max_by_key(|(id, _)| replication.get(*id).cloned().flatten().map(|l| l.index))
         .map(|(_, p)| p.clone())
+}
+
+/// Whether the server `name` said it is in lame duck mode: it is no leadership's target.
+fn peer_in_lame_duck(server: &Server, name: &str) -> bool {
+    server
+        .cluster
+        .get()
+        .is_some_and(|c| c.peer_in_lame_duck(name))
 }
 
 /// A stepdown in the background (the request is answered at once, as the reference does):
@@ -1606,14 +1614,14 @@ fn spawn_stepdown(
     host: Option<Arc<RaftHost>>,
     raft: Raft,
     group: String,
-    me: NodeId,
     target: Option<Peer>,
     log: crate::log::Log,
 ) {
     tokio::spawn(async move {
         let r = match (target, host) {
             (Some(t), Some(host)) => raft::transfer(&host, &raft, &group, &t).await,
-            _ => raft::step_down(&raft, me).await,
+            (None, Some(host)) => raft::step_down(&host, &raft).await,
+            (_, None) => Err("no Raft host".into()),
         };
         if let Err(e) = r {
             warn!(log, "JetStream {group} leader stepdown: {}", e);
@@ -1672,7 +1680,12 @@ fn stepdown_target(
             .host
             .since_heard(&p.name)
             .is_some_and(|d| d < Duration::from_secs(10));
-        up && (cluster.is_empty() || cluster == meta.cluster_name)
+        let retiring = meta
+            .host
+            .server()
+            .is_some_and(|s| peer_in_lame_duck(&s, &p.name));
+        up && !retiring
+            && (cluster.is_empty() || cluster == meta.cluster_name)
             && has_tags(&server_tags, &p.name, &tags)
     };
     let mut fitting: Vec<Peer> = voters

@@ -767,6 +767,10 @@ pub struct Consumer {
     kick: AtomicBool,
     wake: tokio::sync::Notify,
     dir: Option<PathBuf>,
+    /// Held from a replicated state's save to its send (the delivery loop, the hand-off
+    /// flush): states reach the group's log in the order they were taken, so followers
+    /// never end on an older one.
+    sending: tokio::sync::Mutex<()>,
 }
 
 /// An ack parsed from `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`.
@@ -896,6 +900,7 @@ impl Consumer {
             kick: AtomicBool::new(true),
             wake: tokio::sync::Notify::new(),
             dir,
+            sending: tokio::sync::Mutex::new(()),
         });
         let s = &stream.name;
         let acks = c.lock().config.ack_policy != AckPolicy::None;
@@ -1106,6 +1111,7 @@ impl Consumer {
         if self.stream.group.is_none() {
             return;
         }
+        let _sending = self.sending.lock().await;
         let saved = {
             let mut st = self.lock();
             if !st.dirty {
@@ -1616,6 +1622,10 @@ async fn run(
         timers(&c, &server, &mut router);
         deliver(&c, &server, &mut router);
         let mut replicate: Option<(Vec<u8>, u64)> = None;
+        let sending = match c.stream.group {
+            Some(_) => Some(c.sending.lock().await),
+            None => None,
+        };
         {
             let mut st = c.lock();
             let saved = if !sync_replies.is_empty() {
@@ -1658,6 +1668,7 @@ async fn run(
                 sync_replies.clear();
             }
         }
+        drop(sending);
         for reply in sync_replies {
             let empty = Bytes::new();
             router.route(

@@ -235,6 +235,15 @@ impl Cluster {
         v
     }
 
+    /// Whether the peer named `name` said it is in lame duck mode (it must not be made a
+    /// leader: it stands for no election and stops soon).
+    pub fn peer_in_lame_duck(&self, name: &str) -> bool {
+        self.lock()
+            .peers
+            .values()
+            .any(|r| r.lame_duck() && r.remote_name() == name)
+    }
+
     /// How many other servers this one has a route to.
     pub fn num_peers(&self) -> usize {
         self.lock().peers.len()

@@ -1383,6 +1383,24 @@ impl Node {
             .expect("connect to the server")
     }
 
+    /// Puts the server in lame duck mode (SIGUSR2 to a process), in the background.
+    pub fn lame_duck(&self) {
+        match self {
+            Node::InProcess(s) => {
+                let server = s.server().clone();
+                tokio::spawn(async move { server.lame_duck().await });
+            }
+            Node::Process(p) => {
+                let ok = std::process::Command::new("kill")
+                    .args(["-USR2", &p.pid().to_string()])
+                    .status()
+                    .expect("kill -USR2")
+                    .success();
+                assert!(ok, "kill -USR2 failed");
+            }
+        }
+    }
+
     /// Stops the server as SIGTERM does (the reference's processes get SIGTERM): the Raft
     /// groups it leads go to other servers first. Returns everything it logged.
     pub async fn terminate(self) -> String {

@@ -16,7 +16,7 @@ pub mod stream;
 
 use std::collections::HashMap;
 use std::io::Cursor;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -215,7 +215,8 @@ pub fn member_name(m: &openraft::RaftMetrics<NodeId, Peer>, id: NodeId) -> Optio
 /// Hands a group's leadership to another voter: this one stops sending heartbeats and
 /// stands for no election until another has won (openraft 0.9 has no leader transfer; the
 /// followers' election timeout then runs out). Refused with one voter.
-pub async fn step_down(raft: &Raft, me: NodeId) -> Result<(), String> {
+pub async fn step_down(host: &RaftHost, raft: &Raft) -> Result<(), String> {
+    let me = host.id;
     let voters = raft
         .metrics()
         .borrow()
@@ -236,7 +237,7 @@ pub async fn step_down(raft: &Raft, me: NodeId) -> Result<(), String> {
         )
         .await;
     rc.heartbeat(true);
-    rc.elect(true);
+    host.resume_elections(raft);
     r.map(|_| ()).map_err(|e| e.to_string())
 }
 
@@ -334,7 +335,7 @@ pub async fn transfer(
             }),
     };
     rc.heartbeat(true);
-    rc.elect(true);
+    host.resume_elections(raft);
     hold_elections(host, &mut router, &others, group, 0).await;
     r
 }
@@ -511,6 +512,9 @@ pub struct RaftHost {
     /// transfer holds it alone (`transfer`), so the log stops growing while the chosen
     /// server catches up and runs: one entry short, it could never win.
     gates: Mutex<HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
+    /// Lame duck: this server stands for no election in any group from now on (as the
+    /// reference makes its Raft nodes observers), whatever a hold's end or a transfer says.
+    retiring: AtomicBool,
 }
 
 impl RaftHost {
@@ -547,6 +551,7 @@ impl RaftHost {
             held: Mutex::new(HashMap::new()),
             holds: AtomicU64::new(0),
             gates: Mutex::new(HashMap::new()),
+            retiring: AtomicBool::new(false),
         });
         server.spawn(serve(host.clone(), rx));
         host
@@ -623,6 +628,34 @@ impl RaftHost {
         if g.get(group).is_some_and(|(_, m)| *m == n) {
             g.remove(group);
             drop(g);
+            self.resume_elections(raft);
+        }
+    }
+
+    /// Lame duck: no group of this server stands for election any more (it still votes
+    /// and follows, until it stops). Groups started later are kept out too (`guard_votes`).
+    pub fn retire(&self) {
+        self.retiring.store(true, Ordering::Release);
+        let groups: Vec<Raft> = self
+            .groups
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for raft in groups {
+            raft.runtime_config().elect(false);
+        }
+    }
+
+    pub fn retiring(&self) -> bool {
+        self.retiring.load(Ordering::Acquire)
+    }
+
+    /// Lets `raft` stand for election again after a pause (a transfer, a stepdown, a hold),
+    /// unless this server has retired.
+    fn resume_elections(&self, raft: &Raft) {
+        if !self.retiring() {
             raft.runtime_config().elect(true);
         }
     }
@@ -637,6 +670,9 @@ impl RaftHost {
     /// Once `raft` runs for `group`: if its votes are held, keeps it from standing for
     /// election until a leader (another server) has brought its log back, then lets it.
     pub fn guard_votes(self: &Arc<Self>, group: &str, raft: &Raft) {
+        if self.retiring() {
+            raft.runtime_config().elect(false);
+        }
         let Some((_, n)) = self
             .held
             .lock()
@@ -681,7 +717,7 @@ impl RaftHost {
                 }
                 g.remove(&group);
             }
-            raft.runtime_config().elect(true);
+            host.resume_elections(&raft);
             if let Some(s) = host.server.upgrade() {
                 crate::info!(
                     s.log,
@@ -1019,6 +1055,9 @@ async fn answer(host: &Arc<RaftHost>, m: InMsg) {
         Rpc::Elect if host.votes_held(&group) => {
             bincode::serialize(&Err::<(), String>("its log lost entries".into()))
         }
+        Rpc::Elect if host.retiring() => {
+            bincode::serialize(&Err::<(), String>("it is in lame duck mode".into()))
+        }
         Rpc::Elect => {
             let me = host.id;
             tokio::spawn(async move {
@@ -1066,16 +1105,15 @@ async fn answer(host: &Arc<RaftHost>, m: InMsg) {
         }
         Rpc::Hold { .. } if host.votes_held(&group) => bincode::serialize(&Ok::<(), String>(())),
         Rpc::Hold { ms } => {
-            let rc = raft.runtime_config();
             if ms == 0 {
-                rc.elect(true);
+                host.resume_elections(&raft);
             } else {
-                rc.elect(false);
+                raft.runtime_config().elect(false);
                 let host = host.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(ms)).await;
                     if !host.votes_held(&group) {
-                        raft.runtime_config().elect(true);
+                        host.resume_elections(&raft);
                     }
                 });
             }

@@ -1610,9 +1610,9 @@ pub async fn run_group(
                         "JetStream stream group {}: this leader's store has damaged messages; it hands leadership over to be rebuilt",
                         spec.group
                     );
-                    let (raft, me) = (raft.clone(), shared.node);
+                    let (raft, host) = (raft.clone(), host.clone());
                     tokio::spawn(async move {
-                        let _ = super::step_down(&raft, me).await;
+                        let _ = super::step_down(&host, &raft).await;
                     });
                 }
             } else if follower_of.is_some() {
