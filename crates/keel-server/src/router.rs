@@ -135,11 +135,29 @@ impl Router {
         skip: Option<u64>,
     ) -> bool {
         let result = self.cache.lookup(&self.account.sublist, target);
+        self.route_result(server, &result, target, msg, skip)
+    }
+
+    /// Like [`route`](Self::route) for a reply to a request (a PubAck): its subject is
+    /// seen once, so it is not kept in the match cache.
+    pub fn route_reply(&mut self, server: &Server, msg: &Outgoing) -> bool {
+        let result = self.cache.lookup_once(&self.account.sublist, msg.subject);
+        self.route_result(server, &result, msg.subject, msg, None)
+    }
+
+    fn route_result(
+        &mut self,
+        server: &Server,
+        result: &MatchResult,
+        target: &[u8],
+        msg: &Outgoing,
+        skip: Option<u64>,
+    ) -> bool {
         let mut delivered =
-            self.deliver_all(server, None, Reach::Everyone, &result, target, msg, skip);
+            self.deliver_all(server, None, Reach::Everyone, result, target, msg, skip);
         if !result.forwards.is_empty() {
             let from = self.account.clone();
-            delivered |= self.forward(server, &from, Reach::Everyone, &result, target, msg, 1);
+            delivered |= self.forward(server, &from, Reach::Everyone, result, target, msg, 1);
         }
         delivered
     }

@@ -660,6 +660,21 @@ impl Drop for MatchCache {
 
 impl MatchCache {
     pub fn lookup(&mut self, sublist: &Sublist, subject: &[u8]) -> Arc<MatchResult> {
+        self.lookup_keeping(sublist, subject, true)
+    }
+
+    /// A subject seen once (a request's reply inbox): served from the cache when there,
+    /// else matched without being kept (it would only evict subjects that come again).
+    pub fn lookup_once(&mut self, sublist: &Sublist, subject: &[u8]) -> Arc<MatchResult> {
+        self.lookup_keeping(sublist, subject, false)
+    }
+
+    fn lookup_keeping(
+        &mut self,
+        sublist: &Sublist,
+        subject: &[u8],
+        keep: bool,
+    ) -> Arc<MatchResult> {
         let counters = self.counters.get_or_insert_with(|| {
             let c = Arc::new(CacheCounters::default());
             sublist.register(&c);
@@ -675,7 +690,7 @@ impl MatchCache {
             return r.clone();
         }
         let r = Arc::new(sublist.matches(subject));
-        if subject.starts_with(b"$JS.ACK.") {
+        if !keep || subject.starts_with(b"$JS.ACK.") {
             // Every ack has a subject of its own: caching them only evicts the rest.
             return r;
         }
@@ -725,6 +740,20 @@ mod tests {
         c2.lookup(&sl, b"a.c");
         assert_eq!(sl.cache_stats().entries, 1);
         assert_eq!(sl.caches.lock().unwrap().live.len(), 1);
+    }
+
+    #[test]
+    fn a_subject_looked_up_once_is_matched_but_not_kept() {
+        let sl = Sublist::new();
+        sl.insert(sub("_INBOX.a.*", None));
+        let mut c = MatchCache::default();
+        assert_eq!(c.lookup_once(&sl, b"_INBOX.a.1").psubs.len(), 1);
+        assert_eq!(c.lookup_once(&sl, b"_INBOX.a.1").psubs.len(), 1);
+        assert_eq!((sl.cache_stats().hits, sl.cache_stats().entries), (0, 0));
+        // One already kept is served from the cache.
+        c.lookup(&sl, b"_INBOX.a.2");
+        c.lookup_once(&sl, b"_INBOX.a.2");
+        assert_eq!((sl.cache_stats().hits, sl.cache_stats().entries), (1, 1));
     }
 
     fn sub(subject: &str, queue: Option<&str>) -> Arc<Sub> {

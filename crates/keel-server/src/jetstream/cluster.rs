@@ -543,7 +543,7 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
                 .nodes()
                 .map(|(id, _)| *id)
                 .collect();
-            let removed = meta.machine.state().removed;
+            let removed = meta.machine.with_state(|s| s.removed.clone());
             let now = crate::time::now_nanos();
             let voter_ids: BTreeSet<NodeId> = metrics.membership_config.voter_ids().collect();
             for name in &view {
@@ -654,11 +654,7 @@ impl Meta {
     /// The assignment of `account`'s stream `name`.
     pub fn assignment(&self, account: &str, name: &str) -> Option<StreamAssignment> {
         self.machine
-            .state()
-            .streams
-            .get(account)
-            .and_then(|m| m.get(name))
-            .cloned()
+            .with_state(|s| s.streams.get(account).and_then(|m| m.get(name)).cloned())
     }
 
     /// Sends a JetStream API request on to `to`, which handles it as if its client had

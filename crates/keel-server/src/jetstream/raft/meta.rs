@@ -147,6 +147,12 @@ impl MetaMachine {
         self.lock().saved.state.clone()
     }
 
+    /// Reads the state in place: a look at one assignment copies no others (each stream
+    /// group looks at its own after every commit).
+    pub fn with_state<T>(&self, f: impl FnOnce(&MetaState) -> T) -> T {
+        f(&self.lock().saved.state)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -1589,6 +1589,8 @@ pub async fn run_group(
     let mut stepped_down: Option<std::time::Instant> = None;
     // (Looked at now and then, not at every metrics change: those come with every batch.)
     let mut damage_checked = std::time::Instant::now() - Duration::from_secs(1);
+    let mut assignment_checked = damage_checked;
+    let mut membership_seen = None;
     loop {
         let m = metrics.borrow_and_update().clone();
         let voters = m.membership_config.voter_ids().count();
@@ -1689,11 +1691,21 @@ pub async fn run_group(
                 crate::jetstream::registry::stop_consumers(&js, &server, &s).await;
             }
         }
-        // The group's members follow the stream's assignment in the meta group.
+        // The group's members follow the stream's assignment in the meta group (looked at
+        // when the membership moved, else at most every ASSIGNMENT_EVERY: a metrics
+        // change comes with every batch).
+        let membership = m.membership_config.log_id().map(|l| l.index);
+        let look =
+            membership != membership_seen || assignment_checked.elapsed() >= ASSIGNMENT_EVERY;
+        if look {
+            membership_seen = membership;
+            assignment_checked = std::time::Instant::now();
+        }
         if let Some(a) = server
             .jetstream
             .get()
             .and_then(|j| j.meta.get())
+            .filter(|_| look)
             .and_then(|meta| meta.assignment(&s.account().name, &s.name))
         {
             if !a.peers.contains(&server.server_name)
@@ -1873,6 +1885,9 @@ fn membership_is(m: &openraft::RaftMetrics<NodeId, Peer>, peers: &[String]) -> b
         && mem.voter_ids().collect::<BTreeSet<_>>() == want
         && mem.nodes().map(|(id, _)| *id).collect::<BTreeSet<_>>() == want
 }
+
+/// How often a stream group looks at its assignment when its membership did not move.
+const ASSIGNMENT_EVERY: Duration = Duration::from_millis(100);
 
 /// How long the leader waits for a new peer to catch up from the log before it tries again.
 const LEARNER_TIMEOUT: Duration = Duration::from_secs(120);

@@ -350,10 +350,11 @@ impl<R: Replicator> Actor<R> {
             .await;
         self.after_commit(committed);
         let domain = crate::jetstream::domain(&self.core.server);
+        let head = AckHead::new(&self.core.cfg.name, domain);
         for (reply, r) in results {
             let Some(reply) = reply else { continue };
-            let body = Bytes::from(pub_ack(&self.core.cfg.name, domain, &r));
-            self.core.router.route(
+            let body = Bytes::from(head.ack(&r));
+            self.core.router.route_reply(
                 &self.core.server,
                 &Outgoing {
                     subject: &reply,
@@ -361,7 +362,6 @@ impl<R: Replicator> Actor<R> {
                     hdr_len: None,
                     data: &body,
                 },
-                None,
             );
         }
         self.core.router.flush();
@@ -867,30 +867,44 @@ pub async fn run<R: Replicator>(
     a.close();
 }
 
-fn pub_ack(stream: &str, domain: Option<&str>, r: &PubResult) -> Vec<u8> {
-    let name = serde_json::to_string(stream).expect("string serializes");
-    // With a JetStream domain, successful acks name it (errors do not), as the reference.
-    let domain = domain
-        .map(|d| format!(",\"domain\":{}", serde_json::to_string(d).expect("string")))
-        .unwrap_or_default();
-    match r {
-        PubResult::Stored(seq) => {
-            format!("{{\"stream\":{name}{domain},\"seq\":{seq}}}").into_bytes()
+/// The start of a stream's PubAcks, made once per batch: `{"stream":<name>` (JSON), and
+/// the same with the domain, which successful acks name (errors do not), as the reference.
+struct AckHead {
+    name: String,
+    stored: String,
+}
+
+impl AckHead {
+    fn new(stream: &str, domain: Option<&str>) -> AckHead {
+        let name = serde_json::to_string(stream).expect("string serializes");
+        let domain = domain
+            .map(|d| format!(",\"domain\":{}", serde_json::to_string(d).expect("string")))
+            .unwrap_or_default();
+        let stored = format!("{{\"stream\":{name}{domain}");
+        AckHead { name, stored }
+    }
+
+    fn ack(&self, r: &PubResult) -> Vec<u8> {
+        use std::io::Write;
+        let mut out = Vec::with_capacity(self.stored.len() + 32);
+        match r {
+            PubResult::Stored(seq) => {
+                let _ = write!(out, "{},\"seq\":{seq}}}", self.stored);
+            }
+            PubResult::Counted(seq, val) => {
+                let val = serde_json::to_string(val).expect("string serializes");
+                let _ = write!(out, "{},\"seq\":{seq},\"val\":{val}}}", self.stored);
+            }
+            // The one non-compact JSON the reference sends: a space after the colon.
+            PubResult::Duplicate(seq) => {
+                let _ = write!(out, "{},\"seq\":{seq},\"duplicate\": true}}", self.stored);
+            }
+            PubResult::Error(e) => {
+                out.extend_from_slice(b"{\"error\":");
+                out.extend_from_slice(&crate::jetstream::api::to_bytes(&e.to_json()));
+                let _ = write!(out, ",\"stream\":{},\"seq\":0}}", self.name);
+            }
         }
-        PubResult::Counted(seq, val) => {
-            let val = serde_json::to_string(val).expect("string serializes");
-            format!("{{\"stream\":{name}{domain},\"seq\":{seq},\"val\":{val}}}").into_bytes()
-        }
-        // The one non-compact JSON the reference sends: a space after the colon.
-        PubResult::Duplicate(seq) => {
-            format!("{{\"stream\":{name}{domain},\"seq\":{seq},\"duplicate\": true}}").into_bytes()
-        }
-        PubResult::Error(e) => {
-            let err = crate::jetstream::api::to_bytes(&e.to_json());
-            let mut out = b"{\"error\":".to_vec();
-            out.extend_from_slice(&err);
-            out.extend_from_slice(format!(",\"stream\":{name},\"seq\":0}}").as_bytes());
-            out
-        }
+        out
     }
 }
