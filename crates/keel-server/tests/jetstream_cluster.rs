@@ -937,6 +937,17 @@ async fn a_server_in_lame_duck_mode_is_given_no_leadership() {
     let mut leader = stream_leader(&c, "LAME", &duck).await;
     let survivors: Vec<&Node> = others.iter().map(|i| &nodes[*i]).collect();
     assert_ne!(meta_leader(&survivors, &duck).await, duck);
+    // Not even when it is asked for by name: the stepdown goes to the other survivor.
+    let r = api(
+        &c,
+        "$JS.API.STREAM.LEADER.STEPDOWN.LAME",
+        &format!(r#"{{"placement":{{"preferred":"{duck}"}}}}"#),
+    )
+    .await;
+    assert_eq!(r["success"], true, "{r}");
+    let next = stream_leader(&c, "LAME", &leader).await;
+    assert_ne!(next, duck, "the lame duck leads when named");
+    leader = next;
     // Each stepdown whose placement the lame duck fits as well as the other survivor goes
     // to that survivor (a random pick among both would miss it in 4 tries 1 time in 16).
     for round in 0..4 {

@@ -1662,6 +1662,16 @@ fn stepdown_target(
             Some((id, _)) if *id == me => Err(ErrorKind::NoPeers.with(format!(
                 "preferred server \"{preferred}\" is already leader"
             ))),
+            Some((_, p))
+                if meta
+                    .host
+                    .server()
+                    .is_some_and(|s| peer_in_lame_duck(&s, &p.name)) =>
+            {
+                // As the reference: accepted, and another voter takes over (the lame duck
+                // stands for no election).
+                Ok(None)
+            }
             Some((_, p)) => Ok(Some(p.clone())),
             None => {
                 Err(ErrorKind::NoPeers.with(format!("preferred server \"{preferred}\" not known")))

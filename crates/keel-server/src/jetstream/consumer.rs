@@ -1111,7 +1111,7 @@ impl Consumer {
         if self.stream.group.is_none() {
             return;
         }
-        let _sending = self.sending.lock().await;
+        let sending = self.sending.lock().await;
         let saved = {
             let mut st = self.lock();
             if !st.dirty {
@@ -1123,21 +1123,34 @@ impl Consumer {
             }
         };
         if let Some((state, ack_floor)) = saved {
-            self.send_state(state, ack_floor, true).await;
+            self.send_state(sending, state, ack_floor, true).await;
         }
     }
 
     /// Sends the state just written to the replicated stream's followers through its group
-    /// (with `wait`, resolves once a quorum has it). If it could not be sent, the state is
-    /// marked changed again so the next pass writes and sends it (a new leader starts from
-    /// the followers' copy). Whether it was sent.
-    async fn send_state(&self, state: Vec<u8>, ack_floor: u64, wait: bool) -> bool {
+    /// (with `wait`, resolves once a quorum has it). `sending` (taken before the save) is
+    /// let go once the entry is queued. If it could not be sent, the state is marked
+    /// changed again so the next pass writes and sends it (a new leader starts from the
+    /// followers' copy). Whether it was sent.
+    async fn send_state(
+        &self,
+        sending: tokio::sync::MutexGuard<'_, ()>,
+        state: Vec<u8>,
+        ack_floor: u64,
+        wait: bool,
+    ) -> bool {
         let entry = super::raft::stream::ConsumerEntry::State {
             name: self.name.clone(),
             state,
             ack_floor,
         };
-        let sent = self.stream.replicate(entry, wait).await.is_ok();
+        let queued = self.stream.replicate_queued(entry, wait).await;
+        drop(sending);
+        let sent = match queued {
+            Ok(Some(answer)) => answer.await.is_ok(),
+            Ok(None) => true,
+            Err(_) => false,
+        };
         if !sent {
             self.lock().dirty = true;
         }
@@ -1659,16 +1672,15 @@ async fn run(
                 replicate = Some((bytes, st.rep.ack_floor.stream_seq));
             }
         }
-        if let Some((state, ack_floor)) = replicate {
+        if let Some(((state, ack_floor), sending)) = replicate.zip(sending) {
             // A confirmed ack is on a quorum's disks first.
             if !c
-                .send_state(state, ack_floor, !sync_replies.is_empty())
+                .send_state(sending, state, ack_floor, !sync_replies.is_empty())
                 .await
             {
                 sync_replies.clear();
             }
         }
-        drop(sending);
         for reply in sync_replies {
             let empty = Bytes::new();
             router.route(

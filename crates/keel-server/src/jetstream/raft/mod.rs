@@ -316,12 +316,19 @@ pub async fn transfer(
             Duration::from_secs(2),
         )
         .await;
+    // A target that refuses (its log lost entries, it is in lame duck mode) is not waited
+    // for: the group would stay without heartbeats and writes for the whole wait.
+    let asked = asked
+        .map_err(|e| format!("preferred server {:?} did not answer: {e}", target.name))
+        .and_then(|b| {
+            bincode::deserialize::<Result<(), String>>(&b)
+                .map_err(|e| e.to_string())
+                .and_then(|r| r)
+                .map_err(|e| format!("preferred server {:?} refused: {e}", target.name))
+        });
     let r = match asked {
-        Err(e) => Err(format!(
-            "preferred server {:?} did not answer: {e}",
-            target.name
-        )),
-        Ok(_) => raft
+        Err(e) => Err(e),
+        Ok(()) => raft
             .wait(Some(TRANSFER_WAIT))
             .metrics(
                 |m| m.current_leader.is_some_and(|l| l != me),
@@ -635,7 +642,7 @@ impl RaftHost {
     /// Lame duck: no group of this server stands for election any more (it still votes
     /// and follows, until it stops). Groups started later are kept out too (`guard_votes`).
     pub fn retire(&self) {
-        self.retiring.store(true, Ordering::Release);
+        self.retiring.store(true, Ordering::SeqCst);
         let groups: Vec<Raft> = self
             .groups
             .read()
@@ -649,7 +656,7 @@ impl RaftHost {
     }
 
     pub fn retiring(&self) -> bool {
-        self.retiring.load(Ordering::Acquire)
+        self.retiring.load(Ordering::SeqCst)
     }
 
     /// Lets `raft` stand for election again after a pause (a transfer, a stepdown, a hold),
@@ -657,6 +664,10 @@ impl RaftHost {
     fn resume_elections(&self, raft: &Raft) {
         if !self.retiring() {
             raft.runtime_config().elect(true);
+            // `retire` may have run between the look and the switch: it wins.
+            if self.retiring() {
+                raft.runtime_config().elect(false);
+            }
         }
     }
 
@@ -1060,10 +1071,13 @@ async fn answer(host: &Arc<RaftHost>, m: InMsg) {
         }
         Rpc::Elect => {
             let me = host.id;
+            let host = host.clone();
             tokio::spawn(async move {
                 let deadline = Instant::now() + TRANSFER_WAIT;
                 while Instant::now() < deadline {
-                    if raft.metrics().borrow().current_leader == Some(me) {
+                    // (`trigger().elect()` ignores `elect(false)`: a server that retired
+                    // meanwhile must stop asking itself.)
+                    if raft.metrics().borrow().current_leader == Some(me) || host.retiring() {
                         return;
                     }
                     if raft.trigger().elect().await.is_err() {

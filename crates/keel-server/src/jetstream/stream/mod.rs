@@ -356,9 +356,26 @@ impl Stream {
         entry: crate::jetstream::raft::stream::ConsumerEntry,
         wait: bool,
     ) -> Result<(), crate::jetstream::api::ApiError> {
+        match self.replicate_queued(entry, wait).await? {
+            Some(answer) => answer.await,
+            None => Ok(()),
+        }
+    }
+
+    /// [`replicate`](Self::replicate) in two steps: queues the entry (entries reach the
+    /// group's log in the order they are queued), and with `wait` returns the answer to
+    /// await, once a quorum has it.
+    pub async fn replicate_queued(
+        &self,
+        entry: crate::jetstream::raft::stream::ConsumerEntry,
+        wait: bool,
+    ) -> Result<
+        Option<impl std::future::Future<Output = Result<(), crate::jetstream::api::ApiError>>>,
+        crate::jetstream::api::ApiError,
+    > {
         use crate::jetstream::api::ErrorKind;
         if self.group.is_none() {
-            return Ok(());
+            return Ok(None);
         }
         let Some(tx) = self.commands() else {
             return Err(ErrorKind::ClusterUnavailable.err());
@@ -367,14 +384,21 @@ impl Stream {
             // A full queue is an error too: the caller keeps the change to send again.
             return tx
                 .try_send(Command::Replicate { entry, reply: None })
+                .map(|_| None)
                 .map_err(|_| ErrorKind::ClusterUnavailable.err());
         }
-        ask(&tx, |reply| Command::Replicate {
+        let (reply, answer) = oneshot::channel();
+        tx.send(Command::Replicate {
             entry,
             reply: Some(reply),
         })
         .await
-        .unwrap_or_else(|| Err(ErrorKind::ClusterUnavailable.err()))
+        .map_err(|_| ErrorKind::ClusterUnavailable.err())?;
+        Ok(Some(async move {
+            answer
+                .await
+                .unwrap_or_else(|_| Err(ErrorKind::ClusterUnavailable.err()))
+        }))
     }
 
     /// Stops subscribing to the subjects (a replicated stream's leader stepped down); the
