@@ -19,6 +19,9 @@ import os
 import sys
 import time
 
+import nats  # nats-py, from the venv
+import nats.js.errors
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_common import (  # noqa: E402
     KEEL,
@@ -42,7 +45,18 @@ async def setup(cl, args):
         nc, {"name": STREAM, "subjects": ["idle.>"], "storage": "file", "num_replicas": 3}
     )
     js = nc.jetstream(timeout=10)
-    for i in range(args.msgs):
+    # The stream's interest may not have reached this connection's server yet (seen with
+    # nats-server right after the create): the first publish waits for it.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            await js.publish("idle.0", b"x" * 64)
+            break
+        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+    for i in range(1, args.msgs):
         await js.publish(f"idle.{i % 10}", b"x" * 64)
     sem = asyncio.Semaphore(args.parallel)
     failures = []
