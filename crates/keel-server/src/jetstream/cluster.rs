@@ -1517,6 +1517,7 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
         "the meta group".to_string(),
     )];
     let mut consumers = Vec::new();
+    let mut led = Vec::new();
     for s in js.registry.all_streams() {
         let Some(r) = s.replica.get() else { continue };
         if let (Some(raft), Some(host), Some(group)) = (r.raft.get(), r.host(), r.group_name()) {
@@ -1524,6 +1525,7 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
             groups.push((host, raft.clone(), group.to_string(), what));
             if s.leads() {
                 consumers.extend(js.registry.consumers(&s.account().name, &s.name));
+                led.push(s.clone());
             }
         }
     }
@@ -1571,6 +1573,17 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
         }
     })
     .await;
+    // Publishes the old leaders took meanwhile (they waited for the transfer) are answered
+    // while the routes are up: an error the client retries at once at the new leader,
+    // rather than no answer at all and the client's timeout.
+    let mut drains = tokio::task::JoinSet::new();
+    for s in led {
+        drains.spawn(async move {
+            s.ask(|reply| crate::jetstream::stream::Command::Drain { reply })
+                .await
+        });
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(2), drains.join_all()).await;
     handed
 }
 

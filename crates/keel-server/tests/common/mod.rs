@@ -1194,6 +1194,19 @@ impl Node {
         )
     }
 
+    /// Like [`start_jetstream`](Self::start_jetstream), as a separate process (keel's
+    /// binary too): what a signal does to a whole server process is seen as it is.
+    pub async fn start_jetstream_process(conf: &str) -> Node {
+        let conf = format!("http_port: -1\n{conf}");
+        Node::Process(Server::launch_bin(
+            &server_binary(),
+            Some(&conf),
+            true,
+            None,
+            &[],
+        ))
+    }
+
     /// Like [`start_jetstream`](Self::start_jetstream) with its store in `store` (kept
     /// when the server stops, so it can start there again).
     pub async fn start_jetstream_at(conf: &str, store: &Path) -> Node {

@@ -92,6 +92,10 @@ pub enum Command {
         entry: crate::jetstream::raft::stream::ConsumerEntry,
         reply: Option<oneshot::Sender<Result<(), ApiError>>>,
     },
+    /// The publishes queued now are handled (stored, or refused once this server no
+    /// longer leads) and answered before the reply: a server handing its leaderships over
+    /// before it stops answers the ones it took instead of leaving them to time out.
+    Drain { reply: oneshot::Sender<()> },
     /// Unit tests: the actor panics, as a bug would make it.
     #[cfg(test)]
     Panic,
@@ -781,6 +785,7 @@ impl<R: Replicator> Actor<R> {
             Command::Delete { .. }
             | Command::Lead { .. }
             | Command::Replicate { .. }
+            | Command::Drain { .. }
             | Command::Nudge => {
                 unreachable!("handled before")
             }
@@ -822,6 +827,9 @@ impl<R: Replicator> Actor<R> {
     }
 }
 
+/// How many batches `Command::Drain` handles at most.
+const DRAIN_BATCHES: usize = 16;
+
 /// The actor's loop. It ends on STREAM.DELETE, or once its ingest queue has ended
 /// (shutdown, or the stream unsubscribed) and nobody can send it a command any more.
 pub async fn run<R: Replicator>(
@@ -854,6 +862,16 @@ pub async fn run<R: Replicator>(
                     a.destroy();
                     let _ = reply.send(());
                     return;
+                }
+                Some(Command::Drain { reply }) => {
+                    // At most what is queued now (bounded: under load more keeps coming).
+                    for _ in 0..DRAIN_BATCHES {
+                        if ingest.try_recv_many(&mut batch, BATCH_MSGS, BATCH_BYTES) == 0 {
+                            break;
+                        }
+                        a.publish_batch(&mut batch).await;
+                    }
+                    let _ = reply.send(());
                 }
                 Some(c) => a.command(c, &sourced_tx).await,
                 None => break,
