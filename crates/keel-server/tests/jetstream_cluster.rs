@@ -996,6 +996,75 @@ async fn a_stopping_stream_leader_answers_the_publishes_it_took() {
     }
 }
 
+/// `/jsz`'s `leader-only` and `stream-leader-only`, and the `cluster` of its streams, in a
+/// cluster: only the meta leader answers `leader-only` (400 elsewhere; over
+/// `$SYS.REQ.SERVER.PING.JSZ` the others stay silent), a stream is listed only where it
+/// leads with `stream-leader-only`, and every server names its real leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jsz_leader_only_options_follow_the_leaders() {
+    use futures::StreamExt;
+    let names = ["J1", "J2", "J3"];
+    let nodes = mesh(&names).await;
+    let meta = meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    create_stream(
+        &c,
+        "JZ",
+        r#"{"name":"JZ","subjects":["jz.>"],"num_replicas":3}"#,
+    )
+    .await;
+    let leader = stream_leader(&c, "JZ", "").await;
+    for (i, n) in nodes.iter().enumerate() {
+        let r = http_get(n.monitor_port(), "/jsz?leader-only=true").await;
+        if names[i] == meta {
+            assert_eq!(r.status, 200, "{}", r.body);
+            let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+            assert_eq!(v["meta_cluster"]["leader"], meta, "{v}");
+        } else {
+            assert_eq!(r.status, 400, "{}: {}", names[i], r.body);
+            assert!(r.body.contains("not leader"), "{}", r.body);
+        }
+        let all = jsz_at(n, "/jsz?acc=APP&streams=true").await;
+        let detail = &all["account_details"][0]["stream_detail"][0];
+        assert_eq!(detail["name"], "JZ", "{all}");
+        assert_eq!(detail["cluster"]["leader"], leader, "{}: {all}", names[i]);
+        let led = jsz_at(n, "/jsz?acc=APP&streams=true&stream-leader-only=true").await;
+        let listed = led["account_details"][0]["stream_detail"]
+            .as_array()
+            .map_or(0, |l| l.len());
+        assert_eq!(
+            listed,
+            usize::from(names[i] == leader),
+            "{}: {led}",
+            names[i]
+        );
+    }
+    // Over the system account: one answer, the meta leader's.
+    let sys = connect(&nodes[1], "sys").await;
+    let inbox = sys.new_inbox();
+    let mut answers = sys.subscribe(inbox.clone()).await.unwrap();
+    sys.publish_with_reply(
+        "$SYS.REQ.SERVER.PING.JSZ",
+        inbox,
+        r#"{"leader_only":true}"#.into(),
+    )
+    .await
+    .unwrap();
+    let first = common::within("the meta leader's answer", answers.next())
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&first.payload).unwrap();
+    assert_eq!(v["server"]["name"], meta, "{v}");
+    let more = tokio::time::timeout(Duration::from_millis(500), answers.next()).await;
+    assert!(more.is_err(), "a second answer: {more:?}");
+}
+
+async fn jsz_at(n: &Node, path: &str) -> serde_json::Value {
+    let r = http_get(n.monitor_port(), path).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    serde_json::from_str(&r.body).expect("jsz JSON")
+}
+
 /// A server in lame duck mode gives its leaderships away and is given none back: not by a
 /// stepdown whose placement it fits, not when the leader it handed to goes away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

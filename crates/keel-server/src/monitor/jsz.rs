@@ -87,6 +87,10 @@ pub fn config_json(js: &JetStream) -> Value {
     Value::Object(c)
 }
 
+/// `leader-only` on a server that is not the meta leader: the endpoint answers 400 with
+/// this text, `$SYS.REQ.SERVER.*.JSZ` does not answer at all (as the reference).
+pub const NOT_LEADER: &str = "filtered response: not leader";
+
 pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     let s = &ctx.server;
     let acc = q.str("acc").to_string();
@@ -94,7 +98,7 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     let mut streams_opt = q.bool("streams")?;
     let consumers_opt = q.bool("consumers")?;
     let config_opt = q.bool("config")?;
-    q.bool("leader-only")?;
+    let leader_only = q.bool("leader-only")?;
     // Paging is over accounts.
     let offset = q.int("offset")?.max(0) as usize;
     let limit = match q.int("limit")? {
@@ -102,7 +106,7 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         _ => usize::MAX,
     };
     q.bool("raft")?;
-    q.bool("stream-leader-only")?;
+    let stream_leader_only = q.bool("stream-leader-only")?;
     if consumers_opt {
         streams_opt = true;
     }
@@ -110,6 +114,12 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         accounts = true;
     }
 
+    let meta_leader = s
+        .jetstream_enabled()
+        .map(|js| js.meta.get().is_none_or(|m| m.is_leader()));
+    if leader_only && meta_leader != Some(true) {
+        return Err(NOT_LEADER.to_string());
+    }
     let Some(js) = s.jetstream_enabled() else {
         return Ok(json!({
             "memory": 0, "storage": 0, "reserved_memory": 0, "reserved_storage": 0,
@@ -163,6 +173,7 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
                 streams_opt,
                 consumers_opt,
                 config_opt,
+                stream_leader_only,
             ));
         }
         if !details.is_empty() {
@@ -184,16 +195,18 @@ fn account_detail(
     streams_opt: bool,
     consumers_opt: bool,
     config_opt: bool,
+    leading_only: bool,
 ) -> Value {
     let streams = js.streams();
     let usage = Usage::from_streams(&streams);
     let mut details = Vec::new();
     if streams_opt {
-        for st in &streams {
+        for st in streams.iter().filter(|st| !leading_only || st.leads()) {
             let state = st.state();
             let consumers = js.consumers_of(&st.name);
             details.push(stream_detail(
                 ctx,
+                js,
                 st,
                 &state,
                 &consumers,
@@ -222,6 +235,7 @@ fn account_detail(
 
 fn stream_detail(
     ctx: &Ctx,
+    js: &JetStream,
     st: &Arc<Stream>,
     state: &keel_store::State,
     consumers: &[Arc<crate::jetstream::consumer::Consumer>],
@@ -231,7 +245,14 @@ fn stream_detail(
     let mut d = Map::new();
     d.insert("name".into(), st.name.clone().into());
     d.insert("created".into(), rfc3339(st.created).into());
-    d.insert("cluster".into(), json!({"leader": ctx.server.server_name}));
+    // Clustered: the stream info's `cluster` object (its real leader, the replicas).
+    let cluster = if js.clustered() {
+        serde_json::to_value(crate::jetstream::api::streams::cluster_info(js, st))
+            .unwrap_or_default()
+    } else {
+        json!({"leader": ctx.server.server_name})
+    };
+    d.insert("cluster".into(), cluster);
     if with_config {
         d.insert("config".into(), st.config().to_json(false));
     }

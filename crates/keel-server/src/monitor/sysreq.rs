@@ -71,7 +71,11 @@ pub(crate) fn server(ctx: &Ctx, kind: &str, opts: &Value) -> Option<Result<Value
         "GATEWAYZ" => endpoints::gatewayz(ctx, &q),
         "LEAFZ" => endpoints::leafz(ctx, &q),
         "ACCOUNTZ" => endpoints::accountz(ctx, &q),
-        "JSZ" => jsz::jsz(ctx, &q),
+        "JSZ" => match jsz::jsz(ctx, &q) {
+            // Only the meta leader answers a `leader_only` request.
+            Err(e) if e == jsz::NOT_LEADER => return None,
+            r => r,
+        },
         "HEALTHZ" => Ok(healthz(ctx, opts)),
         _ => return None,
     })
