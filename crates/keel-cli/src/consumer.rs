@@ -44,6 +44,24 @@ pub enum ConsumerCmd {
     Resume(ResumeArgs),
     /// Resets the consumer to a previous state
     Reset(ResetArgs),
+    /// Manage a consumer's leadership in a cluster
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum ClusterCmd {
+    /// Make another replica the consumer's leader
+    #[command(name = "step-down")]
+    StepDown(StepDownArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct StepDownArgs {
+    /// Stream name
+    stream: String,
+    /// Consumer name
+    consumer: String,
 }
 
 #[derive(Args, Debug)]
@@ -330,6 +348,15 @@ pub async fn run(conn: &ConnSettings, cmd: &ConsumerCmd, json: bool) -> Res<()> 
         ConsumerCmd::Pause(a) => pause(&js, a, json).await,
         ConsumerCmd::Resume(a) => resume(&js, a, json).await,
         ConsumerCmd::Reset(a) => reset(&js, a, json).await,
+        ConsumerCmd::Cluster(ClusterCmd::StepDown(a)) => {
+            crate::stream::leader_step_down(
+                &js,
+                &format!("CONSUMER.INFO.{}.{}", a.stream, a.consumer),
+                &format!("CONSUMER.LEADER.STEPDOWN.{}.{}", a.stream, a.consumer),
+                None,
+            )
+            .await
+        }
     }
 }
 

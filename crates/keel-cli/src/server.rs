@@ -402,6 +402,10 @@ async fn raft(client: &Client, conn: &ConnSettings, cmd: &RaftCmd, json_out: boo
             },
         ),
     };
+    let before = match cmd {
+        RaftCmd::StepDown(_) if !json_out => meta_leader(client).await,
+        _ => None,
+    };
     let m = tokio::time::timeout(conn.timeout, client.request(subject, body.into()))
         .await
         .map_err(|_| format!("no answer to {subject} (is this the system account?)"))?
@@ -417,6 +421,20 @@ async fn raft(client: &Client, conn: &ConnSettings, cmd: &RaftCmd, json_out: boo
             i(e, "err_code")
         ));
     }
+    if let Some(old) = before {
+        // natscli's lines: the leader before, then the one elected after it.
+        let stamp = crate::output::now_stamp;
+        println!("{} Current leader: {old}", stamp());
+        let deadline = std::time::Instant::now() + conn.timeout.max(Duration::from_secs(10));
+        while std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Some(new) = meta_leader(client).await.filter(|n| *n != old) {
+                println!("{} New leader: {new}", stamp());
+                return Ok(());
+            }
+        }
+        return Err(format!("the meta leader is still {old}"));
+    }
     if !json_out {
         match cmd {
             RaftCmd::StepDown(_) => println!("Meta leader step down requested"),
@@ -424,6 +442,21 @@ async fn raft(client: &Client, conn: &ConnSettings, cmd: &RaftCmd, json_out: boo
         }
     }
     Ok(())
+}
+
+/// The JetStream meta leader's name: the one server that answers a `leader_only` JSZ
+/// request (None without one within a second).
+async fn meta_leader(client: &Client) -> Option<String> {
+    let body = json!({"leader_only": true}).to_string();
+    let m = tokio::time::timeout(
+        Duration::from_secs(1),
+        client.request("$SYS.REQ.SERVER.PING.JSZ", body.into()),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let v: Value = serde_json::from_slice(&m.payload).ok()?;
+    Some(s(&v["server"], "name").to_string()).filter(|n| !n.is_empty())
 }
 
 async fn ping(client: &Client, conn: &ConnSettings, a: &PingArgs, json_out: bool) -> Res<()> {

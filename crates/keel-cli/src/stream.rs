@@ -794,10 +794,25 @@ pub fn show(info: &Value, json_out: bool, state_only: bool) {
 /// `stream cluster step-down`: the leader hands over, then the new one is shown (natscli's
 /// lines).
 async fn step_down(js: &Js, stream: &str, preferred: Option<&str>) -> Res<()> {
-    let before = js
-        .api(&format!("STREAM.INFO.{stream}"), None)
-        .await
-        .map_err(String::from)?;
+    let req = preferred.map(|p| json!({"placement": {"preferred": p}}));
+    leader_step_down(
+        js,
+        &format!("STREAM.INFO.{stream}"),
+        &format!("STREAM.LEADER.STEPDOWN.{stream}"),
+        req.as_ref(),
+    )
+    .await
+}
+
+/// A stream's or consumer's leader stepdown: `info` names the leader and its peers before,
+/// then the new leader once `stepdown` has moved it.
+pub(crate) async fn leader_step_down(
+    js: &Js,
+    info: &str,
+    stepdown: &str,
+    req: Option<&serde_json::Value>,
+) -> Res<()> {
+    let before = js.api(info, None).await.map_err(String::from)?;
     let old = s(&before["cluster"], "leader").to_string();
     println!(
         "{} Requesting leader step down of \"{old}\" in a {} peer RAFT group",
@@ -806,13 +821,10 @@ async fn step_down(js: &Js, stream: &str, preferred: Option<&str>) -> Res<()> {
             .as_array()
             .map_or(1, |r| r.len() + 1)
     );
-    let req = preferred.map(|p| json!({"placement": {"preferred": p}}));
-    js.api(&format!("STREAM.LEADER.STEPDOWN.{stream}"), req.as_ref())
-        .await
-        .map_err(String::from)?;
+    js.api(stepdown, req).await.map_err(String::from)?;
     for _ in 0..100 {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        if let Ok(v) = js.api(&format!("STREAM.INFO.{stream}"), None).await {
+        if let Ok(v) = js.api(info, None).await {
             let new = s(&v["cluster"], "leader");
             if !new.is_empty() && new != old {
                 println!(
