@@ -317,13 +317,16 @@ pub async fn run(conn: &ConnSettings, cmd: &StreamCmd, json: bool) -> Res<()> {
             step_down(&js, &a.stream, a.preferred.as_deref()).await
         }
         StreamCmd::Cluster(ClusterCmd::PeerRemove(a)) => {
+            // natscli's lines.
+            let stamp = crate::output::now_stamp;
+            println!("{} Removing peer \"{}\"", stamp(), a.peer);
             js.api(
                 &format!("STREAM.PEER.REMOVE.{}", a.stream),
                 Some(&json!({ "peer": a.peer })),
             )
             .await
             .map_err(|e| format!("cannot remove peer {}: {}", a.peer, String::from(e)))?;
-            println!("Removal of peer \"{}\" requested", a.peer);
+            println!("{} Requested removal of peer \"{}\"", stamp(), a.peer);
             Ok(())
         }
         StreamCmd::Purge(a) => purge(&js, a, json).await,

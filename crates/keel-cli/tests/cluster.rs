@@ -1,6 +1,7 @@
 //! The cluster commands end to end on a 3-server JetStream cluster (separate processes):
 //! `stream cluster step-down`, `consumer cluster step-down` and `server raft step-down`
-//! print the leader before and the one elected after, as natscli does. Runs against
+//! print the leader before and the one elected after, as natscli does; `stream cluster
+//! peer-remove` moves a replica to a server that had none. Runs against
 //! keel-server, and against the reference nats-server with `KEEL_TEST_REFERENCE=1`.
 
 mod common;
@@ -9,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::{free_port, start_with_config, text, Server};
 
-/// Three servers routed to each other, with a system account and an application account.
-fn cluster() -> Option<Vec<Server>> {
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+/// `n` servers routed to each other, with a system account and an application account.
+fn cluster(n: usize) -> Option<Vec<Server>> {
+    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
     let routes: Vec<String> = ports
         .iter()
         .map(|p| format!("\"nats://127.0.0.1:{p}\""))
@@ -67,7 +68,7 @@ fn leaders(out: &str, before: &str, after: &str) -> (String, String) {
 
 #[test]
 fn stepdowns_name_the_old_and_the_new_leader() {
-    let Some(servers) = cluster() else { return };
+    let Some(servers) = cluster(3) else { return };
     let s = &servers[0];
     until_ok(
         s,
@@ -122,4 +123,71 @@ fn stepdowns_name_the_old_and_the_new_leader() {
         old.starts_with('C') && new.starts_with('C') && old != new,
         "{out}"
     );
+}
+
+#[test]
+fn a_removed_stream_peer_is_replaced_by_a_free_server() {
+    let Some(servers) = cluster(4) else { return };
+    let s = &servers[0];
+    until_ok(
+        s,
+        &with(
+            &APP,
+            &[
+                "stream",
+                "add",
+                "ORDERS",
+                "--subjects",
+                "orders.>",
+                "--replicas",
+                "3",
+                "--defaults",
+            ],
+        ),
+    );
+    until_ok(s, &with(&APP, &["pub", "orders.new", "one"]));
+    let peers = |s: &Server| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_str(&until_ok(
+            s,
+            &with(&APP, &["--json", "stream", "info", "ORDERS"]),
+        ))
+        .expect("stream info JSON");
+        let c = &v["cluster"];
+        let mut p: Vec<String> = c["replicas"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["name"].as_str().map(String::from))
+            .chain(c["leader"].as_str().map(String::from))
+            .collect();
+        p.sort();
+        p
+    };
+    let before = peers(s);
+    assert_eq!(before.len(), 3, "{before:?}");
+    let gone = before[0].clone();
+    let out = until_ok(
+        s,
+        &with(&APP, &["stream", "cluster", "peer-remove", "ORDERS", &gone]),
+    );
+    assert!(out.contains(&format!("Removing peer \"{gone}\"")), "{out}");
+    assert!(
+        out.contains(&format!("Requested removal of peer \"{gone}\"")),
+        "{out}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = peers(s);
+        if now.len() == 3 && !now.contains(&gone) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "replicas still {now:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let v: serde_json::Value = serde_json::from_str(&until_ok(
+        s,
+        &with(&APP, &["--json", "stream", "info", "ORDERS"]),
+    ))
+    .unwrap();
+    assert_eq!(v["state"]["messages"], 1, "{v}");
 }
