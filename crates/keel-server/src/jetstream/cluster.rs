@@ -151,7 +151,7 @@ impl Meta {
                             meta.raft.clone(),
                             META_GROUP.to_string(),
                             target,
-                            server.log.clone(),
+                            server.clone(),
                         );
                         json!({"type": kind, "success": true})
                     }
@@ -1488,7 +1488,7 @@ pub fn leader_stepdown(
             None => None,
         };
         let group = r.group_name().unwrap_or_default().to_string();
-        spawn_stepdown(r.host(), raft, group, target, server.log.clone());
+        spawn_stepdown(r.host(), raft, group, target, server.clone());
     }
     Ok(json!({"type": kind, "success": true}))
 }
@@ -1618,17 +1618,29 @@ fn peer_in_lame_duck(server: &Server, name: &str) -> bool {
 }
 
 /// A stepdown in the background (the request is answered at once, as the reference does):
-/// to `target` when the placement names one, else to whichever voter wins.
+/// to `target` when the placement names one, else handed to the voter with the most of the
+/// log (as at a stop: no election timeout to wait out), else to whichever voter wins.
 fn spawn_stepdown(
     host: Option<Arc<RaftHost>>,
     raft: Raft,
     group: String,
     target: Option<Peer>,
-    log: crate::log::Log,
+    server: Arc<Server>,
 ) {
+    let log = server.log.clone();
     tokio::spawn(async move {
+        let named = target.is_some();
+        let target =
+            target.or_else(|| host.as_ref().and_then(|h| current_voter(&server, h, &raft)));
         let r = match (target, host) {
-            (Some(t), Some(host)) => raft::transfer(&host, &raft, &group, &t).await,
+            (Some(t), Some(host)) => match raft::transfer(&host, &raft, &group, &t).await {
+                // A voter this server picked did not take over: any other may.
+                Err(e) if !named && raft::leads(&raft.metrics().borrow()) => {
+                    warn!(log, "JetStream {group} leader stepdown to {}: {e}", t.name);
+                    raft::step_down(&host, &raft).await
+                }
+                r => r,
+            },
             (None, Some(host)) => raft::step_down(&host, &raft).await,
             (_, None) => Err("no Raft host".into()),
         };
