@@ -817,6 +817,9 @@ pub(crate) async fn leader_step_down(
 ) -> Res<()> {
     let before = js.api(info, None).await.map_err(String::from)?;
     let old = s(&before["cluster"], "leader").to_string();
+    if old.is_empty() {
+        return Err("no leader to step down (is the cluster electing one?)".into());
+    }
     println!(
         "{} Requesting leader step down of \"{old}\" in a {} peer RAFT group",
         crate::output::now_stamp(),

@@ -145,7 +145,7 @@ fn a_removed_stream_peer_is_replaced_by_a_free_server() {
             ],
         ),
     );
-    until_ok(s, &with(&APP, &["pub", "orders.new", "one"]));
+    until_ok(s, &with(&APP, &["pub", "--jetstream", "orders.new", "one"]));
     let peers = |s: &Server| -> Vec<String> {
         let v: serde_json::Value = serde_json::from_str(&until_ok(
             s,

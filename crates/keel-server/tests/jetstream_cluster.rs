@@ -949,7 +949,9 @@ async fn a_stopping_stream_leader_answers_the_publishes_it_took() {
         use async_nats::jetstream::context::PublishErrorKind;
         let stop = stop.clone();
         let mut js = async_nats::jetstream::new(publisher);
-        js.set_timeout(Duration::from_millis(500));
+        // Long enough for a slow commit on a busy machine: a publish nobody answers times out
+        // whatever the limit.
+        js.set_timeout(Duration::from_secs(3));
         tokio::spawn(async move {
             let (mut acked, mut timed_out) = (0u64, 0u64);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -966,7 +968,7 @@ async fn a_stopping_stream_leader_answers_the_publishes_it_took() {
     };
     let c = connect(&nodes[si], "app").await;
     let count = |c: async_nats::Client| async move {
-        api(&c, "$JS.API.STREAM.INFO.ROLL", "").await["state"]["messages"]
+        api_answered(&c, "$JS.API.STREAM.INFO.ROLL", "").await["state"]["messages"]
             .as_u64()
             .unwrap_or(0)
     };
@@ -1024,10 +1026,13 @@ async fn jsz_leader_only_options_follow_the_leaders() {
             assert_eq!(r.status, 400, "{}: {}", names[i], r.body);
             assert!(r.body.contains("not leader"), "{}", r.body);
         }
-        let all = jsz_at(n, "/jsz?acc=APP&streams=true").await;
-        let detail = &all["account_details"][0]["stream_detail"][0];
-        assert_eq!(detail["name"], "JZ", "{all}");
-        assert_eq!(detail["cluster"]["leader"], leader, "{}: {all}", names[i]);
+        // (A follower learns the stream and its leader a moment after the create.)
+        eventually("the stream's leader in /jsz", || async {
+            let all = jsz_at(n, "/jsz?acc=APP&streams=true").await;
+            let detail = &all["account_details"][0]["stream_detail"][0];
+            (detail["name"] == "JZ" && detail["cluster"]["leader"] == leader.as_str()).then_some(())
+        })
+        .await;
         let led = jsz_at(n, "/jsz?acc=APP&streams=true&stream-leader-only=true").await;
         let listed = led["account_details"][0]["stream_detail"]
             .as_array()

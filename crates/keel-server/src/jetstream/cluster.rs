@@ -1575,10 +1575,15 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
     .await;
     // Publishes the old leaders took meanwhile (they waited for the transfer) are answered
     // while the routes are up: an error the client retries at once at the new leader,
-    // rather than no answer at all and the client's timeout.
+    // rather than no answer at all and the client's timeout. Once the stream follows (its
+    // subjects unsubscribed: a retry sent here before would be taken and not answered).
     let mut drains = tokio::task::JoinSet::new();
     for s in led {
         drains.spawn(async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+            while s.leads() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             s.ask(|reply| crate::jetstream::stream::Command::Drain { reply })
                 .await
         });
@@ -1634,10 +1639,17 @@ fn spawn_stepdown(
             target.or_else(|| host.as_ref().and_then(|h| current_voter(&server, h, &raft)));
         let r = match (target, host) {
             (Some(t), Some(host)) => match raft::transfer(&host, &raft, &group, &t).await {
-                // A voter this server picked did not take over: any other may.
-                Err(e) if !named && raft::leads(&raft.metrics().borrow()) => {
-                    warn!(log, "JetStream {group} leader stepdown to {}: {e}", t.name);
-                    raft::step_down(&host, &raft).await
+                Err(e) if !named => {
+                    let m = raft.metrics().borrow().clone();
+                    if m.current_leader.is_some_and(|l| l != host.id) {
+                        Ok(()) // Another voter won: any will do.
+                    } else if m.state == openraft::ServerState::Leader {
+                        // The voter this server picked did not take over: any other may.
+                        warn!(log, "JetStream {group} leader stepdown to {}: {e}", t.name);
+                        raft::step_down(&host, &raft).await
+                    } else {
+                        Err(e)
+                    }
                 }
                 r => r,
             },

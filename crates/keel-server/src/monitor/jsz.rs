@@ -201,7 +201,13 @@ fn account_detail(
     let usage = Usage::from_streams(&streams);
     let mut details = Vec::new();
     if streams_opt {
-        for st in streams.iter().filter(|st| !leading_only || st.leads()) {
+        // As the reference: the streams whose `cluster` names this server as leader.
+        let leads = |st: &Arc<Stream>| {
+            !js.clustered()
+                || crate::jetstream::api::streams::cluster_info(js, st).leader
+                    == ctx.server.server_name
+        };
+        for st in streams.iter().filter(|st| !leading_only || leads(st)) {
             let state = st.state();
             let consumers = js.consumers_of(&st.name);
             details.push(stream_detail(

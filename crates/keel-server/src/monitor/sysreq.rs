@@ -26,6 +26,7 @@ fn query(kind: &str, opts: &Value, account: Option<&str>) -> Query {
                 ("JSZ", "account") | ("SUBSZ", "account") | ("ACCOUNTZ", "account") => "acc",
                 ("JSZ", "consumer") => "consumers",
                 ("JSZ", "leader_only") => "leader-only",
+                ("JSZ", "stream_leader_only") => "stream-leader-only",
                 ("ACCOUNTZ", "include_unused") => "unused",
                 ("STATZ", "include_unused") => "unused",
                 ("STATZ", "accounts") => continue,
