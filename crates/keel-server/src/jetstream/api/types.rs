@@ -159,6 +159,8 @@ pub struct ClusterInfo {
     /// A replicated stream's Raft group.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub raft_group: Option<String>,
+    /// Left out while the group has no leader, as the reference does.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub leader: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leader_since: Option<String>,
@@ -385,4 +387,28 @@ pub struct ConsumerListResponse {
     #[serde(flatten)]
     pub paged: Paged,
     pub consumers: Vec<ConsumerInfo>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_without_a_leader_names_none() {
+        let mut ci = ClusterInfo {
+            name: Some("c1".into()),
+            raft_group: None,
+            leader: String::new(),
+            leader_since: None,
+            system_account: None,
+            traffic_account: None,
+            replicas: None,
+        };
+        assert_eq!(serde_json::to_string(&ci).unwrap(), r#"{"name":"c1"}"#);
+        ci.leader = "n1".into();
+        assert_eq!(
+            serde_json::to_string(&ci).unwrap(),
+            r#"{"name":"c1","leader":"n1"}"#
+        );
+    }
 }
