@@ -1580,9 +1580,8 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
     let mut drains = tokio::task::JoinSet::new();
     for s in led {
         drains.spawn(async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
-            while s.leads() && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(5)).await;
+            if let Some(r) = s.replica.get() {
+                let _ = tokio::time::timeout(Duration::from_millis(500), r.until_fenced()).await;
             }
             s.ask(|reply| crate::jetstream::stream::Command::Drain { reply })
                 .await
@@ -1694,17 +1693,18 @@ fn stepdown_target(
         .filter(|(id, _)| m.membership_config.voter_ids().any(|v| v == **id))
         .map(|(id, p)| (*id, p.clone()))
         .collect();
+    let server = meta.host.server();
+    let retiring = |p: &Peer| {
+        server
+            .as_ref()
+            .is_some_and(|s| peer_in_lame_duck(s, &p.name))
+    };
     if let Some(preferred) = placement["preferred"].as_str().filter(|p| !p.is_empty()) {
         return match voters.iter().find(|(_, p)| p.name == preferred) {
             Some((id, _)) if *id == me => Err(ErrorKind::NoPeers.with(format!(
                 "preferred server \"{preferred}\" is already leader"
             ))),
-            Some((_, p))
-                if meta
-                    .host
-                    .server()
-                    .is_some_and(|s| peer_in_lame_duck(&s, &p.name)) =>
-            {
+            Some((_, p)) if retiring(p) => {
                 // As the reference: accepted, and another voter takes over (the lame duck
                 // stands for no election).
                 Ok(None)
@@ -1723,11 +1723,7 @@ fn stepdown_target(
             .host
             .since_heard(&p.name)
             .is_some_and(|d| d < Duration::from_secs(10));
-        let retiring = meta
-            .host
-            .server()
-            .is_some_and(|s| peer_in_lame_duck(&s, &p.name));
-        up && !retiring
+        up && !retiring(p)
             && (cluster.is_empty() || cluster == meta.cluster_name)
             && has_tags(&server_tags, &p.name, &tags)
     };

@@ -114,13 +114,12 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         accounts = true;
     }
 
-    let meta_leader = s
-        .jetstream_enabled()
-        .map(|js| js.meta.get().is_none_or(|m| m.is_leader()));
-    if leader_only && meta_leader != Some(true) {
+    let enabled = s.jetstream_enabled();
+    let meta_leader = enabled.is_some_and(|js| js.meta.get().is_none_or(|m| m.is_leader()));
+    if leader_only && !meta_leader {
         return Err(NOT_LEADER.to_string());
     }
-    let Some(js) = s.jetstream_enabled() else {
+    let Some(js) = enabled else {
         return Ok(json!({
             "memory": 0, "storage": 0, "reserved_memory": 0, "reserved_storage": 0,
             "accounts": 0, "ha_assets": 0, "api": api_json(0, None),
@@ -201,18 +200,25 @@ fn account_detail(
     let usage = Usage::from_streams(&streams);
     let mut details = Vec::new();
     if streams_opt {
-        // As the reference: the streams whose `cluster` names this server as leader.
-        let leads = |st: &Arc<Stream>| {
-            !js.clustered()
-                || crate::jetstream::api::streams::cluster_info(js, st).leader
-                    == ctx.server.server_name
-        };
-        for st in streams.iter().filter(|st| !leading_only || leads(st)) {
+        for st in &streams {
+            // Clustered: the stream info's `cluster` object (its real leader, the replicas).
+            let (cluster, leader) = if js.clustered() {
+                let ci = crate::jetstream::api::streams::cluster_info(js, st);
+                let leader = ci.leader.clone();
+                (serde_json::to_value(ci).unwrap_or_default(), leader)
+            } else {
+                let name = ctx.server.server_name.clone();
+                (json!({ "leader": name }), name)
+            };
+            // As the reference: only the streams whose `cluster` names this server.
+            if leading_only && leader != ctx.server.server_name {
+                continue;
+            }
             let state = st.state();
             let consumers = js.consumers_of(&st.name);
             details.push(stream_detail(
                 ctx,
-                js,
+                cluster,
                 st,
                 &state,
                 &consumers,
@@ -241,7 +247,7 @@ fn account_detail(
 
 fn stream_detail(
     ctx: &Ctx,
-    js: &JetStream,
+    cluster: Value,
     st: &Arc<Stream>,
     state: &keel_store::State,
     consumers: &[Arc<crate::jetstream::consumer::Consumer>],
@@ -251,13 +257,6 @@ fn stream_detail(
     let mut d = Map::new();
     d.insert("name".into(), st.name.clone().into());
     d.insert("created".into(), rfc3339(st.created).into());
-    // Clustered: the stream info's `cluster` object (its real leader, the replicas).
-    let cluster = if js.clustered() {
-        serde_json::to_value(crate::jetstream::api::streams::cluster_info(js, st))
-            .unwrap_or_default()
-    } else {
-        json!({"leader": ctx.server.server_name})
-    };
     d.insert("cluster".into(), cluster);
     if with_config {
         d.insert("config".into(), st.config().to_json(false));

@@ -304,6 +304,8 @@ pub struct Shared {
     /// decisions for the same entries; see the module docs).
     store: WriteHandle,
     fence: Mutex<Fence>,
+    /// Told whenever `set_fenced` runs (a leader that stopped leading: `until_fenced`).
+    fenced_set: tokio::sync::Notify,
     applied: Mutex<(Option<LogId<NodeId>>, Memberships)>,
     memberships_file: std::path::PathBuf,
     files: keel_store::MetaFiles,
@@ -381,6 +383,7 @@ impl Shared {
                 applied_nonce: 0,
                 fenced: true,
             }),
+            fenced_set: tokio::sync::Notify::new(),
             applied: Mutex::new((applied, memberships)),
             memberships_file,
             files,
@@ -807,6 +810,21 @@ impl Shared {
 
     pub fn set_fenced(&self) {
         self.fence().fenced = true;
+        self.fenced_set.notify_waiters();
+    }
+
+    /// Resolves once this replica decides nothing more (it stopped leading).
+    pub async fn until_fenced(&self) {
+        loop {
+            let set = self.fenced_set.notified();
+            tokio::pin!(set);
+            // Registered before the look: a `set_fenced` in between is not missed.
+            set.as_mut().enable();
+            if self.is_fenced() {
+                return;
+            }
+            set.await;
+        }
     }
 
     /// Whether this replica's store may answer reads (direct gets) itself: not once it
