@@ -425,15 +425,11 @@ async fn raft(client: &Client, conn: &ConnSettings, cmd: &RaftCmd, json_out: boo
         // natscli's lines: the leader before, then the one elected after it.
         let stamp = crate::output::now_stamp;
         println!("{} Current leader: {old}", stamp());
-        let deadline = std::time::Instant::now() + conn.timeout.max(Duration::from_secs(10));
-        while std::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            if let Some(new) = meta_leader(client).await.filter(|n| *n != old) {
-                println!("{} New leader: {new}", stamp());
-                return Ok(());
-            }
-        }
-        return Err(format!("the meta leader is still {old}"));
+        let limit = conn.timeout.max(Duration::from_secs(10));
+        let new = crate::util::new_leader(&old, limit, || meta_leader(client)).await;
+        let new = new.ok_or_else(|| format!("the meta leader is still {old}"))?;
+        println!("{} New leader: {new}", stamp());
+        return Ok(());
     }
     if !json_out {
         match cmd {

@@ -828,20 +828,20 @@ pub(crate) async fn leader_step_down(
             .map_or(1, |r| r.len() + 1)
     );
     js.api(stepdown, req).await.map_err(String::from)?;
-    for _ in 0..100 {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        if let Ok(v) = js.api(info, None).await {
-            let new = s(&v["cluster"], "leader");
-            if !new.is_empty() && new != old {
-                println!(
-                    "{} New leader elected \"{new}\"",
-                    crate::output::now_stamp()
-                );
-                return Ok(());
-            }
+    let look = || async {
+        let v = js.api(info, None).await.ok()?;
+        Some(s(&v["cluster"], "leader").to_string())
+    };
+    match crate::util::new_leader(&old, std::time::Duration::from_secs(10), look).await {
+        Some(new) => {
+            println!(
+                "{} New leader elected \"{new}\"",
+                crate::output::now_stamp()
+            );
+            Ok(())
         }
+        None => Err(format!("leader did not change from {old}")),
     }
-    Err(format!("leader did not change from {old}"))
 }
 
 async fn ls(js: &Js, a: &LsArgs, json_out: bool) -> Res<()> {

@@ -542,6 +542,23 @@ impl Drop for Progress {
     }
 }
 
+/// After a stepdown: asks `look` every 100 ms, for at most `limit`, until it names a leader
+/// other than `old` (the stream, consumer and meta stepdowns wait the same way).
+pub async fn new_leader<F, Fut>(old: &str, limit: Duration, mut look: F) -> Option<String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<String>>,
+{
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Some(new) = look().await.filter(|n| !n.is_empty() && n != old) {
+            return Some(new);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
