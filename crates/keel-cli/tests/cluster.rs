@@ -56,6 +56,21 @@ fn until_ok(s: &Server, args: &[&str]) -> String {
     }
 }
 
+/// An R3 stream `ORDERS` on `orders.>`, once the cluster can take it.
+fn add_orders(s: &Server) {
+    let args = [
+        "stream",
+        "add",
+        "ORDERS",
+        "--subjects",
+        "orders.>",
+        "--replicas",
+        "3",
+        "--defaults",
+    ];
+    until_ok(s, &with(&APP, &args));
+}
+
 /// The two lines of a stepdown: the leader before, the new one; returns (old, new).
 fn leaders(out: &str, before: &str, after: &str) -> (String, String) {
     let find = |prefix: &str| {
@@ -70,22 +85,7 @@ fn leaders(out: &str, before: &str, after: &str) -> (String, String) {
 fn stepdowns_name_the_old_and_the_new_leader() {
     let Some(servers) = cluster(3) else { return };
     let s = &servers[0];
-    until_ok(
-        s,
-        &with(
-            &APP,
-            &[
-                "stream",
-                "add",
-                "ORDERS",
-                "--subjects",
-                "orders.>",
-                "--replicas",
-                "3",
-                "--defaults",
-            ],
-        ),
-    );
+    add_orders(s);
     until_ok(
         s,
         &with(
@@ -129,22 +129,7 @@ fn stepdowns_name_the_old_and_the_new_leader() {
 fn a_removed_stream_peer_is_replaced_by_a_free_server() {
     let Some(servers) = cluster(4) else { return };
     let s = &servers[0];
-    until_ok(
-        s,
-        &with(
-            &APP,
-            &[
-                "stream",
-                "add",
-                "ORDERS",
-                "--subjects",
-                "orders.>",
-                "--replicas",
-                "3",
-                "--defaults",
-            ],
-        ),
-    );
+    add_orders(s);
     until_ok(s, &with(&APP, &["pub", "--jetstream", "orders.new", "one"]));
     let peers = |s: &Server| -> Vec<String> {
         let v: serde_json::Value = serde_json::from_str(&until_ok(

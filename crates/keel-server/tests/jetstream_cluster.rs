@@ -620,6 +620,24 @@ async fn stream_leader(c: &async_nats::Client, stream: &str, not: &str) -> Strin
     }
 }
 
+/// STREAM.LEADER.STEPDOWN with `placement` (a JSON object), which must be accepted; then
+/// the leader that follows `from`.
+async fn stream_step_down(
+    c: &async_nats::Client,
+    stream: &str,
+    placement: &str,
+    from: &str,
+) -> String {
+    let r = api(
+        c,
+        &format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
+        &format!(r#"{{"placement":{placement}}}"#),
+    )
+    .await;
+    assert_eq!(r["success"], true, "stepdown of {stream}: {r}");
+    stream_leader(c, stream, from).await
+}
+
 /// The next `n` messages of a pull consumer, in one fetch.
 async fn fetch(
     consumer: &async_nats::jetstream::consumer::PullConsumer,
@@ -1095,27 +1113,14 @@ async fn a_server_in_lame_duck_mode_is_given_no_leadership() {
     let survivors: Vec<&Node> = others.iter().map(|i| &nodes[*i]).collect();
     assert_ne!(meta_leader(&survivors, &duck).await, duck);
     // Not even when it is asked for by name: the stepdown goes to the other survivor.
-    let r = api(
-        &c,
-        "$JS.API.STREAM.LEADER.STEPDOWN.LAME",
-        &format!(r#"{{"placement":{{"preferred":"{duck}"}}}}"#),
-    )
-    .await;
-    assert_eq!(r["success"], true, "{r}");
-    let next = stream_leader(&c, "LAME", &leader).await;
+    let placement = format!(r#"{{"preferred":"{duck}"}}"#);
+    let next = stream_step_down(&c, "LAME", &placement, &leader).await;
     assert_ne!(next, duck, "the lame duck leads when named");
     leader = next;
     // Each stepdown whose placement the lame duck fits as well as the other survivor goes
     // to that survivor (a random pick among both would miss it in 4 tries 1 time in 16).
     for round in 0..4 {
-        let r = api(
-            &c,
-            "$JS.API.STREAM.LEADER.STEPDOWN.LAME",
-            r#"{"placement":{"cluster":"jsc"}}"#,
-        )
-        .await;
-        assert_eq!(r["success"], true, "round {round}: {r}");
-        let next = stream_leader(&c, "LAME", &leader).await;
+        let next = stream_step_down(&c, "LAME", r#"{"cluster":"jsc"}"#, &leader).await;
         assert_ne!(next, duck, "round {round}: the lame duck leads again");
         leader = next;
         publish_acked(&c, "lame.x", format!("m{round}")).await;
@@ -1400,14 +1405,8 @@ async fn a_stepdown_to_a_preferred_server_lands_there_while_publishes_go_on() {
         }
         let at = names.iter().position(|n| *n == leader).unwrap();
         let want = names[(at + 1) % names.len()];
-        let r = api(
-            &c,
-            "$JS.API.STREAM.LEADER.STEPDOWN.TS",
-            &format!(r#"{{"placement":{{"preferred":"{want}"}}}}"#),
-        )
-        .await;
-        assert_eq!(r["success"], true, "{r}");
-        let now = stream_leader(&c, "TS", &leader).await;
+        let placement = format!(r#"{{"preferred":"{want}"}}"#);
+        let now = stream_step_down(&c, "TS", &placement, &leader).await;
         assert_eq!(
             now, want,
             "round {round}: leadership went from {leader} to {now}"
