@@ -340,6 +340,21 @@ async fn create_stream(c: &async_nats::Client, name: &str, body: &str) -> serde_
     created
 }
 
+/// Once the meta group has a leader: an R3 stream `name` on `subjects` made through the
+/// first node's client, that client, the meta leader and the stream's leader.
+async fn r3_stream(
+    nodes: &[Node],
+    name: &str,
+    subjects: &str,
+) -> (async_nats::Client, String, String) {
+    let meta = meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    let body = format!(r#"{{"name":"{name}","subjects":["{subjects}"],"num_replicas":3}}"#);
+    create_stream(&c, name, &body).await;
+    let leader = stream_leader(&c, name, "").await;
+    (c, meta, leader)
+}
+
 /// Publishes `body` on `subject` until a PubAck comes (a leader change in flight may drop
 /// or refuse one attempt; the acked sequence is what counts).
 async fn publish_acked(c: &async_nats::Client, subject: &str, body: String) -> u64 {
@@ -950,15 +965,7 @@ async fn a_server_stopped_gracefully_hands_its_leaderships_over_first() {
 async fn a_stopping_stream_leader_answers_the_publishes_it_took() {
     let names = ["P1", "P2", "P3"];
     let (mut nodes, _) = mesh_started(&names, None, |_| String::new(), true).await;
-    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
-    let c = connect(&nodes[0], "app").await;
-    create_stream(
-        &c,
-        "ROLL",
-        r#"{"name":"ROLL","subjects":["roll.>"],"num_replicas":3}"#,
-    )
-    .await;
-    let leader = stream_leader(&c, "ROLL", "").await;
+    let (_, _, leader) = r3_stream(&nodes, "ROLL", "roll.>").await;
     let li = names.iter().position(|n| *n == leader).unwrap();
     let si = (li + 1) % names.len();
     let publisher = connect(&nodes[si], "app").await;
@@ -1025,15 +1032,7 @@ async fn jsz_leader_only_options_follow_the_leaders() {
     use futures::StreamExt;
     let names = ["J1", "J2", "J3"];
     let nodes = mesh(&names).await;
-    let meta = meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
-    let c = connect(&nodes[0], "app").await;
-    create_stream(
-        &c,
-        "JZ",
-        r#"{"name":"JZ","subjects":["jz.>"],"num_replicas":3}"#,
-    )
-    .await;
-    let leader = stream_leader(&c, "JZ", "").await;
+    let (_, meta, leader) = r3_stream(&nodes, "JZ", "jz.>").await;
     for (i, n) in nodes.iter().enumerate() {
         let r = http_get(n.monitor_port(), "/jsz?leader-only=true").await;
         if names[i] == meta {
@@ -1095,16 +1094,7 @@ async fn a_server_in_lame_duck_mode_is_given_no_leadership() {
     let names = ["L1", "L2", "L3"];
     let ldm = "lame_duck_duration: \"60s\"\nlame_duck_grace_period: \"30s\"\n";
     let (mut nodes, _) = mesh_with(&names, None, |_| ldm.to_string()).await;
-    let all: Vec<&Node> = nodes.iter().collect();
-    meta_leader(&all, "").await;
-    let c = connect(&nodes[0], "app").await;
-    create_stream(
-        &c,
-        "LAME",
-        r#"{"name":"LAME","subjects":["lame.>"],"num_replicas":3}"#,
-    )
-    .await;
-    let duck = stream_leader(&c, "LAME", "").await;
+    let (_, _, duck) = r3_stream(&nodes, "LAME", "lame.>").await;
     let di = names.iter().position(|n| *n == duck).unwrap();
     let others: Vec<usize> = (0..names.len()).filter(|i| *i != di).collect();
     nodes[di].lame_duck();
