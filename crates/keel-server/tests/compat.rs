@@ -946,47 +946,70 @@ async fn advisories_go_only_where_someone_listens() {
 }
 
 /// Deleting a stream deletes its consumers, and each gets its CONSUMER.DELETED advisory
-/// before the stream's STREAM.DELETED, as with the reference.
+/// before the stream's STREAM.DELETED, as with the reference. The reference sends these
+/// through the stream's own send queue, which its delete tears down: now and then (seen in
+/// 9 of 30 deletes in a loop) some never leave. So on the reference alone a delete whose
+/// advisories did not all arrive is tried again with a new stream, up to 5 times; keel must
+/// send them all on the first.
 #[tokio::test]
 async fn stream_delete_sends_consumer_deleted_advisories() {
     let server = Server::start_jetstream();
     let client = server.client().await;
-    create_stream(&client, json!({"name": "GONE", "subjects": ["gone.>"]})).await;
-    for c in ["A", "B"] {
-        ok(&request(
+    let tries = if common::is_reference() { 5 } else { 1 };
+    for attempt in 1..=tries {
+        let name = format!("GONE{attempt}");
+        create_stream(
             &client,
-            &format!("CONSUMER.CREATE.GONE.{c}"),
-            json!({"stream_name": "GONE", "config": {"durable_name": c, "ack_policy": "explicit"}}),
+            json!({"name": name, "subjects": [format!("{}.>", name.to_lowercase())]}),
         )
-        .await);
+        .await;
+        for c in ["A", "B"] {
+            ok(&request(
+                &client,
+                &format!("CONSUMER.CREATE.{name}.{c}"),
+                json!({"stream_name": name, "config": {"durable_name": c, "ack_policy": "explicit"}}),
+            )
+            .await);
+        }
+        let mut sub = client.subscribe("$JS.EVENT.ADVISORY.>").await.unwrap();
+        sync(&client).await;
+        ok(&request(&client, &format!("STREAM.DELETE.{name}"), json!({})).await);
+        let stream_deleted = format!("$JS.EVENT.ADVISORY.STREAM.DELETED.{name}");
+        let wanted = [
+            format!("$JS.EVENT.ADVISORY.CONSUMER.DELETED.{name}.A"),
+            format!("$JS.EVENT.ADVISORY.CONSUMER.DELETED.{name}.B"),
+            stream_deleted.clone(),
+        ];
+        let mut events = vec![];
+        let all_came = tokio::time::timeout(common::STEP, async {
+            while !wanted.iter().all(|w| events.iter().any(|(s, _)| s == w)) {
+                let m = sub.next().await.expect("subscription open");
+                let v: Value = serde_json::from_slice(&m.payload)
+                    .unwrap_or_else(|e| panic!("{} is not JSON: {e}", m.subject));
+                events.push((m.subject.to_string(), v));
+            }
+        })
+        .await
+        .is_ok();
+        let subjects: Vec<&str> = events.iter().map(|(s, _)| s.as_str()).collect();
+        if !all_came {
+            assert!(attempt < tries, "advisories missing: got {subjects:?}");
+            continue;
+        }
+        for w in &wanted[..2] {
+            let adv = find(&events, w);
+            assert_eq!(
+                adv["type"], "io.nats.jetstream.advisory.v1.consumer_action",
+                "{adv}"
+            );
+            assert_eq!(adv["action"], "delete", "{adv}");
+        }
+        let pos = |x: &str| subjects.iter().position(|s| *s == x).unwrap();
+        for w in &wanted[..2] {
+            assert!(pos(w) < pos(&stream_deleted), "{subjects:?}");
+        }
+        return;
     }
-    let mut sub = client.subscribe("$JS.EVENT.ADVISORY.>").await.unwrap();
-    sync(&client).await;
-    ok(&request(&client, "STREAM.DELETE.GONE", json!({})).await);
-    let mut events = vec![];
-    collect_until(&mut sub, &mut events, "stream deleted advisory", |e| {
-        e.iter()
-            .any(|(s, _)| s == "$JS.EVENT.ADVISORY.STREAM.DELETED.GONE")
-    })
-    .await;
-    let subjects: Vec<&str> = events.iter().map(|(s, _)| s.as_str()).collect();
-    for c in ["A", "B"] {
-        let adv = find(
-            &events,
-            &format!("$JS.EVENT.ADVISORY.CONSUMER.DELETED.GONE.{c}"),
-        );
-        assert_eq!(
-            adv["type"], "io.nats.jetstream.advisory.v1.consumer_action",
-            "{adv}"
-        );
-        assert_eq!(adv["action"], "delete", "{adv}");
-    }
-    let pos = |x: &str| subjects.iter().position(|s| *s == x).unwrap();
-    assert!(
-        pos("$JS.EVENT.ADVISORY.CONSUMER.DELETED.GONE.A")
-            < pos("$JS.EVENT.ADVISORY.STREAM.DELETED.GONE"),
-        "{subjects:?}"
-    );
 }
 
 /// `jetstream { domain: hub }`: INFO, acks, account and stream info and advisories name the
