@@ -325,7 +325,8 @@ async fn sigkilled_worker_long_poll() {
 /// dead requests: a live worker still gets in and gets the message.
 #[tokio::test]
 async fn crash_looping_worker_cannot_fill_max_waiting() {
-    let (s, client, _js) = js_setup().await;
+    let s = common::Server::start_jetstream_with_config("http_port: -1\n");
+    let client = s.client().await;
     create_stream(&client, "C", &["c.>"]).await;
     create_consumer(&client, "C", "worker", json!({"max_waiting": 2})).await;
     for n in 0..5 {
@@ -346,6 +347,22 @@ async fn crash_looping_worker_cannot_fill_max_waiting() {
         .await;
         assert_eq!(raw.read_op().await, "PONG");
         drop(raw);
+    }
+    // A dead worker's request is dropped once the server has seen its connection close:
+    // on a busy machine that can come after the next request, so wait for it (only
+    // `client` left), as a real crash loop is slower than this one.
+    let deadline = Instant::now() + STEP;
+    loop {
+        let varz = common::http_get(s.monitor_port(), "/varz").await;
+        let v: Value = serde_json::from_str(&varz.body).expect("varz JSON");
+        if v["connections"] == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dead workers still connected: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     if common::is_reference() {
         // Under load the reference may not yet have seen the last dead connection close
