@@ -1582,7 +1582,10 @@ pub async fn until_true(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|v| *v).await;
 }
 
-async fn drain<R: AsyncRead + Unpin>(rd: &mut R) {
+/// Reads and drops what the peer still sends, until it closes: closing a socket with unread
+/// input resets the connection, and the peer's kernel then drops what it had received but
+/// not yet read (our last messages).
+pub(crate) async fn drain<R: AsyncRead + Unpin>(rd: &mut R) {
     let mut scratch = [0u8; 4096];
     while let Ok(n) = rd.read(&mut scratch).await {
         if n == 0 {

@@ -978,17 +978,32 @@ async fn a_stopping_stream_leader_answers_the_publishes_it_took() {
         // whatever the limit.
         js.set_timeout(Duration::from_secs(3));
         tokio::spawn(async move {
-            let (mut acked, mut timed_out) = (0u64, 0u64);
+            // What the last publishes met and when (sent, answered): a failure shows them.
+            let (mut acked, mut timed_out, mut recent) = (0u64, Vec::new(), Vec::new());
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Ok(ack) = js.publish("roll.x", "m".into()).await {
-                    match ack.await {
-                        Ok(_) => acked += 1,
-                        Err(e) if e.kind() == PublishErrorKind::TimedOut => timed_out += 1,
-                        Err(_) => {} // An error: sent again at once.
-                    }
+                let sent = std::time::SystemTime::now();
+                let outcome = match js.publish("roll.x", "m".into()).await {
+                    Ok(ack) => match ack.await {
+                        Ok(a) => {
+                            acked += 1;
+                            format!("stored {}", a.sequence)
+                        }
+                        Err(e) if e.kind() == PublishErrorKind::TimedOut => {
+                            timed_out.push(sent);
+                            "timed out".to_string()
+                        }
+                        Err(e) => format!("{e}"), // An error: sent again at once.
+                    },
+                    Err(e) => format!("not sent: {e}"),
+                };
+                if recent.len() == 20 && timed_out.is_empty() {
+                    recent.remove(0);
+                }
+                if recent.len() < 40 {
+                    recent.push((sent, std::time::SystemTime::now(), outcome));
                 }
             }
-            (acked, timed_out)
+            (acked, timed_out, recent)
         })
     };
     let c = connect(&nodes[si], "app").await;
@@ -1005,20 +1020,33 @@ async fn a_stopping_stream_leader_answers_the_publishes_it_took() {
     // openraft's leader lease (2 s), whose transfers take milliseconds, as in a cluster that
     // ran a while (a newer one's take up to the lease, during which its answers got out).
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    nodes.remove(li).terminate().await;
+    let stopped_at = std::time::SystemTime::now();
+    let stopping_log = nodes.remove(li).terminate().await;
     let after = count(c.clone()).await;
     eventually("publishes after the stop", || async {
         (count(c.clone()).await > after + 50).then_some(())
     })
     .await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (acked, timed_out) = publishing.await.unwrap();
+    let (acked, timed_out, recent) = publishing.await.unwrap();
     assert!(acked > 100, "{acked}");
     if !common::is_reference() {
         // (The reference leaves the one in flight unanswered now and then.)
-        assert_eq!(
-            timed_out, 0,
-            "publishes the stopping leader left unanswered"
+        let since = |t: &std::time::SystemTime| {
+            t.duration_since(stopped_at)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or_else(|e| -e.duration().as_secs_f64())
+        };
+        assert!(
+            timed_out.is_empty(),
+            "publishes the stopping leader left unanswered, sent at {:?} s after the stop \
+             began; the publishes around them (sent, answered, outcome): {:#?}\nits log:\n\
+             {stopping_log}",
+            timed_out.iter().map(since).collect::<Vec<_>>(),
+            recent
+                .iter()
+                .map(|(s, a, o)| format!("{:.4} {:.4} {o}", since(s), since(a)))
+                .collect::<Vec<_>>()
         );
     }
 }

@@ -40,6 +40,8 @@ const MAX_ROUTED: usize = 64 * 1024 * 1024;
 const READ_SIZE: usize = 64 * 1024;
 /// The first PING after registration (the reference's, plus up to 20% jitter).
 const FIRST_PING: Duration = Duration::from_secs(1);
+/// How long a stopping server reads on from a route whose peer has not closed its side.
+const LINGER: Duration = Duration::from_secs(1);
 
 /// Why a route closed, in the reference's words (`Router connection closed: <reason>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -601,7 +603,15 @@ impl Conn {
                     return self.route.why.get().copied()
                         .unwrap_or_else(|| RouteClose::of_handle(handle.close_reason()));
                 }
-                _ = until_true(&mut shutdown) => return RouteClose::ServerShutdown,
+                _ = until_true(&mut shutdown) => {
+                    // What was queued for the peer (answers to the last requests it sent
+                    // here) is flushed and the write side closed; reading on until the peer
+                    // closes its side keeps the socket from being reset, which would make
+                    // the peer drop the part it had not read yet.
+                    self.route.handle.close(CloseReason::ServerShutdown);
+                    let _ = tokio::time::timeout(LINGER, client::drain(&mut rd)).await;
+                    return RouteClose::ServerShutdown;
+                }
             }
         }
     }

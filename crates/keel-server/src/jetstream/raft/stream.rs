@@ -1703,8 +1703,10 @@ pub async fn run_group(
             );
         } else if ready && (!leading || shared.is_fenced()) {
             ready = false;
-            shared.set_fenced();
+            // Unsubscribed before the fence: what the actor refuses once fenced (its
+            // clients retry at once) reaches the routes after their unsubscribe.
             s.unsubscribe_subjects();
+            shared.set_fenced();
             if let Some(js) = account_js(&server, &s) {
                 crate::jetstream::registry::stop_consumers(&js, &server, &s).await;
             }

@@ -353,6 +353,17 @@ impl<R: Replicator> Actor<R> {
             })
             .await;
         self.after_commit(committed);
+        // Refused because this replica stopped leading: the client sends it again at once.
+        // The subjects go first (the watcher would drop them a moment later), so the routes
+        // hear of it before the error and the retry goes to the new leader; otherwise it
+        // could still come here, after the unsubscribe, and be dropped unanswered.
+        if !self.core.replicator.is_leader()
+            && results
+                .iter()
+                .any(|(_, r)| matches!(r, PubResult::Error(_)))
+        {
+            self.core.stream.unsubscribe_subjects();
+        }
         let domain = crate::jetstream::domain(&self.core.server);
         let head = AckHead::new(&self.core.cfg.name, domain);
         for (reply, r) in results {
