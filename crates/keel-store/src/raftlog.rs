@@ -50,15 +50,25 @@ pub struct RaftLogConfig {
     /// A segment is rolled once the next record would take it past this size (an entry
     /// larger than this gets a segment of its own).
     pub segment_size: u64,
+    /// Allocate the active segment ahead of its records (zeros, see [`FsFile::allocate`]),
+    /// so that an append does not change the file's size: its fdatasync then flushes the
+    /// data only, not the file's metadata as well (about half the time of one that grows
+    /// the file on ext4). A segment is cut back to its records when the next one starts.
+    pub preallocate: bool,
 }
 
 impl Default for RaftLogConfig {
     fn default() -> Self {
         RaftLogConfig {
             segment_size: 64 << 20,
+            preallocate: true,
         }
     }
 }
+
+/// How far ahead of its records the active segment is allocated: as much again as it holds,
+/// from 4 KiB to 256 KiB (each step's zeros are flushed by the next sync).
+const PREALLOC: u64 = 256 << 10;
 
 fn crc(rec: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
@@ -178,6 +188,8 @@ struct Seg {
     offs: Vec<u64>,
     /// End of the last record written.
     len: u64,
+    /// The file's size: `len` plus the allocated space after it (zeros).
+    alloc: u64,
     file: Box<dyn FsFile>,
     /// A second descriptor for this file, opened before the writes it covers, that a sync
     /// job takes away: its fsync reports write-back errors of writes made through `file`,
@@ -582,6 +594,7 @@ impl RaftLog {
                 first,
                 offs,
                 len: data.len() as u64,
+                alloc: data.len() as u64,
                 file,
                 sync_file: Some(sync_file),
                 proven_len: data.len() as u64,
@@ -743,10 +756,24 @@ impl RaftLog {
             return Ok(());
         }
         let s = self.segs.last_mut().unwrap();
+        let end = s.len + buf.len() as u64;
+        // Allocated ahead in steps, so most syncs find the file's size unchanged. Failure
+        // is not an error: the write below extends the file (or fails) on its own.
+        if self.cfg.preallocate && end > s.alloc {
+            let want = self
+                .cfg
+                .segment_size
+                .min(end + end.clamp(4 << 10, PREALLOC))
+                .max(end);
+            if s.file.allocate(want).is_ok() {
+                s.alloc = want;
+            }
+        }
         if let Err(e) = s.file.write_at(buf, s.len) {
             return Err(self.fail("write", e));
         }
-        s.len += buf.len() as u64;
+        s.len = end;
+        s.alloc = s.alloc.max(end);
         s.offs.append(offs);
         s.dirty = true;
         buf.clear();
@@ -755,6 +782,17 @@ impl RaftLog {
 
     /// Starts a segment whose first entry is `first`.
     fn roll(&mut self, first: u64) -> io::Result<()> {
+        // The active segment gives back its allocated space, durably before the next one
+        // exists: only the last segment may end in zeros (recovery cuts them there, while a
+        // segment before another must end at its last record).
+        // (The file's own size: an allocation that failed part way may have grown it.)
+        if let Some(s) = self.segs.last_mut() {
+            if s.alloc > s.len || s.file.len()? > s.len {
+                s.file.truncate(s.len)?;
+                s.file.sync()?;
+                s.alloc = s.len;
+            }
+        }
         let path = self.path(&seg_name(first));
         let mut file = self.fs.open(&path, true)?;
         if file.len()? != 0 {
@@ -781,6 +819,7 @@ impl RaftLog {
             first,
             offs: Vec::new(),
             len: HEADS_LEN as u64,
+            alloc: HEADS_LEN as u64,
             file,
             sync_file: Some(sync_file),
             proven_len: HEADS_LEN as u64,
@@ -1015,6 +1054,7 @@ impl RaftLog {
             if let Err(e) = r {
                 return Err(self.fail("truncating", e));
             }
+            s.alloc = cut;
             s.offs.truncate(n);
             s.len = cut;
             s.proven_len = cut;
