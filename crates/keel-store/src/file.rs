@@ -222,9 +222,9 @@ const SEQUENTIAL_GAP: u64 = 4 << 10;
 
 /// How far ahead of its records a segment file is allocated: as much again as it holds,
 /// from 4 KiB to 256 KiB, so a small stream wastes little and a busy one changes its file's
-/// size (which costs the next fdatasync a metadata commit) about once per 256 KiB. (The
-/// allocation writes zeros, which the next sync flushes: 1 MiB steps doubled that sync's
-/// p99 for the same mean.)
+/// size (which costs the next fdatasync a metadata commit) about once per 256 KiB. (At a sync
+/// the allocation writes zeros, which that sync flushes: 1 MiB steps doubled its p99 for the
+/// same mean.)
 const PREALLOC: u64 = 256 << 10;
 
 fn prealloc_step(len: u64) -> u64 {
@@ -421,7 +421,11 @@ impl FileStore {
             + self.wbuf.len() as u64
     }
 
-    fn flush_wbuf(&mut self) -> io::Result<()> {
+    /// Writes the buffered records. `at_sync`: the tail of a batch that the sync now waits
+    /// for (allocation ahead then writes zeros, so the fdatasync flushes data only), rather
+    /// than a full buffer in a stream of writes (where copying zeros first would cost more
+    /// than the metadata it saves).
+    fn flush_wbuf(&mut self, at_sync: bool) -> io::Result<()> {
         if self.wbuf.is_empty() {
             return Ok(());
         }
@@ -437,7 +441,7 @@ impl FileStore {
         let mut alloc = alloc;
         if self.cfg.preallocate && end > alloc && end < self.cfg.segment_size {
             let want = self.cfg.segment_size.min(end + prealloc_step(end));
-            if self.with_file(id, |f| f.allocate(want)).is_ok() {
+            if self.with_file(id, |f| f.allocate(want, at_sync)).is_ok() {
                 alloc = want;
             }
         }
@@ -506,7 +510,7 @@ impl FileStore {
 
     /// Starts a new active segment. The previous one is left for `sync` to fdatasync.
     fn roll(&mut self) -> io::Result<()> {
-        self.flush_wbuf()?;
+        self.flush_wbuf(false)?;
         if let Some(s) = self.core.get_mut().slots.segs.last() {
             // A segment that ends up holding no live message (only tombstones or markers,
             // or everything already removed) becomes a deletion candidate once it is not
@@ -549,7 +553,7 @@ impl FileStore {
             .cfg
             .segment_size
             .min(HEADS_LEN as u64 + prealloc_step(0));
-        if self.cfg.preallocate && file.allocate(want).is_ok() {
+        if self.cfg.preallocate && file.allocate(want, true).is_ok() {
             seg.alloc = want;
         }
         let h = self.files.get_mut();
@@ -585,7 +589,7 @@ impl FileStore {
         self.segs()[idx].last_rec = Some((off, crc));
         self.mark_dirty(idx);
         if self.wbuf.len() >= self.cfg.write_buffer {
-            self.flush_wbuf()?;
+            self.flush_wbuf(false)?;
         }
         let flag = if hdr.is_empty() { 0 } else { HDR_FLAG };
         Ok((
@@ -882,7 +886,7 @@ impl FileStore {
         }
         let dead_ids: Vec<u32> = dead.iter().map(|&i| self.segs()[i].id).collect();
         let applied = self.write_applied(&dead_ids)?;
-        self.flush_wbuf()?;
+        self.flush_wbuf(true)?;
         // Index files found damaged (their entries were rebuilt from the records), and
         // sealed segments whose records changed in place, are written again.
         let rebuilt = std::mem::take(self.core.get_mut().slots.rebuilt.get_mut());

@@ -50,10 +50,11 @@ pub struct RaftLogConfig {
     /// A segment is rolled once the next record would take it past this size (an entry
     /// larger than this gets a segment of its own).
     pub segment_size: u64,
-    /// Allocate the active segment ahead of its records (zeros, see [`FsFile::allocate`]),
-    /// so that an append does not change the file's size: its fdatasync then flushes the
-    /// data only, not the file's metadata as well (about half the time of one that grows
-    /// the file on ext4). A segment is cut back to its records when the next one starts.
+    /// Allocate the active segment ahead of its records (zeros written for appends under
+    /// `ZERO_FILL_BELOW`, see [`FsFile::allocate`]), so that an append changes neither the
+    /// file's size nor its extents: its fdatasync then flushes the data only, not the
+    /// file's metadata as well (about half the time of one that grows the file on ext4). A
+    /// segment is cut back to its records when the next one starts.
     pub preallocate: bool,
 }
 
@@ -765,7 +766,10 @@ impl RaftLog {
                 .segment_size
                 .min(end + end.clamp(4 << 10, PREALLOC))
                 .max(end);
-            if s.file.allocate(want).is_ok() {
+            if s.file
+                .allocate(want, buf.len() < crate::io::ZERO_FILL_BELOW)
+                .is_ok()
+            {
                 s.alloc = want;
             }
         }

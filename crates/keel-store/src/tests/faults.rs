@@ -757,8 +757,8 @@ impl crate::io::FsFile for StallFile {
     fn truncate(&mut self, len: u64) -> std::io::Result<()> {
         self.inner.truncate(len)
     }
-    fn allocate(&mut self, len: u64) -> std::io::Result<()> {
-        self.inner.allocate(len)
+    fn allocate(&mut self, len: u64, write_zeros: bool) -> std::io::Result<()> {
+        self.inner.allocate(len, write_zeros)
     }
 }
 

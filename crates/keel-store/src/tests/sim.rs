@@ -314,7 +314,7 @@ impl FsFile for SimFile {
             Ok(())
         })
     }
-    fn allocate(&mut self, len: u64) -> io::Result<()> {
+    fn allocate(&mut self, len: u64, _write_zeros: bool) -> io::Result<()> {
         self.with(|s, ino| {
             s.tick()?;
             let i = s.inodes.get_mut(&ino).unwrap();
