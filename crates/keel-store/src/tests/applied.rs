@@ -451,3 +451,34 @@ fn dump(sim: &SimFs) {
         eprintln!("   {}: {}", name.display(), recs.join(" "));
     }
 }
+
+/// Allocation ahead writes zeros where a sync waits for a small write (the buffer a sync
+/// flushes), and uses fallocate where a full write buffer goes out in a stream of writes
+/// (copying zeros there cost more than the metadata they save).
+#[test]
+fn allocation_writes_zeros_only_for_what_a_sync_flushes() {
+    let sim = SimFs::new(4);
+    let cfg = FileStoreConfig {
+        segment_size: 8 << 20,
+        write_buffer: 16 << 10,
+        ..Default::default()
+    };
+    let (mut s, _) = open(&sim, &cfg);
+    let base = sim.allocations();
+    // Small messages past the new segment's first 4 KiB, then their sync: the buffer the
+    // sync flushes.
+    for i in 0..60 {
+        s.store_msg(b"a.b", b"", &[1; 100][..], i).unwrap();
+    }
+    s.sync().unwrap();
+    let after_sync = sim.allocations();
+    assert!(after_sync.0 > base.0, "{base:?} -> {after_sync:?}");
+    assert_eq!(after_sync.1, base.1, "{base:?} -> {after_sync:?}");
+    // A stream of 1 MiB with no sync: full buffers flushed, far past what was allocated.
+    for i in 0..256 {
+        s.store_msg(b"a.b", b"", &[2; 4096][..], 60 + i).unwrap();
+    }
+    let streamed = sim.allocations();
+    assert!(streamed.1 > after_sync.1, "{after_sync:?} -> {streamed:?}");
+    assert_eq!(streamed.0, after_sync.0, "{after_sync:?} -> {streamed:?}");
+}

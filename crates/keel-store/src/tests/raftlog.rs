@@ -737,3 +737,27 @@ fn the_active_segment_is_allocated_ahead_and_cut_back_when_rolled() {
         "the zeros are cut at recovery: {last}"
     );
 }
+
+/// A Raft log's small appends allocate ahead with zeros written (their fdatasync then
+/// flushes data only); an append of 256 KiB or more with fallocate.
+#[test]
+fn small_appends_allocate_with_zeros_large_ones_with_fallocate() {
+    let sim = SimFs::new(10);
+    let dir = Path::new("/g");
+    let (mut log, _) = open(&sim, dir, 64 << 20);
+    let base = sim.allocations();
+    append_n(&mut log, 1, 1, 100);
+    let small = sim.allocations();
+    assert_eq!(
+        (small.0 - base.0, small.1 - base.1),
+        (1, 0),
+        "{base:?} -> {small:?}"
+    );
+    append_n(&mut log, 2, 1, 300 << 10);
+    let large = sim.allocations();
+    assert_eq!(
+        (large.0 - small.0, large.1 - small.1),
+        (0, 1),
+        "{small:?} -> {large:?}"
+    );
+}

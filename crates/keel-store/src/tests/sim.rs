@@ -73,6 +73,8 @@ struct Sim {
     /// Operations left before every operation fails (until the next crash).
     fail_in: Option<u64>,
     pub syncs: u64,
+    /// Allocations asked for: with zeros written, and without (fallocate).
+    pub allocations: (u64, u64),
     handles: u64,
     max_handles: u64,
 }
@@ -108,6 +110,7 @@ impl SimFs {
             rng: Rng(seed ^ 0x5EED),
             fail_in: None,
             syncs: 0,
+            allocations: (0, 0),
             handles: 0,
             max_handles: 0,
         })))
@@ -161,6 +164,11 @@ impl SimFs {
     pub fn handles(&self) -> (u64, u64) {
         let s = self.0.lock().unwrap();
         (s.handles, s.max_handles)
+    }
+
+    /// Allocations asked for so far: (zeros written, fallocate).
+    pub fn allocations(&self) -> (u64, u64) {
+        self.0.lock().unwrap().allocations
     }
 
     pub fn syncs(&self) -> u64 {
@@ -314,9 +322,14 @@ impl FsFile for SimFile {
             Ok(())
         })
     }
-    fn allocate(&mut self, len: u64, _write_zeros: bool) -> io::Result<()> {
+    fn allocate(&mut self, len: u64, write_zeros: bool) -> io::Result<()> {
         self.with(|s, ino| {
             s.tick()?;
+            if write_zeros {
+                s.allocations.0 += 1;
+            } else {
+                s.allocations.1 += 1;
+            }
             let i = s.inodes.get_mut(&ino).unwrap();
             let cur = i.data.len() as u64;
             if len > cur {
