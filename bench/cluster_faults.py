@@ -43,6 +43,10 @@ publish is recorded as (seq, payload); every publish that timed out or failed is
                   whose time differs between replicas counts as divergent. Only where the server's
                   clock can be reached: not nats-server (a static Go binary reads the clock
                   through the vDSO, where no LD_PRELOAD reaches; the fault is skipped there)
+  disk-full-leader, disk-full-follower  (disk mode only) every free block of that node's
+                  filesystem taken by a file for --stop seconds while the publishers go on
+                  (writes there fail with ENOSPC), then freed; the checker then waits up to
+                  60 s for every replica to be current again and logs how long it took
   rescale         the stream scaled down to R1 and back to R3 while the publishers go on
                   (STREAM.UPDATE num_replicas): the removed replicas drop their copy, the
                   new ones catch up (on keel from a snapshot and the leader's messages once
@@ -110,7 +114,7 @@ of new messages come in stream order.
 Usage: bench/cluster_faults.py [--short] [--storage file|memory] [--faults F1,F2,...]
                                [--disks auto|on|off] [--out FILE]
 --short: one round of kill-leader, kill-follower, stop-leader, partition-leader, clock-jump,
-rescale, power-loss and power-loss-disk, shorter gaps (about 3 minutes for both servers on 2 cores).
+rescale, disk-full-follower, power-loss and power-loss-disk, shorter gaps (about 3 minutes for both servers on 2 cores).
 --faults: this schedule instead (e.g. power-loss-disk,power-loss-disk,power-loss-disk).
 --check-disks: only the disk self-check (exit 1 if it fails).
 """
@@ -408,9 +412,79 @@ async def run_schedule(cl, faults, args, t0, sched):
             await rescale(cl, gap, t0, sched)
         elif f == "clock-jump":
             await clock_jump(cl, leader, replicas, args, t0, sched)
+        elif f in ("disk-full-leader", "disk-full-follower"):
+            await disk_full(cl, f, leader, replicas, args, t0, sched)
         else:
             raise ValueError(f"unknown fault {f}")
     await asyncio.sleep(gap)
+
+
+def fill_disk(path):
+    """Takes every free block of the filesystem at `path` (root's reserve too: the servers
+    run as root) with two files under it; returns the bytes taken."""
+    st = os.statvfs(path)
+    free = st.f_bfree * st.f_frsize
+    taken = 0
+    fd = os.open(os.path.join(path, ".filler"), os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        want = max(0, free - (8 << 20))
+        while want > 0:
+            try:
+                os.posix_fallocate(fd, 0, want)
+                taken = want
+                break
+            except OSError:
+                want -= 4 << 20
+    finally:
+        os.close(fd)
+    # The rest (what the big file's own metadata left) written until the disk says no.
+    fd = os.open(os.path.join(path, ".filler2"), os.O_CREAT | os.O_WRONLY, 0o600)
+    chunk = b"\0" * (64 << 10)
+    try:
+        while True:
+            n = os.write(fd, chunk)
+            taken += n
+            if n < len(chunk):
+                break
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return taken
+
+
+def free_disk(path):
+    for name in (".filler", ".filler2"):
+        try:
+            os.unlink(os.path.join(path, name))
+        except FileNotFoundError:
+            pass
+
+
+async def disk_full(cl, fault, leader, replicas, args, t0, sched):
+    """The disk-full faults (see the docstring)."""
+    if not cl.disks:
+        log(t0, f"{fault}: skipped (disk mode off)", sched)
+        return
+    role = "leader" if fault == "disk-full-leader" else "follower"
+    name = leader if role == "leader" else (random.choice(replicas) if replicas else leader)
+    n = cl.by_name(name)
+    loop = asyncio.get_running_loop()
+    taken = await loop.run_in_executor(None, fill_disk, n.store)
+    log(t0, f"DISK FULL on {role} {name} ({taken >> 20} MiB taken) for {args.stop}s", sched)
+    await asyncio.sleep(args.stop)
+    try:
+        now, _ = await find_roles(cl, 10)
+        seen = f"stream leader {now}"
+    except RuntimeError:
+        seen = "NO stream leader"
+    free_disk(n.store)
+    log(t0, f"disk space back on {name} ({seen} while full)", sched)
+    _, took = await converge(cl, 60, lag_ok=True)
+    if took is None:
+        log(t0, f"replicas NOT current within 60 s after {name}'s disk was freed", sched)
+    else:
+        log(t0, f"replicas current {took:.1f}s after {name}'s disk was freed", sched)
 
 
 async def clock_jump(cl, leader, replicas, args, t0, sched):
@@ -1054,7 +1128,7 @@ def main():
     power = [] if args.no_power_loss else ["power-loss", "power-loss-disk"]
     if args.short:
         faults = ["kill-leader", "kill-follower", "stop-leader", "partition-leader", "clock-jump"]
-        faults += ["rescale"]
+        faults += ["rescale", "disk-full-follower"]
         faults += power
         args.gap = args.gap if args.gap is not None else 1.5
         args.stop = args.stop if args.stop is not None else 5.0
@@ -1063,14 +1137,15 @@ def main():
         args.alone_wait = min(args.alone_wait, 3.0)
     else:
         base = ["kill-leader", "kill-follower", "stop-leader"]
-        base += ["partition-leader", "partition-follower", "bridge", "clock-jump", "rescale", *power]
+        base += ["partition-leader", "partition-follower", "bridge", "clock-jump", "rescale"]
+        base += ["disk-full-follower", "disk-full-leader", *power]
         faults = base * args.rounds
         args.gap = args.gap if args.gap is not None else 5.0
         args.stop = args.stop if args.stop is not None else 12.0
         args.partition = args.partition if args.partition is not None else 10.0
         args.consumer = 2000 if args.consumer is None else args.consumer
     # What a memory stream cannot survive by design (or has no files for).
-    not_memory = {"power-loss", "power-loss-disk", "bitflip-follower"}
+    not_memory = {"power-loss", "power-loss-disk", "bitflip-follower", "disk-full-leader", "disk-full-follower"}
     if args.storage == "memory":
         faults = [f for f in faults if f not in not_memory]
     if args.faults:
@@ -1079,14 +1154,14 @@ def main():
             ap.error(f"not with --storage memory: {', '.join(sorted(not_memory & set(faults)))}")
         known = {"kill-leader", "kill-follower", "stop-leader", "power-loss", "power-loss-disk"}
         known |= {"partition-leader", "partition-follower", "bridge", "rescale", "bitflip-follower"}
-        known |= {"clock-jump"}
+        known |= {"clock-jump", "disk-full-leader", "disk-full-follower"}
         bad = [f for f in faults if f not in known]
         if bad:
             ap.error(f"unknown fault(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
     started = time.time()
     args.use_disks = False
     disk_line = "disk mode: not used (no power-loss-disk in the schedule)"
-    if "power-loss-disk" in faults:
+    if {"power-loss-disk", "disk-full-leader", "disk-full-follower"} & set(faults):
         why = "--disks off" if args.disks == "off" else disks_unavailable()
         if why is None:
             try:

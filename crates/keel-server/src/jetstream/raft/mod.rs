@@ -522,6 +522,9 @@ pub struct RaftHost {
     /// Lame duck: this server stands for no election in any group from now on (as the
     /// reference makes its Raft nodes observers), whatever a hold's end or a transfer says.
     retiring: AtomicBool,
+    /// Per group: when its replica was last loaded again after its log failed, and the wait
+    /// before that (see `reload_wait`).
+    reloads: Mutex<HashMap<String, (Instant, Duration)>>,
 }
 
 impl RaftHost {
@@ -559,6 +562,7 @@ impl RaftHost {
             holds: AtomicU64::new(0),
             gates: Mutex::new(HashMap::new()),
             retiring: AtomicBool::new(false),
+            reloads: Mutex::new(HashMap::new()),
         });
         server.spawn(serve(host.clone(), rx));
         host
@@ -657,6 +661,21 @@ impl RaftHost {
 
     pub fn retiring(&self) -> bool {
         self.retiring.load(Ordering::SeqCst)
+    }
+
+    /// How long a group whose log failed (a full disk) waits before its replica is loaded
+    /// again: 1 s, doubling up to 30 s while it keeps failing within a minute of the last.
+    pub fn reload_wait(&self, group: &str) -> Duration {
+        let mut r = self.reloads.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let wait = match r.get(group) {
+            Some((at, w)) if now.saturating_duration_since(*at) < Duration::from_secs(60) => {
+                (*w * 2).min(Duration::from_secs(30))
+            }
+            _ => Duration::from_secs(1),
+        };
+        r.insert(group.to_string(), (now + wait, wait));
+        wait
     }
 
     /// Lets `raft` stand for election again after a pause (a transfer, a stepdown, a hold),

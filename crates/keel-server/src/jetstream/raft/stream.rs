@@ -1494,6 +1494,83 @@ async fn rebuild(
     router.flush();
 }
 
+/// A replica whose group stopped on a log failure: after `wait`, the stream is taken off
+/// this server (its files kept), its store closed, and opened again from its files, as at a
+/// restart: its log's recovery cuts what was not synced, and the new group catches up from
+/// the leader (or, failing again, comes back here later).
+async fn reload(
+    server: Arc<crate::server::Server>,
+    js: Arc<crate::jetstream::JetStream>,
+    name: String,
+    wait: Duration,
+) {
+    let mut shutdown = server.shutdown_rx();
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => {}
+        _ = shutdown.wait_for(|s| *s) => return,
+    }
+    let Some(old) = js.stream(&name) else {
+        return;
+    };
+    let dir = js.streams_dir.join(&name);
+    let mut router = crate::router::Router::new(js.account.clone(), 0x524c);
+    crate::jetstream::registry::unload_stream(&js, &server, &mut router, &name).await;
+    router.flush();
+    if tokio::time::timeout(Duration::from_secs(10), old.closed())
+        .await
+        .is_err()
+    {
+        crate::error!(
+            server.log,
+            "JetStream stream '{} > {name}': its store did not close; the replica stays off until a restart",
+            js.account.name
+        );
+        return;
+    }
+    drop(old);
+    // Opening writes too (its recovery cuts what was not synced): on a disk still full it
+    // is tried again, less and less often, until it opens, the server stops, or the stream
+    // was made again meanwhile (a delete and a create).
+    let mut again = Duration::from_secs(1);
+    loop {
+        let opened = crate::jetstream::stream::meta::read_meta(&js.meta, &dir, &server.log)
+            .and_then(|meta| {
+                crate::jetstream::stream::Stream::open(
+                    &server,
+                    &js.account,
+                    &dir,
+                    meta,
+                    &js.settings(),
+                )
+            });
+        match opened {
+            Ok(s) => {
+                js.registry.insert_stream(&js.account.name, s.clone());
+                s.start_sources();
+                crate::info!(
+                    server.log,
+                    "JetStream stream '{} > {name}': replica loaded again from its files",
+                    js.account.name
+                );
+                return;
+            }
+            Err(e) => crate::error!(
+                server.log,
+                "JetStream stream '{} > {name}': could not be loaded again ({e}); trying again in {again:?}",
+                js.account.name
+            ),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(again) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        again = (again * 2).min(Duration::from_secs(30));
+        if js.stream(&name).is_some() || !dir.exists() {
+            return;
+        }
+    }
+}
+
 /// Starts a replicated stream's group on this server (once the cluster's Raft host is up:
 /// at start the stream is recovered before the meta group starts), forms it if this server
 /// made the stream, then follows leadership: the ready leader subscribes and decides, a
@@ -1611,6 +1688,25 @@ pub async fn run_group(
     let mut membership_seen = None;
     loop {
         let m = metrics.borrow_and_update().clone();
+        if let Err(openraft::error::Fatal::StorageError(e)) = &m.running_state {
+            // Its log could not be written (a full disk): openraft stopped the group. The
+            // replica is loaded again from its files (what was synced), as at a restart,
+            // and catches up from the leader; until then the others go on without it.
+            if let Some((s, js)) = stream
+                .upgrade()
+                .and_then(|s| account_js(&server, &s).map(|js| (s, js)))
+            {
+                let wait = host.reload_wait(&spec.group);
+                crate::error!(
+                    server.log,
+                    "JetStream stream '{} > {}': its Raft log failed ({e}); the replica is loaded again from its files in {wait:?}",
+                    s.account().name,
+                    s.name
+                );
+                server.spawn(reload(server.clone(), js, s.name.clone(), wait));
+            }
+            break;
+        }
         let voters = m.membership_config.voter_ids().count();
         let follower_of = m.current_leader.filter(|l| *l != shared.node && voters > 1);
         if follower_of.is_some() && !scrubbed {

@@ -871,6 +871,7 @@ pub async fn run<R: Replicator>(
             c = commands.recv() => match c {
                 Some(Command::Delete { reply }) => {
                     a.destroy();
+                    a.core.stream.set_ended();
                     let _ = reply.send(());
                     return;
                 }
@@ -894,6 +895,7 @@ pub async fn run<R: Replicator>(
     a.core.stream.save_source_positions(true);
     a.core.stream.stop_sourcing();
     a.close();
+    a.core.stream.set_ended();
 }
 
 /// The start of a stream's PubAcks, made once per batch: `{"stream":<name>` (JSON), and

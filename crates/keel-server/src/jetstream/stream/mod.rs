@@ -102,6 +102,8 @@ pub struct Stream {
     /// replicator, state machine and watcher share.
     pub group: Option<crate::jetstream::raft::stream::GroupSpec>,
     pub replica: OnceLock<Arc<crate::jetstream::raft::stream::Shared>>,
+    /// Set once the actor has ended and closed its store (`closed`).
+    ended: watch::Sender<bool>,
 }
 
 async fn ask<T>(
@@ -199,6 +201,7 @@ impl Stream {
             sourcing_gen: AtomicU64::new(0),
             group: group.clone(),
             replica: OnceLock::new(),
+            ended: watch::Sender::new(false),
         });
         // A replicated stream subscribes once it leads (`raft::stream::run_group`).
         if group.is_none() {
@@ -436,6 +439,17 @@ impl Stream {
 
     pub fn committed_seq(&self) -> u64 {
         *self.committed.borrow()
+    }
+
+    /// Resolves once the actor has ended and closed the store (its files may then be
+    /// opened again).
+    pub async fn closed(&self) {
+        let _ = self.ended.subscribe().wait_for(|e| *e).await;
+    }
+
+    /// The actor has closed the store.
+    pub(crate) fn set_ended(&self) {
+        self.ended.send_replace(true);
     }
 
     /// A sender for the actor's commands (None once it has ended). Hold it only in a task
