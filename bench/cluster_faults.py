@@ -482,6 +482,8 @@ async def disk_full(cl, fault, leader, replicas, args, t0, sched):
     log(t0, f"disk space back on {name} ({seen} while full)", sched)
     _, took = await converge(cl, 60, lag_ok=True)
     if took is None:
+        # Keel's promise: a replica comes back by itself once there is space (a verdict).
+        cl.not_recovered = getattr(cl, "not_recovered", 0) + 1
         log(t0, f"replicas NOT current within 60 s after {name}'s disk was freed", sched)
     else:
         log(t0, f"replicas current {took:.1f}s after {name}'s disk was freed", sched)
@@ -1022,6 +1024,7 @@ async def run_one(kind, binary, args, faults):
                 rec.unknown & {p for r in reads.values() for p in (r or {}).values()}
             ),
             errors=rec.errors,
+            not_recovered=getattr(cl, "not_recovered", 0),
             schedule=sched,
             examples={k: v for k, v in ex.items() if v},
             **counts,
@@ -1230,6 +1233,8 @@ def main():
     k = results["keel"]
     kc = k.get("consumer", {}) if k else {}
     bad = [key for key in ("lost", "divergent", "order", "foreign") if k and k.get(key)]
+    if k and k.get("not_recovered"):
+        bad.append("not_recovered (a replica not current within 60 s of its disk freed)")
     bad += [key for key in ("redelivered_after_confirmed_ack", "out_of_order") if kc.get(key)]
     if bad:
         print(f"FAILED: keel {', '.join(bad)}", file=sys.stderr)
