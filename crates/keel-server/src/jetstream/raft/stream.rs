@@ -331,6 +331,9 @@ pub struct Shared {
     /// batch is applied early, with the store locked; cleared once it commits or is rolled
     /// back): a snapshot is taken only when it does not.
     in_flight: std::sync::atomic::AtomicBool,
+    /// Set when this replica leaves its group because its store could not be written: the
+    /// watcher then loads it again from its files (`reload`), as for a failed log.
+    reload_wanted: std::sync::atomic::AtomicBool,
     /// A snapshot waits for the busy leader's next commit to take the store's state.
     capture_wanted: std::sync::atomic::AtomicBool,
     captured: Mutex<Option<Captured>>,
@@ -398,6 +401,7 @@ impl Shared {
             log: OnceLock::new(),
             synced: std::sync::atomic::AtomicU64::new(applied.map_or(0, |l| l.index)),
             in_flight: std::sync::atomic::AtomicBool::new(false),
+            reload_wanted: std::sync::atomic::AtomicBool::new(false),
             capture_wanted: std::sync::atomic::AtomicBool::new(false),
             captured: Mutex::new(None),
             captured_ready: tokio::sync::Notify::new(),
@@ -1304,8 +1308,12 @@ impl RaftReplicator {
                     if r.is_err() {
                         // Committed on a quorum but not in this store any more (the sync
                         // rolled it back): this replica stops serving and leaves the group
-                        // to the others; a restart applies its log again from the marker.
+                        // to the others; loaded again (`reload`), it applies its log again
+                        // from the marker.
                         self.shared.set_fenced();
+                        self.shared
+                            .reload_wanted
+                            .store(true, std::sync::atomic::Ordering::Release);
                         let raft = raft.clone();
                         tokio::spawn(async move {
                             let _ = raft.shutdown().await;
@@ -1334,7 +1342,10 @@ impl RaftReplicator {
                     drop(fence);
                     if !rolled_back {
                         // The uncommitted batch is still in the store: this replica must
-                        // not serve from it; it leaves the group until a restart.
+                        // not serve from it; it leaves the group until it is loaded again.
+                        self.shared
+                            .reload_wanted
+                            .store(true, std::sync::atomic::Ordering::Release);
                         let raft = raft.clone();
                         tokio::spawn(async move {
                             let _ = raft.shutdown().await;
@@ -1688,7 +1699,20 @@ pub async fn run_group(
     let mut membership_seen = None;
     loop {
         let m = metrics.borrow_and_update().clone();
-        if let Err(openraft::error::Fatal::StorageError(e)) = &m.running_state {
+        let failed = match &m.running_state {
+            Err(openraft::error::Fatal::StorageError(e)) => {
+                Some(format!("its Raft log failed ({e})"))
+            }
+            Err(_)
+                if shared
+                    .reload_wanted
+                    .swap(false, std::sync::atomic::Ordering::AcqRel) =>
+            {
+                Some("its store could not be written".to_string())
+            }
+            _ => None,
+        };
+        if let Some(why) = failed {
             // Its log could not be written (a full disk): openraft stopped the group. The
             // replica is loaded again from its files (what was synced), as at a restart,
             // and catches up from the leader; until then the others go on without it.
@@ -1699,7 +1723,7 @@ pub async fn run_group(
                 let wait = host.reload_wait(&spec.group);
                 crate::error!(
                     server.log,
-                    "JetStream stream '{} > {}': its Raft log failed ({e}); the replica is loaded again from its files in {wait:?}",
+                    "JetStream stream '{} > {}': {why}; the replica is loaded again from its files in {wait:?}",
                     s.account().name,
                     s.name
                 );
@@ -1780,6 +1804,11 @@ pub async fn run_group(
                     s.account().name,
                     s.name
                 );
+                // Loaded again from its files later, as a replica whose log failed.
+                if let Some(js) = account_js(&server, &s) {
+                    let wait = host.reload_wait(&spec.group);
+                    server.spawn(reload(server.clone(), js, s.name.clone(), wait));
+                }
                 drop(s);
                 shared.stop_group().await;
                 break;
