@@ -357,10 +357,11 @@ impl<R: Replicator> Actor<R> {
         // The subjects go first (the watcher would drop them a moment later), so the routes
         // hear of it before the error and the retry goes to the new leader; otherwise it
         // could still come here, after the unsubscribe, and be dropped unanswered.
-        if !self.core.replicator.is_leader()
-            && results
-                .iter()
-                .any(|(_, r)| matches!(r, PubResult::Error(_)))
+        // (Errors first: the common batch has none and skips the fence's lock.)
+        if results
+            .iter()
+            .any(|(_, r)| matches!(r, PubResult::Error(_)))
+            && !self.core.replicator.is_leader()
         {
             self.core.stream.unsubscribe_subjects();
         }
