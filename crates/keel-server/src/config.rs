@@ -53,6 +53,9 @@ pub struct Opts {
     /// `jetstream { index_cache_size }`: memory for file streams' message index entries
     /// read from disk, shared by all streams (keel's own key; default 64 MiB).
     pub index_cache_size: Option<i64>,
+    /// The filesystem JetStream's files are written through: the real one, except in tests
+    /// that fill one in-process server's disk (`keel_store::Disk::fillable`). No config key.
+    pub disk: keel_store::Disk,
     /// `jetstream { strict }`: refuse API requests with fields the reference does not know
     /// (the reference's default, true) or decode them ignoring those fields.
     pub jetstream_strict: bool,
@@ -273,6 +276,7 @@ impl Default for Opts {
             max_file_store: None,
             sync_interval: None,
             index_cache_size: None,
+            disk: keel_store::Disk::real(),
             jetstream_strict: true,
             jetstream_domain: None,
             debug: false,

@@ -248,8 +248,9 @@ async fn start_meta(
         .join("jetstream")
         .join("_cluster_")
         .join("meta");
-    let (backend, problems, lost) = crate::jetstream::raft::log::FileBackend::open(&dir)
-        .map_err(|e| format!("meta log in {}: {e}", dir.display()))?;
+    let (backend, problems, lost) =
+        crate::jetstream::raft::log::FileBackend::open(&dir, &server.opts.disk)
+            .map_err(|e| format!("meta log in {}: {e}", dir.display()))?;
     for p in problems {
         warn!(server.log, "JetStream cluster meta log: {p}");
     }

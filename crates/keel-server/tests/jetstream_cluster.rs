@@ -53,15 +53,24 @@ async fn mesh_with(
     stores: Option<&std::path::Path>,
     extra: impl Fn(&str) -> String,
 ) -> (Vec<Node>, Vec<String>) {
-    mesh_started(names, stores, extra, false).await
+    mesh_started(names, stores, extra, Start::InProcess).await
 }
 
-/// `mesh_with`, its servers separate processes (keel's too) with `processes`.
+/// How `mesh_started` starts its servers (with `stores`, in this process).
+enum Start {
+    InProcess,
+    /// Separate processes (keel's too).
+    Processes,
+    /// In this process, each on its own disk (as many as names).
+    OnDisks(Vec<keel_store::Disk>),
+}
+
+/// `mesh_with`, its servers started as `start` says.
 async fn mesh_started(
     names: &[&str],
     stores: Option<&std::path::Path>,
     extra: impl Fn(&str) -> String,
-    processes: bool,
+    start: Start,
 ) -> (Vec<Node>, Vec<String>) {
     let mut nodes: Vec<Node> = Vec::new();
     let mut confs = Vec::new();
@@ -76,10 +85,13 @@ async fn mesh_started(
             "127.0.0.1:-1".to_string()
         };
         let conf = member_conf(name, &listen, &routes) + &extra(name);
-        let node = match stores {
-            Some(d) => Node::start_jetstream_at(&conf, &d.join(name)).await,
-            None if processes => Node::start_jetstream_process(&conf).await,
-            None => Node::start_jetstream(&conf).await,
+        let node = match (stores, &start) {
+            (Some(d), _) => Node::start_jetstream_at(&conf, &d.join(name)).await,
+            (None, Start::Processes) => Node::start_jetstream_process(&conf).await,
+            (None, Start::OnDisks(disks)) => {
+                Node::start_jetstream_on(&conf, disks[nodes.len()].clone()).await
+            }
+            (None, Start::InProcess) => Node::start_jetstream(&conf).await,
         };
         let port = node.route_url().rsplit(':').next().unwrap().to_string();
         confs.push(member_conf(name, &format!("127.0.0.1:{port}"), &routes) + &extra(name));
@@ -964,7 +976,7 @@ async fn a_server_stopped_gracefully_hands_its_leaderships_over_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_stream_leader_answers_the_publishes_it_took() {
     let names = ["P1", "P2", "P3"];
-    let (mut nodes, _) = mesh_started(&names, None, |_| String::new(), true).await;
+    let (mut nodes, _) = mesh_started(&names, None, |_| String::new(), Start::Processes).await;
     let (_, _, leader) = r3_stream(&nodes, "ROLL", "roll.>").await;
     let li = names.iter().position(|n| *n == leader).unwrap();
     let si = (li + 1) % names.len();
@@ -1637,8 +1649,15 @@ async fn a_running_server_that_is_removed_turns_jetstream_off() {
         assert!(Instant::now() < deadline, "{} {}", h.status, h.body);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let late = connect(&nodes[vi], "app").await;
-    assert!(!late.server_info().jetstream, "{:?}", late.server_info());
+    // (The reference's INFO may say so a little after its health does.)
+    let late = loop {
+        let late = connect(&nodes[vi], "app").await;
+        if !late.server_info().jetstream {
+            break late;
+        }
+        assert!(Instant::now() < deadline, "{:?}", late.server_info());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
 
     // Its clients still get the cluster's answers, without it among the stream's peers.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -1976,51 +1995,12 @@ async fn a_replica_with_a_damaged_message_is_rebuilt_from_the_leader() {
     );
     assert!(!kept.is_empty(), "no damaged-* file kept");
     // Made the leader, it serves every message as published.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let r = api(
-            &leader_client,
-            "$JS.API.STREAM.LEADER.STEPDOWN.DMG",
-            &format!(r#"{{"placement":{{"preferred":"{victim}"}}}}"#),
-        )
-        .await;
-        let already = r["error"]["description"]
-            .as_str()
-            .is_some_and(|d| d.contains("already leader"));
-        if r["success"] == true || already {
-            let until = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < until {
-                let i = api(&leader_client, "$JS.API.STREAM.INFO.DMG", "").await;
-                if i["cluster"]["leader"] == victim {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            if stream_leader(&leader_client, "DMG", "").await == victim {
-                break;
-            }
-        }
-        assert!(Instant::now() < deadline, "{r}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    lead_on(&leader_client, "DMG", victim).await;
     let info = api(&leader_client, "$JS.API.STREAM.INFO.DMG", "").await;
     assert_eq!(info["cluster"]["leader"], victim, "{info}");
     assert_eq!(info["state"]["messages"], 45, "{info}");
-    assert!(info["state"].get("lost").is_none(), "{info}");
-    for i in 1..=45u64 {
-        let m = api(
-            &leader_client,
-            "$JS.API.STREAM.MSG.GET.DMG",
-            &format!(r#"{{"seq":{i}}}"#),
-        )
-        .await;
-        let data = m["message"]["data"].as_str().unwrap_or_default();
-        use base64::Engine;
-        let got = base64::engine::general_purpose::STANDARD
-            .decode(data)
-            .unwrap_or_default();
-        assert_eq!(String::from_utf8_lossy(&got), payload(i), "seq {i}: {m}");
-    }
+    let acked = (1..=45u64).map(|i| (i, payload(i))).collect();
+    holds_exactly(&leader_client, "DMG", &acked).await;
     back.shutdown().await;
     for n in nodes {
         n.shutdown().await;
@@ -3098,5 +3078,164 @@ async fn a_refilling_memory_replica_does_not_answer_direct_gets_with_not_found()
     }
     for n in nodes {
         n.shutdown().await;
+    }
+}
+
+/// Steps the leadership of `stream` down until `to` leads it.
+async fn lead_on(c: &async_nats::Client, stream: &str, to: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if stream_leader(c, stream, "").await == to {
+            return;
+        }
+        let r = api(
+            c,
+            &format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
+            &format!(r#"{{"placement":{{"preferred":"{to}"}}}}"#),
+        )
+        .await;
+        assert!(Instant::now() < deadline, "{to} never led {stream}: {r}");
+        if r["success"] == true {
+            let until = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < until && stream_leader(c, stream, "").await != to {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        } else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// Every acked message of `stream` (`acked`: sequence to body) as published, and no other
+/// sequence (the stream ends at the last one).
+async fn holds_exactly(
+    c: &async_nats::Client,
+    stream: &str,
+    acked: &std::collections::BTreeMap<u64, String>,
+) {
+    use base64::Engine;
+    let last = *acked.keys().next_back().unwrap();
+    let info = api(c, &format!("$JS.API.STREAM.INFO.{stream}"), "").await;
+    assert_eq!(info["state"]["last_seq"], last, "{info}");
+    assert!(info["state"].get("lost").is_none(), "{info}");
+    for (seq, body) in acked {
+        let m = api(
+            c,
+            &format!("$JS.API.STREAM.MSG.GET.{stream}"),
+            &format!(r#"{{"seq":{seq}}}"#),
+        )
+        .await;
+        let data = m["message"]["data"].as_str().unwrap_or_default();
+        let got = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap_or_default();
+        assert!(got == body.as_bytes(), "seq {seq}: {m}");
+    }
+}
+
+/// A full disk, in this process (`keel_store::Disk::fillable`; the fault checker fills
+/// real loop-mounted disks, the reference's too). A follower whose whole store is full
+/// fails to write its Raft log: it leaves the group, is loaded again from its files (again
+/// and again while the disk stays full) and, once there is room, catches up. A leader whose
+/// stream store alone is full (its Raft log still has room) cannot apply what its group
+/// committed: it hands the group over and comes back the same way. Every acked message is
+/// then on each of them, as published. (The reference turns JetStream off on a full disk
+/// until it restarts: keel only.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_whose_disk_filled_come_back_once_there_is_room() {
+    if common::is_reference() {
+        return;
+    }
+    let names = ["D1", "D2", "D3"];
+    let (disks, fills): (Vec<_>, Vec<_>) =
+        names.iter().map(|_| keel_store::Disk::fillable()).unzip();
+    let (nodes, _) = mesh_started(&names, None, |_| String::new(), Start::OnDisks(disks)).await;
+    let (c, _, leader) = r3_stream(&nodes, "FULL", "full.>").await;
+    let mut acked = std::collections::BTreeMap::new();
+    let mut n = 0u64;
+    // Message `n`, `size` bytes, until acked.
+    let mut publish = async |c: &async_nats::Client,
+                             acked: &mut std::collections::BTreeMap<u64, String>,
+                             size: usize| {
+        n += 1;
+        let body = format!("m{n:05}-{}", "x".repeat(size));
+        let seq = publish_acked(c, "full.x", body.clone()).await;
+        acked.insert(seq, body);
+    };
+    for _ in 0..20 {
+        publish(&c, &mut acked, 1000).await;
+    }
+
+    // A follower other than D1 (whose client publishes) fills up.
+    let fi = names
+        .iter()
+        .position(|x| *x != leader && *x != "D1")
+        .unwrap();
+    let follower = &nodes[fi];
+    fills[fi].fill(&follower.store_dir().unwrap());
+    let reloaded = "the replica is loaded again from its files";
+    // Its log fails; loading it again fails too while the disk is full (opening allocates
+    // ahead) and is tried again, or it loads and its log fails again.
+    let again =
+        |log: &str| log.contains("could not be loaded again") || log.matches(reloaded).count() >= 2;
+    let until = Instant::now() + Duration::from_secs(60);
+    while !again(&follower.log()) {
+        assert!(Instant::now() < until, "{}", follower.log());
+        publish(&c, &mut acked, 1000).await;
+    }
+    assert!(
+        follower
+            .log()
+            .contains("its Raft group stopped on a storage error"),
+        "{}",
+        follower.log()
+    );
+    // The other two went on acking meanwhile.
+    let filled_at = *acked.keys().next_back().unwrap();
+    for _ in 0..20 {
+        publish(&c, &mut acked, 1000).await;
+    }
+    fills[fi].free();
+    replicas_current(&c, "FULL", 2, "").await;
+    lead_on(&c, "FULL", names[fi]).await;
+    holds_exactly(&c, "FULL", &acked).await;
+    assert!(
+        acked.len() as u64 > filled_at,
+        "nothing acked while the disk was full"
+    );
+
+    // The leader's stream store fills (not its Raft log): what its group commits, it
+    // cannot keep.
+    let li = fi;
+    let store = nodes[li]
+        .store_dir()
+        .unwrap()
+        .join("jetstream/APP/streams/FULL/msgs");
+    assert!(store.is_dir(), "{}", store.display());
+    let before = nodes[li].log().matches(reloaded).count();
+    fills[li].fill(&store);
+    // Messages larger than the store's write buffer: written as the leader takes them,
+    // so the write it cannot make is a publish's (a sync's is the other way it fails).
+    let until = Instant::now() + Duration::from_secs(60);
+    while nodes[li].log().matches(reloaded).count() == before {
+        assert!(Instant::now() < until, "{}", nodes[li].log());
+        publish(&c, &mut acked, 200_000).await;
+    }
+    assert!(
+        nodes[li].log().contains("its store could not be written"),
+        "{}",
+        nodes[li].log()
+    );
+    // Another server leads and acks.
+    stream_leader(&c, "FULL", names[li]).await;
+    for _ in 0..20 {
+        publish(&c, &mut acked, 1000).await;
+    }
+    fills[li].free();
+    replicas_current(&c, "FULL", 2, "").await;
+    lead_on(&c, "FULL", names[li]).await;
+    holds_exactly(&c, "FULL", &acked).await;
+    for node in nodes {
+        node.shutdown().await;
     }
 }

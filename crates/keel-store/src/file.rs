@@ -39,7 +39,7 @@
 use crate::cache::IndexCache;
 use crate::handles::Handles;
 use crate::index::{Core, Meta, Sel, Table};
-use crate::io::{Fs, FsFile, StdFs};
+use crate::io::{Fs, FsFile};
 use crate::ranges::{to_ranges, Ranges};
 use crate::record::{self, Head, HeadParse, Kind, Ledger, Parse, HDR, HEADS_LEN, HEAD_LEN};
 use crate::segtable::{
@@ -76,6 +76,8 @@ pub struct FileStoreConfig {
     /// stores one (one budget). Without one the store gets a cache of its own
     /// (`DEFAULT_INDEX_CACHE`).
     pub index_cache: Option<crate::cache::SharedCache>,
+    /// The filesystem its files are on.
+    pub disk: crate::io::Disk,
 }
 
 impl Default for FileStoreConfig {
@@ -86,6 +88,7 @@ impl Default for FileStoreConfig {
             max_open_files: 256,
             preallocate: true,
             index_cache: None,
+            disk: crate::io::Disk::real(),
         }
     }
 }
@@ -305,7 +308,7 @@ impl FileStore {
         limits: Limits,
         cfg: FileStoreConfig,
     ) -> Result<(FileStore, RecoveryReport)> {
-        Self::open_fs(Arc::new(StdFs), dir, limits, cfg)
+        Self::open_fs(cfg.disk.fs(), dir, limits, cfg)
     }
 
     pub(crate) fn open_fs(

@@ -3,6 +3,7 @@
 
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Directory-level operations.
 pub(crate) trait Fs: Send + Sync {
@@ -44,7 +45,7 @@ pub(crate) const ZERO_FILL_BELOW: usize = 256 << 10;
 /// A sync job's fsyncs: each file's data, then the directory's entries (when it made any).
 pub(crate) fn sync_files<'a>(
     files: impl Iterator<Item = &'a mut Box<dyn FsFile>>,
-    dir: &Option<(std::sync::Arc<dyn Fs>, std::path::PathBuf)>,
+    dir: &Option<(Arc<dyn Fs>, std::path::PathBuf)>,
 ) -> io::Result<()> {
     for f in files {
         f.sync()?;
@@ -137,6 +138,162 @@ impl FsFile for StdFile {
             std::os::unix::fs::FileExt::write_all_at(&self.0, &ZEROS[..n], at)?;
             at += n as u64;
         }
+        Ok(())
+    }
+}
+
+/// The filesystem a store writes through: the real one ([`Disk::real`], the default), or
+/// the real one behind a switch that makes it act as a full disk ([`Disk::fillable`]), so
+/// tests can fill one server's disk, or one directory of it, in a process that runs several.
+#[derive(Clone)]
+pub struct Disk(Arc<dyn Fs>);
+
+impl Disk {
+    pub fn real() -> Disk {
+        Disk(Arc::new(StdFs))
+    }
+
+    /// The real filesystem, full under the paths [`DiskFull::fill`] names until
+    /// [`DiskFull::free`]. As on ext4 with no free block: a write that needs a new block fails
+    /// with ENOSPC (`StorageFull`), one into space already allocated succeeds, and syncs,
+    /// truncations, renames and removals go on working.
+    pub fn fillable() -> (Disk, DiskFull) {
+        let full = DiskFull(Arc::new(std::sync::Mutex::new(Vec::new())));
+        (Disk(Arc::new(Fillable { full: full.clone() })), full)
+    }
+
+    pub(crate) fn fs(&self) -> Arc<dyn Fs> {
+        self.0.clone()
+    }
+}
+
+impl Default for Disk {
+    fn default() -> Disk {
+        Disk::real()
+    }
+}
+
+impl PartialEq for Disk {
+    fn eq(&self, o: &Disk) -> bool {
+        Arc::ptr_eq(&self.0, &o.0)
+    }
+}
+
+impl Eq for Disk {}
+
+impl std::fmt::Debug for Disk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Disk")
+    }
+}
+
+/// The switch of a [`Disk::fillable`].
+#[derive(Clone)]
+pub struct DiskFull(Arc<std::sync::Mutex<Vec<std::path::PathBuf>>>);
+
+impl DiskFull {
+    /// From now on, no new block can be written under `dir` (its subdirectories too).
+    pub fn fill(&self, dir: &Path) {
+        self.0.lock().unwrap().push(dir.to_path_buf());
+    }
+
+    /// Every directory has room again.
+    pub fn free(&self) {
+        self.0.lock().unwrap().clear();
+    }
+
+    fn is_full(&self, path: &Path) -> bool {
+        self.0.lock().unwrap().iter().any(|d| path.starts_with(d))
+    }
+}
+
+fn no_space() -> io::Error {
+    io::Error::from_raw_os_error(libc::ENOSPC)
+}
+
+struct Fillable {
+    full: DiskFull,
+}
+
+/// A file of a [`Fillable`]: `allocated` is what it can write without a new block.
+struct FillableFile {
+    file: Box<dyn FsFile>,
+    path: std::path::PathBuf,
+    full: DiskFull,
+    allocated: u64,
+}
+
+impl Fs for Fillable {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        if !dir.exists() && self.full.is_full(dir) {
+            return Err(no_space());
+        }
+        StdFs.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        StdFs.list(dir)
+    }
+    fn open(&self, path: &Path, create: bool) -> io::Result<Box<dyn FsFile>> {
+        let file = StdFs.open(path, create)?;
+        let allocated = file.len()?;
+        Ok(Box::new(FillableFile {
+            file,
+            path: path.to_path_buf(),
+            full: self.full.clone(),
+            allocated,
+        }))
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        StdFs.remove(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        StdFs.rename(from, to)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        StdFs.sync_dir(dir)
+    }
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        StdFs.remove_dir_all(dir)
+    }
+}
+
+impl FillableFile {
+    /// Room for the file to reach `end`: taken now, or refused on a full disk.
+    fn take(&mut self, end: u64) -> io::Result<()> {
+        if end > self.allocated && self.full.is_full(&self.path) {
+            return Err(no_space());
+        }
+        Ok(())
+    }
+}
+
+impl FsFile for FillableFile {
+    fn len(&self) -> io::Result<u64> {
+        self.file.len()
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        self.file.read_at(buf, off)
+    }
+    fn write_at(&mut self, buf: &[u8], off: u64) -> io::Result<()> {
+        let end = off + buf.len() as u64;
+        self.take(end)?;
+        self.file.write_at(buf, off)?;
+        self.allocated = self.allocated.max(end);
+        Ok(())
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        self.file.sync()
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.file.truncate(len)?;
+        // A cut frees its blocks; a longer file made by truncation is a hole (no blocks).
+        self.allocated = self.allocated.min(len);
+        Ok(())
+    }
+    fn allocate(&mut self, len: u64, write_zeros: bool) -> io::Result<()> {
+        self.take(len)?;
+        self.file.allocate(len, write_zeros)?;
+        self.allocated = self.allocated.max(len);
         Ok(())
     }
 }

@@ -507,6 +507,7 @@ pub use file::{
     CompactDone, CompactJob, DamagedData, FileStore, FileStoreConfig, ReadDamage, RecoveryReport,
     StoreEvent, TornWrite,
 };
+pub use io::{Disk, DiskFull};
 pub use lock::{lock_dir, DirLock};
 pub use mem::MemStore;
 pub use meta::{MetaFiles, MetaRead};

@@ -230,6 +230,11 @@ impl MetaFiles {
         Self::on(Arc::new(StdFs))
     }
 
+    /// On `disk`.
+    pub fn on_disk(disk: &crate::io::Disk) -> MetaFiles {
+        Self::on(disk.fs())
+    }
+
     pub(crate) fn on(fs: Arc<dyn Fs>) -> MetaFiles {
         MetaFiles {
             fs,

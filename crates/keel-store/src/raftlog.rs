@@ -25,7 +25,7 @@
 //! damaged or missing entry, everything from there on is moved to `damaged-*` files, and the
 //! problems are returned by [`RaftLog::open`].
 
-use crate::io::{Fs, FsFile, StdFs};
+use crate::io::{Fs, FsFile};
 use crate::meta::{MetaFiles, MetaRead};
 use crate::{Result, StoreError};
 use bytes::Bytes;
@@ -56,6 +56,8 @@ pub struct RaftLogConfig {
     /// file's metadata as well (about half the time of one that grows the file on ext4). A
     /// segment is cut back to its records when the next one starts.
     pub preallocate: bool,
+    /// The filesystem its files are on.
+    pub disk: crate::io::Disk,
 }
 
 impl Default for RaftLogConfig {
@@ -63,6 +65,7 @@ impl Default for RaftLogConfig {
         RaftLogConfig {
             segment_size: 64 << 20,
             preallocate: true,
+            disk: crate::io::Disk::real(),
         }
     }
 }
@@ -278,7 +281,7 @@ impl RaftLog {
     }
 
     pub fn open_with(dir: &Path, cfg: RaftLogConfig) -> Result<(RaftLog, Vec<String>)> {
-        Self::open_fs(Arc::new(StdFs), dir, cfg)
+        Self::open_fs(cfg.disk.fs(), dir, cfg)
     }
 
     pub(crate) fn open_fs(

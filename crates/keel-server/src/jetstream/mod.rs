@@ -76,7 +76,7 @@ impl JetStreams {
             .filter(|m| *m >= 0)
             .unwrap_or_else(|| crate::monitor::proc::default_max_store(&store_dir));
         let registry = Arc::new(registry::Registry::new());
-        let meta = keel_store::MetaFiles::new();
+        let meta = keel_store::MetaFiles::on_disk(&opts.disk);
         // One budget for every file stream's index entries read from disk.
         let cache = opts
             .index_cache_size

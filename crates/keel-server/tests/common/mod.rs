@@ -1223,6 +1223,27 @@ impl Node {
         )
     }
 
+    /// Like [`start_jetstream`](Self::start_jetstream), always in this process, with its
+    /// JetStream files on `disk` (a `keel_store::Disk::fillable` lets the test fill it).
+    pub async fn start_jetstream_on(conf: &str, disk: keel_store::Disk) -> Node {
+        let conf = format!("http_port: -1\n{conf}");
+        let mut opts = keel_server::harness::opts_from_config(&conf).expect("test config");
+        opts.disk = disk;
+        Node::InProcess(
+            keel_server::harness::start(opts)
+                .await
+                .expect("in-process server"),
+        )
+    }
+
+    /// Its store directory, when it is in this process.
+    pub fn store_dir(&self) -> Option<std::path::PathBuf> {
+        match self {
+            Node::InProcess(s) => s.store_dir().map(|d| d.to_path_buf()),
+            Node::Process(s) => s.store_dir().map(|d| d.to_path_buf()),
+        }
+    }
+
     /// A cluster member (no JetStream) with monitoring on a free port; `conf` holds its
     /// `cluster {}` block.
     pub async fn start_cluster(conf: &str) -> Node {

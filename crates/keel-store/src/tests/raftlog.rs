@@ -260,6 +260,7 @@ fn synced_bytes_missing_at_the_end_are_reported() {
     let cfg = RaftLogConfig {
         segment_size: 1 << 20,
         preallocate: false,
+        ..Default::default()
     };
     let (mut log, _) = RaftLog::open_fs(Arc::new(sim.clone()), dir, cfg).unwrap();
     append_n(&mut log, 1, 5, 100);
@@ -760,4 +761,50 @@ fn small_appends_allocate_with_zeros_large_ones_with_fallocate() {
         (0, 1),
         "{small:?} -> {large:?}"
     );
+}
+
+/// `Disk::fillable` (the server's tests fill one server's disk with it) acts as ext4 with
+/// no free block: appends go on into the space allocated ahead, then fail with ENOSPC;
+/// once there is room again, the reopened log has every entry synced before.
+#[test]
+fn a_full_disk_refuses_appends_past_the_allocated_space_and_keeps_what_was_synced() {
+    let tmp = super::file_tests::TempDir::new();
+    let dir = tmp.0.join("log");
+    let (disk, full) = crate::Disk::fillable();
+    let cfg = RaftLogConfig {
+        disk,
+        ..RaftLogConfig::default()
+    };
+    let (mut log, _) = RaftLog::open_with(&dir, cfg.clone()).unwrap();
+    append_n(&mut log, 1, 10, 1000);
+    log.sync().unwrap();
+    full.fill(&dir);
+    let mut next = 11;
+    let err = loop {
+        let p = payload(next, 0, 1000);
+        let r = log.append(&[(next, &p[..])]).and_then(|()| log.sync());
+        match r {
+            Ok(()) => next += 1,
+            Err(e) => break e,
+        }
+        assert!(next < 10_000, "a full disk took 10 MB");
+    };
+    assert!(err.to_string().contains("No space left"), "{err}");
+    // The allocated space took some: a full disk does not stop a log at once.
+    assert!(next > 11, "no append into the allocated space");
+    drop(log);
+
+    // Still full: opening works (recovery needs no new block) and keeps what was synced.
+    let (log, problems) = RaftLog::open_with(&dir, cfg.clone()).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(log.last_index(), next - 1);
+    drop(log);
+
+    full.free();
+    let (mut log, _) = RaftLog::open_with(&dir, cfg).unwrap();
+    let want: Vec<(u64, Vec<u8>)> = (1..next).map(|i| (i, payload(i, 0, 1000))).collect();
+    assert_eq!(all(&log), want);
+    append_n(&mut log, next, 300, 1000);
+    log.sync().unwrap();
+    assert_eq!(log.last_index(), next + 299);
 }

@@ -136,8 +136,15 @@ impl FileBackend {
     /// logged (the log ends before it, and the leader sends the rest again), with the index
     /// up to which it forgot durable entries (or its vote), if it did: see
     /// `RaftHost::hold_votes`.
-    pub fn open(dir: &std::path::Path) -> io::Result<(FileBackend, Vec<String>, Option<u64>)> {
-        let (log, problems) = keel_store::RaftLog::open(dir).map_err(store_io)?;
+    pub fn open(
+        dir: &std::path::Path,
+        disk: &keel_store::Disk,
+    ) -> io::Result<(FileBackend, Vec<String>, Option<u64>)> {
+        let cfg = keel_store::RaftLogConfig {
+            disk: disk.clone(),
+            ..Default::default()
+        };
+        let (log, problems) = keel_store::RaftLog::open_with(dir, cfg).map_err(store_io)?;
         let lost = log.lost();
         Ok((FileBackend(log), problems, lost))
     }

@@ -792,6 +792,19 @@ impl Shared {
 
     /// Ends the group (the stream is being deleted): no longer reachable, openraft's tasks
     /// stopped, the watcher ended.
+    /// This replica's store could not be written (or lost what it applied): it stops
+    /// serving and leaves the group to the others; its watcher then loads it again from
+    /// its files (`reload`), which applies its log again from the store's marker.
+    fn leave_to_reload(&self, raft: &Raft) {
+        self.set_fenced();
+        self.reload_wanted
+            .store(true, std::sync::atomic::Ordering::Release);
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            let _ = raft.shutdown().await;
+        });
+    }
+
     pub async fn stop_group(&self) {
         self.set_fenced();
         self.stop.notify_one();
@@ -1165,6 +1178,8 @@ pub struct RaftReplicator {
     batch: Vec<StreamEntry>,
     consumers: Vec<ConsumerEntry>,
     nonce: u64,
+    /// The store refused a write since the last commit (a full disk).
+    store_failed: bool,
 }
 
 impl RaftReplicator {
@@ -1174,6 +1189,7 @@ impl RaftReplicator {
             batch: Vec::new(),
             consumers: Vec::new(),
             nonce: 0,
+            store_failed: false,
         }
     }
 }
@@ -1217,6 +1233,9 @@ impl Replicator for RaftReplicator {
         let r = apply(store, entry);
         if r.is_ok() {
             self.batch.push(entry.clone());
+        } else if matches!(r, Err(StoreError::Io(_))) {
+            // The next commit hands the group over (`commit_batch`).
+            self.store_failed = true;
         } else if self.batch.is_empty() {
             // A refused entry has no effect: nothing is in flight yet.
             self.shared
@@ -1265,6 +1284,21 @@ impl Replicator for RaftReplicator {
 
 impl RaftReplicator {
     async fn commit_batch(&mut self, store: &WriteHandle, force: bool) -> Result<(), StoreError> {
+        if std::mem::take(&mut self.store_failed) {
+            // This leader's store could not take a write (a full disk): a leader that
+            // cannot store what its group commits would refuse every publish while a
+            // replica with room could lead. What the batch holds is committed nowhere: it
+            // goes with the store's unsynced writes, and the replica leaves the group to
+            // be loaded again from its files.
+            self.batch.clear();
+            self.consumers.clear();
+            let _ = store.lock().discard_unsynced();
+            match self.shared.raft.get() {
+                Some(raft) => self.shared.leave_to_reload(raft),
+                None => self.shared.set_fenced(),
+            }
+            return Err(unavailable());
+        }
         {
             if self.batch.is_empty() && self.consumers.is_empty() {
                 return Ok(());
@@ -1307,17 +1341,8 @@ impl RaftReplicator {
                     let r = self.shared.sync_store();
                     if r.is_err() {
                         // Committed on a quorum but not in this store any more (the sync
-                        // rolled it back): this replica stops serving and leaves the group
-                        // to the others; loaded again (`reload`), it applies its log again
-                        // from the marker.
-                        self.shared.set_fenced();
-                        self.shared
-                            .reload_wanted
-                            .store(true, std::sync::atomic::Ordering::Release);
-                        let raft = raft.clone();
-                        tokio::spawn(async move {
-                            let _ = raft.shutdown().await;
-                        });
+                        // rolled it back).
+                        self.shared.leave_to_reload(&raft);
                     }
                     r
                 }
@@ -1342,14 +1367,8 @@ impl RaftReplicator {
                     drop(fence);
                     if !rolled_back {
                         // The uncommitted batch is still in the store: this replica must
-                        // not serve from it; it leaves the group until it is loaded again.
-                        self.shared
-                            .reload_wanted
-                            .store(true, std::sync::atomic::Ordering::Release);
-                        let raft = raft.clone();
-                        tokio::spawn(async move {
-                            let _ = raft.shutdown().await;
-                        });
+                        // not serve from it.
+                        self.shared.leave_to_reload(&raft);
                     }
                     Err(unavailable())
                 }
@@ -1612,15 +1631,17 @@ pub async fn run_group(
     let opened = if memory {
         Ok(Box::new(super::log::MemBackend::default()) as Box<dyn super::log::LogBackend>)
     } else {
-        super::log::FileBackend::open(&dir.join("log")).map(|(backend, problems, lost)| {
-            for p in problems {
-                crate::warn!(server.log, "JetStream stream group {} log: {p}", spec.group);
-            }
-            if let Some(upto) = lost {
-                host.hold_votes(&spec.group, upto);
-            }
-            Box::new(backend) as Box<dyn super::log::LogBackend>
-        })
+        super::log::FileBackend::open(&dir.join("log"), &server.opts.disk).map(
+            |(backend, problems, lost)| {
+                for p in problems {
+                    crate::warn!(server.log, "JetStream stream group {} log: {p}", spec.group);
+                }
+                if let Some(upto) = lost {
+                    host.hold_votes(&spec.group, upto);
+                }
+                Box::new(backend) as Box<dyn super::log::LogBackend>
+            },
+        )
     };
     let rejoining = memory
         && stream
@@ -1701,7 +1722,7 @@ pub async fn run_group(
         let m = metrics.borrow_and_update().clone();
         let failed = match &m.running_state {
             Err(openraft::error::Fatal::StorageError(e)) => {
-                Some(format!("its Raft log failed ({e})"))
+                Some(format!("its Raft group stopped on a storage error ({e})"))
             }
             Err(_)
                 if shared

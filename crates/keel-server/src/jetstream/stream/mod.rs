@@ -136,6 +136,7 @@ impl Stream {
                     config.limits(),
                     keel_store::file::FileStoreConfig {
                         index_cache: Some(settings.index_cache.clone()),
+                        disk: server.opts.disk.clone(),
                         ..Default::default()
                     },
                 )
