@@ -242,7 +242,6 @@ fn start_with(jetstream: bool, config: Option<&str>) -> Option<Server> {
         );
         return None;
     };
-    let port = free_port();
     let dir = jetstream.then(|| temp_dir("store"));
     // The log tells that *this* process listens: with tests in parallel, another test's
     // server could briefly own the same port.
@@ -253,21 +252,36 @@ fn start_with(jetstream: bool, config: Option<&str>) -> Option<Server> {
         std::fs::write(&path, text).expect("write server config");
         path
     });
-    let child = spawn(&bin, port, dir.as_deref(), config.as_deref(), &log_path);
-    let mut server = Server {
-        child,
-        url: format!("nats://127.0.0.1:{port}"),
-        bin,
-        port,
-        dir,
-        log_path,
-        config,
-    };
-    if !server.wait_listening(0) {
-        panic!("{} exited early", server.bin.display());
+    // Another test may take the free port between the probe and the server's bind: the
+    // server then exits, and is started again on another port.
+    for _ in 0..STARTUP_ATTEMPTS {
+        let port = free_port();
+        let before = listening_lines(&log_path);
+        let child = spawn(&bin, port, dir.as_deref(), config.as_deref(), &log_path);
+        let mut server = Server {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+            bin: bin.clone(),
+            port,
+            dir: dir.clone(),
+            log_path: log_path.clone(),
+            config: config.clone(),
+        };
+        if server.wait_listening(before) {
+            return Some(server);
+        }
+        // Dropped without its directories, which the next attempt uses.
+        server.dir = None;
+        server.log_path = PathBuf::new();
     }
-    Some(server)
+    panic!(
+        "{} did not start after {STARTUP_ATTEMPTS} attempts; log:\n{}",
+        bin.display(),
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
 }
+
+const STARTUP_ATTEMPTS: usize = 5;
 
 /// An empty config directory shared by this test process's `keel` runs.
 pub fn isolated_config() -> PathBuf {
