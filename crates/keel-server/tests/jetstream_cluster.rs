@@ -3235,6 +3235,10 @@ async fn replicas_whose_disk_filled_come_back_once_there_is_room() {
     replicas_current(&c, "FULL", 2, "").await;
     lead_on(&c, "FULL", names[li]).await;
     holds_exactly(&c, "FULL", &acked).await;
+    // A full disk is not damage: no replica found any.
+    for node in &nodes {
+        assert!(!node.log().contains("damaged"), "{}", node.log());
+    }
     for node in nodes {
         node.shutdown().await;
     }

@@ -207,6 +207,11 @@ impl DiskFull {
     }
 }
 
+/// `len` rounded up to whole 4 KiB blocks, as a filesystem allocates.
+fn blocks(len: u64) -> u64 {
+    len.div_ceil(4096) * 4096
+}
+
 fn no_space() -> io::Error {
     io::Error::from_raw_os_error(libc::ENOSPC)
 }
@@ -235,7 +240,7 @@ impl Fs for Fillable {
     }
     fn open(&self, path: &Path, create: bool) -> io::Result<Box<dyn FsFile>> {
         let file = StdFs.open(path, create)?;
-        let allocated = file.len()?;
+        let allocated = blocks(file.len()?);
         Ok(Box::new(FillableFile {
             file,
             path: path.to_path_buf(),
@@ -276,9 +281,17 @@ impl FsFile for FillableFile {
     }
     fn write_at(&mut self, buf: &[u8], off: u64) -> io::Result<()> {
         let end = off + buf.len() as u64;
-        self.take(end)?;
+        if let Err(e) = self.take(end) {
+            // As write(2) on a full disk: what fits in the allocated blocks is written,
+            // then ENOSPC.
+            let fits = self.allocated.saturating_sub(off).min(buf.len() as u64) as usize;
+            if fits > 0 {
+                self.file.write_at(&buf[..fits], off)?;
+            }
+            return Err(e);
+        }
         self.file.write_at(buf, off)?;
-        self.allocated = self.allocated.max(end);
+        self.allocated = self.allocated.max(blocks(end));
         Ok(())
     }
     fn sync(&mut self) -> io::Result<()> {
@@ -287,13 +300,13 @@ impl FsFile for FillableFile {
     fn truncate(&mut self, len: u64) -> io::Result<()> {
         self.file.truncate(len)?;
         // A cut frees its blocks; a longer file made by truncation is a hole (no blocks).
-        self.allocated = self.allocated.min(len);
+        self.allocated = self.allocated.min(blocks(len));
         Ok(())
     }
     fn allocate(&mut self, len: u64, write_zeros: bool) -> io::Result<()> {
         self.take(len)?;
         self.file.allocate(len, write_zeros)?;
-        self.allocated = self.allocated.max(len);
+        self.allocated = self.allocated.max(blocks(len));
         Ok(())
     }
 }

@@ -825,9 +825,15 @@ impl<R: Replicator> Actor<R> {
     fn close(&mut self) {
         let replica = self.core.stream.replica.get().cloned();
         let r = blocking(|| {
-            replica.map_or(Ok(()), |r| r.consumers_durable())?;
+            let consumers = replica.map_or(Ok(()), |r| r.consumers_durable());
             let mut s = self.store.lock();
-            s.sync().and_then(|_| s.close())
+            // Closed whatever the sync says: a store left open closes itself when its
+            // last holder drops it (a Raft group's tasks may outlive the actor), writing
+            // its heads and index into a directory that, loaded again, another instance
+            // owns by then (the fault checker's full disks found replicas damaged so).
+            let synced = s.sync();
+            let closed = s.close();
+            consumers.and(synced).and(closed)
         });
         if let Err(e) = r {
             crate::error!(
