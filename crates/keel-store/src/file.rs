@@ -171,6 +171,10 @@ pub type Observer = Box<dyn Fn(&StoreEvent) + Send>;
 pub struct FileStore {
     fs: Arc<dyn Fs>,
     dir: PathBuf,
+    /// Its hold on `dir` (`Fs::lock`), from before recovery until it is closed or dropped: a
+    /// second instance cannot open the directory meanwhile (a Raft replica loaded again
+    /// while its old store lingers unclosed), so two never write the same files.
+    owner: Option<Box<dyn Send>>,
     cfg: FileStoreConfig,
     /// In a cell so that a read finding a damaged record can take it out of the counts.
     /// Its table holds the segments.
@@ -318,6 +322,8 @@ impl FileStore {
         mut cfg: FileStoreConfig,
     ) -> Result<(FileStore, RecoveryReport)> {
         cfg.segment_size = cfg.segment_size.clamp(2 * HEADS_LEN as u64, 1 << 30);
+        fs.create_dir_all(dir)?;
+        let owner = fs.lock(dir)?;
         // Read before recovery touches anything: which sync the store goes back to.
         let applied = if fs.open(&dir.join(APPLIED_FLAG), false).is_ok() {
             Some(find_applied(&*fs, dir)?)
@@ -325,6 +331,7 @@ impl FileStore {
             None
         };
         let (mut store, mut rep) = recover(fs, dir, cfg)?;
+        store.owner = Some(owner);
         if let Some(found) = applied {
             store.back_to_applied(found, &mut rep)?;
         }
@@ -1110,6 +1117,7 @@ impl FileStore {
             return Err(StoreError::Io(msg));
         }
         fresh.observer = self.observer.take();
+        fresh.owner = self.owner.take();
         if let Some(o) = &fresh.observer {
             o(&StoreEvent::Recovered(&rep));
         }
@@ -2118,6 +2126,9 @@ impl Store for FileStore {
         self.check_io(r)?;
         self.closed = true;
         self.files.get_mut().clear();
+        // Closed, it writes nothing more: another instance may open the directory. (A
+        // failed close keeps it: a later sync would roll back, writing.)
+        self.owner = None;
         Ok(())
     }
 
@@ -3243,6 +3254,7 @@ fn recover(
         dir_dirty: false,
         dirty: Vec::new(),
         failed: None,
+        owner: None,
         closed: false,
         in_flight: None,
         gone: rp.gone,

@@ -17,6 +17,9 @@ pub(crate) trait Fs: Send + Sync {
     /// Makes creations, removals and renames in `dir` durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     fn remove_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Makes this caller the one owner of `dir` until the returned guard drops: a second
+    /// `lock` of the same directory fails (`WouldBlock`) meanwhile, in this process too.
+    fn lock(&self, dir: &Path) -> io::Result<Box<dyn Send>>;
 }
 
 /// One open file. Writes are positional: the store keeps its own append offset.
@@ -97,6 +100,26 @@ impl Fs for StdFs {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             r => r,
         }
+    }
+    fn lock(&self, dir: &Path) -> io::Result<Box<dyn Send>> {
+        use std::os::fd::AsRawFd;
+        // flock belongs to the open file description: another open of the directory (by
+        // this process too) is refused while this one holds it; the kernel drops it with
+        // the descriptor, however the process ends.
+        let f = std::fs::File::open(dir)?;
+        // SAFETY: flock(2) on a descriptor this function owns; no memory is passed.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!("{} is in use by another open store", dir.display()),
+                ));
+            }
+            return Err(e);
+        }
+        Ok(Box::new(f))
     }
 }
 
@@ -259,6 +282,9 @@ impl Fs for Fillable {
     }
     fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
         StdFs.remove_dir_all(dir)
+    }
+    fn lock(&self, dir: &Path) -> io::Result<Box<dyn Send>> {
+        StdFs.lock(dir)
     }
 }
 

@@ -735,6 +735,9 @@ impl crate::io::Fs for StallFs {
     fn remove_dir_all(&self, dir: &Path) -> std::io::Result<()> {
         self.inner.remove_dir_all(dir)
     }
+    fn lock(&self, dir: &Path) -> std::io::Result<Box<dyn Send>> {
+        self.inner.lock(dir)
+    }
 }
 
 impl crate::io::FsFile for StallFile {

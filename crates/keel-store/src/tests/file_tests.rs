@@ -1263,12 +1263,11 @@ fn full_disk_case(seed: u64) {
     }
 }
 
-/// A store whose close failed (a full disk) stays failed: dropped later, after another
-/// instance opened its directory (as a Raft replica loaded again does), it writes nothing
-/// there. The server's actor relies on it: it always closes a store it is done with (a
-/// store left open closes itself when dropped; the actor once skipped the close after a
-/// failed sync, and a replica's old store, dropped after the replica was loaded again,
-/// wrote its heads and index into the new instance's directory).
+/// A store whose close failed (a full disk) stays failed and owns its directory until it
+/// is dropped: another instance cannot open it meanwhile (as a Raft replica loaded again
+/// would), and dropping it writes nothing. (The server's actor once skipped the close after
+/// a failed sync: the replica's old store, dropped after the replica was loaded again,
+/// closed itself then and wrote heads and an index into the files the new instance used.)
 #[test]
 fn a_store_whose_close_failed_writes_nothing_once_dropped() {
     let tmp = TempDir::new();
@@ -1283,13 +1282,10 @@ fn a_store_whose_close_failed_writes_nothing_once_dropped() {
     full.fill(&dir);
     assert!(old.close().is_err(), "closed on a full disk");
     full.free();
-    let (mut new, rep) = FileStore::open_with(&dir, Limits::default(), cfg.clone()).unwrap();
-    assert!(rep.lost.is_empty() && rep.damaged.is_empty(), "{rep:?}");
-    assert_eq!(new.state().last_seq, 20);
-    for k in 0..60u8 {
-        new.store_msg(b"s", &[], &[k; 100], 1).unwrap();
-    }
-    new.sync().unwrap();
+    assert!(
+        FileStore::open_with(&dir, Limits::default(), cfg.clone()).is_err(),
+        "opened while the old instance lives"
+    );
     let files = |d: &Path| {
         let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(d)
             .unwrap()
@@ -1305,6 +1301,12 @@ fn a_store_whose_close_failed_writes_nothing_once_dropped() {
     let before = files(&dir);
     drop(old);
     assert!(files(&dir) == before, "the old instance wrote when dropped");
+    let (mut new, rep) = FileStore::open_with(&dir, Limits::default(), cfg.clone()).unwrap();
+    assert!(rep.lost.is_empty() && rep.damaged.is_empty(), "{rep:?}");
+    assert_eq!(new.state().last_seq, 20);
+    for k in 0..60u8 {
+        new.store_msg(b"s", &[], &[k; 100], 1).unwrap();
+    }
     new.close().unwrap();
     drop(new);
     let (again, rep) = FileStore::open_with(&dir, Limits::default(), cfg).unwrap();
@@ -1312,4 +1314,30 @@ fn a_store_whose_close_failed_writes_nothing_once_dropped() {
     for k in 0..60u8 {
         assert_eq!(again.load(21 + k as u64).unwrap().data[..], [k; 100][..]);
     }
+}
+
+/// One open store per directory: a second open fails while the first is open (in the same
+/// process too), and succeeds once it is dropped or closed.
+#[test]
+fn a_directory_has_one_open_store_at_a_time() {
+    let tmp = TempDir::new();
+    let dir = tmp.0.join("msgs");
+    let (mut first, _) = FileStore::open_with(&dir, Limits::default(), small()).unwrap();
+    first.store_msg(b"s", &[], b"one", 1).unwrap();
+    first.sync().unwrap();
+    let Err(e) = FileStore::open_with(&dir, Limits::default(), small()) else {
+        panic!("a second store opened the directory");
+    };
+    assert!(
+        e.to_string().contains("in use by another open store"),
+        "{e}"
+    );
+    drop(first);
+    let (mut again, _) = FileStore::open_with(&dir, Limits::default(), small()).unwrap();
+    assert_eq!(again.load(1).unwrap().data[..], b"one"[..]);
+    // Closed (still alive), it lets the next one open.
+    again.close().unwrap();
+    let (third, _) = FileStore::open_with(&dir, Limits::default(), small()).unwrap();
+    assert_eq!(third.load(1).unwrap().data[..], b"one"[..]);
+    drop(again);
 }

@@ -77,6 +77,19 @@ struct Sim {
     pub allocations: (u64, u64),
     handles: u64,
     max_handles: u64,
+    /// Directories an open store owns (`Fs::lock`).
+    locked: std::collections::BTreeSet<PathBuf>,
+}
+
+/// A `SimFs` lock: released when dropped.
+struct SimLock(SimFs, PathBuf);
+
+impl Drop for SimLock {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0 .0.lock() {
+            s.locked.remove(&self.1);
+        }
+    }
 }
 
 impl Sim {
@@ -113,6 +126,7 @@ impl SimFs {
             allocations: (0, 0),
             handles: 0,
             max_handles: 0,
+            locked: std::collections::BTreeSet::new(),
         })))
     }
 
@@ -355,6 +369,15 @@ impl FsFile for SimFile {
 impl Fs for SimFs {
     fn create_dir_all(&self, _dir: &Path) -> io::Result<()> {
         Ok(())
+    }
+    fn lock(&self, dir: &Path) -> io::Result<Box<dyn Send>> {
+        if !self.0.lock().unwrap().locked.insert(dir.to_path_buf()) {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{} is in use by another open store", dir.display()),
+            ));
+        }
+        Ok(Box::new(SimLock(self.clone(), dir.to_path_buf())))
     }
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
         let s = self.0.lock().unwrap();
