@@ -769,6 +769,10 @@ async fn full_disk_recovers_without_a_restart() {
         }
         i += 1;
     }
+    // Refused for a second after the failure, without trying the full disk again (once
+    // it did for every batch, logging each time).
+    let log = server.full_log();
+    assert!(!log.contains("storage writable again"), "{log}");
     // A consumer that cannot be created leaves nothing behind.
     let (_, resp) = common::json_request(
         &client,

@@ -253,7 +253,14 @@ impl Leader {
         self.io_error = false;
         match r {
             Ok(()) => {
-                if self.storage_down.take().is_some() {
+                // A commit of publishes that were all refused wrote nothing: it proves
+                // nothing, and must not cut the refusal short (each batch would try the
+                // full disk again, logging twice, instead of once a second).
+                let over = self
+                    .storage_down
+                    .as_ref()
+                    .is_some_and(|(until, _)| Instant::now() >= *until);
+                if (stored > 0 || over) && self.storage_down.take().is_some() {
                     crate::info!(log, "Stream {stream}: storage writable again");
                 }
                 false
