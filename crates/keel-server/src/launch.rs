@@ -258,7 +258,7 @@ async fn start_meta(
         host.hold_votes(crate::jetstream::cluster::META_GROUP, upto);
     }
     let backend = Box::new(backend);
-    let meta = crate::jetstream::cluster::Meta::start(server, host, backend).await?;
+    let meta = crate::jetstream::cluster::Meta::start(server, host, backend, dir).await?;
     let _ = js.meta.set(meta);
     Ok(())
 }

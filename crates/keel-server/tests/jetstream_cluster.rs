@@ -3243,3 +3243,83 @@ async fn replicas_whose_disk_filled_come_back_once_there_is_room() {
         node.shutdown().await;
     }
 }
+
+/// The meta group's log on a full disk (in this process, `keel_store::Disk::fillable`):
+/// that server's meta node stops and `/healthz` says so; once there is room its node is
+/// loaded again from its log, catches up, and takes its part in what the cluster decided
+/// meanwhile and after (a new R3 stream gets its replica there). Keel only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_meta_log_that_could_not_be_written_is_loaded_again() {
+    if common::is_reference() {
+        return;
+    }
+    let names = ["M1", "M2", "M3"];
+    let (disks, fills): (Vec<_>, Vec<_>) =
+        names.iter().map(|_| keel_store::Disk::fillable()).unzip();
+    let (nodes, _) = mesh_started(&names, None, |_| String::new(), Start::OnDisks(disks)).await;
+    let leader = meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    let vi = (li + 1) % names.len();
+    let victim = &nodes[vi];
+    let c = connect(&nodes[li], "app").await;
+    fills[vi].fill(&victim.store_dir().unwrap().join("jetstream/_cluster_/meta"));
+    let mut made = 0;
+    while !victim
+        .log()
+        .contains("meta group stopped on a storage error")
+    {
+        assert!(made < 300, "{}", victim.log());
+        made += 1;
+        // (The one placed on the victim as its meta node stops gets no answer: it starts
+        // once that node is back.)
+        let body = format!(r#"{{"name":"S{made}","subjects":["s{made}.>"]}}"#);
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            c.request(format!("$JS.API.STREAM.CREATE.S{made}"), body.into()),
+        )
+        .await;
+    }
+    let h = http_get(victim.monitor_port(), "/healthz").await;
+    assert_eq!(h.status, 503, "{}", h.body);
+    assert!(
+        h.body.contains("meta group stopped on a storage error"),
+        "{}",
+        h.body
+    );
+    // The others go on deciding (R3 streams: two replicas make a quorum; one placed on it
+    // alone would wait for it, as its create would).
+    for k in 0..3 {
+        let name = format!("W{k}");
+        let body = format!(r#"{{"name":"{name}","subjects":["w{k}.>"],"num_replicas":3}}"#);
+        create_stream(&c, &name, &body).await;
+        publish_acked(&c, &format!("w{k}.x"), "during".into()).await;
+    }
+    fills[vi].free();
+    victim
+        .wait_logged("meta group loaded again from its log")
+        .await;
+    let body = r#"{"name":"AFTER","subjects":["after.>"],"num_replicas":3}"#;
+    create_stream(&c, "AFTER", body).await;
+    publish_acked(&c, "after.x", "one".into()).await;
+    // Its replicas of the streams made meanwhile and after start and catch up.
+    for s in ["W0", "W1", "W2", "AFTER"] {
+        replicas_current(&c, s, 2, "").await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let h = http_get(victim.monitor_port(), "/healthz").await;
+        if h.status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} {}", h.status, h.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its view of the streams is the cluster's.
+    let vc = connect(victim, "app").await;
+    let names_seen = api(&vc, "$JS.API.STREAM.NAMES", "").await;
+    let total = names_seen["total"].as_u64().unwrap_or(0);
+    assert_eq!(total, made + 3 + 1, "{names_seen}");
+    for node in nodes {
+        node.shutdown().await;
+    }
+}

@@ -28,7 +28,14 @@ pub const META_GROUP: &str = "_meta_";
 
 /// The meta group on one server.
 pub struct Meta {
-    pub raft: Raft,
+    /// The group's node: replaced when the group is loaded again after its log failed
+    /// (`reload`); read it through `raft()`.
+    raft: std::sync::RwLock<Raft>,
+    /// Where its log is, on which disk (to load it again).
+    log_dir: std::path::PathBuf,
+    disk: keel_store::Disk,
+    /// A reload is scheduled or running.
+    reloading: std::sync::atomic::AtomicBool,
     pub machine: MetaMachine,
     pub host: Arc<RaftHost>,
     pub cluster_name: String,
@@ -47,22 +54,15 @@ impl Meta {
         server: &Arc<Server>,
         host: Arc<RaftHost>,
         backend: Box<dyn LogBackend>,
+        log_dir: std::path::PathBuf,
     ) -> Result<Arc<Meta>, String> {
-        let log = LogStore::open(backend, true, None).map_err(|e| format!("meta log: {e}"))?;
         let (machine, applied) = MetaMachine::new();
-        let raft = Raft::new(
-            host.id,
-            raft::config(META_GROUP, false),
-            host.network(META_GROUP, None),
-            log,
-            machine.clone(),
-        )
-        .await
-        .map_err(|e| format!("meta group: {e}"))?;
-        host.add_group(META_GROUP, raft.clone());
-        host.guard_votes(META_GROUP, &raft);
+        let raft = Self::node(&host, backend, &machine).await?;
         let meta = Arc::new(Meta {
-            raft,
+            raft: std::sync::RwLock::new(raft),
+            log_dir,
+            disk: server.opts.disk.clone(),
+            reloading: std::sync::atomic::AtomicBool::new(false),
             machine,
             host,
             cluster_name: server.cluster.get().map(|c| c.name()).unwrap_or_default(),
@@ -75,6 +75,41 @@ impl Meta {
         server.spawn(follow(meta.clone(), Arc::downgrade(server), applied));
         meta.serve_api(server);
         Ok(meta)
+    }
+
+    /// The group's node on this server, running on `backend` (registered with the host).
+    async fn node(
+        host: &Arc<RaftHost>,
+        backend: Box<dyn LogBackend>,
+        machine: &MetaMachine,
+    ) -> Result<Raft, String> {
+        let log = LogStore::open(backend, true, None).map_err(|e| format!("meta log: {e}"))?;
+        let raft = Raft::new(
+            host.id,
+            raft::config(META_GROUP, false),
+            host.network(META_GROUP, None),
+            log,
+            machine.clone(),
+        )
+        .await
+        .map_err(|e| format!("meta group: {e}"))?;
+        host.add_group(META_GROUP, raft.clone());
+        host.guard_votes(META_GROUP, &raft);
+        Ok(raft)
+    }
+
+    /// The group's node on this server.
+    pub fn raft(&self) -> Raft {
+        self.raft.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Why the group stopped on this server, when its log failed (a full disk) and it is
+    /// not loaded again yet.
+    pub fn failed(&self) -> Option<String> {
+        match &self.raft().metrics().borrow().running_state {
+            Err(openraft::error::Fatal::StorageError(e)) => Some(e.to_string()),
+            _ => None,
+        }
     }
 
     /// `$JS.API.META.LEADER.STEPDOWN` and `$JS.API.SERVER.REMOVE`, which the reference takes
@@ -141,14 +176,14 @@ impl Meta {
                 }
                 let kind = "io.nats.jetstream.api.v1.meta_leader_stepdown_response";
                 let target = stepdown_request(m.payload()).and_then(|placement| {
-                    stepdown_target(&meta, &meta.raft, meta.host.id, &placement)
+                    stepdown_target(&meta, &meta.raft(), meta.host.id, &placement)
                 });
                 let body = match target {
                     Err(e) => json!({"type": kind, "error": e.to_json()}),
                     Ok(target) => {
                         spawn_stepdown(
                             Some(meta.host.clone()),
-                            meta.raft.clone(),
+                            meta.raft(),
                             META_GROUP.to_string(),
                             target,
                             server.clone(),
@@ -169,7 +204,7 @@ impl Meta {
 
     /// The meta leader's server name, if there is one.
     pub fn leader(&self) -> Option<String> {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft().metrics().borrow().clone();
         let id = raft::leader_id(&m)?;
         let name = raft::member_name(&m, id)?;
         // Another server named by a saved vote, not heard from since: no leader yet.
@@ -185,7 +220,7 @@ impl Meta {
     }
 
     pub fn is_leader(&self) -> bool {
-        raft::leader_id(&self.raft.metrics().borrow()) == Some(self.host.id)
+        raft::leader_id(&self.raft().metrics().borrow()) == Some(self.host.id)
     }
 
     /// Proposes `op` (on the leader); resolves once it is committed on a quorum and
@@ -194,7 +229,7 @@ impl Meta {
         let body = serde_json::to_vec(op).map_err(|e| e.to_string())?;
         let gate = self.host.gate(META_GROUP);
         let _open = gate.read().await;
-        self.raft
+        self.raft()
             .client_write(Cmd(body))
             .await
             .map(|_| ())
@@ -203,7 +238,7 @@ impl Meta {
 
     /// `/jsz`'s `meta_cluster`, as the reference writes it.
     pub fn jsz(&self, cluster_name: &str) -> Value {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft().metrics().borrow().clone();
         let members: BTreeMap<String, NodeId> = m
             .membership_config
             .nodes()
@@ -277,7 +312,7 @@ impl Meta {
             .map_err(|e| super::api::ApiError::invalid_json_body(body, &e))?;
         let by_name = req["peer"].as_str().unwrap_or("");
         let by_id = req["peer_id"].as_str().unwrap_or("");
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft().metrics().borrow().clone();
         let found = m.membership_config.nodes().find(|(_, p)| {
             if by_id.is_empty() {
                 p.name == by_name
@@ -319,7 +354,7 @@ impl Meta {
         };
         self.propose(&op).await.map_err(unavailable)?;
         let voters: BTreeSet<NodeId> = self
-            .raft
+            .raft()
             .metrics()
             .borrow()
             .membership_config
@@ -329,7 +364,7 @@ impl Meta {
         if voters.is_empty() {
             return Err(ErrorKind::ServerNotMember.err());
         }
-        self.raft
+        self.raft()
             .change_membership(voters, false)
             .await
             .map_err(|e| unavailable(e.to_string()))?;
@@ -373,11 +408,11 @@ impl Meta {
         if !self.is_leader() {
             return Err("not leader".into());
         }
-        raft::step_down(&self.host, &self.raft).await
+        raft::step_down(&self.host, &self.raft()).await
     }
 
     pub async fn shutdown(&self) {
-        let _ = self.raft.shutdown().await;
+        let _ = self.raft().shutdown().await;
     }
 }
 
@@ -405,11 +440,62 @@ fn jetstream_peers<C: FromIterator<String>>(cluster: &crate::route::Cluster) -> 
         .collect()
 }
 
+/// The meta group's node stopped on a storage error: after `wait` it is made again on its
+/// log (opened as at a restart: recovery cuts what was not synced) and the same state
+/// machine, and catches up from the leader; tried again, less and less often, while that
+/// fails (the disk still full).
+async fn reload(meta: Arc<Meta>, server: Arc<Server>, mut wait: Duration) {
+    let mut shutdown = server.shutdown_rx();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        if server.jetstream_enabled().is_none() {
+            return;
+        }
+        let old = meta.raft();
+        meta.host.remove_group(META_GROUP);
+        let _ = old.shutdown().await;
+        let made = match super::raft::log::FileBackend::open(&meta.log_dir, &meta.disk) {
+            Ok((backend, problems, lost)) => {
+                for p in problems {
+                    warn!(server.log, "JetStream cluster meta log: {p}");
+                }
+                if let Some(upto) = lost {
+                    meta.host.hold_votes(META_GROUP, upto);
+                }
+                Meta::node(&meta.host, Box::new(backend), &meta.machine).await
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        match made {
+            Ok(raft) => {
+                *meta.raft.write().unwrap_or_else(|e| e.into_inner()) = raft;
+                meta.reloading
+                    .store(false, std::sync::atomic::Ordering::Release);
+                info!(
+                    server.log,
+                    "JetStream cluster meta group loaded again from its log"
+                );
+                return;
+            }
+            Err(e) => {
+                wait = meta.host.reload_wait(META_GROUP);
+                crate::error!(
+                    server.log,
+                    "JetStream cluster meta group could not be loaded again ({e}); trying again in {wait:?}"
+                );
+            }
+        }
+    }
+}
+
 /// After this server's removal is applied, JetStream is disabled here, as the reference
 /// does at once; a leader that removed itself first hands over (it leads until the
 /// membership without it is committed).
 async fn disable_once_out(meta: Arc<Meta>, server: Arc<Server>) {
-    let mut metrics = meta.raft.metrics();
+    let mut metrics = meta.raft().metrics();
     let wait = metrics.wait_for(|m| m.current_leader != Some(meta.host.id));
     let _ = tokio::time::timeout(Duration::from_secs(30), wait).await;
     disable(&meta, &server).await;
@@ -444,7 +530,7 @@ pub async fn disable(meta: &Arc<Meta>, server: &Arc<Server>) {
         router.flush();
     }
     meta.host.remove_group(META_GROUP);
-    let _ = meta.raft.shutdown().await;
+    let _ = meta.raft().shutdown().await;
     if let Some(c) = server.cluster.get() {
         c.announce_info(server);
     }
@@ -486,7 +572,23 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
             view = now_view;
             stable_since = Instant::now();
         }
-        let metrics = meta.raft.metrics().borrow().clone();
+        let metrics = meta.raft().metrics().borrow().clone();
+        if let Err(openraft::error::Fatal::StorageError(e)) = &metrics.running_state {
+            // Its log could not be written (a full disk): openraft stopped the group here.
+            // It is loaded again from its log, as at a restart, and catches up.
+            if !meta
+                .reloading
+                .swap(true, std::sync::atomic::Ordering::AcqRel)
+            {
+                let wait = meta.host.reload_wait(META_GROUP);
+                crate::error!(
+                    server.log,
+                    "JetStream cluster meta group stopped on a storage error ({e}); it is loaded again from its log in {wait:?}"
+                );
+                server.spawn(reload(meta.clone(), server.clone(), wait));
+            }
+            continue;
+        }
         let now_leader = raft::leader_id(&metrics);
         if now_leader != last_leader {
             last_leader = now_leader;
@@ -530,7 +632,7 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
                     .map(|n| (node_id(n), Peer { name: n.clone() }))
                     .collect();
                 info!(server.log, "JetStream cluster bootstrapping");
-                if let Err(e) = meta.raft.initialize(members).await {
+                if let Err(e) = meta.raft().initialize(members).await {
                     warn!(server.log, "JetStream cluster bootstrap: {e}");
                 }
             }
@@ -573,7 +675,7 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
                     let peer = Peer { name: name.clone() };
                     let r = tokio::time::timeout(
                         Duration::from_secs(10),
-                        meta.raft.add_learner(id, peer, true),
+                        meta.raft().add_learner(id, peer, true),
                     )
                     .await;
                     matches!(r, Ok(Ok(_)))
@@ -582,7 +684,7 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
                     let mut voters: BTreeSet<NodeId> =
                         metrics.membership_config.voter_ids().collect();
                     voters.insert(id);
-                    if let Err(e) = meta.raft.change_membership(voters, false).await {
+                    if let Err(e) = meta.raft().change_membership(voters, false).await {
                         warn!(server.log, "JetStream cluster could not add {name}: {e}");
                     } else {
                         info!(server.log, "JetStream cluster added peer {name}");
@@ -995,7 +1097,7 @@ fn place(
     let tags = placement_tags(p);
     let server_tags = meta.server_tags();
     let tagged = |name: &str| has_tags(&server_tags, name, &tags);
-    let m = meta.raft.metrics().borrow().clone();
+    let m = meta.raft().metrics().borrow().clone();
     if !tags.is_empty() && !m.membership_config.nodes().any(|(_, p)| tagged(&p.name)) {
         return Err(ErrorKind::NoSuitablePeersReason
             .with(format!(", tags not matched ['{}']", tags.join("', '"))));
@@ -1199,7 +1301,7 @@ async fn account_info(
     let (memory, storage, consumers) = super::api::account::local_usage(js);
     (info.memory, info.storage, info.consumers) = (memory, storage, consumers);
     let others: Vec<String> = meta
-        .raft
+        .raft()
         .metrics()
         .borrow()
         .membership_config
@@ -1512,7 +1614,7 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
     };
     let mut groups = vec![(
         meta.host.clone(),
-        meta.raft.clone(),
+        meta.raft(),
         META_GROUP.to_string(),
         "the meta group".to_string(),
     )];

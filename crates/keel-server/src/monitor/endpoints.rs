@@ -1229,6 +1229,14 @@ pub(crate) fn health(server: &Server, p: &Probe) -> Result<(), Box<HealthError>>
     if p.js_enabled_only {
         return Ok(());
     }
+    if let Some(why) = js.meta.get().and_then(|m| m.failed()) {
+        return Err(Box::new(HealthError::new(
+            503,
+            "unavailable",
+            "JETSTREAM",
+            format!("JetStream meta group stopped on a storage error ({why})"),
+        )));
+    }
     if js.meta.get().is_some_and(|m| m.leader().is_none()) {
         return Err(Box::new(HealthError::new(
             503,

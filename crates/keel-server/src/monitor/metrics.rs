@@ -202,7 +202,7 @@ impl Families {
             String::new(),
             String::new(),
             crate::jetstream::cluster::META_GROUP.to_string(),
-            meta.raft.clone(),
+            meta.raft(),
         )];
         for js in jss.all() {
             for s in js.streams() {
