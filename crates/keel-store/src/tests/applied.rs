@@ -223,10 +223,7 @@ fn memory_store_marker() {
 /// new marker before every sync, and power failures at random points (bit flips aside).
 #[test]
 fn marker_and_data_agree_after_power_failures() {
-    let cases: u64 = std::env::var("KEEL_SIM_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(400);
+    let cases = super::sim::cases(400);
     let base: u64 = std::env::var("KEEL_SIM_SEED")
         .ok()
         .and_then(|v| v.parse().ok())

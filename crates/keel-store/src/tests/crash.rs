@@ -702,10 +702,7 @@ fn run_case(seed: u64, stats: &mut Stats) {
 
 #[test]
 fn acknowledged_messages_survive_power_failures() {
-    let cases: u64 = std::env::var("KEEL_SIM_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+    let cases = super::sim::cases(2000);
     let base: u64 = std::env::var("KEEL_SIM_SEED")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -436,10 +436,7 @@ fn version(b: &[u8]) -> u64 {
 /// written without fsync count as durable too.
 #[test]
 fn confirmed_ack_sync_state_survives_power_failures() {
-    let cases: u64 = std::env::var("KEEL_SIM_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+    let cases = super::sim::cases(2000);
     let path = Path::new("/c/state.json");
     let mut fallbacks = 0;
     let mut durable_checked = 0;

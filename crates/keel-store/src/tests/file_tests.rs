@@ -1160,10 +1160,7 @@ fn tombstone_of_a_torn_erase_past_a_compacted_segments_entries_is_kept() {
 /// damage). `KEEL_SIM_CASES` sets how many seeds run.
 #[test]
 fn a_disk_that_fills_and_frees_never_damages_or_loses_synced_messages() {
-    let cases: u64 = std::env::var("KEEL_SIM_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(60);
+    let cases = super::sim::cases(60);
     for seed in 0..cases {
         full_disk_case(seed);
     }

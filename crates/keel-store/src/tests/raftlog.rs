@@ -672,10 +672,7 @@ fn run_case(seed: u64, stats: &mut Stats) {
 
 #[test]
 fn raft_log_survives_power_failures() {
-    let cases: u64 = std::env::var("KEEL_SIM_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+    let cases = super::sim::cases(1000);
     let base: u64 = std::env::var("KEEL_SIM_SEED")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -105,6 +105,14 @@ impl Sim {
     }
 }
 
+/// How many seeded cases a simulation test runs: `KEEL_SIM_CASES`, or `default`.
+pub(crate) fn cases(default: u64) -> u64 {
+    std::env::var("KEEL_SIM_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 #[derive(Clone)]
 pub(crate) struct SimFs(Arc<Mutex<Sim>>);
 
