@@ -114,7 +114,7 @@ of new messages come in stream order.
 Usage: bench/cluster_faults.py [--short] [--storage file|memory] [--faults F1,F2,...]
                                [--disks auto|on|off] [--out FILE]
 --short: one round of kill-leader, kill-follower, stop-leader, partition-leader, clock-jump,
-rescale, disk-full-follower, power-loss and power-loss-disk, shorter gaps (about 3 minutes for both servers on 2 cores).
+rescale, disk-full-follower, disk-full-leader, power-loss and power-loss-disk, shorter gaps (about 3 minutes for both servers on 2 cores).
 --faults: this schedule instead (e.g. power-loss-disk,power-loss-disk,power-loss-disk).
 --check-disks: only the disk self-check (exit 1 if it fails).
 """
@@ -1131,7 +1131,7 @@ def main():
     power = [] if args.no_power_loss else ["power-loss", "power-loss-disk"]
     if args.short:
         faults = ["kill-leader", "kill-follower", "stop-leader", "partition-leader", "clock-jump"]
-        faults += ["rescale", "disk-full-follower"]
+        faults += ["rescale", "disk-full-follower", "disk-full-leader"]
         faults += power
         args.gap = args.gap if args.gap is not None else 1.5
         args.stop = args.stop if args.stop is not None else 5.0

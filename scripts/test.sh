@@ -160,7 +160,7 @@ if ! compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null && [ "$(id -u)
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfaketime >/dev/null 2>&1; }) ||
     loud "libfaketime could not be installed: the fault checker's clock-jump is SKIPPED"
 fi
-step "cluster fault checker, short (keel: SIGKILL, SIGSTOP, a partition of the leader, clock steps on the leader and a follower, R3 to R1 and back, all-node kills and a power cut (disk mode, as root) of an R3 stream's servers)"
+step "cluster fault checker, short (keel: SIGKILL, SIGSTOP, a partition of the leader, clock steps on the leader and a follower, R3 to R1 and back, a follower's and then the leader's disk full, all-node kills and a power cut (disk mode, as root) of an R3 stream's servers)"
 # The short schedule against the debug build; `bench/cluster_faults.py` without --short runs
 # the long one, side by side with the reference, by hand.
 KEEL_SERVER_BIN=$ROOT/target/debug/keel-server "$PY" bench/cluster_faults.py --short --only keel
