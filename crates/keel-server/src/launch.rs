@@ -248,17 +248,7 @@ async fn start_meta(
         .join("jetstream")
         .join("_cluster_")
         .join("meta");
-    let (backend, problems, lost) =
-        crate::jetstream::raft::log::FileBackend::open(&dir, &server.opts.disk)
-            .map_err(|e| format!("meta log in {}: {e}", dir.display()))?;
-    for p in problems {
-        warn!(server.log, "JetStream cluster meta log: {p}");
-    }
-    if let Some(upto) = lost {
-        host.hold_votes(crate::jetstream::cluster::META_GROUP, upto);
-    }
-    let backend = Box::new(backend);
-    let meta = crate::jetstream::cluster::Meta::start(server, host, backend, dir).await?;
+    let meta = crate::jetstream::cluster::Meta::start(server, host, dir).await?;
     let _ = js.meta.set(meta);
     Ok(())
 }

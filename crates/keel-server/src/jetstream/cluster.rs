@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::raft::log::{LogBackend, LogStore};
+use super::raft::log::LogStore;
 use super::raft::meta::{MetaMachine, MetaOp, MetaState, StreamAssignment};
 use super::raft::{self, node_id, peer_hash, Cmd, NodeId, Peer, Raft, RaftHost};
 use crate::server::Server;
@@ -31,9 +31,8 @@ pub struct Meta {
     /// The group's node: replaced when the group is loaded again after its log failed
     /// (`reload`); read it through `raft()`.
     raft: std::sync::RwLock<Raft>,
-    /// Where its log is, on which disk (to load it again).
+    /// Where its log is (to load it again).
     log_dir: std::path::PathBuf,
-    disk: keel_store::Disk,
     /// A reload is scheduled or running.
     reloading: std::sync::atomic::AtomicBool,
     pub machine: MetaMachine,
@@ -49,19 +48,17 @@ pub struct Meta {
 }
 
 impl Meta {
-    /// Starts the meta group on `server` with its log in `backend`.
+    /// Starts the meta group on `server` with its log in `log_dir`.
     pub async fn start(
         server: &Arc<Server>,
         host: Arc<RaftHost>,
-        backend: Box<dyn LogBackend>,
         log_dir: std::path::PathBuf,
     ) -> Result<Arc<Meta>, String> {
         let (machine, applied) = MetaMachine::new();
-        let raft = Self::node(&host, backend, &machine).await?;
+        let raft = Self::node(server, &host, &log_dir, &machine).await?;
         let meta = Arc::new(Meta {
             raft: std::sync::RwLock::new(raft),
             log_dir,
-            disk: server.opts.disk.clone(),
             reloading: std::sync::atomic::AtomicBool::new(false),
             machine,
             host,
@@ -77,13 +74,19 @@ impl Meta {
         Ok(meta)
     }
 
-    /// The group's node on this server, running on `backend` (registered with the host).
+    /// The group's node on this server, on its log opened from `dir` (registered with the
+    /// host).
     async fn node(
+        server: &Server,
         host: &Arc<RaftHost>,
-        backend: Box<dyn LogBackend>,
+        dir: &std::path::Path,
         machine: &MetaMachine,
     ) -> Result<Raft, String> {
-        let log = LogStore::open(backend, true, None).map_err(|e| format!("meta log: {e}"))?;
+        let backend =
+            raft::log::open_logged(server, host, META_GROUP, dir, "JetStream cluster meta log")
+                .map_err(|e| format!("meta log in {}: {e}", dir.display()))?;
+        let log =
+            LogStore::open(Box::new(backend), true, None).map_err(|e| format!("meta log: {e}"))?;
         let raft = Raft::new(
             host.id,
             raft::config(META_GROUP, false),
@@ -457,19 +460,7 @@ async fn reload(meta: Arc<Meta>, server: Arc<Server>, mut wait: Duration) {
         let old = meta.raft();
         meta.host.remove_group(META_GROUP);
         let _ = old.shutdown().await;
-        let made = match super::raft::log::FileBackend::open(&meta.log_dir, &meta.disk) {
-            Ok((backend, problems, lost)) => {
-                for p in problems {
-                    warn!(server.log, "JetStream cluster meta log: {p}");
-                }
-                if let Some(upto) = lost {
-                    meta.host.hold_votes(META_GROUP, upto);
-                }
-                Meta::node(&meta.host, Box::new(backend), &meta.machine).await
-            }
-            Err(e) => Err(e.to_string()),
-        };
-        match made {
+        match Meta::node(&server, &meta.host, &meta.log_dir, &meta.machine).await {
             Ok(raft) => {
                 *meta.raft.write().unwrap_or_else(|e| e.into_inner()) = raft;
                 meta.reloading

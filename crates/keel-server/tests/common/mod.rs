@@ -1186,7 +1186,14 @@ impl Node {
         if is_reference() {
             return Node::Process(Server::start_jetstream_with_config(&conf));
         }
-        let opts = keel_server::harness::opts_from_config(&conf).expect("test config");
+        Node::in_process(&conf, |_| {}).await
+    }
+
+    /// A server in this process from `conf` (config-file syntax, monitoring included),
+    /// with `adjust` applied to its options.
+    async fn in_process(conf: &str, adjust: impl FnOnce(&mut keel_server::config::Opts)) -> Node {
+        let mut opts = keel_server::harness::opts_from_config(conf).expect("test config");
+        adjust(&mut opts);
         Node::InProcess(
             keel_server::harness::start(opts)
                 .await
@@ -1214,26 +1221,14 @@ impl Node {
         if is_reference() {
             return Node::Process(Server::start_jetstream_with_config_at(&conf, store));
         }
-        let mut opts = keel_server::harness::opts_from_config(&conf).expect("test config");
-        opts.store_dir = Some(store.to_path_buf());
-        Node::InProcess(
-            keel_server::harness::start(opts)
-                .await
-                .expect("in-process server"),
-        )
+        Node::in_process(&conf, |o| o.store_dir = Some(store.to_path_buf())).await
     }
 
     /// Like [`start_jetstream`](Self::start_jetstream), always in this process, with its
     /// JetStream files on `disk` (a `keel_store::Disk::fillable` lets the test fill it).
     pub async fn start_jetstream_on(conf: &str, disk: keel_store::Disk) -> Node {
         let conf = format!("http_port: -1\n{conf}");
-        let mut opts = keel_server::harness::opts_from_config(&conf).expect("test config");
-        opts.disk = disk;
-        Node::InProcess(
-            keel_server::harness::start(opts)
-                .await
-                .expect("in-process server"),
-        )
+        Node::in_process(&conf, |o| o.disk = disk).await
     }
 
     /// Its store directory, when it is in this process.
@@ -1251,13 +1246,7 @@ impl Node {
         if is_reference() {
             return Node::Process(Server::start_with_config(&conf));
         }
-        let mut opts = keel_server::harness::opts_from_config(&conf).expect("test config");
-        opts.jetstream = false;
-        Node::InProcess(
-            keel_server::harness::start(opts)
-                .await
-                .expect("in-process server"),
-        )
+        Node::in_process(&conf, |o| o.jetstream = false).await
     }
 
     /// `nats://127.0.0.1:<route port>`.

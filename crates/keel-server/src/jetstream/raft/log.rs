@@ -150,6 +150,26 @@ impl FileBackend {
     }
 }
 
+/// Opens a group's log in `dir` (on the server's disk) as at a start: the problems its
+/// recovery found are logged, each after `what` (the log's name), and a log that forgot
+/// entries it had acknowledged holds the group's votes until a leader sends them again.
+pub fn open_logged(
+    server: &crate::server::Server,
+    host: &super::RaftHost,
+    group: &str,
+    dir: &std::path::Path,
+    what: &str,
+) -> io::Result<FileBackend> {
+    let (backend, problems, lost) = FileBackend::open(dir, &server.opts.disk)?;
+    for p in problems {
+        crate::warn!(server.log, "{what}: {p}");
+    }
+    if let Some(upto) = lost {
+        host.hold_votes(group, upto);
+    }
+    Ok(backend)
+}
+
 fn store_io(e: keel_store::StoreError) -> io::Error {
     io::Error::other(e.to_string())
 }

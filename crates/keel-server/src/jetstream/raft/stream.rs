@@ -790,8 +790,6 @@ impl Shared {
         self.host.get().map(|(_, g)| g.as_str())
     }
 
-    /// Ends the group (the stream is being deleted): no longer reachable, openraft's tasks
-    /// stopped, the watcher ended.
     /// This replica's store could not be written (or lost what it applied): it stops
     /// serving and leaves the group to the others; its watcher then loads it again from
     /// its files (`reload`), which applies its log again from the store's marker.
@@ -805,6 +803,8 @@ impl Shared {
         });
     }
 
+    /// Ends the group (the stream is being deleted): no longer reachable, openraft's tasks
+    /// stopped, the watcher ended.
     pub async fn stop_group(&self) {
         self.set_fenced();
         self.stop.notify_one();
@@ -1531,6 +1531,8 @@ async fn rebuild(
 async fn reload(
     server: Arc<crate::server::Server>,
     js: Arc<crate::jetstream::JetStream>,
+    host: Arc<super::RaftHost>,
+    group: String,
     name: String,
     wait: Duration,
 ) {
@@ -1561,7 +1563,6 @@ async fn reload(
     // Opening writes too (its recovery cuts what was not synced): on a disk still full it
     // is tried again, less and less often, until it opens, the server stops, or the stream
     // was made again meanwhile (a delete and a create).
-    let mut again = Duration::from_secs(1);
     loop {
         let opened = crate::jetstream::stream::meta::read_meta(&js.meta, &dir, &server.log)
             .and_then(|meta| {
@@ -1584,17 +1585,19 @@ async fn reload(
                 );
                 return;
             }
-            Err(e) => crate::error!(
-                server.log,
-                "JetStream stream '{} > {name}': could not be loaded again ({e}); trying again in {again:?}",
-                js.account.name
-            ),
+            Err(e) => {
+                let again = host.reload_wait(&group);
+                crate::error!(
+                    server.log,
+                    "JetStream stream '{} > {name}': could not be loaded again ({e}); trying again in {again:?}",
+                    js.account.name
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(again) => {}
+                    _ = shutdown.wait_for(|s| *s) => return,
+                }
+            }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(again) => {}
-            _ = shutdown.wait_for(|s| *s) => return,
-        }
-        again = (again * 2).min(Duration::from_secs(30));
         if js.stream(&name).is_some() || !dir.exists() {
             return;
         }
@@ -1631,17 +1634,9 @@ pub async fn run_group(
     let opened = if memory {
         Ok(Box::new(super::log::MemBackend::default()) as Box<dyn super::log::LogBackend>)
     } else {
-        super::log::FileBackend::open(&dir.join("log"), &server.opts.disk).map(
-            |(backend, problems, lost)| {
-                for p in problems {
-                    crate::warn!(server.log, "JetStream stream group {} log: {p}", spec.group);
-                }
-                if let Some(upto) = lost {
-                    host.hold_votes(&spec.group, upto);
-                }
-                Box::new(backend) as Box<dyn super::log::LogBackend>
-            },
-        )
+        let what = format!("JetStream stream group {} log", spec.group);
+        super::log::open_logged(&server, &host, &spec.group, &dir.join("log"), &what)
+            .map(|backend| Box::new(backend) as Box<dyn super::log::LogBackend>)
     };
     let rejoining = memory
         && stream
@@ -1748,7 +1743,14 @@ pub async fn run_group(
                     s.account().name,
                     s.name
                 );
-                server.spawn(reload(server.clone(), js, s.name.clone(), wait));
+                server.spawn(reload(
+                    server.clone(),
+                    js,
+                    host.clone(),
+                    spec.group.clone(),
+                    s.name.clone(),
+                    wait,
+                ));
             }
             break;
         }
@@ -1825,14 +1827,12 @@ pub async fn run_group(
                     s.account().name,
                     s.name
                 );
-                // Loaded again from its files later, as a replica whose log failed.
-                if let Some(js) = account_js(&server, &s) {
-                    let wait = host.reload_wait(&spec.group);
-                    server.spawn(reload(server.clone(), js, s.name.clone(), wait));
-                }
+                // Loaded again from its files, as a replica whose store failed: once
+                // openraft has stopped the group, the next look schedules it (above).
+                shared.leave_to_reload(&raft);
                 drop(s);
-                shared.stop_group().await;
-                break;
+                let _ = metrics.wait_for(|m| m.running_state.is_err()).await;
+                continue;
             }
             shared.unfence();
             s.subscribe();
