@@ -8,7 +8,8 @@ R3, file) is created through the API, its leader found (STREAM.INFO cluster.lead
 `keel bench js` (the CLI on async-nats, target/release/keel) is run against the leader:
 
   async   --msgs messages of --size bytes, --window PubAcks in flight (throughput)
-  sync    --sync-msgs messages from one publisher waiting for each ack (p50/p99 latency)
+  sync    --sync-msgs messages from one publisher waiting for each ack (p50/p99 latency),
+          on the purged stream (with --full-sync: on the async phase's messages)
   consume the async phase's messages read by one durable pull consumer (R3, with its
           stream) with --window per pull and explicit acks (throughput), then
           --sync-msgs more by a second durable whose every ack waits for the server's
@@ -18,7 +19,7 @@ Also each node's RSS after the consume phases (the async phase's messages still 
 Prints one table with keel/reference ratios (against both reference variants).
 
 Usage: bench/cluster_js.py [--msgs 100000] [--size 128] [--window 500] [--sync-msgs 5000]
-                          [--storage file|memory]
+                          [--storage file|memory] [--full-sync]
 """
 
 import argparse
@@ -106,7 +107,8 @@ def run_one(label, binary, js_extra, args):
         # with what its group's log still keeps).
         rss = [rss_kib(n.proc.pid) / 1024 for n in cl.nodes]
         print(f"   RSS per node: {', '.join(f'{r:.1f}' for r in rss)} MiB", flush=True)
-        asyncio.run(purge(cl))
+        if not args.full_sync:
+            asyncio.run(purge(cl))
         s = bench(url, "sync", args.sync_msgs, args.size)
         lat = s.get("latency_us", {})
         print(
@@ -120,6 +122,8 @@ def run_one(label, binary, js_extra, args):
             "sync": s["msgs_per_s"],
             "p50": lat.get("p50"),
             "p99": lat.get("p99"),
+            "p999": lat.get("p99_9"),
+            "max": lat.get("max"),
             "rss": max(rss),
             "rss_total": sum(rss),
         }
@@ -143,6 +147,12 @@ def main():
         help="the stream's storage (memory: a PubAck means a quorum holds it in memory, on both servers)",
     )
     ap.add_argument("--replicas", type=int, default=3, help="the stream's num_replicas (1, 3 or 5)")
+    ap.add_argument(
+        "--full-sync",
+        action="store_true",
+        help="run the sync phase on the stream as the async phase left it (its --msgs messages"
+        " kept) instead of purged: what a large stream's snapshots cost a publisher waiting",
+    )
     args = ap.parse_args()
     global STORAGE, REPLICAS
     STORAGE = args.storage
@@ -160,7 +170,8 @@ def main():
         f"{time.time() - started:.0f} s; {os.cpu_count()} cores shared by the 3 servers and the client)",
         f"3 separate processes, R{args.replicas} {args.storage} stream, client (keel bench js, async-nats) on the leader;"
         f" async: {args.msgs} x {args.size} B, {args.window} in flight; sync: {args.sync_msgs} msgs;"
-        f" consume: {args.msgs} msgs, {args.window} per pull; AckSync consume: {args.sync_msgs} msgs",
+        f" consume: {args.msgs} msgs, {args.window} per pull; AckSync consume: {args.sync_msgs} msgs"
+        + ("; sync phase on the full stream" if args.full_sync else ""),
         "nats = nats-server default (lazy fsync); nats-always = jetstream { sync_interval: always }",
         "",
         f"{'':22} {'keel':>10} {'nats':>10} {'nats-always':>12} {'keel/nats':>10} {'keel/always':>12}",
@@ -177,6 +188,8 @@ def main():
     row("sync msgs/s", "sync", "{:.0f}")
     row("sync p50 (us)", "p50", "{:.0f}")
     row("sync p99 (us)", "p99", "{:.0f}")
+    row("sync p99.9 (us)", "p999", "{:.0f}")
+    row("sync max (us)", "max", "{:.0f}")
     row("consume+ack msgs/s", "consume", "{:.0f}")
     row("consume+AckSync msgs/s", "acksync", "{:.0f}")
     row("max node RSS MiB", "rss", "{:.1f}")

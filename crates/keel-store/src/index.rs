@@ -55,6 +55,25 @@ pub(crate) trait Table {
     fn scan(&self, from: u64, to: u64, sel: &Sel, f: &mut dyn FnMut(u64, &Meta) -> bool);
     /// Last live message in `[from, to]` whose subject `sel` selects.
     fn prev_sel(&self, from: u64, to: u64, sel: &Sel) -> Option<u64>;
+    /// Calls `f(a, b)` for each maximal run `a..=b` of live sequences in `[from, to]`, in
+    /// order.
+    fn live_runs(&self, from: u64, to: u64, f: &mut dyn FnMut(u64, u64)) {
+        let mut run: Option<(u64, u64)> = None;
+        self.scan(from, to, &Sel::All, &mut |q, _| {
+            match &mut run {
+                Some((_, b)) if *b + 1 == q => *b = q,
+                _ => {
+                    if let Some((a, b)) = run.replace((q, q)) {
+                        f(a, b);
+                    }
+                }
+            }
+            true
+        });
+        if let Some((a, b)) = run {
+            f(a, b);
+        }
+    }
     /// Live messages in `[from, to]` whose subject `sel` selects.
     fn count_sel(&self, from: u64, to: u64, sel: &Sel) -> u64 {
         let mut n = 0;
@@ -311,6 +330,46 @@ impl<P: Default> Table for SlotTable<P> {
             if sel.has(s.subj) && !f(q, &s.meta()) {
                 return;
             }
+        }
+    }
+
+    fn live_runs(&self, from: u64, to: u64, f: &mut dyn FnMut(u64, u64)) {
+        let mut run: Option<(u64, u64)> = None;
+        let mut add = |a: u64, b: u64| match &mut run {
+            Some((_, e)) if *e + 1 == a => *e = b,
+            _ => {
+                if let Some((x, y)) = run.replace((a, b)) {
+                    f(x, y);
+                }
+            }
+        };
+        let from = from.max(self.base << CHUNK_BITS);
+        let end_chunk = self.base + self.chunks.len() as u64;
+        for c in (from >> CHUNK_BITS)..end_chunk {
+            let (lo, hi) = (
+                (c << CHUNK_BITS).max(from),
+                (((c + 1) << CHUNK_BITS) - 1).min(to),
+            );
+            if lo > to {
+                break;
+            }
+            let Some(ch) = self.chunks[(c - self.base) as usize].as_deref() else {
+                continue;
+            };
+            // A full chunk is one run: a snapshot of a memory stream visits its chunks,
+            // not its messages.
+            if ch.live as u64 == CHUNK {
+                add(lo, hi);
+                continue;
+            }
+            for q in lo..=hi {
+                if ch.slots[(q & (CHUNK - 1)) as usize].live() {
+                    add(q, q);
+                }
+            }
+        }
+        if let Some((a, b)) = run {
+            f(a, b);
         }
     }
 
@@ -1196,7 +1255,9 @@ impl<T: Table> Core<T> {
         gone.len() as u64
     }
 
-    /// Deleted sequences between first and last as inclusive ranges, without listing each.
+    /// Deleted sequences between first and last as inclusive ranges, without listing each
+    /// (a snapshot's: found from the runs of live sequences, which a file store tells from
+    /// its segments' summaries without reading their entries).
     pub fn deleted_ranges(&self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         if self.msgs == 0 {
@@ -1204,12 +1265,11 @@ impl<T: Table> Core<T> {
         }
         let mut next = self.first_seq;
         self.slots
-            .scan(self.first_seq, self.last_seq, &Sel::All, &mut |q, _| {
-                if q > next {
-                    out.push((next, q - 1));
+            .live_runs(self.first_seq, self.last_seq, &mut |a, b| {
+                if a > next {
+                    out.push((next, a - 1));
                 }
-                next = q + 1;
-                true
+                next = b + 1;
             });
         if next <= self.last_seq {
             out.push((next, self.last_seq));

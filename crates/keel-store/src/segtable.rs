@@ -251,6 +251,23 @@ impl SegIx {
         }
         None
     }
+    /// First sequence in `lo..=hi` whose bit is set.
+    fn first_dead(&self, lo: u64, hi: u64) -> Option<u64> {
+        let d = self.dead.as_ref()?;
+        let mut q = lo;
+        while q <= hi {
+            let b = q - self.e_first;
+            let w = (b / 64) as usize;
+            let word = d.get(w)? >> (b % 64);
+            if word == 0 {
+                q = self.e_first + (w as u64 + 1) * 64;
+                continue;
+            }
+            let cand = q + word.trailing_zeros() as u64;
+            return (cand <= hi).then_some(cand);
+        }
+        None
+    }
     fn last_alive(&self, lo: u64, hi: u64) -> Option<u64> {
         let mut q = hi;
         loop {
@@ -1819,6 +1836,52 @@ impl Table for FileTable {
             if !go {
                 return;
             }
+        }
+    }
+
+    fn live_runs(&self, from: u64, to: u64, f: &mut dyn FnMut(u64, u64)) {
+        let mut run: Option<(u64, u64)> = None;
+        let mut add = |a: u64, b: u64| match &mut run {
+            Some((_, e)) if *e + 1 == a => *e = b,
+            _ => {
+                if let Some((x, y)) = run.replace((a, b)) {
+                    f(x, y);
+                }
+            }
+        };
+        for si in self.seg_span(from, to) {
+            let ix = &self.segs[si].ix;
+            if ix.n == 0 || ix.live == 0 {
+                continue;
+            }
+            let (lo, hi) = (from.max(ix.e_first), to.min(ix.e_last));
+            if lo > hi {
+                continue;
+            }
+            // A dense segment's live messages are its positions without a dead bit (as
+            // `count` has it), when its live count agrees; else its entries tell.
+            let span = ix.e_last - ix.e_first + 1;
+            if ix.dense && ix.live as u64 + ix.dead_count(ix.e_first, ix.e_last) == span {
+                let mut q = lo;
+                while let Some(a) = ix.first_alive(q, hi) {
+                    let b = ix.first_dead(a, hi).map_or(hi, |d| d - 1);
+                    add(a, b);
+                    if b >= hi {
+                        break;
+                    }
+                    q = b + 1;
+                }
+                continue;
+            }
+            self.walk(si, lo, hi, false, &mut |e| {
+                if self.live_entry(si, e) {
+                    add(e.seq, e.seq);
+                }
+                true
+            });
+        }
+        if let Some((a, b)) = run {
+            f(a, b);
         }
     }
 

@@ -427,6 +427,40 @@ pub(crate) fn limits_update(mk: Mk) {
 }
 
 /// Invokes `$m!(name)` for every semantics test, so each store can instantiate them.
+/// A snapshot's deleted ranges over many messages (full and partly emptied memory chunks,
+/// sealed file segments): the runs a scan of every message finds.
+pub(crate) fn snapshot_ranges(mk: Mk) {
+    let mut s = mk(Limits::default());
+    for i in 0..3000u64 {
+        put(&mut *s, ["a", "b"][(i % 2) as usize], "x");
+    }
+    // Whole chunks of 256 left full, one emptied, single holes, runs across boundaries.
+    let gone: Vec<u64> = (1..=3)
+        .chain([255, 256, 257, 600])
+        .chain(769..=1024)
+        .chain(1500..=1700)
+        .chain([2999, 3000])
+        .collect();
+    for &q in &gone {
+        s.remove(q, false).unwrap();
+    }
+    s.sync().unwrap();
+    let mut want: Vec<(u64, u64)> = Vec::new();
+    for q in s.deleted() {
+        match want.last_mut() {
+            Some((_, b)) if *b + 1 == q => *b = q,
+            _ => want.push((q, q)),
+        }
+    }
+    assert_eq!(
+        want,
+        vec![(255, 257), (600, 600), (769, 1024), (1500, 1700), (2999, 3000)]
+    );
+    let snap = s.snapshot();
+    assert_eq!((snap.first_seq, snap.last_seq), (4, 3000));
+    assert_eq!(snap.deleted, want);
+}
+
 /// `store_at`: a given sequence past the last one, the gap counted as deleted; never at or
 /// below the last; a refused message keeps the skip.
 pub(crate) fn store_at(mk: Mk) {
@@ -542,6 +576,7 @@ macro_rules! for_each_semantics_test {
         $m!(skip_to);
         $m!(store_at);
         $m!(restore);
+        $m!(snapshot_ranges);
     };
 }
 pub(crate) use for_each_semantics_test;
