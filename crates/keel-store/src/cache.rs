@@ -3,7 +3,10 @@
 //! A file store keeps, per segment, a summary in memory and the entry of every message in
 //! the segment's index file; entries are read in blocks of [`BLOCK`](crate::segtable::BLOCK)
 //! when a query needs them and kept here, least recently used first out, within one byte
-//! budget shared by every stream of the process. The blocks are immutable (liveness is
+//! budget shared by every stream of the process. A block is kept the second time it is
+//! read from disk within the last [`SEEN`] reads, not the first: a consumer reading a
+//! stream from start to end reads each block once (its store holds the few it is reading),
+//! and would otherwise fill the budget with blocks nobody asks for again. The blocks are immutable (liveness is
 //! kept apart, in the segment's summary), so a reader takes one from the cache under the
 //! lock and uses it without it. No publish takes this lock: appends go to the active
 //! segment's entries, which its store owns.
@@ -17,6 +20,10 @@ use std::sync::{Arc, Mutex};
 pub const DEFAULT_INDEX_CACHE: usize = 64 << 20;
 
 pub(crate) type Block = Arc<[Entry]>;
+
+/// Blocks read from disk lately that the cache did not keep: one read again while listed
+/// is kept. 4,096 keys cover a million entries read once (about 200 KiB).
+pub const SEEN: usize = 4096;
 
 /// (segment instance, block number)
 pub(crate) type Key = (u64, u32);
@@ -41,6 +48,9 @@ struct Lru {
     hits: u64,
     misses: u64,
     evictions: u64,
+    /// Keys read once lately, oldest first (`SEEN` at most).
+    seen: std::collections::HashSet<Key>,
+    seen_order: std::collections::VecDeque<Key>,
 }
 
 /// A byte-bounded LRU of index blocks, shared by the file stores that use it.
@@ -146,6 +156,26 @@ impl IndexCache {
         }
     }
 
+    /// Offers a block just read from disk: kept if it was read once already lately.
+    pub(crate) fn offer(&self, key: Key, b: Block) {
+        {
+            let mut l = self.lock();
+            let l = &mut *l;
+            if !l.seen.remove(&key) {
+                if l.seen_order.len() >= SEEN {
+                    if let Some(old) = l.seen_order.pop_front() {
+                        l.seen.remove(&old);
+                    }
+                }
+                l.seen.insert(key);
+                l.seen_order.push_back(key);
+                return;
+            }
+        }
+        self.put(key, b)
+    }
+
+    /// Keeps a block (one that cost more than a read: rebuilt from a segment's records).
     pub(crate) fn put(&self, key: Key, b: Block) {
         let budget = self.budget();
         let size = block_bytes(&b);

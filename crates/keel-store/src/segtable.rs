@@ -619,7 +619,7 @@ impl FileTable {
             Some(b) => b,
             None => {
                 let b = self.load_block(si, b)?;
-                self.cache.put(key, b.clone());
+                self.cache.offer(key, b.clone());
                 b
             }
         };

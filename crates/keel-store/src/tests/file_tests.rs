@@ -141,6 +141,47 @@ fn a_snapshot_reads_no_index_block_of_a_sealed_segment() {
     assert_eq!((snap.first_seq, snap.last_seq), (4, 3000));
 }
 
+/// A consumer reading a stream from start to end reads each index block once: the cache
+/// keeps none of them (they would fill the server's budget, 64 MiB by default, with blocks
+/// nobody reads again); a block read again soon after is kept.
+#[test]
+fn an_index_block_read_once_is_not_kept() {
+    let d = TempDir::new();
+    let cache = IndexCache::new(1 << 20);
+    let cfg = FileStoreConfig {
+        index_cache: Some(SharedCache(cache.clone())),
+        ..small()
+    };
+    let (mut s, _) = FileStore::open_with(&d.0, Limits::default(), cfg.clone()).unwrap();
+    for i in 0..3000u64 {
+        put(&mut s, ["a", "b"][(i % 2) as usize], &payload(1, 20, i));
+    }
+    s.close().unwrap();
+    drop(s);
+    let (s, _) = FileStore::open_with(&d.0, Limits::default(), cfg).unwrap();
+    let read_all = || {
+        let mut ra = ReadAhead::default();
+        let (mut q, mut n) = (1, 0);
+        while let Ok(m) = s.load_next_ahead(q, ">", &mut ra) {
+            q = m.seq + 1;
+            n += 1;
+        }
+        assert_eq!(n, 3000);
+    };
+    read_all();
+    let first = cache.stats();
+    assert!(first.misses > 10, "{first:?}");
+    assert_eq!((first.blocks, first.bytes), (0, 0), "{first:?}");
+    read_all();
+    let second = cache.stats();
+    // (A block or two the store still held from the first pass are not read again.)
+    assert!(second.blocks + 2 >= first.misses, "{second:?}");
+    read_all();
+    let third = cache.stats();
+    assert_eq!(third.misses, second.misses, "{third:?}");
+    assert!(third.hits >= second.blocks, "{third:?}");
+}
+
 #[test]
 fn restart_with_and_without_index_gives_same_state() {
     let d = TempDir::new();

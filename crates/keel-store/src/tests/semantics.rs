@@ -454,7 +454,13 @@ pub(crate) fn snapshot_ranges(mk: Mk) {
     }
     assert_eq!(
         want,
-        vec![(255, 257), (600, 600), (769, 1024), (1500, 1700), (2999, 3000)]
+        vec![
+            (255, 257),
+            (600, 600),
+            (769, 1024),
+            (1500, 1700),
+            (2999, 3000)
+        ]
     );
     let snap = s.snapshot();
     assert_eq!((snap.first_seq, snap.last_seq), (4, 3000));
