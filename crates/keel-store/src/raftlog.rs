@@ -266,6 +266,10 @@ pub struct RaftLog {
     claimed: u64,
     state_lost: bool,
     lost: Option<u64>,
+    /// The directory's lock (`Fs::lock`), held while this log is open: a second instance
+    /// on the same files (a group loaded again while its old node still winds down) would
+    /// write heads and cut segments under this one. Let go when the log is dropped.
+    _owner: Box<dyn Send>,
 }
 
 fn io_err(what: &str, e: io::Error) -> StoreError {
@@ -292,6 +296,9 @@ impl RaftLog {
         cfg.segment_size = cfg.segment_size.clamp(4096, 1 << 40);
         fs.create_dir_all(dir)
             .map_err(|e| io_err("creating the directory", e))?;
+        let owner = fs
+            .lock(dir)
+            .map_err(|e| io_err("locking the directory", e))?;
         let mut log = RaftLog {
             meta: MetaFiles::on(fs.clone()),
             fs,
@@ -308,6 +315,7 @@ impl RaftLog {
             claimed: 0,
             state_lost: false,
             lost: None,
+            _owner: owner,
         };
         let problems = log.recover().map_err(|e| io_err("recovery", e))?;
         let last = log.last_index();

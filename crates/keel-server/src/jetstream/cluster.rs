@@ -31,6 +31,8 @@ pub struct Meta {
     /// The group's node: replaced when the group is loaded again after its log failed
     /// (`reload`); read it through `raft()`.
     raft: std::sync::RwLock<Raft>,
+    /// The node's log, closed when the node stops (see `LogStore::close`).
+    log: std::sync::Mutex<LogStore>,
     /// Where its log is (to load it again).
     log_dir: std::path::PathBuf,
     /// A reload is scheduled or running.
@@ -55,9 +57,10 @@ impl Meta {
         log_dir: std::path::PathBuf,
     ) -> Result<Arc<Meta>, String> {
         let (machine, applied) = MetaMachine::new();
-        let raft = Self::node(server, &host, &log_dir, &machine).await?;
+        let (raft, log) = Self::node(server, &host, &log_dir, &machine).await?;
         let meta = Arc::new(Meta {
             raft: std::sync::RwLock::new(raft),
+            log: std::sync::Mutex::new(log),
             log_dir,
             reloading: std::sync::atomic::AtomicBool::new(false),
             machine,
@@ -81,7 +84,7 @@ impl Meta {
         host: &Arc<RaftHost>,
         dir: &std::path::Path,
         machine: &MetaMachine,
-    ) -> Result<Raft, String> {
+    ) -> Result<(Raft, LogStore), String> {
         let backend =
             raft::log::open_logged(server, host, META_GROUP, dir, "JetStream cluster meta log")
                 .map_err(|e| format!("meta log in {}: {e}", dir.display()))?;
@@ -91,14 +94,14 @@ impl Meta {
             host.id,
             raft::config(META_GROUP, false),
             host.network(META_GROUP, None),
-            log,
+            log.clone(),
             machine.clone(),
         )
         .await
         .map_err(|e| format!("meta group: {e}"))?;
         host.add_group(META_GROUP, raft.clone());
         host.guard_votes(META_GROUP, &raft);
-        Ok(raft)
+        Ok((raft, log))
     }
 
     /// The group's node on this server.
@@ -416,6 +419,12 @@ impl Meta {
 
     pub async fn shutdown(&self) {
         let _ = self.raft().shutdown().await;
+        self.close_log().await;
+    }
+
+    async fn close_log(&self) {
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        log.close().await;
     }
 }
 
@@ -460,9 +469,11 @@ async fn reload(meta: Arc<Meta>, server: Arc<Server>, mut wait: Duration) {
         let old = meta.raft();
         meta.host.remove_group(META_GROUP);
         let _ = old.shutdown().await;
+        meta.close_log().await;
         match Meta::node(&server, &meta.host, &meta.log_dir, &meta.machine).await {
-            Ok(raft) => {
+            Ok((raft, log)) => {
                 *meta.raft.write().unwrap_or_else(|e| e.into_inner()) = raft;
+                *meta.log.lock().unwrap_or_else(|e| e.into_inner()) = log;
                 meta.reloading
                     .store(false, std::sync::atomic::Ordering::Release);
                 info!(
@@ -521,7 +532,7 @@ pub async fn disable(meta: &Arc<Meta>, server: &Arc<Server>) {
         router.flush();
     }
     meta.host.remove_group(META_GROUP);
-    let _ = meta.raft().shutdown().await;
+    meta.shutdown().await;
     if let Some(c) = server.cluster.get() {
         c.announce_info(server);
     }

@@ -805,3 +805,23 @@ fn a_full_disk_refuses_appends_past_the_allocated_space_and_keeps_what_was_synce
     log.sync().unwrap();
     assert_eq!(log.last_index(), next + 299);
 }
+
+/// A log's directory has one open log at a time: a second open (a group loaded again while
+/// its old node still winds down) is refused until the first is dropped, and then finds
+/// everything the first synced.
+#[test]
+fn a_log_directory_has_one_open_log_at_a_time() {
+    let tmp = super::file_tests::TempDir::new();
+    let dir = tmp.0.join("log");
+    let (mut log, _) = RaftLog::open(&dir).unwrap();
+    append_n(&mut log, 1, 5, 100);
+    log.sync().unwrap();
+    let err = RaftLog::open(&dir)
+        .err()
+        .expect("a second open while the first is open");
+    assert!(err.to_string().contains("in use"), "{err}");
+    drop(log);
+    let (log, problems) = RaftLog::open(&dir).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(log.last_index(), 5);
+}

@@ -128,6 +128,40 @@ impl LogBackend for MemBackend {
     }
 }
 
+/// What a closed log's store holds: nothing; every read and write fails.
+struct Closed;
+
+fn closed() -> io::Error {
+    io::Error::other("the log is closed")
+}
+
+impl LogBackend for Closed {
+    fn append(&mut self, _entries: &[(u64, Vec<u8>)]) -> io::Result<()> {
+        Err(closed())
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        Err(closed())
+    }
+    fn read(&self, _from: u64, _to: u64) -> io::Result<Vec<(u64, Bytes)>> {
+        Err(closed())
+    }
+    fn truncate_after(&mut self, _index: u64) -> io::Result<()> {
+        Err(closed())
+    }
+    fn purge_upto(&mut self, _index: u64) -> io::Result<()> {
+        Err(closed())
+    }
+    fn last_index(&self) -> Option<u64> {
+        None
+    }
+    fn save_state(&mut self, _body: &[u8]) -> io::Result<()> {
+        Err(closed())
+    }
+    fn load_state(&self) -> io::Result<Option<Vec<u8>>> {
+        Err(closed())
+    }
+}
+
 /// On disk: keel-store's Raft log (segmented, CRC'd, through its `Fs` seam).
 pub struct FileBackend(keel_store::RaftLog);
 
@@ -480,6 +514,16 @@ impl LogStore {
             return Err(io_err("log closed"));
         }
         Ok(Written::Own)
+    }
+
+    /// Lets go of the log's files (and its directory's lock) once its group's node has
+    /// stopped: a copy of this handle kept elsewhere (the stream's `Shared`, a task winding
+    /// down) would otherwise keep them open, and the group loaded again on the same
+    /// directory could not open it. Waits for a running fsync round; everything after fails.
+    pub async fn close(&self) {
+        let _turn = self.turn.lock().await;
+        let old = std::mem::replace(&mut self.lock().backend, Box::new(Closed));
+        drop(old);
     }
 
     /// How far the log is on disk, as it moves.

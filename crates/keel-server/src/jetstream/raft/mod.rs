@@ -1015,6 +1015,17 @@ impl RaftHost {
         for g in groups {
             let _ = g.shutdown().await;
         }
+        // Their logs' files go now, not with the last copy of each handle.
+        let stores: Vec<_> = self
+            .stores
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        for s in stores {
+            s.close_log().await;
+        }
     }
 }
 

@@ -798,9 +798,20 @@ impl Shared {
         self.reload_wanted
             .store(true, std::sync::atomic::Ordering::Release);
         let raft = raft.clone();
+        let log = self.log.get().cloned();
         tokio::spawn(async move {
             let _ = raft.shutdown().await;
+            if let Some(l) = log {
+                l.close().await;
+            }
         });
+    }
+
+    /// Closes the group's log (its node has stopped).
+    pub async fn close_log(&self) {
+        if let Some(l) = self.log.get() {
+            l.close().await;
+        }
     }
 
     /// Ends the group (the stream is being deleted): no longer reachable, openraft's tasks
@@ -814,6 +825,7 @@ impl Shared {
         if let Some(r) = self.raft.get() {
             let _ = r.shutdown().await;
         }
+        self.close_log().await;
     }
 
     fn fence(&self) -> std::sync::MutexGuard<'_, Fence> {
@@ -1631,29 +1643,42 @@ pub async fn run_group(
     let memory = stream
         .upgrade()
         .is_some_and(|s| s.storage == crate::jetstream::stream::StorageType::Memory);
-    let opened = if memory {
-        Ok(Box::new(super::log::MemBackend::default()) as Box<dyn super::log::LogBackend>)
-    } else {
-        let what = format!("JetStream stream group {} log", spec.group);
-        super::log::open_logged(&server, &host, &spec.group, &dir.join("log"), &what)
-            .map(|backend| Box::new(backend) as Box<dyn super::log::LogBackend>)
+    // A log that cannot be opened (a full disk while recovery cuts a torn tail, or its old
+    // node, after a reload, still holding the directory) is tried again, less and less
+    // often, until it opens, the stream is gone or the server stops.
+    let log = loop {
+        let opened = if memory {
+            Ok(Box::new(super::log::MemBackend::default()) as Box<dyn super::log::LogBackend>)
+        } else {
+            let what = format!("JetStream stream group {} log", spec.group);
+            super::log::open_logged(&server, &host, &spec.group, &dir.join("log"), &what)
+                .map(|backend| Box::new(backend) as Box<dyn super::log::LogBackend>)
+        };
+        match opened.and_then(|b| super::log::LogStore::open(b, false, Some(shared.node))) {
+            Ok(l) => break l,
+            Err(e) => {
+                let again = host.reload_wait(&spec.group);
+                crate::error!(
+                    server.log,
+                    "JetStream stream group {}: log: {e} (trying again in {} s)",
+                    spec.group,
+                    again.as_secs()
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(again) => {}
+                    _ = shutdown.changed() => return,
+                }
+                if stream.upgrade().is_none() {
+                    return;
+                }
+            }
+        }
     };
     let rejoining = memory
         && stream
             .upgrade()
             .and_then(|s| account_js(&server, &s))
             .is_some_and(|js| js.registry.is_rejoining(&spec.group));
-    let log = match opened.and_then(|b| super::log::LogStore::open(b, false, Some(shared.node))) {
-        Ok(l) => l,
-        Err(e) => {
-            crate::error!(
-                server.log,
-                "JetStream stream group {}: log: {e}",
-                spec.group
-            );
-            return;
-        }
-    };
     // Until it knows where its peers stand: see `rejoin`.
     let hold = rejoining.then(|| host.hold(&spec.group, u64::MAX));
     shared
