@@ -59,6 +59,14 @@ system_account: SYS
 """
 
 
+def report(lines, out=None):
+    """Prints a benchmark's report (its lines), and writes it to `out` when given."""
+    text = "\n".join(lines)
+    print("\n" + text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+
 class Node:
     def __init__(self, cluster, idx):
         self.cluster = cluster

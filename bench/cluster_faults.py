@@ -144,6 +144,7 @@ from cluster_common import (  # noqa: E402
     replicas_current,
     stream_info,
     wait_stream_leader,
+    report,
 )
 
 STREAM = "JEP"
@@ -1224,11 +1225,7 @@ def main():
             lines.append(f"  {k} examples: " + "; ".join(v))
     lines.append("")
     lines.append(table([results["keel"], results["nats"]]))
-    text = "\n".join(lines)
-    print("\n" + text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    report(lines, args.out)
     # Keel's safety properties are the checker's verdict (the reference's are reported).
     k = results["keel"]
     kc = k.get("consumer", {}) if k else {}

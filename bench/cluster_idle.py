@@ -33,6 +33,7 @@ from cluster_common import (  # noqa: E402
     create_stream,
     rss_kib,
     stream_info,
+    report,
 )
 
 STREAM = "IDLE"
@@ -204,11 +205,7 @@ def main():
         f"create failures: keel {res['keel']['failures']}, nats {res['nats']['failures']}"
     )
     lines.append("goal (issue): keel/ref <= 0.5 on idle CPU and RSS")
-    text = "\n".join(lines)
-    print("\n" + text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    report(lines, args.out)
 
 
 if __name__ == "__main__":

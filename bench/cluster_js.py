@@ -40,6 +40,7 @@ from cluster_common import (  # noqa: E402
     connect,
     create_stream,
     rss_kib,
+    report,
 )
 
 CLI = os.path.join(ROOT, "target", "release", "keel")
@@ -194,11 +195,7 @@ def main():
     row("consume+AckSync msgs/s", "acksync", "{:.0f}")
     row("max node RSS MiB", "rss", "{:.1f}")
     row("total RSS MiB", "rss_total", "{:.1f}")
-    text = "\n".join(lines)
-    print("\n" + text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_common import KEEL, Cluster, api, connect, create_stream, rss_kib  # noqa: E402
+from cluster_common import KEEL, Cluster, api, connect, create_stream, report, rss_kib  # noqa: E402
 
 
 def dir_bytes(d):
@@ -84,11 +84,7 @@ def main():
         f" {time.time() - started:.0f} s): 3-node keel cluster, {args.streams} R3 file streams"
         " each created, given 20 messages and a durable, and deleted"
     )
-    text = "\n".join([head, ""] + lines)
-    print("\n" + text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    report([head, ""] + lines, args.out)
 
 
 if __name__ == "__main__":

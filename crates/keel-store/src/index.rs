@@ -58,21 +58,12 @@ pub(crate) trait Table {
     /// Calls `f(a, b)` for each maximal run `a..=b` of live sequences in `[from, to]`, in
     /// order.
     fn live_runs(&self, from: u64, to: u64, f: &mut dyn FnMut(u64, u64)) {
-        let mut run: Option<(u64, u64)> = None;
+        let mut runs = Runs::new(f);
         self.scan(from, to, &Sel::All, &mut |q, _| {
-            match &mut run {
-                Some((_, b)) if *b + 1 == q => *b = q,
-                _ => {
-                    if let Some((a, b)) = run.replace((q, q)) {
-                        f(a, b);
-                    }
-                }
-            }
+            runs.add(q, q);
             true
         });
-        if let Some((a, b)) = run {
-            f(a, b);
-        }
+        runs.finish();
     }
     /// Live messages in `[from, to]` whose subject `sel` selects.
     fn count_sel(&self, from: u64, to: u64, sel: &Sel) -> u64 {
@@ -82,6 +73,36 @@ pub(crate) trait Table {
             true
         });
         n
+    }
+}
+
+/// Joins runs of sequences given in order into maximal runs, for [`Table::live_runs`].
+pub(crate) struct Runs<'a> {
+    run: Option<(u64, u64)>,
+    f: &'a mut dyn FnMut(u64, u64),
+}
+
+impl<'a> Runs<'a> {
+    pub fn new(f: &'a mut dyn FnMut(u64, u64)) -> Self {
+        Runs { run: None, f }
+    }
+
+    /// Adds `a..=b` (after every run added so far).
+    pub fn add(&mut self, a: u64, b: u64) {
+        match &mut self.run {
+            Some((_, e)) if *e + 1 == a => *e = b,
+            _ => {
+                if let Some((x, y)) = self.run.replace((a, b)) {
+                    (self.f)(x, y);
+                }
+            }
+        }
+    }
+
+    pub fn finish(self) {
+        if let Some((a, b)) = self.run {
+            (self.f)(a, b);
+        }
     }
 }
 
@@ -334,15 +355,7 @@ impl<P: Default> Table for SlotTable<P> {
     }
 
     fn live_runs(&self, from: u64, to: u64, f: &mut dyn FnMut(u64, u64)) {
-        let mut run: Option<(u64, u64)> = None;
-        let mut add = |a: u64, b: u64| match &mut run {
-            Some((_, e)) if *e + 1 == a => *e = b,
-            _ => {
-                if let Some((x, y)) = run.replace((a, b)) {
-                    f(x, y);
-                }
-            }
-        };
+        let mut runs = Runs::new(f);
         let from = from.max(self.base << CHUNK_BITS);
         let end_chunk = self.base + self.chunks.len() as u64;
         for c in (from >> CHUNK_BITS)..end_chunk {
@@ -359,18 +372,16 @@ impl<P: Default> Table for SlotTable<P> {
             // A full chunk is one run: a snapshot of a memory stream visits its chunks,
             // not its messages.
             if ch.live as u64 == CHUNK {
-                add(lo, hi);
+                runs.add(lo, hi);
                 continue;
             }
             for q in lo..=hi {
                 if ch.slots[(q & (CHUNK - 1)) as usize].live() {
-                    add(q, q);
+                    runs.add(q, q);
                 }
             }
         }
-        if let Some((a, b)) = run {
-            f(a, b);
-        }
+        runs.finish();
     }
 
     fn prev_sel(&self, from: u64, to: u64, sel: &Sel) -> Option<u64> {

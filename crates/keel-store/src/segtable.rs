@@ -1840,15 +1840,7 @@ impl Table for FileTable {
     }
 
     fn live_runs(&self, from: u64, to: u64, f: &mut dyn FnMut(u64, u64)) {
-        let mut run: Option<(u64, u64)> = None;
-        let mut add = |a: u64, b: u64| match &mut run {
-            Some((_, e)) if *e + 1 == a => *e = b,
-            _ => {
-                if let Some((x, y)) = run.replace((a, b)) {
-                    f(x, y);
-                }
-            }
-        };
+        let mut runs = crate::index::Runs::new(f);
         for si in self.seg_span(from, to) {
             let ix = &self.segs[si].ix;
             if ix.n == 0 || ix.live == 0 {
@@ -1865,7 +1857,7 @@ impl Table for FileTable {
                 let mut q = lo;
                 while let Some(a) = ix.first_alive(q, hi) {
                     let b = ix.first_dead(a, hi).map_or(hi, |d| d - 1);
-                    add(a, b);
+                    runs.add(a, b);
                     if b >= hi {
                         break;
                     }
@@ -1875,14 +1867,12 @@ impl Table for FileTable {
             }
             self.walk(si, lo, hi, false, &mut |e| {
                 if self.live_entry(si, e) {
-                    add(e.seq, e.seq);
+                    runs.add(e.seq, e.seq);
                 }
                 true
             });
         }
-        if let Some((a, b)) = run {
-            f(a, b);
-        }
+        runs.finish();
     }
 
     fn prev_sel(&self, from: u64, to: u64, sel: &Sel) -> Option<u64> {

@@ -98,11 +98,9 @@ fn put(s: &mut dyn Store, subj: &str, data: &[u8]) -> u64 {
     s.store_msg(subj.as_bytes(), b"", data, 7).unwrap()
 }
 
-/// A stream group snapshots its store every so many batches while publishes wait: the
-/// deleted ranges come from the sealed segments' summaries, not from reading every entry
-/// back (which took 120 ms for 5 million messages).
-#[test]
-fn a_snapshot_reads_no_index_block_of_a_sealed_segment() {
+/// 3,000 messages in small segments through a cache of the test's own, `removed` removed,
+/// closed and opened again: every segment but the last sealed, no index block cached yet.
+fn sealed_3000(removed: &[u64]) -> (TempDir, Arc<IndexCache>, FileStore, RecoveryReport) {
     let d = TempDir::new();
     let cache = IndexCache::new(1 << 20);
     let cfg = FileStoreConfig {
@@ -113,12 +111,21 @@ fn a_snapshot_reads_no_index_block_of_a_sealed_segment() {
     for i in 0..3000u64 {
         put(&mut s, ["a", "b"][(i % 2) as usize], &payload(1, 20, i));
     }
-    for q in [1, 2, 3, 40, 41, 700, 1500, 1501, 2999, 3000] {
+    for &q in removed {
         s.remove(q, false).unwrap();
     }
     s.close().unwrap();
     drop(s);
     let (s, rep) = FileStore::open_with(&d.0, Limits::default(), cfg).unwrap();
+    (d, cache, s, rep)
+}
+
+/// A stream group snapshots its store every so many batches while publishes wait: the
+/// deleted ranges come from the sealed segments' summaries, not from reading every entry
+/// back (which took 120 ms for 5 million messages).
+#[test]
+fn a_snapshot_reads_no_index_block_of_a_sealed_segment() {
+    let (_d, cache, s, rep) = sealed_3000(&[1, 2, 3, 40, 41, 700, 1500, 1501, 2999, 3000]);
     assert!(rep.used_index, "{rep:?}");
     assert!(s.segment_count() > 10);
     let before = cache.stats().misses;
@@ -146,19 +153,7 @@ fn a_snapshot_reads_no_index_block_of_a_sealed_segment() {
 /// nobody reads again); a block read again soon after is kept.
 #[test]
 fn an_index_block_read_once_is_not_kept() {
-    let d = TempDir::new();
-    let cache = IndexCache::new(1 << 20);
-    let cfg = FileStoreConfig {
-        index_cache: Some(SharedCache(cache.clone())),
-        ..small()
-    };
-    let (mut s, _) = FileStore::open_with(&d.0, Limits::default(), cfg.clone()).unwrap();
-    for i in 0..3000u64 {
-        put(&mut s, ["a", "b"][(i % 2) as usize], &payload(1, 20, i));
-    }
-    s.close().unwrap();
-    drop(s);
-    let (s, _) = FileStore::open_with(&d.0, Limits::default(), cfg).unwrap();
+    let (_d, cache, s, _) = sealed_3000(&[]);
     let read_all = || {
         let mut ra = ReadAhead::default();
         let (mut q, mut n) = (1, 0);
