@@ -48,9 +48,10 @@ struct Lru {
     hits: u64,
     misses: u64,
     evictions: u64,
-    /// Keys read once lately, oldest first (`SEEN` at most).
-    seen: std::collections::HashSet<Key>,
-    seen_order: std::collections::VecDeque<Key>,
+    /// Keys read once lately (with when), oldest first (`SEEN` at most): a key listed
+    /// again after it was kept and evicted goes out with its newer listing, not the old.
+    seen: std::collections::HashMap<Key, u64>,
+    seen_order: std::collections::VecDeque<(Key, u64)>,
 }
 
 /// A byte-bounded LRU of index blocks, shared by the file stores that use it.
@@ -161,14 +162,18 @@ impl IndexCache {
         {
             let mut l = self.lock();
             let l = &mut *l;
-            if !l.seen.remove(&key) {
+            if l.seen.remove(&key).is_none() {
                 if l.seen_order.len() >= SEEN {
-                    if let Some(old) = l.seen_order.pop_front() {
-                        l.seen.remove(&old);
+                    if let Some((old, at)) = l.seen_order.pop_front() {
+                        if l.seen.get(&old) == Some(&at) {
+                            l.seen.remove(&old);
+                        }
                     }
                 }
-                l.seen.insert(key);
-                l.seen_order.push_back(key);
+                l.tick += 1;
+                let at = l.tick;
+                l.seen.insert(key, at);
+                l.seen_order.push_back((key, at));
                 return;
             }
         }

@@ -1841,6 +1841,9 @@ impl Table for FileTable {
 
     fn live_runs(&self, from: u64, to: u64, f: &mut dyn FnMut(u64, u64)) {
         let mut runs = crate::index::Runs::new(f);
+        // Placeholders a rebuild left (records not found) count as live until the store
+        // settles them (`missing`, `unsure`); meanwhile only the entries tell.
+        let settled = self.missing.borrow().is_empty() && self.unsure.borrow().is_empty();
         for si in self.seg_span(from, to) {
             let ix = &self.segs[si].ix;
             if ix.n == 0 || ix.live == 0 {
@@ -1853,7 +1856,8 @@ impl Table for FileTable {
             // A dense segment's live messages are its positions without a dead bit (as
             // `count` has it), when its live count agrees; else its entries tell.
             let span = ix.e_last - ix.e_first + 1;
-            if ix.dense && ix.live as u64 + ix.dead_count(ix.e_first, ix.e_last) == span {
+            if settled && ix.dense && ix.live as u64 + ix.dead_count(ix.e_first, ix.e_last) == span
+            {
                 let mut q = lo;
                 while let Some(a) = ix.first_alive(q, hi) {
                     let b = ix.first_dead(a, hi).map_or(hi, |d| d - 1);

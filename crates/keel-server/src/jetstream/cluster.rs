@@ -472,6 +472,13 @@ async fn reload(meta: Arc<Meta>, server: Arc<Server>, mut wait: Duration) {
         meta.close_log().await;
         match Meta::node(&server, &meta.host, &meta.log_dir, &meta.machine).await {
             Ok((raft, log)) => {
+                // Turned off (a removal) or stopping meanwhile: nothing will stop this one.
+                if server.jetstream_enabled().is_none() || *shutdown.borrow() {
+                    meta.host.remove_group(META_GROUP);
+                    let _ = raft.shutdown().await;
+                    log.close().await;
+                    return;
+                }
                 *meta.raft.write().unwrap_or_else(|e| e.into_inner()) = raft;
                 *meta.log.lock().unwrap_or_else(|e| e.into_inner()) = log;
                 meta.reloading

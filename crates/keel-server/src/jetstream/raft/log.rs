@@ -287,6 +287,9 @@ struct Inner {
 /// writes reaches its disk.
 const STALL: Duration = Duration::from_millis(500);
 
+/// How long `LogStore::close` waits for a running fsync round.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
 /// How far a log is on disk.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct OnDisk {
@@ -521,7 +524,11 @@ impl LogStore {
     /// down) would otherwise keep them open, and the group loaded again on the same
     /// directory could not open it. Waits for a running fsync round; everything after fails.
     pub async fn close(&self) {
-        let _turn = self.turn.lock().await;
+        // A round whose fsync hangs (a stalled disk) would hold a stop or a shutdown up:
+        // after a while the log stays open instead, let go with its last handle.
+        let Ok(_turn) = tokio::time::timeout(CLOSE_WAIT, self.turn.lock()).await else {
+            return;
+        };
         let old = std::mem::replace(&mut self.lock().backend, Box::new(Closed));
         drop(old);
     }

@@ -319,6 +319,8 @@ pub struct Shared {
     /// When this server last became the group's leader (nanoseconds), for `leader_since`.
     pub leader_since: std::sync::atomic::AtomicI64,
     stop: tokio::sync::Notify,
+    /// `stop_group` ran: a node started after it (its log opened late) stops at once.
+    stopped: std::sync::atomic::AtomicBool,
     last_sync: Mutex<std::time::Instant>,
     /// A membership change (`reconcile`) is under way.
     changing: std::sync::atomic::AtomicBool,
@@ -396,6 +398,7 @@ impl Shared {
             floors: Mutex::new(std::collections::HashMap::new()),
             leader_since: std::sync::atomic::AtomicI64::new(0),
             stop: tokio::sync::Notify::new(),
+            stopped: std::sync::atomic::AtomicBool::new(false),
             last_sync: Mutex::new(std::time::Instant::now()),
             changing: std::sync::atomic::AtomicBool::new(false),
             log: OnceLock::new(),
@@ -817,6 +820,8 @@ impl Shared {
     /// Ends the group (the stream is being deleted): no longer reachable, openraft's tasks
     /// stopped, the watcher ended.
     pub async fn stop_group(&self) {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.set_fenced();
         self.stop.notify_one();
         if let Some((host, group)) = self.host.get() {
@@ -1647,6 +1652,9 @@ pub async fn run_group(
     // node, after a reload, still holding the directory) is tried again, less and less
     // often, until it opens, the stream is gone or the server stops.
     let log = loop {
+        if shared.stopped.load(std::sync::atomic::Ordering::SeqCst) || stream.upgrade().is_none() {
+            return;
+        }
         let opened = if memory {
             Ok(Box::new(super::log::MemBackend::default()) as Box<dyn super::log::LogBackend>)
         } else {
@@ -1667,9 +1675,6 @@ pub async fn run_group(
                 tokio::select! {
                     _ = tokio::time::sleep(again) => {}
                     _ = shutdown.changed() => return,
-                }
-                if stream.upgrade().is_none() {
-                    return;
                 }
             }
         }
@@ -1701,6 +1706,12 @@ pub async fn run_group(
         }
     };
     let _ = shared.raft.set(raft.clone());
+    // A `stop_group` that came while the log was being opened found no node to stop.
+    if shared.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+        let _ = raft.shutdown().await;
+        shared.close_log().await;
+        return;
+    }
     let _ = shared.host.set((host.clone(), spec.group.clone()));
     host.add_store(&spec.group, &shared);
     host.add_group(&spec.group, raft.clone());
@@ -1738,6 +1749,10 @@ pub async fn run_group(
     let mut damage_checked = std::time::Instant::now() - Duration::from_secs(1);
     let mut assignment_checked = damage_checked;
     let mut membership_seen = None;
+    // Why the watch ended: the group stopped (a storage error, `stop_group`, the stream
+    // gone), so its node stops and its log is closed here; or the server stops, which
+    // stops every group (`RaftHost::shutdown`), or a rebuild takes the replica over.
+    let mut stopping = false;
     loop {
         let m = metrics.borrow_and_update().clone();
         let failed = match &m.running_state {
@@ -1777,6 +1792,7 @@ pub async fn run_group(
                     wait,
                 ));
             }
+            stopping = true;
             break;
         }
         let voters = m.membership_config.voter_ids().count();
@@ -1825,6 +1841,7 @@ pub async fn run_group(
         let caught_up = m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term)
             && m.last_applied.map(|l| l.index) == m.last_log_index;
         let Some(s) = stream.upgrade() else {
+            stopping = true;
             break;
         };
         if leading && !ready && (caught_up || !shared.is_fenced()) {
@@ -1949,12 +1966,16 @@ pub async fn run_group(
         drop(s);
         tokio::select! {
             r = metrics.changed() => if r.is_err() { break },
-            _ = shared.stop.notified() => break,
+            _ = shared.stop.notified() => { stopping = true; break }
             _ = shutdown.changed() => break,
             // Looks again now and then: a fenced leader's failed batch may have committed
             // since, and a leader's quorum can go quiet without a metrics change.
             _ = tokio::time::sleep(Duration::from_millis(250)) => {}
         }
+    }
+    if stopping {
+        let _ = raft.shutdown().await;
+        shared.close_log().await;
     }
 }
 
