@@ -1701,7 +1701,31 @@ pub async fn run_group(
     {
         Ok(r) => r,
         Err(e) => {
-            crate::error!(server.log, "JetStream stream group {}: {e}", spec.group);
+            // It could not start on its log (its vote could not be written: a full disk).
+            // As after any storage error, the replica is loaded again from its files,
+            // until it starts, instead of staying without a group until a restart.
+            shared.close_log().await;
+            let wait = host.reload_wait(&spec.group);
+            crate::error!(
+                server.log,
+                "JetStream stream group {}: {e}; the replica is loaded again from its files in {wait:?}",
+                spec.group
+            );
+            if let Some((s, js)) = stream
+                .upgrade()
+                .and_then(|s| account_js(&server, &s).map(|js| (s, js)))
+            {
+                if !shared.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                    server.spawn(reload(
+                        server.clone(),
+                        js,
+                        host.clone(),
+                        spec.group.clone(),
+                        s.name.clone(),
+                        wait,
+                    ));
+                }
+            }
             return;
         }
     };
