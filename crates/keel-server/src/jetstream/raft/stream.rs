@@ -1705,26 +1705,9 @@ pub async fn run_group(
             // As after any storage error, the replica is loaded again from its files,
             // until it starts, instead of staying without a group until a restart.
             shared.close_log().await;
-            let wait = host.reload_wait(&spec.group);
-            crate::error!(
-                server.log,
-                "JetStream stream group {}: {e}; the replica is loaded again from its files in {wait:?}",
-                spec.group
-            );
-            if let Some((s, js)) = stream
-                .upgrade()
-                .and_then(|s| account_js(&server, &s).map(|js| (s, js)))
-            {
-                if !shared.stopped.load(std::sync::atomic::Ordering::SeqCst) {
-                    server.spawn(reload(
-                        server.clone(),
-                        js,
-                        host.clone(),
-                        spec.group.clone(),
-                        s.name.clone(),
-                        wait,
-                    ));
-                }
+            if !shared.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                let why = format!("its Raft group could not start ({e})");
+                reload_later(&server, &host, &stream, &spec.group, &why);
             }
             return;
         }
@@ -1796,26 +1779,7 @@ pub async fn run_group(
             // Its log could not be written (a full disk): openraft stopped the group. The
             // replica is loaded again from its files (what was synced), as at a restart,
             // and catches up from the leader; until then the others go on without it.
-            if let Some((s, js)) = stream
-                .upgrade()
-                .and_then(|s| account_js(&server, &s).map(|js| (s, js)))
-            {
-                let wait = host.reload_wait(&spec.group);
-                crate::error!(
-                    server.log,
-                    "JetStream stream '{} > {}': {why}; the replica is loaded again from its files in {wait:?}",
-                    s.account().name,
-                    s.name
-                );
-                server.spawn(reload(
-                    server.clone(),
-                    js,
-                    host.clone(),
-                    spec.group.clone(),
-                    s.name.clone(),
-                    wait,
-                ));
-            }
+            reload_later(&server, &host, &stream, &spec.group, &why);
             stopping = true;
             break;
         }
@@ -2001,6 +1965,38 @@ pub async fn run_group(
         let _ = raft.shutdown().await;
         shared.close_log().await;
     }
+}
+
+/// Schedules the replica's reload from its files (`reload`), after the group's backoff,
+/// saying why: its group stopped, or could not start, on a storage error.
+fn reload_later(
+    server: &Arc<crate::server::Server>,
+    host: &Arc<super::RaftHost>,
+    stream: &Weak<Stream>,
+    group: &str,
+    why: &str,
+) {
+    let Some((s, js)) = stream
+        .upgrade()
+        .and_then(|s| account_js(server, &s).map(|js| (s, js)))
+    else {
+        return;
+    };
+    let wait = host.reload_wait(group);
+    crate::error!(
+        server.log,
+        "JetStream stream '{} > {}': {why}; the replica is loaded again from its files in {wait:?}",
+        s.account().name,
+        s.name
+    );
+    server.spawn(reload(
+        server.clone(),
+        js,
+        host.clone(),
+        group.to_string(),
+        s.name.clone(),
+        wait,
+    ));
 }
 
 /// The followers learn the commit index only up to the leader's flush
