@@ -329,6 +329,12 @@ pub struct Shared {
     log: OnceLock<super::log::LogStore>,
     /// A log index at or below the store's last synced marker (what a rollback keeps).
     synced: std::sync::atomic::AtomicU64,
+    /// The log index of the newest batch the state machine put in the store (its marker
+    /// then). A store whose marker is behind it was rolled back under the state machine
+    /// (a failed sync or commit on a full disk): applying the next batch on top would
+    /// leave the dropped batches' sequences as a hole, so the group stops instead and the
+    /// replica is loaded again from its files, which applies the log from the marker.
+    batch_applied: std::sync::atomic::AtomicU64,
     /// The leader's store holds entries not committed yet (set when the first entry of a
     /// batch is applied early, with the store locked; cleared once it commits or is rolled
     /// back): a snapshot is taken only when it does not.
@@ -403,6 +409,7 @@ impl Shared {
             changing: std::sync::atomic::AtomicBool::new(false),
             log: OnceLock::new(),
             synced: std::sync::atomic::AtomicU64::new(applied.map_or(0, |l| l.index)),
+            batch_applied: std::sync::atomic::AtomicU64::new(applied.map_or(0, |l| l.index)),
             in_flight: std::sync::atomic::AtomicBool::new(false),
             reload_wanted: std::sync::atomic::AtomicBool::new(false),
             capture_wanted: std::sync::atomic::AtomicBool::new(false),
@@ -994,8 +1001,17 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
                         fence.applied_nonce = fence.applied_nonce.max(batch.nonce);
                     }
                     let mut store = sh.store.lock();
+                    let at = unmarker(&store.applied()).map_or(0, |l| l.index);
+                    let before = sh.batch_applied.load(std::sync::atomic::Ordering::Acquire);
+                    if at < before {
+                        return Err(sm_err(format!(
+                            "the store went back to log index {at} after the state machine applied {before} (a failed sync rolled it back)"
+                        )));
+                    }
                     sh.apply_batch(&mut **store, &batch, &e.log_id)
                         .map_err(sm_err)?;
+                    sh.batch_applied
+                        .store(e.log_id.index, std::sync::atomic::Ordering::Release);
                     wrote = true;
                     drop(store);
                     drop(fence);
@@ -1118,6 +1134,8 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
             st.skip_to(snap.last_seq + 1).map_err(sm_err)?;
             if let Some(l) = &meta.last_log_id {
                 st.set_applied(&marker(l)).map_err(sm_err)?;
+                sh.batch_applied
+                    .store(l.index, std::sync::atomic::Ordering::Release);
             }
             sh.capture(&mut **st).map_err(sm_err)?;
         }
@@ -1383,8 +1401,9 @@ impl RaftReplicator {
                     fence.fenced = true;
                     drop(fence);
                     if !rolled_back {
-                        // The uncommitted batch is still in the store: this replica must
-                        // not serve from it.
+                        // The uncommitted batch is still in the store, or the committed
+                        // batches after the last sync are not back in it: this replica must
+                        // not serve from it (and its state machine takes no further batch).
                         self.shared.leave_to_reload(&raft);
                     }
                     Err(unavailable())
@@ -2251,5 +2270,64 @@ mod entry_tests {
                 ack_floor: 3
             }
         );
+    }
+}
+
+#[cfg(test)]
+mod apply_tests {
+    use super::*;
+    use crate::jetstream::stream::read::WriteHandle;
+
+    fn entry(index: u64, seqs: std::ops::RangeInclusive<u64>) -> Entry<TypeConfig> {
+        let entries = seqs
+            .map(|seq| {
+                StreamEntry::Msg(MsgEntry {
+                    seq,
+                    ts: seq as i64,
+                    subject: Bytes::from_static(b"a"),
+                    hdr: Bytes::new(),
+                    data: Bytes::from_static(b"x"),
+                    rollup: None,
+                    no_max_age: false,
+                })
+            })
+            .collect();
+        let body = encode(&Batch {
+            origin: 9,
+            epoch: 9,
+            nonce: index,
+            entries,
+            consumers: Vec::new(),
+        });
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Cmd(body)),
+        }
+    }
+
+    /// A store rolled back under the state machine (its sync failed on a full disk after
+    /// a batch was applied) must not take the next batch: that would record the dropped
+    /// batch's sequences as deleted, a hole no later apply or snapshot fills. The state
+    /// machine stops instead (the replica is then loaded again from its files and applies
+    /// the log from the store's marker).
+    #[tokio::test]
+    async fn a_store_rolled_back_under_the_state_machine_takes_no_later_batch() {
+        let store = keel_store::MemStore::new(keel_store::Limits::default());
+        let (w, _r) = WriteHandle::new(Box::new(store), Arc::new(Default::default()));
+        let dir = std::env::temp_dir().join(format!("keel-apply-{}", std::process::id()));
+        let sh = Shared::new(1, w.follower(), &dir, keel_store::MetaFiles::new());
+        let mut sm = StreamMachine(sh);
+        sm.apply(vec![entry(1, 1..=3)]).await.unwrap();
+        w.lock().sync().unwrap();
+        sm.apply(vec![entry(2, 4..=6)]).await.unwrap();
+        assert_eq!(w.lock().last_seq(), 6);
+        // The rollback a failed sync does: back to the last completed sync.
+        w.lock().discard_unsynced().unwrap();
+        assert_eq!(w.lock().last_seq(), 3);
+        let r = sm.apply(vec![entry(3, 7..=9)]).await;
+        assert!(r.is_err(), "applied on a rolled-back store");
+        let st = w.lock();
+        assert_eq!(st.last_seq(), 3);
+        assert_eq!(unmarker(&st.applied()).map(|l| l.index), Some(1));
     }
 }
