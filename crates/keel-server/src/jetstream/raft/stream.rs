@@ -131,11 +131,42 @@ pub struct Batch {
     pub nonce: u64,
     pub entries: Vec<StreamEntry>,
     pub consumers: Vec<ConsumerEntry>,
+    /// Now and then, the leader's store as of this batch (`CHECK_EVERY`).
+    pub check: Option<Digest>,
 }
+
+/// What a store holds at one point of the log. Every replica applies the same entries, so
+/// at the same batch its store must hold as many messages from the same first to the same
+/// last sequence as the leader's did; one that holds fewer lacks messages (a hole, however
+/// it came about), and one that holds more has messages its leader lacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Digest {
+    pub msgs: u64,
+    pub first_seq: u64,
+    pub last_seq: u64,
+}
+
+impl Digest {
+    fn of(st: &keel_store::State) -> Digest {
+        Digest {
+            msgs: st.msgs,
+            first_seq: st.first_seq,
+            last_seq: st.last_seq,
+        }
+    }
+}
+
+/// How often the leader puts a `Digest` in a batch.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How many checks in a row must disagree before a replica acts on it: right after a
+/// replica installed a snapshot it may lack messages the leader removes a few entries
+/// later (fetched after their removal), which the log then makes equal again.
+const DIVERGED_AFTER: u32 = 3;
 
 const TAG_MSG: u8 = 0;
 const TAG_JSON: u8 = 1;
 const TAG_CONSUMER: u8 = 2;
+const TAG_CHECK: u8 = 3;
 
 /// Compact binary: messages as length-prefixed fields (the hot path), anything else as
 /// JSON. Decoding gives `Bytes` slices of the entry, no copies.
@@ -152,7 +183,13 @@ pub fn encode(b: &Batch) -> Vec<u8> {
     out.put_u64(b.origin);
     out.put_u64(b.epoch);
     out.put_u64(b.nonce);
-    out.put_u32((b.entries.len() + b.consumers.len()) as u32);
+    out.put_u32((b.entries.len() + b.consumers.len() + b.check.is_some() as usize) as u32);
+    if let Some(d) = &b.check {
+        out.put_u8(TAG_CHECK);
+        out.put_u64(d.msgs);
+        out.put_u64(d.first_seq);
+        out.put_u64(d.last_seq);
+    }
     for c in &b.consumers {
         let j = serde_json::to_vec(c).unwrap_or_default();
         out.put_u8(TAG_CONSUMER);
@@ -202,6 +239,7 @@ pub fn decode(mut b: Bytes) -> Result<Batch, String> {
     let n = b.get_u32() as usize;
     let mut entries = Vec::with_capacity(n.min(65_536));
     let mut consumers = Vec::new();
+    let mut check = None;
     for _ in 0..n {
         need(&b, 1)?;
         match b.get_u8() {
@@ -246,6 +284,14 @@ pub fn decode(mut b: Bytes) -> Result<Batch, String> {
                 let j = b.split_to(len);
                 consumers.push(serde_json::from_slice(&j).map_err(|e| e.to_string())?);
             }
+            TAG_CHECK => {
+                need(&b, 24)?;
+                check = Some(Digest {
+                    msgs: b.get_u64(),
+                    first_seq: b.get_u64(),
+                    last_seq: b.get_u64(),
+                });
+            }
             t => return Err(format!("unknown stream entry tag {t}")),
         }
     }
@@ -255,6 +301,7 @@ pub fn decode(mut b: Bytes) -> Result<Batch, String> {
         nonce,
         entries,
         consumers,
+        check,
     })
 }
 
@@ -291,6 +338,16 @@ struct Memberships {
     /// The last two membership entries applied (the newest at or below the store's marker
     /// is the one to report at start; a newer one is still in the log).
     list: Vec<StoredMembership<NodeId, Peer>>,
+}
+
+/// Checks in a row whose `Digest` this replica's store did not match, and how.
+#[derive(Default)]
+struct Divergence {
+    streak: u32,
+    /// This store holds fewer messages than the leader's did (else more, or the same
+    /// number over other sequences).
+    short: bool,
+    what: String,
 }
 
 /// A consumer's replicated ack floors: (log index, ack floor, committed at, ns).
@@ -335,6 +392,8 @@ pub struct Shared {
     /// leave the dropped batches' sequences as a hole, so the group stops instead and the
     /// replica is loaded again from its files, which applies the log from the marker.
     batch_applied: std::sync::atomic::AtomicU64,
+    /// How this replica's store compared with the leader's `Digest`s lately.
+    divergence: Mutex<Divergence>,
     /// The leader's store holds entries not committed yet (set when the first entry of a
     /// batch is applied early, with the store locked; cleared once it commits or is rolled
     /// back): a snapshot is taken only when it does not.
@@ -410,6 +469,7 @@ impl Shared {
             log: OnceLock::new(),
             synced: std::sync::atomic::AtomicU64::new(applied.map_or(0, |l| l.index)),
             batch_applied: std::sync::atomic::AtomicU64::new(applied.map_or(0, |l| l.index)),
+            divergence: Mutex::new(Divergence::default()),
             in_flight: std::sync::atomic::AtomicBool::new(false),
             reload_wanted: std::sync::atomic::AtomicBool::new(false),
             capture_wanted: std::sync::atomic::AtomicBool::new(false),
@@ -418,6 +478,32 @@ impl Shared {
             current: Mutex::new(None),
             rejoining: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Compares the store, having applied the batch at `index`, with the leader's digest.
+    fn compare(&self, store: &dyn Store, d: &Digest, index: u64) {
+        if store.has_lost() {
+            return; // (The damage path has it: stepdown or rebuild.)
+        }
+        let mine = Digest::of(&store.state());
+        let mut g = self.divergence.lock().unwrap_or_else(|e| e.into_inner());
+        if mine == *d {
+            g.streak = 0;
+            return;
+        }
+        g.streak += 1;
+        g.short = mine.msgs < d.msgs;
+        g.what = format!(
+            "at log index {index} it holds {} messages, {}..{}, the leader {}, {}..{}",
+            mine.msgs, mine.first_seq, mine.last_seq, d.msgs, d.first_seq, d.last_seq
+        );
+    }
+
+    /// Whether the last `DIVERGED_AFTER` checks found this store unlike the leader's:
+    /// (short, how).
+    fn diverged(&self) -> Option<(bool, String)> {
+        let g = self.divergence.lock().unwrap_or_else(|e| e.into_inner());
+        (g.streak >= DIVERGED_AFTER).then(|| (g.short, g.what.clone()))
     }
 
     /// A rejoining memory replica that has applied nothing yet (`Rpc::Standing`).
@@ -714,6 +800,7 @@ impl Shared {
             nonce: 0,
             entries,
             consumers: Vec::new(),
+            check: None,
         });
         Ok((at, body))
     }
@@ -1012,6 +1099,11 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
                         .map_err(sm_err)?;
                     sh.batch_applied
                         .store(e.log_id.index, std::sync::atomic::Ordering::Release);
+                    // (A leader's own batch of this run: its store is ahead of it.)
+                    let own = batch.origin == sh.node && batch.epoch == sh.epoch;
+                    if let (Some(d), false) = (&batch.check, own) {
+                        sh.compare(&**store, d, e.log_id.index);
+                    }
                     wrote = true;
                     drop(store);
                     drop(fence);
@@ -1215,6 +1307,8 @@ pub struct RaftReplicator {
     nonce: u64,
     /// The store refused a write since the last commit (a full disk).
     store_failed: bool,
+    /// When a batch last carried a `Digest`.
+    last_check: std::time::Instant,
 }
 
 impl RaftReplicator {
@@ -1225,6 +1319,7 @@ impl RaftReplicator {
             consumers: Vec::new(),
             nonce: 0,
             store_failed: false,
+            last_check: std::time::Instant::now(),
         }
     }
 }
@@ -1249,6 +1344,7 @@ impl Replicator for RaftReplicator {
             nonce: 0,
             entries: Vec::new(),
             consumers: Vec::new(),
+            check: None,
         });
         let _ = self.shared.write(&raft, body).await;
     }
@@ -1350,12 +1446,22 @@ impl RaftReplicator {
                     _ => None,
                 })
                 .collect();
+            // The store holds this batch's entries (applied early) and every batch before
+            // it, nothing after: what each replica's must hold once it applied the batch.
+            let check = if self.last_check.elapsed() >= CHECK_EVERY {
+                self.last_check = std::time::Instant::now();
+                let st = store.lock();
+                (!st.has_lost()).then(|| Digest::of(&st.state()))
+            } else {
+                None
+            };
             let body = encode(&Batch {
                 origin: self.shared.node,
                 epoch: self.shared.epoch,
                 nonce,
                 entries: std::mem::take(&mut self.batch),
                 consumers: std::mem::take(&mut self.consumers),
+                check,
             });
             let Some(raft) = self.shared.raft.get().cloned() else {
                 let _ = store.lock().discard_unsynced();
@@ -1771,6 +1877,7 @@ pub async fn run_group(
     // follower's rebuild.
     let mut scrubbed = false;
     let mut stepped_down: Option<std::time::Instant> = None;
+    let mut stood: Option<std::time::Instant> = None;
     // (Looked at now and then, not at every metrics change: those come with every batch.)
     let mut damage_checked = std::time::Instant::now() - Duration::from_secs(1);
     let mut assignment_checked = damage_checked;
@@ -1840,6 +1947,46 @@ pub async fn run_group(
                     }
                 }
                 break;
+            }
+        }
+        // A store unlike the leader's at the same log index (`Digest`): one that lacks
+        // messages is rebuilt from the leader; one that holds messages its leader lacks
+        // stands for election (at most every LOST_STEPDOWN_EVERY), so the leader, then a
+        // follower, finds itself short and is rebuilt in turn.
+        if let (true, Some(_)) = (check && voters > 1, follower_of) {
+            if let Some((short, what)) = shared.diverged() {
+                if short {
+                    crate::error!(
+                        server.log,
+                        "JetStream stream group {}: this replica lacks messages its leader holds ({what})",
+                        spec.group
+                    );
+                    if let Some(s) = stream.upgrade() {
+                        if let Some(js) = account_js(&server, &s) {
+                            let upto = m.last_log_index.unwrap_or(0);
+                            tokio::spawn(rebuild(
+                                server.clone(),
+                                js,
+                                s.name.clone(),
+                                spec.group.clone(),
+                                upto,
+                            ));
+                        }
+                    }
+                    break;
+                }
+                if stood.is_none_or(|t| t.elapsed() > LOST_STEPDOWN_EVERY) {
+                    stood = Some(std::time::Instant::now());
+                    crate::error!(
+                        server.log,
+                        "JetStream stream group {}: its leader lacks messages this replica holds ({what}); this replica stands for election",
+                        spec.group
+                    );
+                    let raft = raft.clone();
+                    tokio::spawn(async move {
+                        let _ = raft.trigger().elect().await;
+                    });
+                }
             }
         }
         // The role with a quorum behind it, not just the leader id: a restarted server's
@@ -2225,7 +2372,23 @@ mod entry_tests {
             nonce: 3,
             entries: Vec::new(),
             consumers,
+            check: None,
         }
+    }
+
+    /// A batch's digest goes through the log and back; a batch without one reads as none.
+    #[test]
+    fn a_digest_rides_in_its_batch() {
+        let d = Digest {
+            msgs: 7,
+            first_seq: 3,
+            last_seq: 12,
+        };
+        let mut b = batch(Vec::new());
+        b.check = Some(d);
+        assert_eq!(decode(Bytes::from(encode(&b))).unwrap().check, Some(d));
+        b.check = None;
+        assert_eq!(decode(Bytes::from(encode(&b))).unwrap().check, None);
     }
 
     /// A consumer's state rides in its entry about as big as the file, and reads back the same.
@@ -2298,6 +2461,7 @@ mod apply_tests {
             nonce: index,
             entries,
             consumers: Vec::new(),
+            check: None,
         });
         Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
