@@ -56,6 +56,11 @@ pub struct Opts {
     /// The filesystem JetStream's files are written through: the real one, except in tests
     /// that fill one in-process server's disk (`keel_store::Disk::fillable`). No config key.
     pub disk: keel_store::Disk,
+    /// The cluster's meta group snapshots its state every this many log entries and keeps
+    /// `meta_log_kept` entries before it (small in tests, to see its log compacted). No
+    /// config key.
+    pub meta_snapshot_every: u64,
+    pub meta_log_kept: u64,
     /// `jetstream { strict }`: refuse API requests with fields the reference does not know
     /// (the reference's default, true) or decode them ignoring those fields.
     pub jetstream_strict: bool,
@@ -272,6 +277,8 @@ impl Default for Opts {
             lame_duck_grace_period: Duration::from_secs(10),
             jetstream: false,
             store_dir: None,
+            meta_snapshot_every: crate::jetstream::raft::META_SNAPSHOT_EVERY,
+            meta_log_kept: crate::jetstream::raft::META_LOG_KEPT,
             max_memory_store: None,
             max_file_store: None,
             sync_interval: None,

@@ -63,6 +63,9 @@ enum Start {
     Processes,
     /// In this process, each on its own disk (as many as names).
     OnDisks(Vec<keel_store::Disk>),
+    /// In this process (with `stores`), the meta group snapshotting every so many entries
+    /// and keeping so many before the snapshot.
+    MetaSnapshots(u64, u64),
 }
 
 /// `mesh_with`, its servers started as `start` says.
@@ -86,12 +89,22 @@ async fn mesh_started(
         };
         let conf = member_conf(name, &listen, &routes) + &extra(name);
         let node = match (stores, &start) {
+            (Some(d), Start::MetaSnapshots(every, kept)) => {
+                let (every, kept) = (*every, *kept);
+                Node::start_jetstream_at_with(&conf, &d.join(name), |o| {
+                    o.meta_snapshot_every = every;
+                    o.meta_log_kept = kept;
+                })
+                .await
+            }
             (Some(d), _) => Node::start_jetstream_at(&conf, &d.join(name)).await,
             (None, Start::Processes) => Node::start_jetstream_process(&conf).await,
             (None, Start::OnDisks(disks)) => {
                 Node::start_jetstream_on(&conf, disks[nodes.len()].clone()).await
             }
-            (None, Start::InProcess) => Node::start_jetstream(&conf).await,
+            (None, Start::InProcess | Start::MetaSnapshots(..)) => {
+                Node::start_jetstream(&conf).await
+            }
         };
         let port = node.route_url().rsplit(':').next().unwrap().to_string();
         confs.push(member_conf(name, &format!("127.0.0.1:{port}"), &routes) + &extra(name));
@@ -2086,6 +2099,140 @@ async fn a_replica_lacking_a_message_is_found_by_the_digests_and_rebuilt() {
     }
     lead_on(&c, "HOLE", victim).await;
     holds_exactly(&c, "HOLE", &acked).await;
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// The meta group's log is compacted: every server writes the group's snapshot beside
+/// its log and drops the log before it. A server down while streams were deleted and the
+/// others' logs moved past what it has installs the leader's snapshot: the streams deleted
+/// meanwhile go from it, the others stay with their messages. After a restart of every
+/// server (each from its own snapshot) the streams are all there, messages included.
+/// (Keel's meta files: not run against the reference.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_meta_log_is_compacted_and_a_server_behind_it_installs_the_snapshot() {
+    if common::is_reference() {
+        return;
+    }
+    let stores = common::TempDir::new("metasnap");
+    let names = ["P1", "P2", "P3"];
+    let start = || Start::MetaSnapshots(8, 2);
+    let (mut nodes, confs) =
+        mesh_started(&names, Some(stores.path()), |_| String::new(), start()).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    let r3 = |i: u32| format!(r#"{{"name":"S{i}","subjects":["s{i}.>"],"num_replicas":3}}"#);
+    for i in 0..10 {
+        create_stream(&c, &format!("S{i}"), &r3(i)).await;
+    }
+    // A memory stream is made again at a restart only from the meta state.
+    create_stream(
+        &c,
+        "M",
+        r#"{"name":"M","subjects":["m.>"],"num_replicas":3,"storage":"memory"}"#,
+    )
+    .await;
+    assert_eq!(publish_acked(&c, "s7.x", "kept".into()).await, 1);
+    for i in 0..5 {
+        let r = api(&c, &format!("$JS.API.STREAM.DELETE.S{i}"), "").await;
+        assert_eq!(r["success"], true, "{r}");
+    }
+    let snapshot = |n: &str| {
+        stores
+            .path()
+            .join(n)
+            .join("jetstream/_cluster_/meta/snapshot.json")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !names.iter().all(|n| snapshot(n).exists()) {
+        assert!(
+            Instant::now() < deadline,
+            "no meta snapshot written on every server"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // P3 goes down; two of its streams are deleted and R1 streams come and go, until the
+    // others' logs start past what P3 has.
+    nodes.remove(2).shutdown().await;
+    for i in 5..7 {
+        let r = api(&c, &format!("$JS.API.STREAM.DELETE.S{i}"), "").await;
+        assert_eq!(r["success"], true, "{r}");
+    }
+    for i in 0..8 {
+        create_stream(
+            &c,
+            &format!("T{i}"),
+            &format!(r#"{{"name":"T{i}","subjects":["t{i}.>"],"num_replicas":1}}"#),
+        )
+        .await;
+        let r = api(&c, &format!("$JS.API.STREAM.DELETE.T{i}"), "").await;
+        assert_eq!(r["success"], true, "{r}");
+    }
+    let p3_store = stores.path().join("P3");
+    let stream_dir = |n: &str| p3_store.join("jetstream/APP/streams").join(n);
+    assert!(stream_dir("S5").exists() && stream_dir("S6").exists());
+    let p3 = Node::start_jetstream_at_with(&confs[2], &p3_store, |o| {
+        o.meta_snapshot_every = 8;
+        o.meta_log_kept = 2;
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stream_dir("S5").exists() || stream_dir("S6").exists() {
+        assert!(Instant::now() < deadline, "{}", p3.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        p3.log()
+            .contains("meta state installed from the leader's snapshot"),
+        "{}",
+        p3.log()
+    );
+    nodes.push(p3);
+    for i in 7..10 {
+        assert!(stream_dir(&format!("S{i}")).exists(), "S{i} gone from P3");
+    }
+    lead_on(&c, "S7", "P3").await;
+    let m = api(&c, "$JS.API.STREAM.MSG.GET.S7", r#"{"seq":1}"#).await;
+    assert_eq!(m["message"]["data"], "a2VwdA==", "{m}");
+    drop(c);
+    // Every server again, each from its own snapshot and the log after it.
+    for n in nodes.drain(..) {
+        n.shutdown().await;
+    }
+    for (i, name) in names.iter().enumerate() {
+        nodes.push(
+            Node::start_jetstream_at_with(&confs[i], &stores.path().join(name), |o| {
+                o.meta_snapshot_every = 8;
+                o.meta_log_kept = 2;
+            })
+            .await,
+        );
+    }
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let l = api(&c, "$JS.API.STREAM.NAMES", "").await;
+        let mut got: Vec<String> = l["streams"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        got.sort();
+        if got == ["M", "S7", "S8", "S9"] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{l}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stream_leader(&c, "S7", "").await;
+    stream_leader(&c, "M", "").await;
+    let m = api(&c, "$JS.API.STREAM.MSG.GET.S7", r#"{"seq":1}"#).await;
+    assert_eq!(m["message"]["data"], "a2VwdA==", "{m}");
     for n in nodes {
         n.shutdown().await;
     }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::raft::log::LogStore;
-use super::raft::meta::{MetaMachine, MetaOp, MetaState, StreamAssignment};
+use super::raft::meta::{Follow, MetaMachine, MetaOp, MetaState, StreamAssignment};
 use super::raft::{self, node_id, peer_hash, Cmd, NodeId, Peer, Raft, RaftHost};
 use crate::server::Server;
 use crate::{info, warn};
@@ -56,7 +56,11 @@ impl Meta {
         host: Arc<RaftHost>,
         log_dir: std::path::PathBuf,
     ) -> Result<Arc<Meta>, String> {
-        let (machine, applied) = MetaMachine::new();
+        let snapshot = (
+            keel_store::MetaFiles::on_disk(&server.opts.disk),
+            log_dir.join("snapshot.json"),
+        );
+        let (machine, applied) = MetaMachine::new(Some(snapshot))?;
         let (raft, log) = Self::node(server, &host, &log_dir, &machine).await?;
         let meta = Arc::new(Meta {
             raft: std::sync::RwLock::new(raft),
@@ -92,7 +96,7 @@ impl Meta {
             LogStore::open(Box::new(backend), true, None).map_err(|e| format!("meta log: {e}"))?;
         let raft = Raft::new(
             host.id,
-            raft::config(META_GROUP, false),
+            raft::meta_config(server.opts.meta_snapshot_every, server.opts.meta_log_kept),
             host.network(META_GROUP, None),
             log.clone(),
             machine.clone(),
@@ -1372,7 +1376,7 @@ fn names(
 pub async fn follow(
     meta: Arc<Meta>,
     server: std::sync::Weak<Server>,
-    mut applied: tokio::sync::mpsc::UnboundedReceiver<MetaOp>,
+    mut applied: tokio::sync::mpsc::UnboundedReceiver<Follow>,
 ) {
     let Some(mut shutdown) = server.upgrade().map(|s| s.shutdown_rx()) else {
         return;
@@ -1394,11 +1398,11 @@ pub async fn follow(
         }
     }
     loop {
-        let op = tokio::select! {
-            op = applied.recv() => op,
+        let f = tokio::select! {
+            f = applied.recv() => f,
             _ = shutdown.changed() => None,
         };
-        let Some(op) = op else {
+        let Some(f) = f else {
             return;
         };
         let Some(server) = server.upgrade() else {
@@ -1407,99 +1411,164 @@ pub async fn follow(
         let Some(jss) = server.jetstream.get().cloned() else {
             return;
         };
-        match op {
-            MetaOp::AssignStream {
-                account,
+        match f {
+            Follow::Op(op) => follow_op(&meta, &server, &jss, op).await,
+            Follow::State { state, installed } => {
+                follow_state(&meta, &server, &jss, state, installed).await
+            }
+        }
+        meta.machine.followed();
+    }
+}
+
+/// A whole state: every stream assigned here that is missing is made; with `installed`
+/// (a snapshot from the leader, the ops before it never seen here) the streams it does not
+/// have go, and a recent removal of this server is followed.
+async fn follow_state(
+    meta: &Arc<Meta>,
+    server: &Arc<Server>,
+    jss: &Arc<super::JetStreams>,
+    state: MetaState,
+    installed: bool,
+) {
+    if installed {
+        info!(
+            server.log,
+            "JetStream cluster: meta state installed from the leader's snapshot ({} streams)",
+            state.streams.values().map(|m| m.len()).sum::<usize>()
+        );
+        for js in jss.all() {
+            let assigned = state.streams.get(&js.account.name);
+            for s in js.streams() {
+                if assigned.is_none_or(|m| !m.contains_key(&s.name)) {
+                    let op = MetaOp::RemoveStream {
+                        account: js.account.name.clone(),
+                        name: s.name.clone(),
+                    };
+                    follow_op(meta, server, jss, op).await;
+                }
+            }
+        }
+        if let Some(&at) = state.removed.get(&meta.host.name) {
+            let op = MetaOp::RemoveServer {
+                name: meta.host.name.clone(),
+                at,
+            };
+            follow_op(meta, server, jss, op).await;
+        }
+    }
+    for (account, streams) in state.streams {
+        for (name, mut assignment) in streams {
+            // (Answered when it was made.)
+            assignment.reply = None;
+            let op = MetaOp::AssignStream {
+                account: account.clone(),
                 name,
                 assignment,
-            } => {
-                // Replaying the log at start: a stream removed later is not made again.
-                if !assignment.peers.contains(&meta.host.name)
-                    || !meta
-                        .assignment(&account, &name)
-                        .is_some_and(|a| a.peers.contains(&meta.host.name))
+            };
+            follow_op(meta, server, jss, op).await;
+        }
+    }
+}
+
+/// One applied op: this server's streams made to match it.
+async fn follow_op(
+    meta: &Arc<Meta>,
+    server: &Arc<Server>,
+    jss: &Arc<super::JetStreams>,
+    op: MetaOp,
+) {
+    match op {
+        MetaOp::AssignStream {
+            account,
+            name,
+            assignment,
+        } => {
+            // Replaying the log at start: a stream removed later is not made again.
+            if !assignment.peers.contains(&meta.host.name)
+                || !meta
+                    .assignment(&account, &name)
+                    .is_some_and(|a| a.peers.contains(&meta.host.name))
+            {
+                return;
+            }
+            let Some(js) = jss.account(&account).cloned() else {
+                return;
+            };
+            if js.stream(&name).is_some() {
+                return;
+            }
+            let body = serde_json::to_vec(&assignment.config).unwrap_or_default();
+            let mut router = crate::router::Router::new(js.account.clone(), 0x4153);
+            let r = super::api::streams::create(&js, server, &mut router, &name, &body).await;
+            let answer = assignment.peers.first() == Some(&meta.host.name);
+            if let Err(e) = &r {
+                // The meta leader checked it against the cluster; a replica that still
+                // cannot make it (its own disk, its limits) says so.
+                warn!(
+                    server.log,
+                    "JetStream cluster could not create stream '{account} > {name}' here: {}",
+                    e.description
+                );
+            }
+            // A replicated stream is answered once it has a leader, as the reference
+            // does (a publish right after the answer then finds one).
+            if answer && assignment.reply.is_some() && !assignment.group.is_empty() && r.is_ok() {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < deadline
+                    && js.stream(&name).is_some_and(|s| {
+                        s.leader_name().is_none()
+                            || (!s.leads()
+                                && s.leader_name().as_deref() == Some(meta.host.name.as_str()))
+                    })
                 {
-                    continue;
-                }
-                let Some(js) = jss.account(&account).cloned() else {
-                    continue;
-                };
-                if js.stream(&name).is_some() {
-                    continue;
-                }
-                let body = serde_json::to_vec(&assignment.config).unwrap_or_default();
-                let mut router = crate::router::Router::new(js.account.clone(), 0x4153);
-                let r = super::api::streams::create(&js, &server, &mut router, &name, &body).await;
-                let answer = assignment.peers.first() == Some(&meta.host.name);
-                if let Err(e) = &r {
-                    // The meta leader checked it against the cluster; a replica that still
-                    // cannot make it (its own disk, its limits) says so.
-                    warn!(
-                        server.log,
-                        "JetStream cluster could not create stream '{account} > {name}' here: {}",
-                        e.description
-                    );
-                }
-                // A replicated stream is answered once it has a leader, as the reference
-                // does (a publish right after the answer then finds one).
-                if answer && !assignment.group.is_empty() && r.is_ok() {
-                    let deadline = Instant::now() + Duration::from_secs(10);
-                    while Instant::now() < deadline
-                        && js.stream(&name).is_some_and(|s| {
-                            s.leader_name().is_none()
-                                || (!s.leads()
-                                    && s.leader_name().as_deref() == Some(meta.host.name.as_str()))
-                        })
-                    {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                }
-                let r = r.map(|mut c| {
-                    if let Some(s) = js.stream(&name) {
-                        c.info.cluster = Some(super::api::streams::cluster_info(&js, &s));
-                    }
-                    c
-                });
-                if let (true, Some(reply)) = (answer, assignment.reply.as_ref()) {
-                    let body = super::api::encoded_for("stream_create", r);
-                    let reply = bytes::Bytes::from(reply.clone());
-                    super::api::reply(&server, &mut router, &reply, body);
-                }
-                router.flush();
-            }
-            MetaOp::RemoveServer { name, at } => {
-                // (Not again for each old removal a restart replays.)
-                let recent = crate::time::now_nanos() - at
-                    < super::raft::meta::REMOVED_FOR.as_nanos() as i64;
-                if name == meta.host.name && recent {
-                    crate::error!(
-                        server.log,
-                        "JetStream cluster: this server was removed from the meta group"
-                    );
-                    // Only a removal made while this process runs: one replayed at a
-                    // restart leaves JetStream on (the leader adds it back in time).
-                    if at >= meta.started_at {
-                        tokio::spawn(disable_once_out(meta.clone(), server.clone()));
-                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
-            MetaOp::RemoveStream { account, name } => {
-                let Some(js) = jss.account(&account).cloned() else {
-                    continue;
-                };
-                if js.stream(&name).is_none() {
-                    continue;
+            let r = r.map(|mut c| {
+                if let Some(s) = js.stream(&name) {
+                    c.info.cluster = Some(super::api::streams::cluster_info(&js, &s));
                 }
-                let mut router = crate::router::Router::new(js.account.clone(), 0x4453);
-                if let Err(e) = super::api::streams::delete(&js, &server, &mut router, &name).await
-                {
-                    warn!(
-                        server.log,
-                        "JetStream cluster could not delete stream '{account} > {name}': {e:?}"
-                    );
-                }
-                router.flush();
+                c
+            });
+            if let (true, Some(reply)) = (answer, assignment.reply.as_ref()) {
+                let body = super::api::encoded_for("stream_create", r);
+                let reply = bytes::Bytes::from(reply.clone());
+                super::api::reply(server, &mut router, &reply, body);
             }
+            router.flush();
+        }
+        MetaOp::RemoveServer { name, at } => {
+            // (Not again for each old removal a restart replays.)
+            let recent =
+                crate::time::now_nanos() - at < super::raft::meta::REMOVED_FOR.as_nanos() as i64;
+            if name == meta.host.name && recent {
+                crate::error!(
+                    server.log,
+                    "JetStream cluster: this server was removed from the meta group"
+                );
+                // Only a removal made while this process runs: one replayed at a
+                // restart leaves JetStream on (the leader adds it back in time).
+                if at >= meta.started_at {
+                    tokio::spawn(disable_once_out(meta.clone(), server.clone()));
+                }
+            }
+        }
+        MetaOp::RemoveStream { account, name } => {
+            let Some(js) = jss.account(&account).cloned() else {
+                return;
+            };
+            if js.stream(&name).is_none() {
+                return;
+            }
+            let mut router = crate::router::Router::new(js.account.clone(), 0x4453);
+            if let Err(e) = super::api::streams::delete(&js, server, &mut router, &name).await {
+                warn!(
+                    server.log,
+                    "JetStream cluster could not delete stream '{account} > {name}': {e:?}"
+                );
+            }
+            router.flush();
         }
     }
 }

@@ -1224,6 +1224,21 @@ impl Node {
         Node::in_process(&conf, |o| o.store_dir = Some(store.to_path_buf())).await
     }
 
+    /// [`start_jetstream_at`](Self::start_jetstream_at) in this process, its options then
+    /// adjusted (settings no config key has).
+    pub async fn start_jetstream_at_with(
+        conf: &str,
+        store: &Path,
+        adjust: impl FnOnce(&mut keel_server::config::Opts),
+    ) -> Node {
+        let conf = format!("http_port: -1\n{conf}");
+        Node::in_process(&conf, |o| {
+            o.store_dir = Some(store.to_path_buf());
+            adjust(o)
+        })
+        .await
+    }
+
     /// Like [`start_jetstream`](Self::start_jetstream), always in this process, with its
     /// JetStream files on `disk` (a `keel_store::Disk::fillable` lets the test fill it).
     pub async fn start_jetstream_on(conf: &str, disk: keel_store::Disk) -> Node {

@@ -112,31 +112,116 @@ struct Saved {
 struct Inner {
     saved: Saved,
     snapshot: Option<(SnapshotMeta<NodeId, Peer>, Vec<u8>)>,
+    /// How many `Follow`s were sent.
+    sent: u64,
+}
+
+/// What the server's streams follow (`cluster::follow`), in order.
+#[derive(Debug)]
+pub enum Follow {
+    /// An applied op.
+    Op(MetaOp),
+    /// A whole state: the snapshot loaded at start (`installed` false: every op before it
+    /// was followed before it was written, so only assigned streams that are missing here
+    /// are made, memory ones above all), or one installed from the leader (`installed`:
+    /// this server missed the ops before it, so its streams not in the state go too).
+    State { state: MetaState, installed: bool },
 }
 
 /// The meta state machine; `watch()` sees the state after every applied batch, and every
 /// applied op is also sent to the receiver `new` returns (the server's streams follow
-/// them, `cluster::follow`).
+/// them, `cluster::follow`, which counts each one done with `followed`).
+///
+/// Its snapshot (every `Opts::meta_snapshot_every` entries; the log before it is then
+/// dropped) is written to a file beside the log, and only once every op before it has
+/// been followed: a restart loads it and applies only the log after it.
 #[derive(Clone)]
 pub struct MetaMachine {
     inner: Arc<Mutex<Inner>>,
     tx: Arc<watch::Sender<MetaState>>,
-    ops: mpsc::UnboundedSender<MetaOp>,
+    ops: mpsc::UnboundedSender<Follow>,
+    /// Where the snapshot is kept (none: in memory only).
+    file: Option<(keel_store::MetaFiles, std::path::PathBuf)>,
+    followed: Arc<watch::Sender<u64>>,
+}
+
+/// How long a snapshot waits for `follow` to be done with the ops before it (a stream
+/// create waits up to 10 s for its group's leader).
+const FOLLOW_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn snapshot_meta(saved: &Saved) -> SnapshotMeta<NodeId, Peer> {
+    SnapshotMeta {
+        last_log_id: saved.applied,
+        last_membership: saved.membership.clone(),
+        snapshot_id: format!(
+            "{}-{}",
+            saved.applied.map(|l| l.leader_id.term).unwrap_or(0),
+            saved.applied.map(|l| l.index).unwrap_or(0)
+        ),
+    }
 }
 
 impl MetaMachine {
-    pub fn new() -> (MetaMachine, mpsc::UnboundedReceiver<MetaOp>) {
+    /// A machine with the snapshot kept in `file`, if any (loaded now; a damaged one is an
+    /// error: the log before it is gone).
+    #[allow(clippy::type_complexity)]
+    pub fn new(
+        file: Option<(keel_store::MetaFiles, std::path::PathBuf)>,
+    ) -> Result<(MetaMachine, mpsc::UnboundedReceiver<Follow>), String> {
         // Unbounded, but fed only by applied meta entries: stream creates and deletes.
         let (ops, rx) = mpsc::unbounded_channel();
-        let m = MetaMachine {
-            inner: Arc::new(Mutex::new(Inner {
-                saved: Saved::default(),
-                snapshot: None,
-            })),
-            tx: Arc::new(watch::channel(MetaState::default()).0),
-            ops,
+        let mut inner = Inner {
+            saved: Saved::default(),
+            snapshot: None,
+            sent: 0,
         };
-        (m, rx)
+        if let Some((files, path)) = &file {
+            match files.read(path) {
+                keel_store::MetaRead::Missing => {}
+                keel_store::MetaRead::Current(body) => {
+                    let saved: Saved = serde_json::from_slice(&body)
+                        .map_err(|e| format!("meta snapshot {}: {e}", path.display()))?;
+                    let state = saved.state.clone();
+                    inner.snapshot = Some((snapshot_meta(&saved), body));
+                    inner.saved = saved;
+                    let _ = ops.send(Follow::State {
+                        state,
+                        installed: false,
+                    });
+                    inner.sent = 1;
+                }
+                keel_store::MetaRead::Older { damage, .. }
+                | keel_store::MetaRead::Damaged(damage) => {
+                    return Err(format!(
+                        "meta snapshot {} is damaged: {damage}",
+                        path.display()
+                    ))
+                }
+                keel_store::MetaRead::Unchecked(_) => {
+                    return Err(format!("meta snapshot {} has no checksum", path.display()))
+                }
+            }
+        }
+        let state = inner.saved.state.clone();
+        let m = MetaMachine {
+            inner: Arc::new(Mutex::new(inner)),
+            tx: Arc::new(watch::channel(state).0),
+            ops,
+            file,
+            followed: Arc::new(watch::channel(0).0),
+        };
+        Ok((m, rx))
+    }
+
+    /// `follow` is done with one `Follow`.
+    pub fn followed(&self) {
+        self.followed.send_modify(|n| *n += 1);
+    }
+
+    fn send(g: &mut Inner, ops: &mpsc::UnboundedSender<Follow>, f: Follow) {
+        if ops.send(f).is_ok() {
+            g.sent += 1;
+        }
     }
 
     pub fn watch(&self) -> watch::Receiver<MetaState> {
@@ -164,18 +249,19 @@ fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
 
 impl RaftSnapshotBuilder<TypeConfig> for MetaMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        let mut g = self.lock();
-        let body = serde_json::to_vec(&g.saved).map_err(sm_err)?;
-        let meta = SnapshotMeta {
-            last_log_id: g.saved.applied,
-            last_membership: g.saved.membership.clone(),
-            snapshot_id: format!(
-                "{}-{}",
-                g.saved.applied.map(|l| l.leader_id.term).unwrap_or(0),
-                g.saved.applied.map(|l| l.index).unwrap_or(0)
-            ),
+        let (meta, body, sent) = {
+            let g = self.lock();
+            let body = serde_json::to_vec(&g.saved).map_err(sm_err)?;
+            (snapshot_meta(&g.saved), body, g.sent)
         };
-        g.snapshot = Some((meta.clone(), body.clone()));
+        // Written only once the ops before it were followed (streams made or removed
+        // here): a restart starts from it and never sees those ops again.
+        let mut done = self.followed.subscribe();
+        let _ = tokio::time::timeout(FOLLOW_WAIT, done.wait_for(|n| *n >= sent)).await;
+        if let Some((files, path)) = &self.file {
+            files.overwrite(path, &body, true).map_err(sm_err)?;
+        }
+        self.lock().snapshot = Some((meta.clone(), body.clone()));
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(body)),
@@ -216,7 +302,7 @@ impl RaftStateMachine<TypeConfig> for MetaMachine {
                         let changed = g.saved.state.apply(&op);
                         out.push(CmdResult(vec![changed as u8]));
                         if changed {
-                            let _ = self.ops.send(op);
+                            Self::send(&mut g, &self.ops, Follow::Op(op));
                         }
                     }
                 }
@@ -243,14 +329,27 @@ impl RaftStateMachine<TypeConfig> for MetaMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<NodeId>> {
         let body = snapshot.into_inner();
-        let saved: Saved = serde_json::from_slice(&body).map_err(sm_err)?;
+        let mut saved: Saved = serde_json::from_slice(&body).map_err(sm_err)?;
+        saved.applied = meta.last_log_id;
+        saved.membership = meta.last_membership.clone();
+        let body = serde_json::to_vec(&saved).map_err(sm_err)?;
+        if let Some((files, path)) = &self.file {
+            files.overwrite(path, &body, true).map_err(sm_err)?;
+        }
         let state = {
             let mut g = self.lock();
             g.saved = saved;
-            g.saved.applied = meta.last_log_id;
-            g.saved.membership = meta.last_membership.clone();
             g.snapshot = Some((meta.clone(), body));
-            g.saved.state.clone()
+            let state = g.saved.state.clone();
+            Self::send(
+                &mut g,
+                &self.ops,
+                Follow::State {
+                    state: state.clone(),
+                    installed: true,
+                },
+            );
+            state
         };
         self.tx.send_replace(state);
         Ok(())
@@ -264,5 +363,73 @@ impl RaftStateMachine<TypeConfig> for MetaMachine {
             meta: meta.clone(),
             snapshot: Box::new(Cursor::new(body.clone())),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assign(name: &str) -> MetaOp {
+        MetaOp::AssignStream {
+            account: "APP".into(),
+            name: name.into(),
+            assignment: StreamAssignment {
+                config: serde_json::json!({ "name": name }),
+                peers: vec!["a".into()],
+                group: String::new(),
+                created: 1,
+                reply: Some("_INBOX.x".into()),
+            },
+        }
+    }
+
+    fn entry(index: u64, op: &MetaOp) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(super::super::Cmd(serde_json::to_vec(op).unwrap())),
+        }
+    }
+
+    /// A snapshot is written only once `follow` is done with the ops before it, and a
+    /// machine made again from its file starts from it: its state, its log position, and
+    /// a `Follow::State` first.
+    #[tokio::test]
+    async fn the_snapshot_waits_for_follow_and_is_loaded_again() {
+        let dir = std::env::temp_dir().join(format!("keel-meta-snap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let file = (keel_store::MetaFiles::new(), dir.join("snapshot.json"));
+        let (mut m, mut rx) = MetaMachine::new(Some(file.clone())).unwrap();
+        m.apply(vec![entry(1, &assign("A")), entry(2, &assign("B"))])
+            .await
+            .unwrap();
+        let mut b = m.get_snapshot_builder().await;
+        let build = tokio::spawn(async move { b.build_snapshot().await.map(|s| s.meta) });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!build.is_finished(), "written before the ops were followed");
+        assert!(matches!(
+            keel_store::MetaFiles::new().read(&file.1),
+            keel_store::MetaRead::Missing
+        ));
+        for _ in 0..2 {
+            assert!(matches!(rx.recv().await, Some(Follow::Op(_))));
+            m.followed();
+        }
+        let meta = build.await.unwrap().unwrap();
+        assert_eq!(meta.last_log_id.map(|l| l.index), Some(2));
+
+        let (mut again, mut rx) = MetaMachine::new(Some(file)).unwrap();
+        let (applied, _) = again.applied_state().await.unwrap();
+        assert_eq!(applied.map(|l| l.index), Some(2));
+        assert_eq!(again.state(), m.state());
+        match rx.recv().await {
+            Some(Follow::State { state, installed }) => {
+                assert!(!installed);
+                assert_eq!(state.streams["APP"].len(), 2);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(again.get_current_snapshot().await.unwrap().is_some());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

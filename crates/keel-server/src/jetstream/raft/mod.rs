@@ -149,12 +149,10 @@ pub fn config(name: &str, memory: bool) -> Arc<openraft::Config> {
         // A stream group snapshots its store's state every so many batches and drops the
         // log before it (keeping some, for a replica a little behind); a replica further
         // behind, or a new one, installs the snapshot and fetches the messages it lacks
-        // from the leader. The meta group's log is small and kept whole.
+        // from the leader. (The meta group's: `meta_config`.)
         // A memory stream's log is in memory, a second copy of its recent messages: it is
         // cut much sooner, so that copy stays small.
-        snapshot_policy: if name == crate::jetstream::cluster::META_GROUP {
-            openraft::SnapshotPolicy::Never
-        } else if memory {
+        snapshot_policy: if memory {
             openraft::SnapshotPolicy::LogsSinceLast(MEMORY_SNAPSHOT_EVERY)
         } else {
             openraft::SnapshotPolicy::LogsSinceLast(STREAM_SNAPSHOT_EVERY)
@@ -166,6 +164,19 @@ pub fn config(name: &str, memory: bool) -> Arc<openraft::Config> {
         },
         ..Default::default()
     };
+    Arc::new(cfg.validate().expect("valid raft config"))
+}
+
+/// The meta group snapshots its assignments after this many log entries since the last
+/// (a few hundred KiB of creates and deletes) and keeps this many before the snapshot.
+pub const META_SNAPSHOT_EVERY: u64 = 1024;
+pub const META_LOG_KEPT: u64 = 256;
+
+/// The meta group's config: snapshots every `every` entries, `kept` entries kept before.
+pub fn meta_config(every: u64, kept: u64) -> Arc<openraft::Config> {
+    let mut cfg = (*config(crate::jetstream::cluster::META_GROUP, false)).clone();
+    cfg.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(every.max(1));
+    cfg.max_in_snapshot_log_to_keep = kept;
     Arc::new(cfg.validate().expect("valid raft config"))
 }
 
