@@ -26,6 +26,10 @@ use crate::{info, warn};
 
 pub const META_GROUP: &str = "_meta_";
 
+/// The meta log's segment size: its entries are small and few (stream creates and
+/// deletes), and compaction frees whole segments.
+const META_LOG_SEGMENT: u64 = 256 << 10;
+
 /// The meta group on one server.
 pub struct Meta {
     /// The group's node: replaced when the group is loaded again after its log failed
@@ -89,9 +93,15 @@ impl Meta {
         dir: &std::path::Path,
         machine: &MetaMachine,
     ) -> Result<(Raft, LogStore), String> {
-        let backend =
-            raft::log::open_logged(server, host, META_GROUP, dir, "JetStream cluster meta log")
-                .map_err(|e| format!("meta log in {}: {e}", dir.display()))?;
+        let backend = raft::log::open_logged(
+            server,
+            host,
+            META_GROUP,
+            dir,
+            "JetStream cluster meta log",
+            Some(META_LOG_SEGMENT),
+        )
+        .map_err(|e| format!("meta log in {}: {e}", dir.display()))?;
         let log =
             LogStore::open(Box::new(backend), true, None).map_err(|e| format!("meta log: {e}"))?;
         let raft = Raft::new(

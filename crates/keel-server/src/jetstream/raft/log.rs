@@ -170,14 +170,20 @@ impl FileBackend {
     /// logged (the log ends before it, and the leader sends the rest again), with the index
     /// up to which it forgot durable entries (or its vote), if it did: see
     /// `RaftHost::hold_votes`.
+    /// `segment_size`: a purge drops whole segments only, so a small log (the meta
+    /// group's) needs small ones for its compaction to free anything.
     pub fn open(
         dir: &std::path::Path,
         disk: &keel_store::Disk,
+        segment_size: Option<u64>,
     ) -> io::Result<(FileBackend, Vec<String>, Option<u64>)> {
-        let cfg = keel_store::RaftLogConfig {
+        let mut cfg = keel_store::RaftLogConfig {
             disk: disk.clone(),
             ..Default::default()
         };
+        if let Some(n) = segment_size {
+            cfg.segment_size = n;
+        }
         let (log, problems) = keel_store::RaftLog::open_with(dir, cfg).map_err(store_io)?;
         let lost = log.lost();
         Ok((FileBackend(log), problems, lost))
@@ -193,8 +199,9 @@ pub fn open_logged(
     group: &str,
     dir: &std::path::Path,
     what: &str,
+    segment_size: Option<u64>,
 ) -> io::Result<FileBackend> {
-    let (backend, problems, lost) = FileBackend::open(dir, &server.opts.disk)?;
+    let (backend, problems, lost) = FileBackend::open(dir, &server.opts.disk, segment_size)?;
     for p in problems {
         crate::warn!(server.log, "{what}: {p}");
     }

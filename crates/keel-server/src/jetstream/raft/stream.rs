@@ -1784,7 +1784,7 @@ pub async fn run_group(
             Ok(Box::new(super::log::MemBackend::default()) as Box<dyn super::log::LogBackend>)
         } else {
             let what = format!("JetStream stream group {} log", spec.group);
-            super::log::open_logged(&server, &host, &spec.group, &dir.join("log"), &what)
+            super::log::open_logged(&server, &host, &spec.group, &dir.join("log"), &what, None)
                 .map(|backend| Box::new(backend) as Box<dyn super::log::LogBackend>)
         };
         match opened.and_then(|b| super::log::LogStore::open(b, false, Some(shared.node))) {
