@@ -1424,7 +1424,13 @@ pub async fn follow(
         match f {
             Follow::Op(op) => follow_op(&meta, &server, &jss, op).await,
             Follow::State { state, installed } => {
-                follow_state(&meta, &server, &jss, state, installed).await
+                follow_state(&meta, &server, &jss, state, installed).await;
+                if let (true, Err(e)) = (installed, meta.machine.installed_followed()) {
+                    warn!(
+                        server.log,
+                        "JetStream cluster: could not note the installed meta snapshot as followed: {e}"
+                    );
+                }
             }
         }
         meta.machine.followed();

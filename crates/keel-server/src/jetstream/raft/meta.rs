@@ -107,6 +107,10 @@ struct Saved {
     applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, Peer>,
     state: MetaState,
+    /// Installed from the leader and not yet followed here (its deletions): a restart
+    /// follows it as installed. Cleared once followed; no op after it is followed before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    installed: bool,
 }
 
 struct Inner {
@@ -182,12 +186,10 @@ impl MetaMachine {
                     let saved: Saved = serde_json::from_slice(&body)
                         .map_err(|e| format!("meta snapshot {}: {e}", path.display()))?;
                     let state = saved.state.clone();
+                    let installed = saved.installed;
                     inner.snapshot = Some((snapshot_meta(&saved), body));
                     inner.saved = saved;
-                    let _ = ops.send(Follow::State {
-                        state,
-                        installed: false,
-                    });
+                    let _ = ops.send(Follow::State { state, installed });
                     inner.sent = 1;
                 }
                 keel_store::MetaRead::Older { damage, .. }
@@ -216,6 +218,29 @@ impl MetaMachine {
     /// `follow` is done with one `Follow`.
     pub fn followed(&self) {
         self.followed.send_modify(|n| *n += 1);
+    }
+
+    /// `follow` is done with an installed snapshot: its file says so (else a restart
+    /// follows it again as installed, deletions included).
+    pub fn installed_followed(&self) -> std::io::Result<()> {
+        let mut g = self.lock();
+        g.saved.installed = false;
+        // The snapshot as installed (the state has moved on since, with ops not followed
+        // yet), only marked.
+        let Some((_, body)) = g.snapshot.as_mut() else {
+            return Ok(());
+        };
+        let mut snap: Saved = serde_json::from_slice(body).map_err(std::io::Error::other)?;
+        if !snap.installed {
+            return Ok(());
+        }
+        snap.installed = false;
+        let new = serde_json::to_vec(&snap).map_err(std::io::Error::other)?;
+        if let Some((files, path)) = &self.file {
+            files.overwrite(path, &new, true)?;
+        }
+        *body = new;
+        Ok(())
     }
 
     fn send(g: &mut Inner, ops: &mpsc::UnboundedSender<Follow>, f: Follow) {
@@ -249,15 +274,20 @@ fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
 
 impl RaftSnapshotBuilder<TypeConfig> for MetaMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        let (meta, body, sent) = {
+        let (meta, mut saved, sent) = {
             let g = self.lock();
-            let body = serde_json::to_vec(&g.saved).map_err(sm_err)?;
-            (snapshot_meta(&g.saved), body, g.sent)
+            (snapshot_meta(&g.saved), g.saved.clone(), g.sent)
         };
         // Written only once the ops before it were followed (streams made or removed
         // here): a restart starts from it and never sees those ops again.
         let mut done = self.followed.subscribe();
-        let _ = tokio::time::timeout(FOLLOW_WAIT, done.wait_for(|n| *n >= sent)).await;
+        let followed = tokio::time::timeout(FOLLOW_WAIT, done.wait_for(|n| *n >= sent))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if followed {
+            saved.installed = false; // (An installed state before it was followed too.)
+        }
+        let body = serde_json::to_vec(&saved).map_err(sm_err)?;
         if let Some((files, path)) = &self.file {
             files.overwrite(path, &body, true).map_err(sm_err)?;
         }
@@ -332,6 +362,7 @@ impl RaftStateMachine<TypeConfig> for MetaMachine {
         let mut saved: Saved = serde_json::from_slice(&body).map_err(sm_err)?;
         saved.applied = meta.last_log_id;
         saved.membership = meta.last_membership.clone();
+        saved.installed = true;
         let body = serde_json::to_vec(&saved).map_err(sm_err)?;
         if let Some((files, path)) = &self.file {
             files.overwrite(path, &body, true).map_err(sm_err)?;
@@ -430,6 +461,38 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(again.get_current_snapshot().await.unwrap().is_some());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A snapshot installed from the leader is followed as installed (its deletions) also
+    /// after a restart that came before `follow` was done with it, and not once it was.
+    #[tokio::test]
+    async fn an_installed_snapshot_is_followed_as_installed_until_it_was() {
+        let dir = std::env::temp_dir().join(format!("keel-meta-inst-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let file = (keel_store::MetaFiles::new(), dir.join("snapshot.json"));
+        let (mut leader, _rx) = MetaMachine::new(None).unwrap();
+        leader.apply(vec![entry(1, &assign("A"))]).await.unwrap();
+        let snap = leader.get_snapshot_builder().await;
+        let mut b = snap;
+        let b = tokio::spawn(async move { b.build_snapshot().await });
+        leader.followed();
+        let snap = b.await.unwrap().unwrap();
+
+        let installed = |rx: &mut mpsc::UnboundedReceiver<Follow>| match rx.try_recv() {
+            Ok(Follow::State { installed, .. }) => installed,
+            other => panic!("{other:?}"),
+        };
+        let (mut m, mut rx) = MetaMachine::new(Some(file.clone())).unwrap();
+        m.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+        assert!(installed(&mut rx));
+        // A restart before follow was done with it.
+        let (again, mut rx) = MetaMachine::new(Some(file.clone())).unwrap();
+        assert!(installed(&mut rx));
+        again.followed();
+        again.installed_followed().unwrap();
+        let (_, mut rx) = MetaMachine::new(Some(file)).unwrap();
+        assert!(!installed(&mut rx));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
