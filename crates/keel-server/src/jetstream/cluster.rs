@@ -1425,11 +1425,17 @@ pub async fn follow(
             Follow::Op(op) => follow_op(&meta, &server, &jss, op).await,
             Follow::State { state, installed } => {
                 follow_state(&meta, &server, &jss, state, installed).await;
-                if let (true, Err(e)) = (installed, meta.machine.installed_followed()) {
+                // No op after it is followed before its file says it was (else a restart
+                // would take a stream made after it for one it deleted).
+                while let (true, Err(e)) = (installed, meta.machine.installed_followed()) {
                     warn!(
                         server.log,
-                        "JetStream cluster: could not note the installed meta snapshot as followed: {e}"
+                        "JetStream cluster: could not note the installed meta snapshot as followed ({e}); trying again in 1s"
                     );
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = shutdown.changed() => return,
+                    }
                 }
             }
         }

@@ -149,10 +149,6 @@ pub struct MetaMachine {
     followed: Arc<watch::Sender<u64>>,
 }
 
-/// How long a snapshot waits for `follow` to be done with the ops before it (a stream
-/// create waits up to 10 s for its group's leader).
-const FOLLOW_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
-
 fn snapshot_meta(saved: &Saved) -> SnapshotMeta<NodeId, Peer> {
     SnapshotMeta {
         last_log_id: saved.applied,
@@ -224,7 +220,6 @@ impl MetaMachine {
     /// follows it again as installed, deletions included).
     pub fn installed_followed(&self) -> std::io::Result<()> {
         let mut g = self.lock();
-        g.saved.installed = false;
         // The snapshot as installed (the state has moved on since, with ops not followed
         // yet), only marked.
         let Some((_, body)) = g.snapshot.as_mut() else {
@@ -240,6 +235,7 @@ impl MetaMachine {
             files.overwrite(path, &new, true)?;
         }
         *body = new;
+        g.saved.installed = false;
         Ok(())
     }
 
@@ -280,18 +276,34 @@ impl RaftSnapshotBuilder<TypeConfig> for MetaMachine {
         };
         // Written only once the ops before it were followed (streams made or removed
         // here): a restart starts from it and never sees those ops again.
+        // (No time limit: `follow` never waits on this machine. It ends only with the
+        // server, and then nothing is written.)
         let mut done = self.followed.subscribe();
-        let followed = tokio::time::timeout(FOLLOW_WAIT, done.wait_for(|n| *n >= sent))
-            .await
-            .is_ok_and(|r| r.is_ok());
-        if followed {
-            saved.installed = false; // (An installed state before it was followed too.)
+        let followed = done.wait_for(|n| *n >= sent).await.is_ok();
+        // Written under the lock, and only when newer than the snapshot kept (one installed
+        // from the leader meanwhile is newer, and the log before it may be gone already):
+        // else that one is returned, which openraft takes for nothing new (no purge).
+        let mut g = self.lock();
+        let stale = g
+            .snapshot
+            .as_ref()
+            .is_some_and(|(m, _)| m.last_log_id >= meta.last_log_id);
+        if !followed || stale {
+            return match &g.snapshot {
+                Some((m, b)) => Ok(Snapshot {
+                    meta: m.clone(),
+                    snapshot: Box::new(Cursor::new(b.clone())),
+                }),
+                None => Err(sm_err("the meta ops before the snapshot were not followed")),
+            };
         }
+        saved.installed = false; // (An installed state before it was followed too.)
         let body = serde_json::to_vec(&saved).map_err(sm_err)?;
         if let Some((files, path)) = &self.file {
             files.overwrite(path, &body, true).map_err(sm_err)?;
         }
-        self.lock().snapshot = Some((meta.clone(), body.clone()));
+        g.snapshot = Some((meta.clone(), body.clone()));
+        drop(g);
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(body)),
@@ -364,11 +376,12 @@ impl RaftStateMachine<TypeConfig> for MetaMachine {
         saved.membership = meta.last_membership.clone();
         saved.installed = true;
         let body = serde_json::to_vec(&saved).map_err(sm_err)?;
-        if let Some((files, path)) = &self.file {
-            files.overwrite(path, &body, true).map_err(sm_err)?;
-        }
         let state = {
             let mut g = self.lock();
+            // (Under the lock: a build that finishes meanwhile sees this one as newer.)
+            if let Some((files, path)) = &self.file {
+                files.overwrite(path, &body, true).map_err(sm_err)?;
+            }
             g.saved = saved;
             g.snapshot = Some((meta.clone(), body));
             let state = g.saved.state.clone();

@@ -394,6 +394,10 @@ pub struct Shared {
     batch_applied: std::sync::atomic::AtomicU64,
     /// How this replica's store compared with the leader's `Digest`s lately.
     divergence: Mutex<Divergence>,
+    /// Digests of batches up to this log index are not compared: the messages a snapshot
+    /// install fetched were read from the leader's store as of about there, so some the
+    /// log removes later may be missing already.
+    quiet_upto: std::sync::atomic::AtomicU64,
     /// The leader's store holds entries not committed yet (set when the first entry of a
     /// batch is applied early, with the store locked; cleared once it commits or is rolled
     /// back): a snapshot is taken only when it does not.
@@ -428,6 +432,11 @@ struct StreamSnap {
     deleted: Vec<(u64, u64)>,
     /// (name, meta.json, state.json)
     consumers: Vec<(String, Vec<u8>, Option<Vec<u8>>)>,
+    /// The leader's config when it built this (at or after the snapshot's position): a
+    /// replica made from the assignment's config, which a plain update does not change,
+    /// would otherwise keep the old limits until the next update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    config: Option<crate::jetstream::stream::config::StreamConfig>,
 }
 
 impl Shared {
@@ -470,6 +479,7 @@ impl Shared {
             synced: std::sync::atomic::AtomicU64::new(applied.map_or(0, |l| l.index)),
             batch_applied: std::sync::atomic::AtomicU64::new(applied.map_or(0, |l| l.index)),
             divergence: Mutex::new(Divergence::default()),
+            quiet_upto: std::sync::atomic::AtomicU64::new(0),
             in_flight: std::sync::atomic::AtomicBool::new(false),
             reload_wanted: std::sync::atomic::AtomicBool::new(false),
             capture_wanted: std::sync::atomic::AtomicBool::new(false),
@@ -482,8 +492,9 @@ impl Shared {
 
     /// Compares the store, having applied the batch at `index`, with the leader's digest.
     fn compare(&self, store: &dyn Store, d: &Digest, index: u64) {
-        if store.has_lost() {
-            return; // (The damage path has it: stepdown or rebuild.)
+        if store.has_lost() || index <= self.quiet_upto.load(std::sync::atomic::Ordering::Acquire) {
+            // (Lost messages: the damage path has it, stepdown or rebuild.)
+            return;
         }
         let mine = Digest::of(&store.state());
         let mut g = self.divergence.lock().unwrap_or_else(|e| e.into_inner());
@@ -704,7 +715,16 @@ impl Shared {
     /// Syncs the store (locked, with only committed batches in it) and takes its state.
     fn capture(&self, st: &mut dyn Store) -> Result<Captured, StoreError> {
         self.consumers_durable()?;
-        st.sync()?;
+        if let Err(e) = st.sync() {
+            // The failed sync rolled the store back past what it applied: a leader must
+            // not decide on it (it would hand out sequences committed batches have), and
+            // no replica may go on from it.
+            match self.raft.get() {
+                Some(raft) => self.leave_to_reload(raft),
+                None => self.set_fenced(),
+            }
+            return Err(e);
+        }
         let at = unmarker(&st.applied());
         self.synced.fetch_max(
             at.map_or(0, |l| l.index),
@@ -787,6 +807,10 @@ impl Shared {
             };
             bytes += (m.subject.len() + m.hdr.len() + m.data.len()) as u64 + 32;
             at = m.seq + 1;
+            // (`Nats-TTL: never` keeps it out of max_age on the replica too.)
+            let no_max_age = keel_protocol::headers::get_str(&m.hdr, "Nats-TTL")
+                .and_then(crate::jetstream::stream::decide::parse_ttl)
+                .is_some_and(|t| t < 0);
             entries.push(StreamEntry::Msg(MsgEntry {
                 seq: m.seq,
                 ts: m.ts,
@@ -794,13 +818,20 @@ impl Shared {
                 hdr: m.hdr,
                 data: m.data,
                 rollup: None,
-                no_max_age: false,
+                no_max_age,
             }));
         }
+        // The nonce says up to which log index the leader's store may have removed
+        // messages these lack: digests up to there are not compared (`Shared::compare`).
+        let upto = self
+            .raft
+            .get()
+            .and_then(|r| r.metrics().borrow().last_log_index)
+            .unwrap_or(u64::MAX);
         let body = encode(&Batch {
             origin: self.node,
             epoch: self.epoch,
-            nonce: 0,
+            nonce: upto,
             entries,
             consumers: Vec::new(),
             check: None,
@@ -1007,6 +1038,11 @@ impl RaftSnapshotBuilder<TypeConfig> for StreamMachine {
             last_ts: st.last_ts,
             deleted: st.deleted,
             consumers: sh.consumer_files(),
+            config: sh
+                .stream
+                .get()
+                .and_then(Weak::upgrade)
+                .map(|s| (*s.config()).clone()),
         };
         let data = serde_json::to_vec(&snap).map_err(sm_err)?;
         let membership = {
@@ -1087,9 +1123,6 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
                     // rather than skip it.
                     let batch = decode(Bytes::from(cmd.0)).map_err(sm_err)?;
                     let mut fence = sh.fence();
-                    if batch.origin == sh.node && batch.epoch == sh.epoch {
-                        fence.applied_nonce = fence.applied_nonce.max(batch.nonce);
-                    }
                     let mut store = sh.store.lock();
                     let at = unmarker(&store.applied()).map_or(0, |l| l.index);
                     let before = sh.batch_applied.load(std::sync::atomic::Ordering::Acquire);
@@ -1102,6 +1135,11 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
                         .map_err(sm_err)?;
                     sh.batch_applied
                         .store(e.log_id.index, std::sync::atomic::Ordering::Release);
+                    // Seen only once in the store: a leader's failed commit takes a batch
+                    // the state machine refused for not committed (and answers no one).
+                    if batch.origin == sh.node && batch.epoch == sh.epoch {
+                        fence.applied_nonce = fence.applied_nonce.max(batch.nonce);
+                    }
                     // (A leader's own batch of this run: its store is ahead of it.)
                     let own = batch.origin == sh.node && batch.epoch == sh.epoch;
                     if let (Some(d), false) = (&batch.check, own) {
@@ -1173,6 +1211,10 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
             last_ts: snap.last_ts,
             deleted: snap.deleted,
         };
+        sh.divergence
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .streak = 0;
         let missing = sh.store.lock().restore(&state).map_err(sm_err)?;
         let (host, group) = sh
             .host
@@ -1211,6 +1253,8 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
                     }
                 };
                 let batch = decode(Bytes::from(body)).map_err(sm_err)?;
+                sh.quiet_upto
+                    .fetch_max(batch.nonce, std::sync::atomic::Ordering::AcqRel);
                 let mut st = sh.store.lock();
                 for e in &batch.entries {
                     match e {
@@ -1227,6 +1271,9 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
         {
             let mut st = sh.store.lock();
             st.skip_to(snap.last_seq + 1).map_err(sm_err)?;
+            if let Some(cfg) = &snap.config {
+                st.set_limits(cfg.limits()).map_err(sm_err)?;
+            }
             if let Some(l) = &meta.last_log_id {
                 st.set_applied(&marker(l)).map_err(sm_err)?;
                 sh.batch_applied
@@ -1235,6 +1282,9 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
             sh.capture(&mut **st).map_err(sm_err)?;
         }
         if let Some(s) = sh.stream.get().and_then(Weak::upgrade) {
+            if let Some(cfg) = snap.config.clone() {
+                s.follow_config(cfg);
+            }
             let dir = s.dir.join("consumers");
             let keep: std::collections::HashSet<&str> =
                 snap.consumers.iter().map(|(n, _, _)| n.as_str()).collect();
@@ -2470,6 +2520,32 @@ mod apply_tests {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Normal(Cmd(body)),
         }
+    }
+
+    /// What a replica installing a snapshot fetches keeps a message's `Nats-TTL: never`
+    /// (else the replica's next max_age expiry removes it there alone), and says up to
+    /// which log index the leader's store may already lack messages.
+    #[tokio::test]
+    async fn fetched_messages_keep_their_exemption_from_max_age() {
+        let mut store = keel_store::MemStore::new(keel_store::Limits::default());
+        store
+            .store_msg(b"a", b"NATS/1.0\r\nNats-TTL: never\r\n\r\n", b"x", 1)
+            .unwrap();
+        store.store_msg(b"a", b"", b"y", 2).unwrap();
+        let (w, _r) = WriteHandle::new(Box::new(store), Arc::new(Default::default()));
+        let dir = std::env::temp_dir().join(format!("keel-fetch-{}", std::process::id()));
+        let sh = Shared::new(1, w, &dir, keel_store::MetaFiles::new());
+        let (next, body) = sh.serve_fetch(1, 2, 1 << 20).unwrap();
+        assert_eq!(next, 3);
+        let b = decode(Bytes::from(body)).unwrap();
+        let flags: Vec<bool> = b
+            .entries
+            .iter()
+            .map(|e| matches!(e, StreamEntry::Msg(m) if m.no_max_age))
+            .collect();
+        assert_eq!(flags, [true, false]);
+        // (No Raft here: nothing is compared up to any index.)
+        assert_eq!(b.nonce, u64::MAX);
     }
 
     /// A store rolled back under the state machine (its sync failed on a full disk after
