@@ -1624,6 +1624,26 @@ async fn scrub(shared: Arc<Shared>) {
 /// How much a scrub reads per hold of the store's lock.
 const SCRUB_CHUNK: usize = 256 * 1024;
 
+/// Starts `rebuild` of this replica (its votes held until it is back to `upto`).
+fn spawn_rebuild(
+    server: &Arc<crate::server::Server>,
+    stream: &Weak<Stream>,
+    group: &str,
+    upto: Option<u64>,
+) {
+    if let Some(s) = stream.upgrade() {
+        if let Some(js) = account_js(server, &s) {
+            tokio::spawn(rebuild(
+                server.clone(),
+                js,
+                s.name.clone(),
+                group.to_string(),
+                upto.unwrap_or(0),
+            ));
+        }
+    }
+}
+
 /// What the store and the log set aside as damaged (`damaged-*` files) is kept for the
 /// operator when the replica goes: moved to `<account>/damaged/<stream>-<ns>/`.
 fn keep_damaged(js: &crate::jetstream::JetStream, name: &str) {
@@ -1987,18 +2007,7 @@ pub async fn run_group(
                     });
                 }
             } else if follower_of.is_some() {
-                if let Some(s) = stream.upgrade() {
-                    if let Some(js) = account_js(&server, &s) {
-                        let upto = m.last_log_index.unwrap_or(0);
-                        tokio::spawn(rebuild(
-                            server.clone(),
-                            js,
-                            s.name.clone(),
-                            spec.group.clone(),
-                            upto,
-                        ));
-                    }
-                }
+                spawn_rebuild(&server, &stream, &spec.group, m.last_log_index);
                 break;
             }
         }
@@ -2014,18 +2023,7 @@ pub async fn run_group(
                         "JetStream stream group {}: this replica lacks messages its leader holds ({what})",
                         spec.group
                     );
-                    if let Some(s) = stream.upgrade() {
-                        if let Some(js) = account_js(&server, &s) {
-                            let upto = m.last_log_index.unwrap_or(0);
-                            tokio::spawn(rebuild(
-                                server.clone(),
-                                js,
-                                s.name.clone(),
-                                spec.group.clone(),
-                                upto,
-                            ));
-                        }
-                    }
+                    spawn_rebuild(&server, &stream, &spec.group, m.last_log_index);
                     break;
                 }
                 if stood.is_none_or(|t| t.elapsed() > LOST_STEPDOWN_EVERY) {
