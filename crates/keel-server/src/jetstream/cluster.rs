@@ -104,6 +104,7 @@ impl Meta {
         .map_err(|e| format!("meta log in {}: {e}", dir.display()))?;
         let log =
             LogStore::open(Box::new(backend), true, None).map_err(|e| format!("meta log: {e}"))?;
+        log.set_purge_floor(machine.purge_floor());
         let raft = Raft::new(
             host.id,
             raft::meta_config(server.opts.meta_snapshot_every, server.opts.meta_log_kept),

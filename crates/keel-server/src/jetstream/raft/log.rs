@@ -283,6 +283,11 @@ struct Inner {
     appended: Option<LogId<NodeId>>,
     /// When the first append not yet in a sync round was written.
     unsynced_since: Option<Instant>,
+    /// The meta group's: the last snapshot its state machine made durable. A purge goes
+    /// no further (openraft purges after installing a snapshot without waiting for the
+    /// state machine to have written it: a crash between would leave a log that starts
+    /// after the snapshot on disk).
+    purge_floor: Option<PurgeFloor>,
     /// The running round's oldest append: a round older than `STALL` means the disk has
     /// stalled (see `write`).
     round_since: Option<Instant>,
@@ -371,6 +376,9 @@ pub struct LogStore {
     turn: Arc<tokio::sync::Mutex<()>>,
 }
 
+/// The last snapshot made durable (`LogStore::set_purge_floor`).
+pub type PurgeFloor = Arc<Mutex<Option<LogId<NodeId>>>>;
+
 fn io_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
     StorageIOError::write_logs(&io::Error::other(e.to_string())).into()
 }
@@ -406,6 +414,7 @@ impl LogStore {
             early,
             appended,
             unsynced_since: None,
+            purge_floor: None,
             round_since: None,
         }));
         let flushed = Arc::new(tokio::sync::watch::Sender::new(OnDisk {
@@ -541,6 +550,11 @@ impl LogStore {
     }
 
     /// How far the log is on disk, as it moves.
+    /// Purges go no further than `floor` says (see `Inner::purge_floor`).
+    pub fn set_purge_floor(&self, floor: PurgeFloor) {
+        self.lock().purge_floor = Some(floor);
+    }
+
     pub fn flushed(&self) -> tokio::sync::watch::Receiver<OnDisk> {
         self.flushed.subscribe()
     }
@@ -691,6 +705,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
         let mut g = self.lock();
+        let log_id = match &g.purge_floor {
+            None => log_id,
+            Some(f) => match *f.lock().unwrap_or_else(|e| e.into_inner()) {
+                Some(d) if d.index < log_id.index => d,
+                Some(_) => log_id,
+                None => return Ok(()),
+            },
+        };
+        if g.hard.purged.is_some_and(|p| p.index >= log_id.index) {
+            return Ok(());
+        }
         g.hard.purged = Some(log_id);
         Self::save_hard(&mut g)?;
         g.backend.purge_upto(log_id.index + 1).map_err(io_err)
@@ -795,6 +820,29 @@ mod tests {
             log_id: LogId::new(CommittedLeaderId::new(term, node), index),
             payload: EntryPayload::Blank,
         }
+    }
+
+    /// The meta group's purge goes no further than its last durable snapshot, and not at
+    /// all before there is one.
+    #[tokio::test]
+    async fn a_purge_stops_at_the_durable_snapshot() {
+        use openraft::storage::{RaftLogReader, RaftLogStorage};
+        let mut log = LogStore::open(Box::new(MemBackend::default()), true, None).unwrap();
+        let floor: PurgeFloor = Arc::new(Mutex::new(None));
+        log.set_purge_floor(floor.clone());
+        let mut on_disk = log.flushed();
+        let _ = log.write((1..=5).map(|i| entry(1, 1, i))).unwrap();
+        on_disk
+            .wait_for(|d| d.last.is_some_and(|l| l.index == 5))
+            .await
+            .unwrap();
+        log.purge(entry(1, 1, 4).log_id).await.unwrap();
+        assert_eq!(log.get_log_state().await.unwrap().last_purged_log_id, None);
+        *floor.lock().unwrap() = Some(entry(1, 1, 2).log_id);
+        log.purge(entry(1, 1, 4).log_id).await.unwrap();
+        let st = log.get_log_state().await.unwrap();
+        assert_eq!(st.last_purged_log_id.map(|l| l.index), Some(2));
+        assert_eq!(log.try_get_log_entries(3..=5).await.unwrap().len(), 3);
     }
 
     #[test]

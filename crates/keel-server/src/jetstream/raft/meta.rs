@@ -147,6 +147,8 @@ pub struct MetaMachine {
     /// Where the snapshot is kept (none: in memory only).
     file: Option<(keel_store::MetaFiles, std::path::PathBuf)>,
     followed: Arc<watch::Sender<u64>>,
+    /// The last snapshot written (the log is purged no further: `LogStore::purge`).
+    durable: super::log::PurgeFloor,
 }
 
 fn snapshot_meta(saved: &Saved) -> SnapshotMeta<NodeId, Peer> {
@@ -201,14 +203,28 @@ impl MetaMachine {
             }
         }
         let state = inner.saved.state.clone();
+        let loaded = inner.snapshot.as_ref().and_then(|(m, _)| m.last_log_id);
         let m = MetaMachine {
             inner: Arc::new(Mutex::new(inner)),
             tx: Arc::new(watch::channel(state).0),
             ops,
             file,
             followed: Arc::new(watch::channel(0).0),
+            durable: Arc::new(Mutex::new(loaded)),
         };
         Ok((m, rx))
+    }
+
+    /// Up to where its log may be purged (see `LogStore::set_purge_floor`).
+    pub fn purge_floor(&self) -> super::log::PurgeFloor {
+        self.durable.clone()
+    }
+
+    fn written(&self, id: Option<LogId<NodeId>>) {
+        let mut d = self.durable.lock().unwrap_or_else(|e| e.into_inner());
+        if id > *d {
+            *d = id;
+        }
     }
 
     /// `follow` is done with one `Follow`.
@@ -304,6 +320,7 @@ impl RaftSnapshotBuilder<TypeConfig> for MetaMachine {
         }
         g.snapshot = Some((meta.clone(), body.clone()));
         drop(g);
+        self.written(meta.last_log_id);
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(body)),
@@ -384,6 +401,7 @@ impl RaftStateMachine<TypeConfig> for MetaMachine {
             }
             g.saved = saved;
             g.snapshot = Some((meta.clone(), body));
+            self.written(meta.last_log_id);
             let state = g.saved.state.clone();
             Self::send(
                 &mut g,
