@@ -223,13 +223,10 @@ fn memory_store_marker() {
 /// new marker before every sync, and power failures at random points (bit flips aside).
 #[test]
 fn marker_and_data_agree_after_power_failures() {
-    let cases = super::sim::cases(400);
-    let base: u64 = std::env::var("KEEL_SIM_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let seeds = super::sim::seeds(400);
+    let cases = seeds.end - seeds.start;
     let mut st = Stats::default();
-    for seed in base..base + cases {
+    for seed in seeds {
         run_case(seed, &mut st);
     }
     eprintln!("{st:?}");
@@ -256,8 +253,14 @@ struct Stats {
     discards: u64,
 }
 
-fn run_case(seed: u64, st: &mut Stats) {
-    let mut rng = Rng(seed ^ 0xA11);
+/// What each marker's sync made durable (the data and the last sequence).
+type Durable = BTreeMap<Vec<u8>, (Msgs, u64)>;
+
+/// A seeded case's start: its random source (`salt` per test), a simulated disk, a small
+/// store config and the store opened on it with the empty marker set (in use from the
+/// start: a store that never had one keeps what reached the disk), as `at` records it.
+fn start_case(seed: u64, salt: u64) -> (Rng, SimFs, FileStoreConfig, FileStore, Durable) {
+    let mut rng = Rng(seed ^ salt);
     let sim = SimFs::new(seed);
     let cfg = FileStoreConfig {
         segment_size: 1024 + rng.below(3000),
@@ -265,11 +268,14 @@ fn run_case(seed: u64, st: &mut Stats) {
         ..Default::default()
     };
     let (mut s, _) = open(&sim, &cfg);
-    // In use from the start (a store that never had one keeps what reached the disk).
     s.set_applied(b"").unwrap();
-    // What each marker's sync made durable.
-    let mut at: BTreeMap<Vec<u8>, (Msgs, u64)> = BTreeMap::new();
+    let mut at = Durable::new();
     at.insert(Vec::new(), contents(&s));
+    (rng, sim, cfg, s, at)
+}
+
+fn run_case(seed: u64, st: &mut Stats) {
+    let (mut rng, sim, cfg, mut s, mut at) = start_case(seed, 0xA11);
     let mut done = Vec::new();
     let mut k = 0u64;
     for _ in 0..(40 + rng.below(150)) {
@@ -381,7 +387,7 @@ fn crash(
     s: FileStore,
     sim: &SimFs,
     cfg: &FileStoreConfig,
-    at: &BTreeMap<Vec<u8>, (Msgs, u64)>,
+    at: &Durable,
     done: &mut Vec<u8>,
     seed: u64,
     newer: &mut u64,
@@ -488,13 +494,10 @@ fn allocation_writes_zeros_only_for_what_a_sync_flushes() {
 /// sequence, so a last sequence kept past the marker's would leave a hole in the stream.
 #[test]
 fn marker_and_data_agree_after_failed_writes_and_closes() {
-    let cases = super::sim::cases(400);
-    let base: u64 = std::env::var("KEEL_SIM_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let seeds = super::sim::seeds(400);
+    let cases = seeds.end - seeds.start;
     let mut failed = 0;
-    for seed in base..base + cases {
+    for seed in seeds {
         failed += full_disk_case(seed);
     }
     assert!(
@@ -505,20 +508,10 @@ fn marker_and_data_agree_after_failed_writes_and_closes() {
 
 fn full_disk_case(seed: u64) -> u64 {
     let trace = std::env::var_os("KEEL_SIM_TRACE").is_some();
-    let mut rng = Rng(seed ^ 0xD15C);
-    let sim = SimFs::new(seed);
-    let cfg = FileStoreConfig {
-        segment_size: 1024 + rng.below(3000),
-        write_buffer: rng.below(500) as usize,
-        ..Default::default()
-    };
-    let (mut s, _) = open(&sim, &cfg);
-    s.set_applied(b"").unwrap();
-    let mut at: BTreeMap<Vec<u8>, (Msgs, u64)> = BTreeMap::new();
-    at.insert(Vec::new(), contents(&s));
+    let (mut rng, sim, cfg, mut s, mut at) = start_case(seed, 0xD15C);
     let mut k = 0u64;
     let mut failures = 0;
-    let check = |s: &FileStore, at: &BTreeMap<Vec<u8>, (Msgs, u64)>, what: &str| {
+    let check = |s: &FileStore, at: &Durable, what: &str| {
         let m = s.applied();
         let want = at
             .get(&m)

@@ -702,13 +702,10 @@ fn run_case(seed: u64, stats: &mut Stats) {
 
 #[test]
 fn acknowledged_messages_survive_power_failures() {
-    let cases = super::sim::cases(2000);
-    let base: u64 = std::env::var("KEEL_SIM_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let seeds = super::sim::seeds(2000);
+    let cases = seeds.end - seeds.start;
     let mut stats = Stats::default();
-    for seed in base..base + cases {
+    for seed in seeds {
         run_case(seed, &mut stats);
     }
     eprintln!("{stats:?}");

@@ -105,6 +105,15 @@ impl Sim {
     }
 }
 
+/// The seeds a simulation test runs: `cases(default)` of them from `KEEL_SIM_SEED` (0).
+pub(crate) fn seeds(default: u64) -> std::ops::Range<u64> {
+    let base: u64 = std::env::var("KEEL_SIM_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    base..base + cases(default)
+}
+
 /// How many seeded cases a simulation test runs: `KEEL_SIM_CASES`, or `default`.
 pub(crate) fn cases(default: u64) -> u64 {
     std::env::var("KEEL_SIM_CASES")
