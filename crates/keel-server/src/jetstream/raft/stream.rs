@@ -1949,8 +1949,8 @@ pub async fn run_group(
     // store has lost messages a leader's stepdown (at most every LOST_STEPDOWN_EVERY) or a
     // follower's rebuild.
     let mut scrubbed = false;
-    let mut stepped_down: Option<std::time::Instant> = None;
-    let mut stood: Option<std::time::Instant> = None;
+    // When this replica last asked for the group's leadership to move (damage, digests).
+    let mut handed_over: Option<std::time::Instant> = None;
     // (Looked at now and then, not at every metrics change: those come with every batch.)
     let mut damage_checked = std::time::Instant::now() - Duration::from_secs(1);
     let mut assignment_checked = damage_checked;
@@ -1992,10 +1992,19 @@ pub async fn run_group(
         if check {
             damage_checked = std::time::Instant::now();
         }
-        if check && voters > 1 && shared.store.lock().has_lost() {
-            if super::leads(&m) {
-                if stepped_down.is_none_or(|t| t.elapsed() > LOST_STEPDOWN_EVERY) {
-                    stepped_down = Some(std::time::Instant::now());
+        // Damage (lost messages) or a store unlike the leader's at the same log index
+        // (`Digest`): a leader with damage hands the group over (at most every
+        // LOST_STEPDOWN_EVERY); a follower with damage, or that lacks messages its leader
+        // holds, is rebuilt from the leader; one that holds messages its leader lacks
+        // stands for election (as often), so the leader, a follower then, finds itself
+        // short and is rebuilt in turn.
+        if check && voters > 1 {
+            let damaged = shared.store.lock().has_lost();
+            let diverged = follower_of.and_then(|_| shared.diverged());
+            let due = handed_over.is_none_or(|t| t.elapsed() > LOST_STEPDOWN_EVERY);
+            if damaged && super::leads(&m) {
+                if due {
+                    handed_over = Some(std::time::Instant::now());
                     crate::warn!(
                         server.log,
                         "JetStream stream group {}: this leader's store has damaged messages; it hands leadership over to be rebuilt",
@@ -2006,38 +2015,27 @@ pub async fn run_group(
                         let _ = super::step_down(&host, &raft).await;
                     });
                 }
-            } else if follower_of.is_some() {
-                spawn_rebuild(&server, &stream, &spec.group, m.last_log_index);
-                break;
-            }
-        }
-        // A store unlike the leader's at the same log index (`Digest`): one that lacks
-        // messages is rebuilt from the leader; one that holds messages its leader lacks
-        // stands for election (at most every LOST_STEPDOWN_EVERY), so the leader, then a
-        // follower, finds itself short and is rebuilt in turn.
-        if let (true, Some(_)) = (check && voters > 1, follower_of) {
-            if let Some((short, what)) = shared.diverged() {
-                if short {
+            } else if follower_of.is_some() && (damaged || diverged.as_ref().is_some_and(|d| d.0)) {
+                if let (false, Some((_, what))) = (damaged, &diverged) {
                     crate::error!(
                         server.log,
                         "JetStream stream group {}: this replica lacks messages its leader holds ({what})",
                         spec.group
                     );
-                    spawn_rebuild(&server, &stream, &spec.group, m.last_log_index);
-                    break;
                 }
-                if stood.is_none_or(|t| t.elapsed() > LOST_STEPDOWN_EVERY) {
-                    stood = Some(std::time::Instant::now());
-                    crate::error!(
-                        server.log,
-                        "JetStream stream group {}: its leader lacks messages this replica holds ({what}); this replica stands for election",
-                        spec.group
-                    );
-                    let raft = raft.clone();
-                    tokio::spawn(async move {
-                        let _ = raft.trigger().elect().await;
-                    });
-                }
+                spawn_rebuild(&server, &stream, &spec.group, m.last_log_index);
+                break;
+            } else if let (Some((false, what)), true) = (&diverged, due) {
+                handed_over = Some(std::time::Instant::now());
+                crate::error!(
+                    server.log,
+                    "JetStream stream group {}: its leader lacks messages this replica holds ({what}); this replica stands for election",
+                    spec.group
+                );
+                let raft = raft.clone();
+                tokio::spawn(async move {
+                    let _ = raft.trigger().elect().await;
+                });
             }
         }
         // The role with a quorum behind it, not just the leader id: a restarted server's
