@@ -361,6 +361,10 @@ pub struct Shared {
     /// decisions for the same entries; see the module docs).
     store: WriteHandle,
     fence: Mutex<Fence>,
+    /// `Fence::fenced`, written with it under its lock, read without it: the actor asks
+    /// with its store locked (`propose`), and the lock order is the fence, then the store
+    /// (the state machine applying a new leader's batch holds both).
+    fenced: std::sync::atomic::AtomicBool,
     /// Told whenever `set_fenced` runs (a leader that stopped leading: `until_fenced`).
     fenced_set: tokio::sync::Notify,
     applied: Mutex<(Option<LogId<NodeId>>, Memberships)>,
@@ -462,6 +466,7 @@ impl Shared {
                 applied_nonce: 0,
                 fenced: true,
             }),
+            fenced: std::sync::atomic::AtomicBool::new(true),
             fenced_set: tokio::sync::Notify::new(),
             applied: Mutex::new((applied, memberships)),
             memberships_file,
@@ -967,12 +972,19 @@ impl Shared {
 
     /// Lets the leader decide again (it is leader, its log all applied).
     pub fn unfence(&self) {
-        self.fence().fenced = false;
+        self.fence_to(&mut self.fence(), false);
     }
 
     pub fn set_fenced(&self) {
-        self.fence().fenced = true;
+        self.fence_to(&mut self.fence(), true);
         self.fenced_set.notify_waiters();
+    }
+
+    /// Sets `Fence::fenced` (its lock held) and its lock-free copy.
+    fn fence_to(&self, fence: &mut Fence, fenced: bool) {
+        fence.fenced = fenced;
+        self.fenced
+            .store(fenced, std::sync::atomic::Ordering::Release);
     }
 
     /// Resolves once this replica decides nothing more (it stopped leading).
@@ -1000,8 +1012,9 @@ impl Shared {
         }
     }
 
+    /// Without the fence's lock (see `Shared::fenced`).
     pub fn is_fenced(&self) -> bool {
-        self.fence().fenced
+        self.fenced.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 
@@ -1557,7 +1570,7 @@ impl RaftReplicator {
                         st.discard_unsynced().is_ok()
                             && self.shared.redo(&mut **st, applied, redo).is_ok()
                     };
-                    fence.fenced = true;
+                    self.shared.fence_to(&mut fence, true);
                     drop(fence);
                     if !rolled_back {
                         // The uncommitted batch is still in the store, or the committed
@@ -2491,19 +2504,7 @@ mod apply_tests {
     use crate::jetstream::stream::read::WriteHandle;
 
     fn entry(index: u64, seqs: std::ops::RangeInclusive<u64>) -> Entry<TypeConfig> {
-        let entries = seqs
-            .map(|seq| {
-                StreamEntry::Msg(MsgEntry {
-                    seq,
-                    ts: seq as i64,
-                    subject: Bytes::from_static(b"a"),
-                    hdr: Bytes::new(),
-                    data: Bytes::from_static(b"x"),
-                    rollup: None,
-                    no_max_age: false,
-                })
-            })
-            .collect();
+        let entries = seqs.map(entry_msg).collect();
         let body = encode(&Batch {
             origin: 9,
             epoch: 9,
@@ -2542,6 +2543,44 @@ mod apply_tests {
         assert_eq!(flags, [true, false]);
         // (No Raft here: nothing is compared up to any index.)
         assert_eq!(b.nonce, u64::MAX);
+    }
+
+    /// The actor proposes with its store locked and asks whether it is fenced; the state
+    /// machine applying a batch holds the fence and then locks the store (a new leader's
+    /// batch applied while a publish is decided on a replica that just lost the lead).
+    /// The proposal must not wait for the fence's lock, or each waits for the other for
+    /// good.
+    #[test]
+    fn a_proposal_does_not_wait_for_the_fence_the_state_machine_holds() {
+        let store = keel_store::MemStore::new(keel_store::Limits::default());
+        let (w, _r) = WriteHandle::new(Box::new(store), Arc::new(Default::default()));
+        let dir = std::env::temp_dir().join(format!("keel-fence-{}", std::process::id()));
+        let sh = Shared::new(1, w.follower(), &dir, keel_store::MetaFiles::new());
+        let mut rep = RaftReplicator::new(sh.clone());
+        let held = sh.fence();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let mut st = w.lock();
+            let e = entry_msg(1);
+            let _ = tx.send(rep.propose(&mut **st, &e).is_err());
+        });
+        let refused = rx.recv_timeout(Duration::from_secs(5));
+        drop(held);
+        t.join().unwrap();
+        // (Refused: a replica is fenced until it is a ready leader.)
+        assert_eq!(refused, Ok(true), "the proposal waited for the fence");
+    }
+
+    fn entry_msg(seq: u64) -> StreamEntry {
+        StreamEntry::Msg(MsgEntry {
+            seq,
+            ts: seq as i64,
+            subject: Bytes::from_static(b"a"),
+            hdr: Bytes::new(),
+            data: Bytes::from_static(b"x"),
+            rollup: None,
+            no_max_age: false,
+        })
     }
 
     /// A store rolled back under the state machine (its sync failed on a full disk after
