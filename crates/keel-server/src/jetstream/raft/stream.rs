@@ -329,8 +329,6 @@ fn unmarker(m: &[u8]) -> Option<LogId<NodeId>> {
 struct Fence {
     /// The newest of this run's own batches the state machine has seen.
     applied_nonce: u64,
-    /// After a failed commit, or before this server is a ready leader: no decisions.
-    fenced: bool,
 }
 
 #[derive(Serialize, Deserialize, Default, Clone)]
@@ -361,9 +359,10 @@ pub struct Shared {
     /// decisions for the same entries; see the module docs).
     store: WriteHandle,
     fence: Mutex<Fence>,
-    /// `Fence::fenced`, written with it under its lock, read without it: the actor asks
-    /// with its store locked (`propose`), and the lock order is the fence, then the store
-    /// (the state machine applying a new leader's batch holds both).
+    /// After a failed commit, or before this server is a ready leader: no decisions. Not
+    /// under the fence's lock: it is asked and set with the store locked (`propose`, a
+    /// failed `capture`), and the lock order is the fence, then the store (the state
+    /// machine applying a batch holds both).
     fenced: std::sync::atomic::AtomicBool,
     /// Told whenever `set_fenced` runs (a leader that stopped leading: `until_fenced`).
     fenced_set: tokio::sync::Notify,
@@ -462,10 +461,7 @@ impl Shared {
             node,
             epoch: rand::random(),
             store,
-            fence: Mutex::new(Fence {
-                applied_nonce: 0,
-                fenced: true,
-            }),
+            fence: Mutex::new(Fence { applied_nonce: 0 }),
             fenced: std::sync::atomic::AtomicBool::new(true),
             fenced_set: tokio::sync::Notify::new(),
             applied: Mutex::new((applied, memberships)),
@@ -972,19 +968,14 @@ impl Shared {
 
     /// Lets the leader decide again (it is leader, its log all applied).
     pub fn unfence(&self) {
-        self.fence_to(&mut self.fence(), false);
+        self.fenced
+            .store(false, std::sync::atomic::Ordering::Release);
     }
 
     pub fn set_fenced(&self) {
-        self.fence_to(&mut self.fence(), true);
-        self.fenced_set.notify_waiters();
-    }
-
-    /// Sets `Fence::fenced` (its lock held) and its lock-free copy.
-    fn fence_to(&self, fence: &mut Fence, fenced: bool) {
-        fence.fenced = fenced;
         self.fenced
-            .store(fenced, std::sync::atomic::Ordering::Release);
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.fenced_set.notify_waiters();
     }
 
     /// Resolves once this replica decides nothing more (it stopped leading).
@@ -1012,7 +1003,6 @@ impl Shared {
         }
     }
 
-    /// Without the fence's lock (see `Shared::fenced`).
     pub fn is_fenced(&self) -> bool {
         self.fenced.load(std::sync::atomic::Ordering::Acquire)
     }
@@ -1563,14 +1553,17 @@ impl RaftReplicator {
                         drop(fence);
                         return self.shared.sync_store();
                     }
-                    let mut fence = fence;
+                    // (The fence held over the rollback: the state machine applies this
+                    // batch, should it commit after all, before or after it, not during.)
                     let rolled_back = {
                         let mut st = store.lock();
                         let applied = unmarker(&st.applied());
                         st.discard_unsynced().is_ok()
                             && self.shared.redo(&mut **st, applied, redo).is_ok()
                     };
-                    self.shared.fence_to(&mut fence, true);
+                    self.shared
+                        .fenced
+                        .store(true, std::sync::atomic::Ordering::Release);
                     drop(fence);
                     if !rolled_back {
                         // The uncommitted batch is still in the store, or the committed
@@ -2559,16 +2552,21 @@ mod apply_tests {
         let mut rep = RaftReplicator::new(sh.clone());
         let held = sh.fence();
         let (tx, rx) = std::sync::mpsc::channel();
+        let sh2 = sh.clone();
         let t = std::thread::spawn(move || {
             let mut st = w.lock();
             let e = entry_msg(1);
-            let _ = tx.send(rep.propose(&mut **st, &e).is_err());
+            // (Refused: a replica is fenced until it is a ready leader.)
+            let refused = rep.propose(&mut **st, &e).is_err();
+            // A snapshot's capture whose sync fails fences with the store locked too.
+            sh2.unfence();
+            sh2.set_fenced();
+            let _ = tx.send(refused && sh2.is_fenced());
         });
-        let refused = rx.recv_timeout(Duration::from_secs(5));
+        let done = rx.recv_timeout(Duration::from_secs(5));
         drop(held);
         t.join().unwrap();
-        // (Refused: a replica is fenced until it is a ready leader.)
-        assert_eq!(refused, Ok(true), "the proposal waited for the fence");
+        assert_eq!(done, Ok(true), "waited for the fence");
     }
 
     fn entry_msg(seq: u64) -> StreamEntry {
