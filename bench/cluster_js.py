@@ -15,6 +15,10 @@ R3, file) is created through the API, its leader found (STREAM.INFO cluster.lead
           --sync-msgs more by a second durable whose every ack waits for the server's
           confirmation (AckSync; on keel a confirmed ack is on a quorum's disks)
 
+The async phase's CPU time per message is reported too: the three servers' together, and the
+client's (the same client for every server), which is what bounds the throughput where
+both share the machine's cores.
+
 Also each node's RSS after the consume phases (the async phase's messages still stored).
 Prints one table with keel/reference ratios (against both reference variants).
 
@@ -32,6 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_common import (  # noqa: E402
+    cpu_ticks,
     KEEL,
     NATS,
     ROOT,
@@ -98,8 +103,22 @@ def run_one(label, binary, js_extra, args):
         cl.wait_meta()
         leader = asyncio.run(create(cl))
         url = cl.by_name(leader).url
+        # CPU time of the async phase, per message: the three servers' (from /proc) and
+        # the client's (the CLI is a child: its times count once it has been waited for).
+        hz = os.sysconf("SC_CLK_TCK")
+        servers0 = sum(cpu_ticks(n.proc.pid) for n in cl.nodes)
+        client0 = os.times()
         a = bench(url, "async", args.msgs, args.size, args.window)
-        print(f"   async: {a['msgs_per_s']:.0f} msgs/s", flush=True)
+        client1 = os.times()
+        servers_us = (sum(cpu_ticks(n.proc.pid) for n in cl.nodes) - servers0) / hz * 1e6 / args.msgs
+        client_us = (
+            (client1.children_user + client1.children_system)
+            - (client0.children_user + client0.children_system)
+        ) * 1e6 / args.msgs
+        print(
+            f"   async: {a['msgs_per_s']:.0f} msgs/s; CPU per message: servers {servers_us:.2f} us, client {client_us:.2f} us",
+            flush=True,
+        )
         c = consume(url, args.msgs, args.window, "bench-c")
         print(f"   consume+ack: {c['msgs_per_s']:.0f} msgs/s", flush=True)
         d = consume(url, args.sync_msgs, args.window, "bench-d", doubleack=True)
@@ -118,6 +137,8 @@ def run_one(label, binary, js_extra, args):
         )
         return {
             "async": a["msgs_per_s"],
+            "servers_us": servers_us,
+            "client_us": client_us,
             "consume": c["msgs_per_s"],
             "acksync": d["msgs_per_s"],
             "sync": s["msgs_per_s"],
@@ -175,7 +196,7 @@ def main():
         + ("; sync phase on the full stream" if args.full_sync else ""),
         "nats = nats-server default (lazy fsync); nats-always = jetstream { sync_interval: always }",
         "",
-        f"{'':22} {'keel':>10} {'nats':>10} {'nats-always':>12} {'keel/nats':>10} {'keel/always':>12}",
+        f"{'':26} {'keel':>10} {'nats':>10} {'nats-always':>12} {'keel/nats':>10} {'keel/always':>12}",
     ]
 
     def row(label, key, fmt):
@@ -183,9 +204,11 @@ def main():
         r1 = f"{a / b:.2f}" if a is not None and b else "-"
         r2 = f"{a / c:.2f}" if a is not None and c else "-"
         f = lambda v: fmt.format(v) if v is not None else "-"  # noqa: E731
-        lines.append(f"{label:22} {f(a):>10} {f(b):>10} {f(c):>12} {r1:>10} {r2:>12}")
+        lines.append(f"{label:26} {f(a):>10} {f(b):>10} {f(c):>12} {r1:>10} {r2:>12}")
 
     row("async msgs/s", "async", "{:.0f}")
+    row("async CPU us/msg: servers", "servers_us", "{:.2f}")
+    row("async CPU us/msg: client", "client_us", "{:.2f}")
     row("sync msgs/s", "sync", "{:.0f}")
     row("sync p50 (us)", "p50", "{:.0f}")
     row("sync p99 (us)", "p99", "{:.0f}")
