@@ -198,6 +198,42 @@ async fn meta_group_elects_a_leader_and_survives_losing_it() {
     nodes.pop().unwrap().shutdown().await;
 }
 
+/// A stream create on a meta leader whose two peers just stopped is answered: the reference
+/// refuses it at once (10005, "no suitable peers for placement, peer offline": it has their
+/// shutdown events); Keel, which counts a peer up for 10 s after it last heard from it,
+/// proposes the change, which cannot commit, and answers 10008 ("JetStream system
+/// temporarily unavailable") once the proposal's time limit runs out, instead of keeping the
+/// request, and the meta group's write gate, until it hears of a new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_meta_change_without_a_quorum_is_answered() {
+    let names = ["P1", "P2", "P3"];
+    let mut nodes = mesh(&names).await;
+    let leader = meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let i = names.iter().position(|n| *n == leader).unwrap();
+    let l = nodes.remove(i);
+    let c = async_nats::ConnectOptions::with_user_and_password("app".into(), "pass".into())
+        .request_timeout(Some(Duration::from_secs(60)))
+        .connect(l.url())
+        .await
+        .expect("connect");
+    // The two others go together; for a few seconds the leader still counts as leading.
+    let (a, b) = (nodes.pop().unwrap(), nodes.pop().unwrap());
+    tokio::join!(a.shutdown(), b.shutdown());
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        c.request(
+            "$JS.API.STREAM.CREATE.NQ",
+            r#"{"name":"NQ","subjects":["nq"],"num_replicas":3}"#.into(),
+        ),
+    )
+    .await;
+    let m = r.expect("no answer without a quorum").expect("request");
+    let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+    let code = v["error"]["err_code"].as_u64();
+    assert!(matches!(code, Some(10005 | 10008)), "{v}");
+    l.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn meta_leader_steps_down_when_the_system_account_asks() {
     let nodes = mesh(&["S1", "S2", "S3"]).await;

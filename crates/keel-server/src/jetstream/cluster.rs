@@ -30,6 +30,9 @@ pub const META_GROUP: &str = "_meta_";
 /// deletes), and compaction frees whole segments.
 const META_LOG_SEGMENT: u64 = 256 << 10;
 
+/// How long a meta change waits for a quorum (as a stream's batch, `raft::stream`).
+const META_PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The meta group on one server.
 pub struct Meta {
     /// The group's node: replaced when the group is loaded again after its log failed
@@ -245,16 +248,28 @@ impl Meta {
     }
 
     /// Proposes `op` (on the leader); resolves once it is committed on a quorum and
-    /// applied here.
+    /// applied here, or fails after `META_PROPOSE_TIMEOUT` (a leader that lost its quorum
+    /// keeps the role until it hears of another: the request would wait as long, holding
+    /// the group's write gate, so a meta stepdown could not go through meanwhile). A change
+    /// that timed out may still commit later, as with a request the client gave up on.
     pub async fn propose(&self, op: &MetaOp) -> Result<(), String> {
         let body = serde_json::to_vec(op).map_err(|e| e.to_string())?;
         let gate = self.host.gate(META_GROUP);
-        let _open = gate.read().await;
-        self.raft()
-            .client_write(Cmd(body))
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        let write = async {
+            let _open = gate.read().await;
+            self.raft()
+                .client_write(Cmd(body))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(META_PROPOSE_TIMEOUT, write).await {
+            Ok(r) => r,
+            Err(_) => Err(format!(
+                "not committed within {}s (no quorum)",
+                META_PROPOSE_TIMEOUT.as_secs()
+            )),
+        }
     }
 
     /// `/jsz`'s `meta_cluster`, as the reference writes it.
