@@ -253,23 +253,28 @@ impl Meta {
     /// the group's write gate, so a meta stepdown could not go through meanwhile). A change
     /// that timed out may still commit later, as with a request the client gave up on.
     pub async fn propose(&self, op: &MetaOp) -> Result<(), String> {
-        let body = serde_json::to_vec(op).map_err(|e| e.to_string())?;
-        let gate = self.host.gate(META_GROUP);
-        let write = async {
-            let _open = gate.read().await;
-            self.raft()
-                .client_write(Cmd(body))
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        };
-        match tokio::time::timeout(META_PROPOSE_TIMEOUT, write).await {
+        match tokio::time::timeout(META_PROPOSE_TIMEOUT, self.propose_waiting(op)).await {
             Ok(r) => r,
             Err(_) => Err(format!(
                 "not committed within {}s (no quorum)",
                 META_PROPOSE_TIMEOUT.as_secs()
             )),
         }
+    }
+
+    /// `propose` with no time limit: for a server's removal, whose later steps (the
+    /// membership change, moving its replicas) must follow once its record commits (a
+    /// record that committed after a timeout would turn the server's JetStream off with it
+    /// still a voter and its replicas not moved).
+    async fn propose_waiting(&self, op: &MetaOp) -> Result<(), String> {
+        let body = serde_json::to_vec(op).map_err(|e| e.to_string())?;
+        let gate = self.host.gate(META_GROUP);
+        let _open = gate.read().await;
+        self.raft()
+            .client_write(Cmd(body))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     /// `/jsz`'s `meta_cluster`, as the reference writes it.
@@ -388,7 +393,7 @@ impl Meta {
             name: name.to_string(),
             at: crate::time::now_nanos(),
         };
-        self.propose(&op).await.map_err(unavailable)?;
+        self.propose_waiting(&op).await.map_err(unavailable)?;
         let voters: BTreeSet<NodeId> = self
             .raft()
             .metrics()
@@ -433,7 +438,7 @@ impl Meta {
                         ..a.clone()
                     },
                 };
-                self.propose(&op).await.map_err(unavailable)?;
+                self.propose_waiting(&op).await.map_err(unavailable)?;
             }
         }
         Ok(())
