@@ -30,9 +30,6 @@ pub const META_GROUP: &str = "_meta_";
 /// deletes), and compaction frees whole segments.
 const META_LOG_SEGMENT: u64 = 256 << 10;
 
-/// How long a meta change waits for a quorum (as a stream's batch, `raft::stream`).
-const META_PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// The meta group on one server.
 pub struct Meta {
     /// The group's node: replaced when the group is loaded again after its log failed
@@ -248,16 +245,16 @@ impl Meta {
     }
 
     /// Proposes `op` (on the leader); resolves once it is committed on a quorum and
-    /// applied here, or fails after `META_PROPOSE_TIMEOUT` (a leader that lost its quorum
+    /// applied here, or fails after `raft::COMMIT_TIMEOUT` (a leader that lost its quorum
     /// keeps the role until it hears of another: the request would wait as long, holding
     /// the group's write gate, so a meta stepdown could not go through meanwhile). A change
     /// that timed out may still commit later, as with a request the client gave up on.
     pub async fn propose(&self, op: &MetaOp) -> Result<(), String> {
-        match tokio::time::timeout(META_PROPOSE_TIMEOUT, self.propose_waiting(op)).await {
+        match tokio::time::timeout(raft::COMMIT_TIMEOUT, self.propose_waiting(op)).await {
             Ok(r) => r,
             Err(_) => Err(format!(
                 "not committed within {}s (no quorum)",
-                META_PROPOSE_TIMEOUT.as_secs()
+                raft::COMMIT_TIMEOUT.as_secs()
             )),
         }
     }

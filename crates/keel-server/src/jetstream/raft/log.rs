@@ -549,12 +549,12 @@ impl LogStore {
         drop(old);
     }
 
-    /// How far the log is on disk, as it moves.
     /// Purges go no further than `floor` says (see `Inner::purge_floor`).
     pub fn set_purge_floor(&self, floor: PurgeFloor) {
         self.lock().purge_floor = Some(floor);
     }
 
+    /// How far the log is on disk, as it moves.
     pub fn flushed(&self) -> tokio::sync::watch::Receiver<OnDisk> {
         self.flushed.subscribe()
     }

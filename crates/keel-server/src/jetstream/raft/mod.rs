@@ -195,6 +195,10 @@ const STREAM_LOG_KEPT: u64 = 256;
 /// its quorum).
 pub const QUORUM_LOST_MS: u64 = 3000;
 
+/// How long a write to a group's log (a stream's batch, a meta change) waits to be
+/// committed before it is given up (it may still commit later).
+pub(crate) const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Whether these metrics are of a leader that has heard from a quorum lately.
 pub fn leads(m: &openraft::RaftMetrics<NodeId, Peer>) -> bool {
     if m.state != openraft::ServerState::Leader || m.current_leader != Some(m.id) {

@@ -41,7 +41,7 @@ use openraft::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{Cmd, CmdResult, NodeId, Peer, Raft, TypeConfig};
+use super::{Cmd, CmdResult, NodeId, Peer, Raft, TypeConfig, COMMIT_TIMEOUT};
 use crate::jetstream::stream::apply::{apply, Applied};
 use crate::jetstream::stream::entry::{MsgEntry, Rollup, StreamEntry};
 use crate::jetstream::stream::read::WriteHandle;
@@ -50,9 +50,6 @@ use crate::jetstream::stream::Stream;
 
 /// How often a replica syncs its store (its log is synced for every batch).
 const STORE_SYNC: Duration = Duration::from_millis(200);
-
-/// How long a commit waits for a quorum before the leader gives the batch up.
-const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where a replicated stream's group lives (written in the stream's meta file).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -720,10 +717,7 @@ impl Shared {
             // The failed sync rolled the store back past what it applied: a leader must
             // not decide on it (it would hand out sequences committed batches have), and
             // no replica may go on from it.
-            match self.raft.get() {
-                Some(raft) => self.leave_to_reload(raft),
-                None => self.set_fenced(),
-            }
+            self.leave();
             return Err(e);
         }
         let at = unmarker(&st.applied());
@@ -937,6 +931,14 @@ impl Shared {
                 l.close().await;
             }
         });
+    }
+
+    /// `leave_to_reload` once the group runs; before, only fenced.
+    fn leave(&self) {
+        match self.raft.get() {
+            Some(raft) => self.leave_to_reload(raft),
+            None => self.set_fenced(),
+        }
     }
 
     /// Closes the group's log (its node has stopped).
@@ -1480,10 +1482,7 @@ impl RaftReplicator {
             self.batch.clear();
             self.consumers.clear();
             let _ = store.lock().discard_unsynced();
-            match self.shared.raft.get() {
-                Some(raft) => self.shared.leave_to_reload(raft),
-                None => self.shared.set_fenced(),
-            }
+            self.shared.leave();
             return Err(unavailable());
         }
         {
@@ -1561,9 +1560,7 @@ impl RaftReplicator {
                         st.discard_unsynced().is_ok()
                             && self.shared.redo(&mut **st, applied, redo).is_ok()
                     };
-                    self.shared
-                        .fenced
-                        .store(true, std::sync::atomic::Ordering::Release);
+                    self.shared.set_fenced();
                     drop(fence);
                     if !rolled_back {
                         // The uncommitted batch is still in the store, or the committed
