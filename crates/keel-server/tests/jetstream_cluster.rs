@@ -3590,3 +3590,67 @@ async fn a_meta_log_that_could_not_be_written_is_loaded_again() {
         node.shutdown().await;
     }
 }
+
+/// Creating a stream that exists is answered with the stream as it is, from its own
+/// replicas and Raft group (not placed again: an R1 stream could land on an empty server),
+/// and with 10058 when the config differs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creating_an_existing_stream_again_keeps_it_where_it_is() {
+    let nodes = mesh(&["C1", "C2", "C3"]).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[1], "app").await;
+    for (name, replicas) in [("ONE", 1), ("THREE", 3)] {
+        let body =
+            format!(r#"{{"name":"{name}","subjects":["{name}.>"],"num_replicas":{replicas}}}"#);
+        let first = create_stream(&c, name, &body).await;
+        // (The reference names the group only in some answers; keel in every one.)
+        let group = first["cluster"]["raft_group"].clone();
+        publish_acked(&c, &format!("{name}.x"), "1".into()).await;
+        let info = api(&c, &format!("$JS.API.STREAM.INFO.{name}"), "").await;
+        let leader = info["cluster"]["leader"].clone();
+        for _ in 0..4 {
+            let again = create_stream(&c, name, &body).await;
+            assert_eq!(again["state"]["messages"], 1, "{again}");
+            assert_eq!(again["cluster"]["raft_group"], group, "{again}");
+            let info = api(&c, &format!("$JS.API.STREAM.INFO.{name}"), "").await;
+            assert_eq!(info["state"]["messages"], 1, "{info}");
+            assert_eq!(info["cluster"]["raft_group"], group, "{info}");
+            assert_eq!(info["cluster"]["leader"], leader, "{info}");
+        }
+        let other = api(
+            &c,
+            &format!("$JS.API.STREAM.CREATE.{name}"),
+            &format!(r#"{{"name":"{name}","subjects":["{name}.>"],"num_replicas":{replicas},"max_msgs":5}}"#),
+        )
+        .await;
+        assert_eq!(other["error"]["err_code"], 10058, "{other}");
+    }
+    // Asked at once from every server (each forwards to the meta leader before any has
+    // the assignment): one stream, one group, every answer a success naming it.
+    let clients = [
+        connect(&nodes[0], "app").await,
+        connect(&nodes[1], "app").await,
+        connect(&nodes[2], "app").await,
+    ];
+    let body = r#"{"name":"RACE","subjects":["race"],"num_replicas":3}"#;
+    let answers = futures::future::join_all(
+        clients
+            .iter()
+            .cycle()
+            .take(6)
+            .map(|c| api(c, "$JS.API.STREAM.CREATE.RACE", body)),
+    )
+    .await;
+    let group = answers[0]["cluster"]["raft_group"].clone();
+    for a in &answers {
+        assert!(a.get("error").is_none(), "{a}");
+        assert_eq!(a["cluster"]["raft_group"], group, "{a}");
+    }
+    for c in &clients {
+        let info = api(c, "$JS.API.STREAM.INFO.RACE", "").await;
+        assert_eq!(info["cluster"]["raft_group"], group, "{info}");
+    }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}

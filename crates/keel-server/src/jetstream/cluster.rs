@@ -51,6 +51,11 @@ pub struct Meta {
     removing: std::sync::atomic::AtomicBool,
     /// When this process started the group (a removal older than that is a replay).
     started_at: i64,
+    /// Stream creates this leader proposed that have not applied yet, with the term they
+    /// were proposed in (a create asked again meanwhile reuses the assignment; one of an
+    /// older term may never commit, and the applied state guards against it anyway).
+    inflight:
+        std::sync::Mutex<std::collections::HashMap<(String, String), (u64, StreamAssignment)>>,
 }
 
 impl Meta {
@@ -78,6 +83,7 @@ impl Meta {
             leader_since: std::sync::Mutex::new((None, 0)),
             removing: std::sync::atomic::AtomicBool::new(false),
             started_at: crate::time::now_nanos(),
+            inflight: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
         server.spawn(tend(meta.clone(), Arc::downgrade(server)));
         server.spawn(follow(meta.clone(), Arc::downgrade(server), applied));
@@ -794,6 +800,17 @@ impl Meta {
         out
     }
 
+    /// `account`'s creates proposed in `term` and not applied yet (others are dropped: a
+    /// leader of a later term decides anew).
+    fn inflight_of(&self, account: &str, term: u64) -> BTreeMap<String, StreamAssignment> {
+        let mut g = self.inflight.lock().unwrap();
+        g.retain(|_, (t, _)| *t == term);
+        g.iter()
+            .filter(|((a, _), _)| a == account)
+            .map(|((_, n), (_, s))| (n.clone(), s.clone()))
+            .collect()
+    }
+
     /// The assignment of `account`'s stream `name`.
     pub fn assignment(&self, account: &str, name: &str) -> Option<StreamAssignment> {
         self.machine
@@ -871,8 +888,21 @@ pub async fn api(
             }
         }
     }
+    if let Some(name) = stream_of(tokens) {
+        // A replica here in an election (or elected and not acting yet) learns the
+        // outcome in moments: sent on meanwhile, the request would go between servers
+        // that each know less than the next until its hops run out.
+        wait_for_leader(js, name, &meta.host.name, Duration::from_secs(2)).await;
+    }
     let meta_level = match tokens {
-        ["STREAM", "CREATE", name] => meta.assignment(&account, name).is_none(),
+        // A stream whose replica here leads or knows its leader is answered by that
+        // leader (below); any other create goes to the meta leader, which places a new
+        // stream or has the leader of one assigned already answer (`Follow::Again`): not
+        // forwarded between servers that each know less than the meta leader until the
+        // hops run out.
+        ["STREAM", "CREATE", name] => !js
+            .stream(name)
+            .is_some_and(|s| s.leads() || s.leader_name().is_some_and(|l| l != meta.host.name)),
         ["STREAM", "DELETE", _] | ["STREAM", "NAMES"] | ["STREAM", "LIST"] | ["INFO"] => true,
         ["STREAM", "PEER", "REMOVE", _] => true,
         _ => false,
@@ -1041,20 +1071,40 @@ async fn create(
     use super::api::ErrorKind;
     let cfg = super::api::streams::parse_config(js, name, body)?;
     let state = meta.machine.state();
-    let mine = state.streams.get(&js.account.name);
-    for (other, a) in mine.into_iter().flatten() {
-        if other == name {
-            continue;
+    let account = js.account.name.clone();
+    let mut mine = state.streams.get(&account).cloned().unwrap_or_default();
+    let term = meta.raft().metrics().borrow().current_term;
+    let inflight = meta.inflight_of(&account, term);
+    let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    // Assigned already (the request reached this leader before the assignment reached the
+    // server it was sent to), or proposed and not yet applied: the same config is answered
+    // from the stream as it is (proposed again with this reply, `Follow::Again`), another
+    // is refused, as the reference does.
+    if let Some(a) = mine.get(name).or_else(|| inflight.get(name)) {
+        let same = serde_json::to_vec(&a.config)
+            .ok()
+            .and_then(|b| super::api::streams::parse_config(js, name, &b).ok())
+            .is_some_and(|old| old.same_as(&cfg));
+        if !same {
+            return Err(ErrorKind::StreamNameInUse.err());
         }
+        let assignment = StreamAssignment {
+            config: raw,
+            reply: Some(String::from_utf8_lossy(reply).into_owned()),
+            ..a.clone()
+        };
+        return assign(js, meta, name, assignment).await;
+    }
+    mine.extend(inflight);
+    for a in mine.values() {
         if cfg.subjects.iter().any(|s| a.matches(Some(s))) {
             return Err(ErrorKind::SubjectsOverlap.err());
         }
     }
     let max_streams = js.account.jetstream_limits().max_streams;
-    if max_streams >= 0 && mine.map_or(0, |m| m.len()) as i64 >= max_streams {
+    if max_streams >= 0 && mine.len() as i64 >= max_streams {
         return Err(ErrorKind::MaxStreams.err());
     }
-    let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let peers = place(meta, &state, cfg.num_replicas.max(1) as usize, &raw, &[])?;
     let replicas = peers.len();
     // Every stream has a group, R1 too, so that its replicas can change later (new peers
@@ -1072,7 +1122,17 @@ async fn create(
         created: crate::time::now_nanos(),
         reply: Some(String::from_utf8_lossy(reply).into_owned()),
     };
-    assign(js, meta, name, assignment).await
+    let key = (account, name.to_string());
+    meta.inflight
+        .lock()
+        .unwrap()
+        .insert(key.clone(), (term, assignment.clone()));
+    let r = assign(js, meta, name, assignment).await;
+    if r.is_ok() {
+        // Applied here: the state has it now.
+        meta.inflight.lock().unwrap().remove(&key);
+    }
+    r
 }
 
 /// Proposes `account`'s stream `name` placed as `assignment` (a create, or a change of its
@@ -1439,8 +1499,19 @@ pub async fn follow(
         let Some(jss) = server.jetstream.get().cloned() else {
             return;
         };
+        if let Follow::Op(op) | Follow::Again(op) = &f {
+            if let MetaOp::AssignStream { account, name, .. }
+            | MetaOp::RemoveStream { account, name } = op
+            {
+                meta.inflight
+                    .lock()
+                    .unwrap()
+                    .remove(&(account.clone(), name.clone()));
+            }
+        }
         match f {
             Follow::Op(op) => follow_op(&meta, &server, &jss, op).await,
+            Follow::Again(op) => follow_again(&meta, &server, &jss, op).await,
             Follow::State { state, installed } => {
                 follow_state(&meta, &server, &jss, state, installed).await;
                 // No op after it is followed before its file says it was (else a restart
@@ -1511,6 +1582,83 @@ async fn follow_state(
     }
 }
 
+/// Answers a stream create at `reply`, with the stream's `cluster` as it is now.
+fn answer_create(
+    js: &super::JetStream,
+    server: &Server,
+    router: &mut crate::router::Router,
+    name: &str,
+    r: Result<super::api::types::StreamCreateResponse, super::api::ApiError>,
+    reply: &str,
+) {
+    let r = r.map(|mut c| {
+        if let Some(s) = js.stream(name) {
+            c.info.cluster = Some(super::api::streams::cluster_info(js, &s));
+        }
+        c
+    });
+    let body = super::api::encoded_for("stream_create", r);
+    super::api::reply(server, router, &bytes::Bytes::from(reply.to_string()), body);
+}
+
+/// A create for a stream assigned already (`Follow::Again`): the stream's leader answers
+/// (its first peer may be down), from the stream as it is or with 10058 when the config
+/// asked for differs (as `streams::create` decides for a stream that exists). A restart
+/// replaying the log answers such a create again, to an inbox long gone.
+async fn follow_again(
+    meta: &Arc<Meta>,
+    server: &Arc<Server>,
+    jss: &Arc<super::JetStreams>,
+    op: MetaOp,
+) {
+    let MetaOp::AssignStream {
+        account,
+        name,
+        assignment,
+    } = op
+    else {
+        return;
+    };
+    let Some(reply) = assignment.reply else {
+        return;
+    };
+    let Some(js) = jss.account(&account).cloned() else {
+        return;
+    };
+    if js.stream(&name).is_none() {
+        return;
+    }
+    // Not in `follow`'s way while an election runs.
+    let answer = {
+        let (meta, server) = (meta.clone(), server.clone());
+        async move {
+            wait_for_leader(&js, &name, &meta.host.name, Duration::from_secs(10)).await;
+            if !js.stream(&name).is_some_and(|s| s.leads()) {
+                return;
+            }
+            let mut router = crate::router::Router::new(js.account.clone(), 0x4153);
+            let body = serde_json::to_vec(&assignment.config).unwrap_or_default();
+            let r = super::api::streams::create(&js, &server, &mut router, &name, &body).await;
+            answer_create(&js, &server, &mut router, &name, r, &reply);
+            router.flush();
+        }
+    };
+    server.spawn(answer);
+}
+
+/// Waits (`limit` at most) until stream `name`'s replica here, if any, knows a leader,
+/// and, if that is this server (`me`), until it acts as one.
+async fn wait_for_leader(js: &super::JetStream, name: &str, me: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline
+        && js.stream(name).is_some_and(|s| {
+            s.leader_name().is_none() || (!s.leads() && s.leader_name().as_deref() == Some(me))
+        })
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// One applied op: this server's streams made to match it.
 async fn follow_op(
     meta: &Arc<Meta>,
@@ -1554,27 +1702,10 @@ async fn follow_op(
             // A replicated stream is answered once it has a leader, as the reference
             // does (a publish right after the answer then finds one).
             if answer && assignment.reply.is_some() && !assignment.group.is_empty() && r.is_ok() {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while Instant::now() < deadline
-                    && js.stream(&name).is_some_and(|s| {
-                        s.leader_name().is_none()
-                            || (!s.leads()
-                                && s.leader_name().as_deref() == Some(meta.host.name.as_str()))
-                    })
-                {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
+                wait_for_leader(&js, &name, &meta.host.name, Duration::from_secs(10)).await;
             }
-            let r = r.map(|mut c| {
-                if let Some(s) = js.stream(&name) {
-                    c.info.cluster = Some(super::api::streams::cluster_info(&js, &s));
-                }
-                c
-            });
             if let (true, Some(reply)) = (answer, assignment.reply.as_ref()) {
-                let body = super::api::encoded_for("stream_create", r);
-                let reply = bytes::Bytes::from(reply.clone());
-                super::api::reply(server, &mut router, &reply, body);
+                answer_create(&js, server, &mut router, &name, r, reply);
             }
             router.flush();
         }

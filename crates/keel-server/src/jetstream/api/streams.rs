@@ -266,11 +266,7 @@ pub async fn create(
     }
     sourcing::check_with_streams(js, &mut cfg)?;
     if let Some(existing) = js.stream(name) {
-        let mut current = (*existing.config()).clone();
-        current.metadata.remove(stream::REQ_LEVEL_KEY);
-        let mut wanted = cfg.clone();
-        wanted.metadata.remove(stream::REQ_LEVEL_KEY);
-        if current != wanted {
+        if !existing.config().same_as(&cfg) {
             return Err(ErrorKind::StreamNameInUse.err());
         }
         return Ok(StreamCreateResponse {

@@ -68,20 +68,43 @@ pub struct MetaState {
     pub removed: BTreeMap<String, i64>,
 }
 
+/// What an applied op did to the state.
+#[derive(Debug, PartialEq)]
+pub enum Applied {
+    Changed,
+    Unchanged,
+    /// A create (an assignment with a `reply`) for a stream assigned already: the state
+    /// keeps the assignment it has (its peers run its group); the request is answered from
+    /// the stream as it is.
+    Again,
+}
+
 impl MetaState {
     /// Deterministic: the same ops in the same order give the same state.
-    pub fn apply(&mut self, op: &MetaOp) -> bool {
+    pub fn apply(&mut self, op: &MetaOp) -> Applied {
+        let changed = |c: bool| {
+            if c {
+                Applied::Changed
+            } else {
+                Applied::Unchanged
+            }
+        };
         match op {
             MetaOp::AssignStream {
                 account,
                 name,
                 assignment,
             } => {
-                self.streams
-                    .entry(account.clone())
-                    .or_default()
-                    .insert(name.clone(), assignment.clone());
-                true
+                let streams = self.streams.entry(account.clone()).or_default();
+                // A create asked twice (a client's retry while the meta group had no
+                // quorum, or two clients at once) can commit twice: the second must not
+                // put another Raft group or other peers in place of the running ones.
+                // Changes of an existing stream's peers or config carry no reply.
+                if assignment.reply.is_some() && streams.contains_key(name) {
+                    return Applied::Again;
+                }
+                streams.insert(name.clone(), assignment.clone());
+                Applied::Changed
             }
             MetaOp::RemoveStream { account, name } => {
                 let removed = self
@@ -92,11 +115,11 @@ impl MetaState {
                 if self.streams.get(account).is_some_and(|m| m.is_empty()) {
                     self.streams.remove(account);
                 }
-                removed
+                changed(removed)
             }
             MetaOp::RemoveServer { name, at } => {
                 self.removed.insert(name.clone(), *at);
-                true
+                Applied::Changed
             }
         }
     }
@@ -125,6 +148,9 @@ struct Inner {
 pub enum Follow {
     /// An applied op.
     Op(MetaOp),
+    /// A create for a stream assigned already (`Applied::Again`): the state did not change;
+    /// the stream's first peer answers the request.
+    Again(MetaOp),
     /// A whole state: the snapshot loaded at start (`installed` false: every op before it
     /// was followed before it was written, so only assigned streams that are missing here
     /// are made, memory ones above all), or one installed from the leader (`installed`:
@@ -358,10 +384,12 @@ impl RaftStateMachine<TypeConfig> for MetaMachine {
                         // An entry this version cannot read is reported, never skipped
                         // silently: the group stops (openraft treats it as fatal).
                         let op: MetaOp = serde_json::from_slice(&cmd.0).map_err(sm_err)?;
-                        let changed = g.saved.state.apply(&op);
-                        out.push(CmdResult(vec![changed as u8]));
-                        if changed {
-                            Self::send(&mut g, &self.ops, Follow::Op(op));
+                        let applied = g.saved.state.apply(&op);
+                        out.push(CmdResult(vec![(applied == Applied::Changed) as u8]));
+                        match applied {
+                            Applied::Changed => Self::send(&mut g, &self.ops, Follow::Op(op)),
+                            Applied::Again => Self::send(&mut g, &self.ops, Follow::Again(op)),
+                            Applied::Unchanged => {}
                         }
                     }
                 }
@@ -451,6 +479,49 @@ mod tests {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Normal(super::super::Cmd(serde_json::to_vec(op).unwrap())),
         }
+    }
+
+    /// A create that commits for a stream assigned already leaves the assignment (its
+    /// group and peers) as it is; a change of peers or config (no reply) replaces it.
+    #[test]
+    fn a_second_create_keeps_the_first_assignment() {
+        let mut state = MetaState::default();
+        assert_eq!(state.apply(&assign("A")), Applied::Changed);
+        let first = state.streams["APP"]["A"].clone();
+        let MetaOp::AssignStream {
+            account,
+            name,
+            mut assignment,
+        } = assign("A")
+        else {
+            unreachable!()
+        };
+        assignment.group = "S-R3F-other".into();
+        assignment.peers = vec!["b".into(), "c".into(), "d".into()];
+        let again = MetaOp::AssignStream {
+            account,
+            name,
+            assignment: assignment.clone(),
+        };
+        assert_eq!(state.apply(&again), Applied::Again);
+        assert_eq!(state.streams["APP"]["A"], first);
+        let change = MetaOp::AssignStream {
+            account: "APP".into(),
+            name: "A".into(),
+            assignment: StreamAssignment {
+                reply: None,
+                ..assignment
+            },
+        };
+        assert_eq!(state.apply(&change), Applied::Changed);
+        assert_eq!(state.streams["APP"]["A"].peers.len(), 3);
+        let remove = MetaOp::RemoveStream {
+            account: "APP".into(),
+            name: "A".into(),
+        };
+        assert_eq!(state.apply(&remove), Applied::Changed);
+        assert_eq!(state.apply(&remove), Applied::Unchanged);
+        assert_eq!(state.apply(&assign("A")), Applied::Changed);
     }
 
     /// A snapshot is written only once `follow` is done with the ops before it, and a

@@ -386,6 +386,16 @@ impl StreamConfig {
         Ok(self)
     }
 
+    /// Whether a create asking for `other` gets this stream as it is (else 10058): the
+    /// same config, but for the API level the server notes in its metadata.
+    pub fn same_as(&self, other: &StreamConfig) -> bool {
+        let mut a = self.clone();
+        a.metadata.remove(REQ_LEVEL_KEY);
+        let mut b = other.clone();
+        b.metadata.remove(REQ_LEVEL_KEY);
+        a == b
+    }
+
     /// Checks what an update may change (the reference's rules).
     pub fn check_update(&self, new: &StreamConfig) -> Result<(), ApiError> {
         if new.name != self.name {
