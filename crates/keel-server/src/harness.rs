@@ -194,11 +194,13 @@ impl TestServer {
     }
 
     /// Stops the server as SIGTERM does: the Raft groups it leads are handed to other
-    /// servers first (`jetstream::cluster::hand_off_leadership`), then `shutdown`. Returns
+    /// servers first (`jetstream::cluster::hand_off_leadership`), the stop is announced
+    /// (`Server::announce_stop`), then `shutdown`. Returns
     /// everything it logged.
     pub async fn terminate(self) -> String {
         if let Some(r) = &self.running {
             crate::jetstream::cluster::hand_off_leadership(&r.server, false).await;
+            r.server.announce_stop(false);
         }
         let log = self.log.clone();
         self.shutdown().await;

@@ -182,5 +182,6 @@ async fn signals(server: Arc<Server>, args: Vec<String>) {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+    server.announce_stop(false);
     server.shutdown();
 }

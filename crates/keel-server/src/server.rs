@@ -804,6 +804,15 @@ impl Server {
         self.shutdown.send_replace(true);
     }
 
+    /// Tells the cluster this server is stopping (`$SYS.SERVER.<id>.SHUTDOWN`) or entering
+    /// lame-duck mode (`.LAMEDUCK`), as the reference does; a stop that is not announced
+    /// looks to the others like a server that went away.
+    pub fn announce_stop(&self, lame_duck: bool) {
+        if let Some(sys) = self.system.get() {
+            sys.stopping(self, lame_duck);
+        }
+    }
+
     /// Lame-duck mode (SIGUSR2), as the reference: stop accepting clients, tell connected
     /// ones with an INFO carrying `"ldm":true`, wait the grace period, close the clients
     /// spread over the rest of the lame-duck duration, then shut down.
@@ -823,6 +832,7 @@ impl Server {
             "Entering lame duck mode, stop accepting new clients"
         );
         self.stop_accepting.send_replace(true);
+        self.announce_stop(true);
         if let Some(c) = self.cluster.get() {
             c.enter_lame_duck(self);
         }
@@ -843,6 +853,7 @@ impl Server {
                 tokio::time::sleep(spread.min(Duration::from_secs(1))).await;
             }
         }
+        self.announce_stop(false);
         self.shutdown();
     }
 }

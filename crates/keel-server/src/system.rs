@@ -10,7 +10,8 @@
 //!   `$SYS.REQ.ACCOUNT.PING.STATZ` / `.CONNZ` for every account.
 //! - `$SYS.REQ.USER.INFO`: who the requester is (user, account, permissions).
 //! - Events: `$SYS.ACCOUNT.<acc>.CONNECT` / `.DISCONNECT` for each client, and
-//!   `$SYS.ACCOUNT.<acc>.SERVER.CONNS` with the account's connection count.
+//!   `$SYS.ACCOUNT.<acc>.SERVER.CONNS` with the account's connection count;
+//!   `$SYS.SERVER.<id>.LAMEDUCK` and `.SHUTDOWN` when the server is stopping.
 //!
 //! Every other account reaches the requests about itself through service imports the
 //! accounts install (`Accounts::install_links`): its `$SYS.REQ.ACCOUNT.PING.CONNZ`,
@@ -141,6 +142,17 @@ impl System {
             None,
         );
         router.flush();
+    }
+
+    /// `$SYS.SERVER.<id>.SHUTDOWN` (or `.LAMEDUCK`), as the reference sends it: the
+    /// server's own description as the body. Other servers of a cluster stop placing
+    /// replicas here at once (`RaftHost::departed`).
+    pub fn stopping(&self, server: &Server, lame_duck: bool) {
+        let what = if lame_duck { "LAMEDUCK" } else { "SHUTDOWN" };
+        let subject = format!("$SYS.SERVER.{}.{what}", server.server_id);
+        let body = self.server_info(server);
+        let mut router = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        self.publish(server, &mut router, subject.as_bytes(), &body);
     }
 
     /// A client's connect (or disconnect) event, and its account's connection count.

@@ -200,10 +200,12 @@ async fn meta_group_elects_a_leader_and_survives_losing_it() {
 
 /// A stream create on a meta leader whose two peers just stopped is answered: the reference
 /// refuses it at once (10005, "no suitable peers for placement, peer offline": it has their
-/// shutdown events); Keel, which counts a peer up for 10 s after it last heard from it,
-/// proposes the change, which cannot commit, and answers 10008 ("JetStream system
-/// temporarily unavailable") once the proposal's time limit runs out, instead of keeping the
-/// request, and the meta group's write gate, until it hears of a new leader.
+/// shutdown events); Keel's in-process servers here stop without one (as a server that
+/// went away, see `a_server_that_stopped_gracefully_is_not_counted_on` for the notice), so
+/// Keel, which counts a peer up for 10 s after it last heard from it, proposes the change,
+/// which cannot commit, and answers 10008 ("JetStream system temporarily unavailable") once
+/// the proposal's time limit runs out, instead of keeping the request, and the meta group's
+/// write gate, until it hears of a new leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_meta_change_without_a_quorum_is_answered() {
     let names = ["P1", "P2", "P3"];
@@ -1191,6 +1193,13 @@ async fn a_server_in_lame_duck_mode_is_given_no_leadership() {
     let mut leader = stream_leader(&c, "LAME", &duck).await;
     let survivors: Vec<&Node> = others.iter().map(|i| &nodes[*i]).collect();
     assert_ne!(meta_leader(&survivors, &duck).await, duck);
+    // It said so (`$SYS.SERVER.<id>.LAMEDUCK`): listed offline, though it still runs.
+    let info = api_answered(&c, "$JS.API.STREAM.INFO.LAME", "").await;
+    let listed = info["cluster"]["replicas"]
+        .as_array()
+        .and_then(|rs| rs.iter().find(|r| r["name"] == duck.as_str()).cloned())
+        .unwrap_or_else(|| panic!("{info}"));
+    assert_eq!(listed["offline"], true, "{info}");
     // Not even when it is asked for by name: the stepdown goes to the other survivor.
     let placement = format!(r#"{{"preferred":"{duck}"}}"#);
     let next = stream_step_down(&c, "LAME", &placement, &leader).await;
@@ -3650,6 +3659,77 @@ async fn creating_an_existing_stream_again_keeps_it_where_it_is() {
         let info = api(c, "$JS.API.STREAM.INFO.RACE", "").await;
         assert_eq!(info["cluster"]["raft_group"], group, "{info}");
     }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// A server stopped gracefully says so (`$SYS.SERVER.<id>.SHUTDOWN`): at once it is listed
+/// offline in a stream's `cluster`, placement puts it after every server that is up, and a
+/// placement that needs it for a quorum is refused with the reference's 10005 "no suitable
+/// peers for placement, peer offline" (and the tags a server lacked; without the notice it
+/// counts as up for 10 s); started again, it is placed on again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stopped_gracefully_is_not_counted_on() {
+    let names = ["G1", "G2", "G3"];
+    let stores = common::TempDir::new("gone");
+    // G1 and G2 are in zone a, G3 elsewhere.
+    let (mut nodes, confs) = mesh_with(&names, Some(stores.path()), |n| {
+        let zone = if n == "G3" { "b" } else { "a" };
+        format!("server_tags: [\"zone:{zone}\"]\n")
+    })
+    .await;
+    let all: Vec<&Node> = nodes.iter().collect();
+    let leader = meta_leader(&all, "").await;
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    let c = connect(&nodes[li], "app").await;
+    create_stream(
+        &c,
+        "ONE",
+        r#"{"name":"ONE","subjects":["one"],"num_replicas":3}"#,
+    )
+    .await;
+    // A zone-a server other than the meta leader goes (the meta group keeps its quorum).
+    let gi = (0..2).find(|i| *i != li).unwrap();
+    let gone = names[gi];
+    let node = nodes.remove(gi);
+    node.terminate().await;
+    let offline = |v: &serde_json::Value| {
+        v["cluster"]["replicas"]
+            .as_array()
+            .and_then(|rs| rs.iter().find(|r| r["name"] == gone).cloned())
+            .unwrap_or_else(|| panic!("{gone} not listed: {v}"))["offline"]
+            == true
+    };
+    // (The reference leaves requests unanswered while the stream elects a new leader.)
+    let info = api_answered(&c, "$JS.API.STREAM.INFO.ONE", "").await;
+    assert!(offline(&info), "{info}");
+    // Zone a has one server up: an R2 there has no quorum.
+    let zoned =
+        r#"{"name":"ZONED","subjects":["zoned"],"num_replicas":2,"placement":{"tags":["zone:a"]}}"#;
+    let refused = api(&c, "$JS.API.STREAM.CREATE.ZONED", zoned).await;
+    assert_eq!(refused["error"]["err_code"], 10005, "{refused}");
+    assert_eq!(
+        refused["error"]["description"],
+        "no suitable peers for placement, peer offline, tags not matched ['zone:a']",
+        "{refused}"
+    );
+    // Three servers, two up: an R3 is placed, the one that went listed offline.
+    let two = create_stream(
+        &c,
+        "TWO",
+        r#"{"name":"TWO","subjects":["two"],"num_replicas":3}"#,
+    )
+    .await;
+    assert!(offline(&two), "{two}");
+    // Back (under a new server id): counted on again.
+    let back = Node::start_jetstream_at(&confs[gi], &stores.path().join(gone)).await;
+    back.wait_remotes(2).await;
+    request_until(&c, "$JS.API.STREAM.CREATE.ZONED", zoned.to_string(), |v| {
+        v.get("error").is_none().then_some(())
+    })
+    .await;
+    back.shutdown().await;
     for n in nodes {
         n.shutdown().await;
     }

@@ -56,6 +56,8 @@ pub struct Meta {
     /// older term may never commit, and the applied state guards against it anyway).
     inflight:
         std::sync::Mutex<std::collections::HashMap<(String, String), (u64, StreamAssignment)>>,
+    /// Every server's `server_tags` as last seen (`server_tags`).
+    tags: std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
 }
 
 impl Meta {
@@ -84,6 +86,7 @@ impl Meta {
             removing: std::sync::atomic::AtomicBool::new(false),
             started_at: crate::time::now_nanos(),
             inflight: std::sync::Mutex::new(std::collections::HashMap::new()),
+            tags: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
         server.spawn(tend(meta.clone(), Arc::downgrade(server)));
         server.spawn(follow(meta.clone(), Arc::downgrade(server), applied));
@@ -157,6 +160,9 @@ impl Meta {
         for subject in [
             &b"$JS.API.META.LEADER.STEPDOWN"[..],
             &b"$JS.API.SERVER.REMOVE"[..],
+            // Other servers stopping (`Server::announce_stop`).
+            &b"$SYS.SERVER.*.SHUTDOWN"[..],
+            &b"$SYS.SERVER.*.LAMEDUCK"[..],
         ] {
             account.sublist.insert(crate::sublist::Sub::internal(
                 &handle,
@@ -169,6 +175,13 @@ impl Meta {
         server.spawn(async move {
             let mut router = crate::router::Router::new(account, 0x4d53);
             while let Some(m) = rx.recv().await {
+                if m.subject.starts_with(b"$SYS.SERVER.") {
+                    let v: Value = serde_json::from_slice(m.payload()).unwrap_or(Value::Null);
+                    if let (Some(name), Some(id)) = (v["name"].as_str(), v["id"].as_str()) {
+                        meta.host.note_departed(name, id);
+                    }
+                    continue;
+                }
                 let Some(reply) = m.reply.clone() else {
                     continue;
                 };
@@ -318,13 +331,14 @@ impl Meta {
         let current = name == self.host.name
             || leader == Some(name)
             || active.is_some_and(|d| d < Duration::from_secs(10));
+        let offline = !self.host.is_up(name);
         let mut r = json!({
             "name": name,
             "current": current,
             "active": active.map(|d| d.as_nanos() as u64).unwrap_or(0),
             "peer": peer_hash(name),
         });
-        if name != self.host.name && active.is_none_or(|d| d > Duration::from_secs(10)) {
+        if offline {
             r["offline"] = true.into();
         }
         r
@@ -785,19 +799,23 @@ impl Meta {
     }
 
     /// Each server's `server_tags`: this one's, and its peers' as their route INFO said.
+    /// A server with no route now (down, or stopping) keeps the tags it last had: it is
+    /// still a member, placed after the servers that are up.
     fn server_tags(&self) -> std::collections::HashMap<String, Vec<String>> {
-        let mut out = std::collections::HashMap::new();
+        let mut known = self.tags.lock().unwrap_or_else(|e| e.into_inner());
         let Some(server) = self.host.server() else {
-            return out;
+            return known.clone();
         };
-        out.insert(server.server_name.clone(), server.opts.server_tags.clone());
+        let mut now = std::collections::HashMap::new();
+        now.insert(server.server_name.clone(), server.opts.server_tags.clone());
         if let Some(cluster) = server.cluster.get() {
             for r in cluster.routes() {
-                out.entry(r.remote_name())
+                now.entry(r.remote_name())
                     .or_insert_with(|| r.remote_tags());
             }
         }
-        out
+        known.extend(now);
+        known.clone()
     }
 
     /// `account`'s creates proposed in `term` and not applied yet (others are dropped: a
@@ -1177,8 +1195,12 @@ fn has_tags(
         .all(|t| have.is_some_and(|h| h.iter().any(|x| x == t)))
 }
 
-/// Chooses `replicas` servers among the meta group's members that are up, other than
-/// `exclude`: the ones with the fewest streams first (ties by name).
+/// Chooses `replicas` servers among the meta group's members other than `exclude` (the
+/// peers a stream keeps), as the reference does: servers that are up first (`is_up`), then
+/// the ones with the fewest streams (ties by name); a server that is down or said it is
+/// stopping is chosen only after every one that is up, and not at all if the servers that
+/// are up (with the kept peers) would not make a quorum of the group
+/// (10005 ", peer offline").
 fn place(
     meta: &Meta,
     state: &MetaState,
@@ -1203,30 +1225,58 @@ fn place(
         return Err(ErrorKind::NoSuitablePeersReason
             .with(format!(", tags not matched ['{}']", tags.join("', '"))));
     }
-    let mut load: BTreeMap<String, usize> = BTreeMap::new();
+    // Server -> (down, streams it holds).
+    let mut load: BTreeMap<String, (bool, usize)> = BTreeMap::new();
+    // The tags some server lacked (the reference names them in its refusal).
+    let mut unmatched: Vec<&String> = Vec::new();
     for (_, p) in m.membership_config.nodes() {
-        let up = p.name == meta.host.name
-            || meta
-                .host
-                .since_heard(&p.name)
-                .is_some_and(|d| d < Duration::from_secs(10));
-        if up && !exclude.contains(&p.name) && tagged(&p.name) {
-            load.insert(p.name.clone(), 0);
+        if exclude.contains(&p.name) {
+            continue;
+        }
+        if tagged(&p.name) {
+            load.insert(p.name.clone(), (!meta.host.is_up(&p.name), 0));
+        } else {
+            for t in &tags {
+                if !has_tags(&server_tags, &p.name, std::slice::from_ref(t))
+                    && !unmatched.contains(&t)
+                {
+                    unmatched.push(t);
+                }
+            }
         }
     }
+    let refused = |offline: bool| {
+        let mut why = String::new();
+        if offline {
+            why.push_str(", peer offline");
+        }
+        if !unmatched.is_empty() {
+            let list: Vec<&str> = unmatched.iter().map(|t| t.as_str()).collect();
+            why.push_str(&format!(", tags not matched ['{}']", list.join("', '")));
+        }
+        if why.is_empty() {
+            ErrorKind::NoSuitablePeers.err()
+        } else {
+            ErrorKind::NoSuitablePeersReason.with(why)
+        }
+    };
     for streams in state.streams.values() {
         for a in streams.values() {
             for p in &a.peers {
-                if let Some(n) = load.get_mut(p) {
+                if let Some((_, n)) = load.get_mut(p) {
                     *n += 1;
                 }
             }
         }
     }
     if replicas > load.len() {
-        return Err(ErrorKind::NoSuitablePeers.err());
+        return Err(refused(false));
     }
-    let mut ranked: Vec<(usize, String)> = load.into_iter().map(|(n, l)| (l, n)).collect();
+    let up = load.values().filter(|(down, _)| !down).count();
+    if up + exclude.len() < (replicas + exclude.len()) / 2 + 1 {
+        return Err(refused(true));
+    }
+    let mut ranked: Vec<((bool, usize), String)> = load.into_iter().map(|(n, l)| (l, n)).collect();
     ranked.sort();
     Ok(ranked.into_iter().take(replicas).map(|(_, n)| n).collect())
 }

@@ -121,10 +121,13 @@ pub fn cluster_info(js: &JetStream, s: &Stream) -> ClusterInfo {
             };
             let recent = *p == js.server_name
                 || heard.is_some_and(|d| d < std::time::Duration::from_secs(10));
+            // (A server in lame-duck mode still replicates, as the reference's, and is
+            // offline to placement and here all the same.)
+            let up = host.as_ref().map_or(recent, |h| h.is_up(p));
             PeerInfo {
                 name: p.clone(),
                 current: recent && lag == 0,
-                offline: !recent,
+                offline: !up,
                 active: heard.map(|d| d.as_nanos() as u64).unwrap_or(0),
                 lag,
                 peer: crate::jetstream::raft::peer_hash(p),

@@ -523,6 +523,9 @@ pub struct RaftHost {
     answers: Mutex<Router>,
     /// When each peer (by peer hash) was last heard from, for `current`/`active`.
     heard: Mutex<HashMap<String, Instant>>,
+    /// Servers that said they are stopping (`$SYS.SERVER.<id>.SHUTDOWN` or `.LAMEDUCK`),
+    /// by name, with the server id they said it under (`departed`).
+    departed: Mutex<HashMap<String, String>>,
     /// Groups whose log forgot entries it had acknowledged (or its vote), with the index a
     /// leader must bring it back to first: meanwhile this server neither votes nor stands
     /// for election in them (`hold_votes`).
@@ -573,6 +576,7 @@ impl RaftHost {
             stores: RwLock::new(HashMap::new()),
             pending: Pending::default(),
             heard: Mutex::new(HashMap::new()),
+            departed: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             holds: AtomicU64::new(0),
             gates: Mutex::new(HashMap::new()),
@@ -964,6 +968,52 @@ impl RaftHost {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(h.to_string(), Instant::now());
         }
+    }
+
+    /// Server `name` (running as `id`) said it is stopping or entering lame-duck mode.
+    pub fn note_departed(&self, name: &str, id: &str) {
+        if name != self.name {
+            self.departed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(name.to_string(), id.to_string());
+        }
+    }
+
+    /// Whether server `name` said it is stopping and has not started again since: it is
+    /// back once a route from it runs under another server id (a server takes a new one
+    /// at every start; a server in lame-duck mode keeps its routes and its id).
+    pub fn departed(&self, name: &str) -> bool {
+        let mut g = self.departed.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(id) = g.get(name) else {
+            return false;
+        };
+        let back = self
+            .server
+            .upgrade()
+            .and_then(|s| {
+                s.cluster.get().map(|c| {
+                    c.routes()
+                        .iter()
+                        .any(|r| r.remote_name() == name && r.remote_id() != *id)
+                })
+            })
+            .unwrap_or(false);
+        if back {
+            g.remove(name);
+        }
+        !back
+    }
+
+    /// Whether server `name` counts as up (for placement and a replica's `offline`): this
+    /// server, or one heard from within the last 10 s (the reference's window) that has
+    /// not said it is stopping.
+    pub fn is_up(&self, name: &str) -> bool {
+        name == self.name
+            || (self
+                .since_heard(name)
+                .is_some_and(|d| d < Duration::from_secs(10))
+                && !self.departed(name))
     }
 
     /// How long ago `name` was last heard from (an RPC or an answer), if ever.
