@@ -1043,3 +1043,85 @@ async fn consumed_work_queue_gives_its_disk_back() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A stream or consumer deletion cut short (a crash or a failing disk during the removal of
+/// its files) never brings it back: the directory is moved aside first, and a start removes
+/// what is left of one moved aside instead of loading it. The state such a crash leaves is
+/// made here by hand: the stream's and one consumer's directories under their moved-aside
+/// names, a segment already removed from the stream's.
+#[tokio::test]
+async fn a_deletion_cut_short_never_comes_back() {
+    if common::is_reference() {
+        // Keel's own store layout.
+        return;
+    }
+    let mut server = Server::start_jetstream();
+    let js = jetstream::new(server.client().await);
+    for name in ["GONE", "KEPT"] {
+        let s = js
+            .create_stream(jetstream::stream::Config {
+                name: name.into(),
+                subjects: vec![format!("{name}.>")],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        for c in ["W", "V"] {
+            s.create_consumer(jetstream::consumer::pull::Config {
+                durable_name: Some(c.into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+        publish_many(&js, &format!("{name}.x"), 10, 100).await;
+    }
+    // A deletion through the API leaves nothing behind.
+    js.delete_stream("KEPT").await.unwrap();
+    js.create_stream(jetstream::stream::Config {
+        name: "KEPT".into(),
+        subjects: vec!["KEPT.>".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .create_consumer(jetstream::consumer::pull::Config {
+        durable_name: Some("W".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    js.get_stream("KEPT")
+        .await
+        .unwrap()
+        .delete_consumer("W")
+        .await
+        .unwrap();
+    let streams = server.store_dir().unwrap().join("jetstream/$G/streams");
+    let names = |d: &std::path::Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&streams), ["GONE", "KEPT"]);
+    assert!(names(&streams.join("KEPT/consumers")).is_empty());
+    server.kill_hard();
+    let (_, segs) = segments(&server, "GONE");
+    std::fs::remove_file(&segs[0]).unwrap();
+    std::fs::rename(streams.join("GONE"), streams.join("GONE.deleted.1")).unwrap();
+    let consumers = streams.join("KEPT/consumers");
+    std::fs::create_dir_all(consumers.join("X.deleted.2")).unwrap();
+    std::fs::write(consumers.join("X.deleted.2/meta.json"), b"{}").unwrap();
+    server.restart();
+    let js = jetstream::new(server.client().await);
+    let (_, info) =
+        common::json_request(&server.client().await, "$JS.API.STREAM.INFO.GONE", "").await;
+    assert_eq!(info["error"]["err_code"], 10059, "{info}");
+    let kept = js.get_stream("KEPT").await.unwrap();
+    assert!(kept.consumer_info("W").await.is_err());
+    assert_eq!(names(&streams), ["KEPT"]);
+    assert!(names(&consumers).is_empty());
+}

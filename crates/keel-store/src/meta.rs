@@ -224,6 +224,9 @@ impl Copy {
     }
 }
 
+/// Marks a directory `retire` renamed (stream and consumer names have no `.`).
+const RETIRED: &str = ".deleted.";
+
 impl MetaFiles {
     /// On the real filesystem.
     pub fn new() -> MetaFiles {
@@ -623,6 +626,42 @@ impl MetaFiles {
         self.forget(from);
         self.forget(to);
         self.fs.rename(from, to)
+    }
+
+    /// Removes a stream's or consumer's directory so that it cannot come back: `retire`,
+    /// then removed. A missing directory is not an error.
+    pub fn retire_dir(&self, dir: &Path) -> io::Result<()> {
+        match self.retire(dir)? {
+            Some(gone) => self.remove_dir_all(&gone),
+            None => Ok(()),
+        }
+    }
+
+    /// Renames `dir` to a name no stream or consumer can have (one step, made durable) and
+    /// returns that name, for the caller to remove (`None`: there was no `dir`). A removal
+    /// that fails part way after it, or a crash during it, leaves a directory that the next
+    /// start removes instead of loading (`is_retired`).
+    pub fn retire(&self, dir: &Path) -> io::Result<Option<PathBuf>> {
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        let (Some(name), Some(parent)) = (name, dir.parent()) else {
+            return Err(io::Error::other(format!("{} has no name", dir.display())));
+        };
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let gone = parent.join(format!("{name}{RETIRED}{nanos}"));
+        match self.rename(dir, &gone) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            r => r?,
+        }
+        self.sync_dir(parent)?;
+        Ok(Some(gone))
+    }
+
+    /// Whether `dir` is one `retire` left behind (to remove, never to load).
+    pub fn is_retired(dir: &Path) -> bool {
+        dir.file_name()
+            .is_some_and(|n| n.to_string_lossy().contains(RETIRED))
     }
 
     /// Removes `dir` and everything in it; a missing directory is not an error.

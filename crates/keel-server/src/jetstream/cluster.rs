@@ -906,10 +906,11 @@ pub async fn api(
             }
         }
     }
-    if let Some(name) = stream_of(tokens) {
+    if let ["STREAM", "CREATE", name] = tokens {
         // A replica here in an election (or elected and not acting yet) learns the
-        // outcome in moments: sent on meanwhile, the request would go between servers
-        // that each know less than the next until its hops run out.
+        // outcome in moments: sent on meanwhile, the create would go between servers that
+        // each know less than the next until its hops run out. (Only for a create, rare:
+        // the account's API waits meanwhile.)
         wait_for_leader(js, name, &meta.host.name, Duration::from_secs(2)).await;
     }
     let meta_level = match tokens {

@@ -389,6 +389,9 @@ pub fn recover(js: &JetStream, server: &Arc<Server>) -> Result<(), String> {
         if !dir.is_dir() {
             continue;
         }
+        if remove_retired(&js.meta, &dir, &server.log) {
+            continue;
+        }
         let meta = match stream::read_meta(&js.meta, &dir, &server.log) {
             Ok(m) => m,
             Err(e) => {
@@ -506,6 +509,9 @@ fn keep_consumer_configs(
         .flatten()
     {
         let cdir = c.path();
+        if remove_retired(files, &cdir, log) {
+            continue;
+        }
         if consumer::read_meta(files, &cdir, log).is_err() {
             let _ = files.remove_dir_all(&cdir);
             continue;
@@ -518,6 +524,27 @@ fn keep_consumer_configs(
     }
 }
 
+/// A stream's or consumer's directory whose removal did not finish (`MetaFiles::retire_dir`)
+/// is removed now, never loaded: true if `dir` was one.
+pub fn remove_retired(
+    files: &keel_store::MetaFiles,
+    dir: &std::path::Path,
+    log: &crate::log::Log,
+) -> bool {
+    if !keel_store::MetaFiles::is_retired(dir) {
+        return false;
+    }
+    match files.remove_dir_all(dir) {
+        Ok(()) => crate::info!(log, "Removed {}, deleted before", dir.display()),
+        Err(e) => crate::error!(
+            log,
+            "Could not remove {} (deleted before, not loaded): {e}",
+            dir.display()
+        ),
+    }
+    true
+}
+
 /// Restarts the durable consumers saved under a recovered stream's directory (and a
 /// replicated stream's, where it now leads).
 pub fn recover_consumers(js: &JetStream, server: &Arc<Server>, stream: &Arc<Stream>) {
@@ -527,6 +554,9 @@ pub fn recover_consumers(js: &JetStream, server: &Arc<Server>, stream: &Arc<Stre
     };
     for e in entries.flatten() {
         let cdir = e.path();
+        if remove_retired(&js.meta, &cdir, &server.log) {
+            continue;
+        }
         match consumer::read_meta(&js.meta, &cdir, &server.log) {
             Ok(meta) => {
                 let name = e.file_name().to_string_lossy().into_owned();
@@ -609,13 +639,13 @@ pub async fn create_stream(
             .await
             .unwrap_or_else(|| Err(ErrorKind::StreamNotFound.err()));
         if let Err(e) = r {
-            s.destroy().await;
+            s.destroy(|| ()).await;
             let _ = js.meta.remove_dir_all(&dir);
             return Err(e);
         }
     }
     if !js.registry.insert_stream(&js.account.name, s.clone()) {
-        s.destroy().await;
+        s.destroy(|| ()).await;
         return Err(ErrorKind::StreamNameInUse.err());
     }
     Ok(s)
@@ -662,14 +692,32 @@ pub async fn delete_stream(
     for r in consumers {
         r.join().await;
     }
-    s.destroy().await;
+    // Out of the way before the store removes a file: a removal cut short (a failing
+    // disk, a crash) leaves a directory the next start removes, never a stream in part.
+    let mut retired = None;
+    s.destroy(|| retired = Some(js.meta.retire(&s.dir))).await;
     drop(tx);
-    if let Err(e) = js.meta.remove_dir_all(&s.dir) {
-        crate::error!(
-            server.log,
-            "Stream {name}: could not remove {}: {e}",
-            s.dir.display()
-        );
+    let left = match retired {
+        Some(Ok(None)) => None,
+        Some(Ok(Some(gone))) => Some(gone),
+        Some(Err(e)) => {
+            crate::error!(
+                server.log,
+                "Stream {name}: could not move {} aside before removing it: {e}",
+                s.dir.display()
+            );
+            Some(s.dir.clone())
+        }
+        None => Some(s.dir.clone()),
+    };
+    if let Some(dir) = left {
+        if let Err(e) = js.meta.remove_dir_all(&dir) {
+            crate::error!(
+                server.log,
+                "Stream {name}: could not remove {}: {e}",
+                dir.display()
+            );
+        }
     }
     Ok(())
 }
@@ -729,14 +777,12 @@ pub async fn delete_consumer(
     advisory::consumer_action(server, router, &stream.name, name, advisory::Action::Delete);
     r.join().await;
     let dir = stream.dir.join("consumers").join(name);
-    if dir.exists() {
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
-            crate::error!(
-                server.log,
-                "Could not remove consumer data {}: {e}",
-                dir.display()
-            );
-        }
+    if let Err(e) = js.meta.retire_dir(&dir) {
+        crate::error!(
+            server.log,
+            "Could not remove consumer data {}: {e}",
+            dir.display()
+        );
     }
     if stream.retention() == stream::Retention::Interest {
         if let Some(tx) = stream.commands() {

@@ -834,3 +834,52 @@ fn one_files_fsync_does_not_hold_up_another_file() {
     assert!(matches!(m.read(fast), MetaRead::Current(b) if b == b"{\"v\":2}"));
     assert!(matches!(m.read(fast_meta), MetaRead::Current(b) if b == b"{\"c\":1}"));
 }
+
+/// `retire_dir` (a stream's or consumer's removal) under failing operations and power
+/// failures: the directory is either there whole under its own name (the removal did not
+/// start, or failed before its rename) or gone from that name, never left there in part;
+/// whatever is left elsewhere is under a name `is_retired` knows.
+#[test]
+fn a_retired_directory_never_comes_back_in_part() {
+    let dir = Path::new("/s/ORDERS");
+    let files = [
+        "meta.json",
+        "1.blk",
+        "consumers/W/meta.json",
+        "consumers/W/state.json",
+    ];
+    let mut retired_left = 0;
+    for seed in 0..super::sim::cases(500) {
+        let sim = SimFs::new(seed);
+        let m = MetaFiles::with_fs(Arc::new(sim.clone()));
+        for f in files {
+            m.write(&dir.join(f), b"{\"x\":1}", true).unwrap();
+        }
+        let mut rng = Rng(seed);
+        if rng.chance(2) {
+            sim.fail_after(rng.below(4));
+        }
+        let r = m.retire_dir(dir);
+        if rng.chance(2) {
+            sim.crash(0);
+        } else {
+            sim.heal();
+        }
+        let names = sim.names();
+        let here: Vec<&PathBuf> = names.iter().filter(|p| p.starts_with(dir)).collect();
+        assert!(
+            here.is_empty() || files.iter().all(|f| names.contains(&dir.join(f))),
+            "seed {seed}: {r:?} left part of it: {here:?}"
+        );
+        assert!(r.is_err() || here.is_empty(), "seed {seed}: still there");
+        for p in names.iter().filter(|p| !p.starts_with(dir)) {
+            let top = p
+                .ancestors()
+                .find(|a| a.parent() == Some(Path::new("/s")))
+                .unwrap();
+            assert!(MetaFiles::is_retired(top), "seed {seed}: {p:?}");
+            retired_left += 1;
+        }
+    }
+    assert!(retired_left > 0, "no case left a retired directory behind");
+}

@@ -437,12 +437,32 @@ impl Fs for SimFs {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut s = self.0.lock().unwrap();
         s.tick()?;
-        let i = s
-            .live
-            .remove(from)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such file"))?;
-        s.live.insert(to.to_path_buf(), i);
-        Ok(())
+        if let Some(i) = s.live.remove(from) {
+            s.live.insert(to.to_path_buf(), i);
+            return Ok(());
+        }
+        // A directory (the sim has no directory entries: its files move, and, as the sim
+        // keeps no directory of its own to sync, their names count as durable at once).
+        let s = &mut *s;
+        let mut moved = false;
+        for map in [&mut s.live, &mut s.durable] {
+            let under: Vec<PathBuf> = map
+                .keys()
+                .filter(|p| p.starts_with(from))
+                .cloned()
+                .collect();
+            for p in under {
+                let i = map.remove(&p).unwrap();
+                let rest = p.strip_prefix(from).unwrap().to_path_buf();
+                map.insert(to.join(rest), i);
+                moved = true;
+            }
+        }
+        if moved {
+            Ok(())
+        } else {
+            Err(io::Error::new(io::ErrorKind::NotFound, "no such file"))
+        }
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut s = self.0.lock().unwrap();
@@ -457,10 +477,19 @@ impl Fs for SimFs {
         Ok(())
     }
     fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        // As a real one: file by file (each may fail), each removal durable only once its
+        // directory is synced (a crash may bring any of them back).
         let mut s = self.0.lock().unwrap();
-        s.tick()?;
-        s.live.retain(|p, _| !p.starts_with(dir));
-        s.durable.retain(|p, _| !p.starts_with(dir));
+        let under: Vec<PathBuf> = s
+            .live
+            .keys()
+            .filter(|p| p.starts_with(dir))
+            .cloned()
+            .collect();
+        for p in under {
+            s.tick()?;
+            s.live.remove(&p);
+        }
         Ok(())
     }
 }

@@ -772,6 +772,9 @@ impl Shared {
         let mut out = Vec::new();
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let d = e.path();
+            if keel_store::MetaFiles::is_retired(&d) {
+                continue;
+            }
             if let Some(meta) = read(&d.join("meta.json")) {
                 let name = e.file_name().to_string_lossy().into_owned();
                 out.push((name, meta, read(&d.join("state.json"))));
@@ -1296,7 +1299,7 @@ impl RaftStateMachine<TypeConfig> for StreamMachine {
             for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if !keep.contains(name.as_str()) {
-                    let _ = sh.files.remove_dir_all(&e.path());
+                    let _ = sh.files.retire_dir(&e.path());
                 }
             }
             for (name, meta, state) in &snap.consumers {
@@ -1352,7 +1355,7 @@ fn follow_consumer(files: &keel_store::MetaFiles, stream_dir: &std::path::Path, 
             }
         }
         ConsumerEntry::Delete { name } => {
-            let _ = files.remove_dir_all(&dir(name));
+            let _ = files.retire_dir(&dir(name));
         }
     }
 }

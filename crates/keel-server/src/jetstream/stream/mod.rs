@@ -466,13 +466,16 @@ impl Stream {
 
     /// Deletes the stream's data and ends its actor. Unsubscribes it too, holding on to
     /// the actor's queue meanwhile (its ingest ending would otherwise let it end first).
-    pub async fn destroy(&self) {
+    /// `before_delete` runs once the stream takes no more messages and before its store
+    /// removes its files (a stream delete moves the directory aside then).
+    pub async fn destroy(&self, before_delete: impl FnOnce()) {
         if let Some(r) = self.replica.get() {
             r.stop_group().await;
         }
         let tx = self.commands();
         self.stop_sourcing();
         self.unsubscribe();
+        before_delete();
         if let Some(tx) = tx {
             ask(&tx, |reply| Command::Delete { reply }).await;
         }
