@@ -649,7 +649,13 @@ impl MetaFiles {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        let gone = parent.join(format!("{name}{RETIRED}{nanos}"));
+        // The name shortened (a name may have 255 bytes, as long as a file name may be).
+        let mut end = name.len().min(64);
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        let short = &name[..end];
+        let gone = parent.join(format!("{short}{RETIRED}{nanos}"));
         match self.rename(dir, &gone) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             r => r?,

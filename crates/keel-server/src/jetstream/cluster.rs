@@ -821,7 +821,7 @@ impl Meta {
     /// `account`'s creates proposed in `term` and not applied yet (others are dropped: a
     /// leader of a later term decides anew).
     fn inflight_of(&self, account: &str, term: u64) -> BTreeMap<String, StreamAssignment> {
-        let mut g = self.inflight.lock().unwrap();
+        let mut g = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
         g.retain(|_, (t, _)| *t == term);
         g.iter()
             .filter(|((a, _), _)| a == account)
@@ -1096,20 +1096,27 @@ async fn create(
     let inflight = meta.inflight_of(&account, term);
     let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     // Assigned already (the request reached this leader before the assignment reached the
-    // server it was sent to), or proposed and not yet applied: the same config is answered
-    // from the stream as it is (proposed again with this reply, `Follow::Again`), another
-    // is refused, as the reference does.
-    if let Some(a) = mine.get(name).or_else(|| inflight.get(name)) {
-        let same = serde_json::to_vec(&a.config)
-            .ok()
-            .and_then(|b| super::api::streams::parse_config(js, name, &b).ok())
-            .is_some_and(|old| old.same_as(&cfg));
-        if !same {
-            return Err(ErrorKind::StreamNameInUse.err());
+    // server it was sent to, or came from a server with no replica), or proposed and not
+    // yet applied: proposed again with this reply and the same group and peers
+    // (`Follow::Again`), and the stream's leader answers: with the stream as it is for the
+    // config it has now (an update changes it in the stream's own group, not here), 10058
+    // for another, as the reference. An in-flight create has no stream to ask yet: a
+    // different config is refused here.
+    let committed = mine.get(name);
+    if let Some(a) = committed.or_else(|| inflight.get(name)) {
+        if committed.is_none() {
+            let same = serde_json::to_vec(&a.config)
+                .ok()
+                .and_then(|b| super::api::streams::parse_config(js, name, &b).ok())
+                .is_some_and(|old| old.same_as(&cfg));
+            if !same {
+                return Err(ErrorKind::StreamNameInUse.err());
+            }
         }
         let assignment = StreamAssignment {
             config: raw,
             reply: Some(String::from_utf8_lossy(reply).into_owned()),
+            asked: crate::time::now_nanos(),
             ..a.clone()
         };
         return assign(js, meta, name, assignment).await;
@@ -1140,6 +1147,7 @@ async fn create(
         group,
         created: crate::time::now_nanos(),
         reply: Some(String::from_utf8_lossy(reply).into_owned()),
+        asked: 0,
     };
     let key = (account, name.to_string());
     meta.inflight
@@ -1149,7 +1157,10 @@ async fn create(
     let r = assign(js, meta, name, assignment).await;
     if r.is_ok() {
         // Applied here: the state has it now.
-        meta.inflight.lock().unwrap().remove(&key);
+        meta.inflight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
     }
     r
 }
@@ -1228,7 +1239,7 @@ fn place(
     }
     // Server -> (down, streams it holds).
     let mut load: BTreeMap<String, (bool, usize)> = BTreeMap::new();
-    // The tags some server lacked (the reference names them in its refusal).
+    // Tags servers lacked (the reference names them in its refusal).
     let mut unmatched: Vec<&String> = Vec::new();
     for (_, p) in m.membership_config.nodes() {
         if exclude.contains(&p.name) {
@@ -1236,13 +1247,13 @@ fn place(
         }
         if tagged(&p.name) {
             load.insert(p.name.clone(), (!meta.host.is_up(&p.name), 0));
-        } else {
-            for t in &tags {
-                if !has_tags(&server_tags, &p.name, std::slice::from_ref(t))
-                    && !unmatched.contains(&t)
-                {
-                    unmatched.push(t);
-                }
+        } else if let Some(t) = tags
+            .iter()
+            .find(|t| !has_tags(&server_tags, &p.name, std::slice::from_ref(*t)))
+        {
+            // (The first one it lacks, as the reference notes it.)
+            if !unmatched.contains(&t) {
+                unmatched.push(t);
             }
         }
     }
@@ -1330,7 +1341,7 @@ async fn rescale_wanted(meta: &Meta, account: &str, name: &str, body: &[u8]) -> 
 }
 
 /// On the meta leader: the stream placed on `want` servers. Shrinking keeps the stream's
-/// leader where this server knows it; growing adds the least loaded servers that are up.
+/// leader where this server knows it; growing adds the least loaded servers (`place`).
 async fn rescale(
     js: &Arc<super::JetStream>,
     meta: &Meta,
@@ -1556,7 +1567,7 @@ pub async fn follow(
             {
                 meta.inflight
                     .lock()
-                    .unwrap()
+                    .unwrap_or_else(|e| e.into_inner())
                     .remove(&(account.clone(), name.clone()));
             }
         }
@@ -1653,9 +1664,9 @@ fn answer_create(
 }
 
 /// A create for a stream assigned already (`Follow::Again`): the stream's leader answers
-/// (its first peer may be down), from the stream as it is or with 10058 when the config
-/// asked for differs (as `streams::create` decides for a stream that exists). A restart
-/// replaying the log answers such a create again, to an inbox long gone.
+/// (its first peer may be down), from the stream as it is, or with 10058 when its config
+/// now differs from the one asked for. One asked before this process started (the log
+/// replayed at a restart) was answered then, or its client gave up long ago.
 async fn follow_again(
     meta: &Arc<Meta>,
     server: &Arc<Server>,
@@ -1670,6 +1681,10 @@ async fn follow_again(
     else {
         return;
     };
+    // (A minute's slack for the meta leader's clock against this server's.)
+    if assignment.asked < meta.started_at - 60_000_000_000 {
+        return;
+    }
     let Some(reply) = assignment.reply else {
         return;
     };
@@ -1684,12 +1699,21 @@ async fn follow_again(
         let (meta, server) = (meta.clone(), server.clone());
         async move {
             wait_for_leader(&js, &name, &meta.host.name, Duration::from_secs(10)).await;
-            if !js.stream(&name).is_some_and(|s| s.leads()) {
+            let Some(s) = js.stream(&name).filter(|s| s.leads()) else {
                 return;
-            }
-            let mut router = crate::router::Router::new(js.account.clone(), 0x4153);
+            };
             let body = serde_json::to_vec(&assignment.config).unwrap_or_default();
-            let r = super::api::streams::create(&js, &server, &mut router, &name, &body).await;
+            // Only read: the stream may be deleted meanwhile, and is not made again here.
+            let r = super::api::streams::parse_config(&js, &name, &body).and_then(|cfg| {
+                if !s.config().same_as(&cfg) {
+                    return Err(super::api::ErrorKind::StreamNameInUse.err());
+                }
+                Ok(super::api::types::StreamCreateResponse {
+                    info: super::api::streams::info(&s, true, Some(&*js), None, false),
+                    did_create: true,
+                })
+            });
+            let mut router = crate::router::Router::new(js.account.clone(), 0x4153);
             answer_create(&js, &server, &mut router, &name, r, &reply);
             router.flush();
         }

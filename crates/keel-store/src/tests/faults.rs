@@ -883,3 +883,23 @@ fn a_retired_directory_never_comes_back_in_part() {
     }
     assert!(retired_left > 0, "no case left a retired directory behind");
 }
+
+/// A name as long as a file name may be (255 bytes) is retired too: the retired name is
+/// not longer than the filesystem allows.
+#[test]
+fn a_directory_with_the_longest_name_is_retired() {
+    let t = TempDir::new();
+    let m = MetaFiles::new();
+    for name in ["C".repeat(255), "é".repeat(127)] {
+        let dir = t.0.join(&name);
+        m.write(&dir.join("meta.json"), b"{}", true).unwrap();
+        let gone = m.retire(&dir).unwrap().expect("there was a directory");
+        assert!(MetaFiles::is_retired(&gone), "{gone:?}");
+        assert!(!dir.exists() && gone.exists());
+        std::fs::remove_dir_all(&gone).unwrap();
+        m.write(&dir.join("meta.json"), b"{}", true).unwrap();
+        m.retire_dir(&dir).unwrap();
+        assert_eq!(std::fs::read_dir(&t.0).unwrap().count(), 0);
+    }
+    assert_eq!(m.retire(&t.0.join("none")).unwrap(), None);
+}

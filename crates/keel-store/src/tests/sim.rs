@@ -79,6 +79,23 @@ struct Sim {
     max_handles: u64,
     /// Directories an open store owns (`Fs::lock`).
     locked: std::collections::BTreeSet<PathBuf>,
+    /// Directory renames whose parent was not synced since: a crash keeps each whole or
+    /// undoes it whole.
+    renames: Vec<(PathBuf, PathBuf)>,
+}
+
+/// Moves every entry of `map` under `from` to the same place under `to`; true if any.
+fn move_under(map: &mut BTreeMap<PathBuf, u64>, from: &Path, to: &Path) -> bool {
+    let under: Vec<PathBuf> = map
+        .keys()
+        .filter(|p| p.starts_with(from))
+        .cloned()
+        .collect();
+    for p in &under {
+        let i = map.remove(p).unwrap();
+        map.insert(to.join(p.strip_prefix(from).unwrap()), i);
+    }
+    !under.is_empty()
 }
 
 /// A `SimFs` lock: released when dropped.
@@ -144,6 +161,7 @@ impl SimFs {
             handles: 0,
             max_handles: 0,
             locked: std::collections::BTreeSet::new(),
+            renames: Vec::new(),
         })))
     }
 
@@ -243,6 +261,13 @@ impl SimFs {
             ino.pending.clear();
             ino.data = img.clone();
             ino.synced = img;
+        }
+        for (from, to) in std::mem::take(&mut s.renames) {
+            if s.rng.chance(2) {
+                move_under(&mut s.durable, &from, &to);
+            } else {
+                move_under(&mut s.live, &to, &from);
+            }
         }
         let names: BTreeSet<PathBuf> = s.live.keys().chain(s.durable.keys()).cloned().collect();
         let mut out = BTreeMap::new();
@@ -441,33 +466,25 @@ impl Fs for SimFs {
             s.live.insert(to.to_path_buf(), i);
             return Ok(());
         }
-        // A directory (the sim has no directory entries: its files move, and, as the sim
-        // keeps no directory of its own to sync, their names count as durable at once).
-        let s = &mut *s;
-        let mut moved = false;
-        for map in [&mut s.live, &mut s.durable] {
-            let under: Vec<PathBuf> = map
-                .keys()
-                .filter(|p| p.starts_with(from))
-                .cloned()
-                .collect();
-            for p in under {
-                let i = map.remove(&p).unwrap();
-                let rest = p.strip_prefix(from).unwrap().to_path_buf();
-                map.insert(to.join(rest), i);
-                moved = true;
-            }
+        // A directory (the sim has no directory entries): its files move; the move is
+        // durable once the parent is synced (a crash before keeps it whole or undoes it).
+        if !move_under(&mut s.live, from, to) {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "no such file"));
         }
-        if moved {
-            Ok(())
-        } else {
-            Err(io::Error::new(io::ErrorKind::NotFound, "no such file"))
-        }
+        s.renames.push((from.to_path_buf(), to.to_path_buf()));
+        Ok(())
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut s = self.0.lock().unwrap();
         s.tick()?;
         let s = &mut *s;
+        for (from, to) in std::mem::take(&mut s.renames) {
+            if from.parent() == Some(dir) {
+                move_under(&mut s.durable, &from, &to);
+            } else {
+                s.renames.push((from, to));
+            }
+        }
         s.durable.retain(|p, _| p.parent() != Some(dir));
         for (p, &i) in &s.live {
             if p.parent() == Some(dir) {

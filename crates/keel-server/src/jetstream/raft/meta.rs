@@ -31,9 +31,18 @@ pub struct StreamAssignment {
     pub group: String,
     /// Nanoseconds since the epoch, the meta leader's clock.
     pub created: i64,
-    /// Where the create request's answer goes (the first peer answers it).
+    /// Where the create request's answer goes (the first peer answers it; for a create
+    /// asked again, `Follow::Again`, the stream's leader).
     #[serde(default)]
     pub reply: Option<String>,
+    /// For a create asked again: when (ns, the meta leader's clock), so that a restart
+    /// replaying the log does not answer it again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub asked: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// One meta change, decided by the meta leader.
@@ -149,7 +158,7 @@ pub enum Follow {
     /// An applied op.
     Op(MetaOp),
     /// A create for a stream assigned already (`Applied::Again`): the state did not change;
-    /// the stream's first peer answers the request.
+    /// the stream's leader answers the request.
     Again(MetaOp),
     /// A whole state: the snapshot loaded at start (`installed` false: every op before it
     /// was followed before it was written, so only assigned streams that are missing here
@@ -470,6 +479,7 @@ mod tests {
                 group: String::new(),
                 created: 1,
                 reply: Some("_INBOX.x".into()),
+                asked: 0,
             },
         }
     }
