@@ -58,6 +58,10 @@ pub struct Meta {
         std::sync::Mutex<std::collections::HashMap<(String, String), (u64, StreamAssignment)>>,
     /// Every server's `server_tags` as last seen (`server_tags`).
     tags: std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
+    /// Stream deletes this leader proposed that have not applied yet (one answered 10008
+    /// may still commit), with their term: a create meanwhile takes the stream as gone,
+    /// as the reference does, and places it anew (never in the old group).
+    deleting: std::sync::Mutex<std::collections::HashMap<(String, String), u64>>,
 }
 
 impl Meta {
@@ -87,6 +91,7 @@ impl Meta {
             started_at: crate::time::now_nanos(),
             inflight: std::sync::Mutex::new(std::collections::HashMap::new()),
             tags: std::sync::Mutex::new(std::collections::HashMap::new()),
+            deleting: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
         server.spawn(tend(meta.clone(), Arc::downgrade(server)));
         server.spawn(follow(meta.clone(), Arc::downgrade(server), applied));
@@ -1094,6 +1099,11 @@ async fn create(
     let mut mine = state.streams.get(&account).cloned().unwrap_or_default();
     let term = meta.raft().metrics().borrow().current_term;
     let inflight = meta.inflight_of(&account, term);
+    {
+        let mut deleting = meta.deleting.lock().unwrap_or_else(|e| e.into_inner());
+        deleting.retain(|_, t| *t == term);
+        mine.retain(|n, _| !deleting.contains_key(&(account.clone(), n.clone())));
+    }
     let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     // Assigned already (the request reached this leader before the assignment reached the
     // server it was sent to, or came from a server with no replica), or proposed and not
@@ -1308,9 +1318,19 @@ async fn delete(
         account: js.account.name.clone(),
         name: name.to_string(),
     };
+    let key = (js.account.name.clone(), name.to_string());
+    let term = meta.raft().metrics().borrow().current_term;
+    meta.deleting
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key.clone(), term);
     meta.propose(&op)
         .await
         .map_err(|_| ErrorKind::ClusterUnavailable.err())?;
+    meta.deleting
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&key);
     Ok(Some(
         br#"{"type":"io.nats.jetstream.api.v1.stream_delete_response","success":true}"#.to_vec(),
     ))
@@ -1565,10 +1585,17 @@ pub async fn follow(
             if let MetaOp::AssignStream { account, name, .. }
             | MetaOp::RemoveStream { account, name } = op
             {
+                let key = (account.clone(), name.clone());
                 meta.inflight
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .remove(&(account.clone(), name.clone()));
+                    .remove(&key);
+                if matches!(op, MetaOp::RemoveStream { .. }) {
+                    meta.deleting
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&key);
+                }
             }
         }
         match f {

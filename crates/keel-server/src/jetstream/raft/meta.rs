@@ -112,6 +112,15 @@ impl MetaState {
                 if assignment.reply.is_some() && streams.contains_key(name) {
                     return Applied::Again;
                 }
+                // A create asked again whose stream was deleted meanwhile: not made again
+                // in the old group (a replica that missed the delete would rejoin it with
+                // its old log); its client's retry places it anew.
+                if assignment.asked != 0 {
+                    if streams.is_empty() {
+                        self.streams.remove(account);
+                    }
+                    return Applied::Unchanged;
+                }
                 streams.insert(name.clone(), assignment.clone());
                 Applied::Changed
             }
@@ -531,6 +540,23 @@ mod tests {
         };
         assert_eq!(state.apply(&remove), Applied::Changed);
         assert_eq!(state.apply(&remove), Applied::Unchanged);
+        // A create asked again (`asked`) after the delete: not made in the old group.
+        let MetaOp::AssignStream {
+            account,
+            name,
+            mut assignment,
+        } = again
+        else {
+            unreachable!()
+        };
+        assignment.asked = 5;
+        let late = MetaOp::AssignStream {
+            account,
+            name,
+            assignment,
+        };
+        assert_eq!(state.apply(&late), Applied::Unchanged);
+        assert!(state.streams.is_empty());
         assert_eq!(state.apply(&assign("A")), Applied::Changed);
     }
 
