@@ -1416,7 +1416,15 @@ async fn stepdown_hands_leadership_to_the_preferred_server() {
     )
     .await;
     assert_eq!(r["success"], true, "{r}");
-    assert_eq!(consumer_leader(first).await, want);
+    let next = consumer_leader(first).await;
+    if common::is_reference() {
+        // nats-server hands it to the preferred server only if its Raft node heard from
+        // that one within the last three heartbeats, else to another healthy one (seen in
+        // about 1 run in 12).
+        assert!(names.contains(&next.as_str()), "{next}");
+    } else {
+        assert_eq!(next, want);
+    }
     for n in nodes {
         n.shutdown().await;
     }
