@@ -51,18 +51,18 @@ pub struct Meta {
     removing: std::sync::atomic::AtomicBool,
     /// When this process started the group (a removal older than that is a replay).
     started_at: i64,
-    /// Stream creates this leader proposed that have not applied yet, with the term they
-    /// were proposed in (a create asked again meanwhile reuses the assignment; one of an
-    /// older term may never commit, and the applied state guards against it anyway).
-    inflight:
-        std::sync::Mutex<std::collections::HashMap<(String, String), (u64, StreamAssignment)>>,
+    /// Stream creates (`Some`) and deletes (`None`) this leader proposed that have not been
+    /// followed here yet (one answered 10008 may still commit), by (account, stream), with
+    /// the term they were proposed in (one of an older term may never commit: a later
+    /// leader decides anew, and the applied state guards against it anyway). A create
+    /// asked again meanwhile reuses the assignment; a create after a delete places anew.
+    proposed: std::sync::Mutex<std::collections::HashMap<(String, String), Proposed>>,
     /// Every server's `server_tags` as last seen (`server_tags`).
     tags: std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
-    /// Stream deletes this leader proposed that have not applied yet (one answered 10008
-    /// may still commit), with their term: a create meanwhile takes the stream as gone,
-    /// as the reference does, and places it anew (never in the old group).
-    deleting: std::sync::Mutex<std::collections::HashMap<(String, String), u64>>,
 }
+
+/// A create (`Some`, its assignment) or delete (`None`) proposed, and its term.
+type Proposed = (u64, Option<StreamAssignment>);
 
 impl Meta {
     /// Starts the meta group on `server` with its log in `log_dir`.
@@ -89,9 +89,8 @@ impl Meta {
             leader_since: std::sync::Mutex::new((None, 0)),
             removing: std::sync::atomic::AtomicBool::new(false),
             started_at: crate::time::now_nanos(),
-            inflight: std::sync::Mutex::new(std::collections::HashMap::new()),
+            proposed: std::sync::Mutex::new(std::collections::HashMap::new()),
             tags: std::sync::Mutex::new(std::collections::HashMap::new()),
-            deleting: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
         server.spawn(tend(meta.clone(), Arc::downgrade(server)));
         server.spawn(follow(meta.clone(), Arc::downgrade(server), applied));
@@ -808,30 +807,34 @@ impl Meta {
     /// still a member, placed after the servers that are up.
     fn server_tags(&self) -> std::collections::HashMap<String, Vec<String>> {
         let mut known = self.tags.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(server) = self.host.server() else {
-            return known.clone();
-        };
-        let mut now = std::collections::HashMap::new();
-        now.insert(server.server_name.clone(), server.opts.server_tags.clone());
-        if let Some(cluster) = server.cluster.get() {
-            for r in cluster.routes() {
-                now.entry(r.remote_name())
-                    .or_insert_with(|| r.remote_tags());
+        if let Some(server) = self.host.server() {
+            known.insert(server.server_name.clone(), server.opts.server_tags.clone());
+            for r in server.cluster.get().map(|c| c.routes()).unwrap_or_default() {
+                known.insert(r.remote_name(), r.remote_tags());
             }
         }
-        known.extend(now);
         known.clone()
     }
 
-    /// `account`'s creates proposed in `term` and not applied yet (others are dropped: a
-    /// leader of a later term decides anew).
-    fn inflight_of(&self, account: &str, term: u64) -> BTreeMap<String, StreamAssignment> {
-        let mut g = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+    /// `account`'s creates and deletes proposed in `term` and not followed yet (see
+    /// `proposed`; those of other terms are dropped).
+    fn proposed_of(&self, account: &str, term: u64) -> BTreeMap<String, Option<StreamAssignment>> {
+        let mut g = self.proposed.lock().unwrap_or_else(|e| e.into_inner());
         g.retain(|_, (t, _)| *t == term);
         g.iter()
             .filter(|((a, _), _)| a == account)
             .map(|((_, n), (_, s))| (n.clone(), s.clone()))
             .collect()
+    }
+
+    /// Notes a create (`Some`) or delete (`None`) of `account`'s stream `name` proposed in
+    /// the current term (see `proposed`).
+    fn note_proposed(&self, account: &str, name: &str, create: Option<StreamAssignment>) {
+        let term = self.raft().metrics().borrow().current_term;
+        self.proposed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((account.to_string(), name.to_string()), (term, create));
     }
 
     /// The assignment of `account`'s stream `name`.
@@ -1095,14 +1098,16 @@ async fn create(
     use super::api::ErrorKind;
     let cfg = super::api::streams::parse_config(js, name, body)?;
     let state = meta.machine.state();
-    let account = js.account.name.clone();
-    let mut mine = state.streams.get(&account).cloned().unwrap_or_default();
+    let account = &js.account.name;
+    let mut mine = state.streams.get(account).cloned().unwrap_or_default();
     let term = meta.raft().metrics().borrow().current_term;
-    let inflight = meta.inflight_of(&account, term);
-    {
-        let mut deleting = meta.deleting.lock().unwrap_or_else(|e| e.into_inner());
-        deleting.retain(|_, t| *t == term);
-        mine.retain(|n, _| !deleting.contains_key(&(account.clone(), n.clone())));
+    let mut inflight = BTreeMap::new();
+    for (n, create) in meta.proposed_of(account, term) {
+        // A stream being deleted counts as gone.
+        mine.remove(&n);
+        if let Some(a) = create {
+            inflight.insert(n, a);
+        }
     }
     let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     // Assigned already (the request reached this leader before the assignment reached the
@@ -1159,20 +1164,8 @@ async fn create(
         reply: Some(String::from_utf8_lossy(reply).into_owned()),
         asked: 0,
     };
-    let key = (account, name.to_string());
-    meta.inflight
-        .lock()
-        .unwrap()
-        .insert(key.clone(), (term, assignment.clone()));
-    let r = assign(js, meta, name, assignment).await;
-    if r.is_ok() {
-        // Applied here: the state has it now.
-        meta.inflight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&key);
-    }
-    r
+    meta.note_proposed(account, name, Some(assignment.clone()));
+    assign(js, meta, name, assignment).await
 }
 
 /// Proposes `account`'s stream `name` placed as `assignment` (a create, or a change of its
@@ -1318,19 +1311,10 @@ async fn delete(
         account: js.account.name.clone(),
         name: name.to_string(),
     };
-    let key = (js.account.name.clone(), name.to_string());
-    let term = meta.raft().metrics().borrow().current_term;
-    meta.deleting
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key.clone(), term);
+    meta.note_proposed(&js.account.name, name, None);
     meta.propose(&op)
         .await
         .map_err(|_| ErrorKind::ClusterUnavailable.err())?;
-    meta.deleting
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&key);
     Ok(Some(
         br#"{"type":"io.nats.jetstream.api.v1.stream_delete_response","success":true}"#.to_vec(),
     ))
@@ -1581,22 +1565,16 @@ pub async fn follow(
         let Some(jss) = server.jetstream.get().cloned() else {
             return;
         };
-        if let Follow::Op(op) | Follow::Again(op) = &f {
-            if let MetaOp::AssignStream { account, name, .. }
-            | MetaOp::RemoveStream { account, name } = op
-            {
-                let key = (account.clone(), name.clone());
-                meta.inflight
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&key);
-                if matches!(op, MetaOp::RemoveStream { .. }) {
-                    meta.deleting
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&key);
-                }
-            }
+        if let Follow::Op(
+            MetaOp::AssignStream { account, name, .. } | MetaOp::RemoveStream { account, name },
+        )
+        | Follow::Again(MetaOp::AssignStream { account, name, .. }) = &f
+        {
+            // Applied: the state has it now.
+            meta.proposed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&(account.clone(), name.clone()));
         }
         match f {
             Follow::Op(op) => follow_op(&meta, &server, &jss, op).await,
@@ -1731,15 +1709,8 @@ async fn follow_again(
             };
             let body = serde_json::to_vec(&assignment.config).unwrap_or_default();
             // Only read: the stream may be deleted meanwhile, and is not made again here.
-            let r = super::api::streams::parse_config(&js, &name, &body).and_then(|cfg| {
-                if !s.config().same_as(&cfg) {
-                    return Err(super::api::ErrorKind::StreamNameInUse.err());
-                }
-                Ok(super::api::types::StreamCreateResponse {
-                    info: super::api::streams::info(&s, true, Some(&*js), None, false),
-                    did_create: true,
-                })
-            });
+            let r = super::api::streams::parse_config(&js, &name, &body)
+                .and_then(|cfg| super::api::streams::created_already(&js, &s, &cfg));
             let mut router = crate::router::Router::new(js.account.clone(), 0x4153);
             answer_create(&js, &server, &mut router, &name, r, &reply);
             router.flush();

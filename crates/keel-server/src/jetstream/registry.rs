@@ -694,30 +694,19 @@ pub async fn delete_stream(
     }
     // Out of the way before the store removes a file: a removal cut short (a failing
     // disk, a crash) leaves a directory the next start removes, never a stream in part.
-    let mut retired = None;
-    s.destroy(|| retired = Some(js.meta.retire(&s.dir))).await;
+    let mut retired = Ok(None);
+    s.destroy(|| retired = js.meta.retire(&s.dir)).await;
     drop(tx);
-    let left = match retired {
-        Some(Ok(None)) => None,
-        Some(Ok(Some(gone))) => Some(gone),
-        Some(Err(e)) => {
-            crate::error!(
-                server.log,
-                "Stream {name}: could not move {} aside before removing it: {e}",
-                s.dir.display()
-            );
-            Some(s.dir.clone())
-        }
-        None => Some(s.dir.clone()),
-    };
-    if let Some(dir) = left {
-        if let Err(e) = js.meta.remove_dir_all(&dir) {
-            crate::error!(
-                server.log,
-                "Stream {name}: could not remove {}: {e}",
-                dir.display()
-            );
-        }
+    let left = retired.unwrap_or_else(|e| {
+        crate::error!(
+            server.log,
+            "Stream {name}: could not move {} aside before removing it: {e}",
+            s.dir.display()
+        );
+        Some(s.dir.clone())
+    });
+    if let Err(e) = left.map_or(Ok(()), |dir| js.meta.remove_dir_all(&dir)) {
+        crate::error!(server.log, "Stream {name}: could not remove its files: {e}");
     }
     Ok(())
 }

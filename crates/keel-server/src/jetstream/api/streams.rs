@@ -269,19 +269,7 @@ pub async fn create(
     }
     sourcing::check_with_streams(js, &mut cfg)?;
     if let Some(existing) = js.stream(name) {
-        if !existing.config().same_as(&cfg) {
-            return Err(ErrorKind::StreamNameInUse.err());
-        }
-        return Ok(StreamCreateResponse {
-            info: info(
-                &existing,
-                true,
-                js.clustered().then_some(&**js),
-                None,
-                false,
-            ),
-            did_create: true,
-        });
+        return created_already(js, &existing, &cfg);
     }
     sourcing::check_filters(&cfg)?;
     check_overlap(js, &cfg)?;
@@ -298,6 +286,22 @@ pub async fn create(
     };
     s.start_sources();
     Ok(created)
+}
+
+/// A create asking for `cfg` of a stream that exists: answered with the stream as it is,
+/// or 10058 if its config differs.
+pub fn created_already(
+    js: &JetStream,
+    existing: &Stream,
+    cfg: &StreamConfig,
+) -> Result<StreamCreateResponse, ApiError> {
+    if !existing.config().same_as(cfg) {
+        return Err(ErrorKind::StreamNameInUse.err());
+    }
+    Ok(StreamCreateResponse {
+        info: info(existing, true, js.clustered().then_some(js), None, false),
+        did_create: true,
+    })
 }
 
 pub async fn update(

@@ -91,13 +91,6 @@ pub enum Applied {
 impl MetaState {
     /// Deterministic: the same ops in the same order give the same state.
     pub fn apply(&mut self, op: &MetaOp) -> Applied {
-        let changed = |c: bool| {
-            if c {
-                Applied::Changed
-            } else {
-                Applied::Unchanged
-            }
-        };
         match op {
             MetaOp::AssignStream {
                 account,
@@ -133,7 +126,11 @@ impl MetaState {
                 if self.streams.get(account).is_some_and(|m| m.is_empty()) {
                     self.streams.remove(account);
                 }
-                changed(removed)
+                if removed {
+                    Applied::Changed
+                } else {
+                    Applied::Unchanged
+                }
             }
             MetaOp::RemoveServer { name, at } => {
                 self.removed.insert(name.clone(), *at);
