@@ -146,6 +146,11 @@ pub trait SubHook: Send + Sync {
     /// Interest this server keeps for as long as it runs without a subscription (the
     /// replies of the service imports it routed).
     fn announce(&self, _subject: &Bytes) {}
+    /// `sub` (in the index) stops counting as interest to the peers, though it still gets
+    /// what reaches this server; its removal then tells them nothing more.
+    fn withdraw(&self, _sub: &Arc<Sub>) {}
+    /// Undoes `withdraw` for `sub` (still in the index).
+    fn restore(&self, _sub: &Arc<Sub>) {}
 }
 
 impl Node {
@@ -286,6 +291,21 @@ impl Sublist {
     pub fn announce(&self, subject: &Bytes) {
         if let Some(h) = self.hook.get() {
             h.announce(subject);
+        }
+    }
+
+    /// Tells the hook that `sub`, which stays in the index, is no interest of the peers any
+    /// more (see [`SubHook::withdraw`]). The caller keeps `sub` from being removed meanwhile.
+    pub fn withdraw_from_peers(&self, sub: &Arc<Sub>) {
+        if let Some(h) = self.hook.get() {
+            h.withdraw(sub);
+        }
+    }
+
+    /// Undoes [`Sublist::withdraw_from_peers`].
+    pub fn restore_to_peers(&self, sub: &Arc<Sub>) {
+        if let Some(h) = self.hook.get() {
+            h.restore(sub);
         }
     }
 

@@ -1114,6 +1114,73 @@ async fn a_stopping_stream_leader_answers_the_publishes_it_took() {
     }
 }
 
+/// The same with a window of publishes in flight through another server when the stream's
+/// leader is stopped (SIGTERM): each is answered, stored or refused at once, none left to
+/// the client's timeout. (Those on their way over a route as the leader stopped leading
+/// found its subjects unsubscribed and got no answer, before the routes were told first.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_stream_leader_answers_every_publish_in_flight() {
+    use futures::StreamExt;
+    const WINDOW: usize = 64;
+    let names = ["W1", "W2", "W3"];
+    let (mut nodes, _) = mesh_started(&names, None, |_| String::new(), Start::Processes).await;
+    let (_, _, leader) = r3_stream(&nodes, "WIN", "win.>").await;
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    let si = (li + 1) % names.len();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publishing = {
+        use async_nats::jetstream::context::PublishErrorKind;
+        let stop = stop.clone();
+        let mut js = async_nats::jetstream::new(connect(&nodes[si], "app").await);
+        js.set_timeout(Duration::from_secs(3));
+        tokio::spawn(async move {
+            let (mut acked, mut refused, mut timed_out) = (0u64, 0u64, 0u64);
+            let mut window = futures::stream::FuturesUnordered::new();
+            loop {
+                while window.len() < WINDOW && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match js.publish("win.x", "m".into()).await {
+                        Ok(ack) => window.push(std::future::IntoFuture::into_future(ack)),
+                        Err(_) => refused += 1,
+                    }
+                }
+                match window.next().await {
+                    None => break,
+                    Some(Ok(_)) => acked += 1,
+                    Some(Err(e)) if e.kind() == PublishErrorKind::TimedOut => timed_out += 1,
+                    Some(Err(_)) => refused += 1,
+                }
+            }
+            (acked, refused, timed_out)
+        })
+    };
+    let c = connect(&nodes[si], "app").await;
+    let count = |c: async_nats::Client| async move {
+        api_answered(&c, "$JS.API.STREAM.INFO.WIN", "").await["state"]["messages"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    eventually("publishes before the stop", || async {
+        (count(c.clone()).await > 1000).then_some(())
+    })
+    .await;
+    let stopping_log = nodes.remove(li).terminate().await;
+    let after = count(c.clone()).await;
+    eventually("publishes after the stop", || async {
+        (count(c.clone()).await > after + 1000).then_some(())
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (acked, refused, timed_out) = publishing.await.unwrap();
+    assert!(acked > 2000, "{acked}");
+    if !common::is_reference() {
+        assert_eq!(
+            timed_out, 0,
+            "{timed_out} publishes left unanswered ({acked} stored, {refused} refused); \
+             the stopped leader's log:\n{stopping_log}"
+        );
+    }
+}
+
 /// `/jsz`'s `leader-only` and `stream-leader-only`, and the `cluster` of its streams, in a
 /// cluster: only the meta leader answers `leader-only` (400 elsewhere; over
 /// `$SYS.REQ.SERVER.PING.JSZ` the others stay silent), a stream is listed only where it

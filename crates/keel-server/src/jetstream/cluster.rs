@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use super::raft::log::LogStore;
 use super::raft::meta::{Follow, MetaMachine, MetaOp, MetaState, StreamAssignment};
 use super::raft::{self, node_id, peer_hash, Cmd, NodeId, Peer, Raft, RaftHost};
+use super::Stream;
 use crate::server::Server;
 use crate::{info, warn};
 
@@ -231,6 +232,7 @@ impl Meta {
                             META_GROUP.to_string(),
                             target,
                             server.clone(),
+                            None,
                         );
                         json!({"type": kind, "success": true})
                     }
@@ -1912,7 +1914,14 @@ pub fn leader_stepdown(
             None => None,
         };
         let group = r.group_name().unwrap_or_default().to_string();
-        spawn_stepdown(r.host(), raft, group, target, server.clone());
+        spawn_stepdown(
+            r.host(),
+            raft,
+            group,
+            target,
+            server.clone(),
+            Some(s.clone()),
+        );
     }
     Ok(json!({"type": kind, "success": true}))
 }
@@ -1934,11 +1943,13 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
     let Some(meta) = js.meta.get().cloned() else {
         return 0;
     };
+    // Each group this server may lead, with its stream if it leads a stream's.
     let mut groups = vec![(
         meta.host.clone(),
         meta.raft(),
         META_GROUP.to_string(),
         "the meta group".to_string(),
+        None,
     )];
     let mut consumers = Vec::new();
     let mut led = Vec::new();
@@ -1946,7 +1957,8 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
         let Some(r) = s.replica.get() else { continue };
         if let (Some(raft), Some(host), Some(group)) = (r.raft.get(), r.host(), r.group_name()) {
             let what = format!("stream '{} > {}'", s.account().name, s.name);
-            groups.push((host, raft.clone(), group.to_string(), what));
+            let leads = s.leads().then(|| s.clone());
+            groups.push((host, raft.clone(), group.to_string(), what, leads));
             if s.leads() {
                 consumers.extend(js.registry.consumers(&s.account().name, &s.name));
                 led.push(s.clone());
@@ -1965,12 +1977,23 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
         // server stand again.
         meta.host.retire();
     }
+    let groups: Vec<_> = groups
+        .into_iter()
+        .filter_map(|(host, raft, group, what, stream)| {
+            let target = current_voter(server, &host, &raft)?;
+            Some((host, raft, group, what, stream, target))
+        })
+        .collect();
+    // A publish a peer sent to this server as its stream stops leading would find the
+    // subjects unsubscribed and go unanswered (the client waits out its timeout). So the
+    // peers are told first that this server takes them no more, and a round trip on each
+    // route makes sure they read it and that what they sent before has arrived: this
+    // server still leads then, and answers it. Until the new leader subscribes, a peer's
+    // publisher hears at once that nobody answers (a 503), as in an election.
+    let handing: Vec<_> = groups.iter().filter_map(|g| g.4.clone()).collect();
+    withdraw_from_routes(server, &handing).await;
     let mut transfers = tokio::task::JoinSet::new();
-    for (host, raft, group, what) in &groups {
-        let Some(target) = current_voter(server, host, raft) else {
-            continue;
-        };
-        let (host, raft, group, what) = (host.clone(), raft.clone(), group.clone(), what.clone());
+    for (host, raft, group, what, stream, target) in groups {
         let log = server.log.clone();
         transfers.spawn(async move {
             match raft::transfer(&host, &raft, &group, &target).await {
@@ -1979,11 +2002,11 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
                         log,
                         "JetStream {what}: leadership handed to {}", target.name
                     );
-                    true
+                    (true, stream)
                 }
                 Err(e) => {
                     warn!(log, "JetStream {what}: leadership not handed over: {e}");
-                    false
+                    (false, stream)
                 }
             }
         });
@@ -1991,12 +2014,23 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
     // A transfer that cannot finish (its target stalled) must not hold the stop up: the
     // rest is left to an election (the voters it held wait out the hold, at most 12 s).
     let mut handed = 0;
-    let _ = tokio::time::timeout(HAND_OFF_LIMIT, async {
+    let finished = tokio::time::timeout(HAND_OFF_LIMIT, async {
         while let Some(r) = transfers.join_next().await {
-            handed += usize::from(r.unwrap_or(false));
+            let (ok, stream) = r.unwrap_or((false, None));
+            handed += usize::from(ok);
+            // Still the leader: its peers send it publishes again.
+            if let Some(s) = stream.filter(|s| !ok && s.leads()) {
+                s.restore_to_peers();
+            }
         }
     })
     .await;
+    if finished.is_err() {
+        // The transfers left are dropped (aborted).
+        for s in handing.iter().filter(|s| s.leads()) {
+            s.restore_to_peers();
+        }
+    }
     // Publishes the old leaders took meanwhile (they waited for the transfer) are answered
     // while the routes are up: an error the client retries at once at the new leader,
     // rather than no answer at all and the client's timeout. Once the stream follows (its
@@ -2013,6 +2047,21 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
     }
     let _ = tokio::time::timeout(Duration::from_secs(2), drains.join_all()).await;
     handed
+}
+
+/// Before this server's streams' leaders hand over: the peers are told that it takes the
+/// streams' subjects no more, and a round trip on each route makes sure they read that and
+/// that what they sent before has arrived (see `hand_off_leadership`).
+async fn withdraw_from_routes(server: &Server, streams: &[Arc<Stream>]) {
+    if streams.is_empty() {
+        return;
+    }
+    for s in streams {
+        s.withdraw_from_peers();
+    }
+    if let Some(c) = server.cluster.get() {
+        let _ = tokio::time::timeout(Duration::from_secs(1), c.round_trip_all()).await;
+    }
 }
 
 /// The voter of a group this server leads with the most of its log, if one was heard from
@@ -2054,12 +2103,15 @@ fn spawn_stepdown(
     group: String,
     target: Option<Peer>,
     server: Arc<Server>,
+    stream: Option<Arc<Stream>>,
 ) {
     let log = server.log.clone();
     tokio::spawn(async move {
         let named = target.is_some();
         let target =
             target.or_else(|| host.as_ref().and_then(|h| current_voter(&server, h, &raft)));
+        let stream = stream.filter(|s| s.leads() && host.is_some());
+        withdraw_from_routes(&server, stream.as_slice()).await;
         let r = match (target, host) {
             (Some(t), Some(host)) => match raft::transfer(&host, &raft, &group, &t).await {
                 Err(e) if !named => {
@@ -2081,6 +2133,10 @@ fn spawn_stepdown(
         };
         if let Err(e) = r {
             warn!(log, "JetStream {group} leader stepdown: {}", e);
+        }
+        // Still the leader: its peers send it publishes again.
+        if let Some(s) = stream.filter(|_| raft::leads(&raft.metrics().borrow())) {
+            s.restore_to_peers();
         }
     });
 }

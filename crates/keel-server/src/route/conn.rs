@@ -107,6 +107,9 @@ pub struct Route {
     /// interest) to its subscription in the account's sublist.
     subs: Mutex<HashMap<Bytes, RemoteSub>>,
     why: OnceLock<RouteClose>,
+    /// The PINGs sent and not answered yet, oldest first (the peer answers each with a
+    /// PONG, in order): with a waiter for those `round_trip` sent.
+    pings: Mutex<std::collections::VecDeque<Option<tokio::sync::oneshot::Sender<()>>>>,
 }
 
 struct RemoteSub {
@@ -161,7 +164,36 @@ impl Route {
             meta: Mutex::new(meta),
             subs: Mutex::new(HashMap::new()),
             why: OnceLock::new(),
+            pings: Mutex::new(std::collections::VecDeque::new()),
         }
+    }
+
+    /// Sends a PING, whose PONG wakes `waiter` if any.
+    fn ping(&self, waiter: Option<tokio::sync::oneshot::Sender<()>>) {
+        // Queued and sent under one lock: the queue's order is the wire's.
+        let mut pings = self.pings.lock().unwrap_or_else(|e| e.into_inner());
+        pings.push_back(waiter);
+        self.send(encode::PING);
+    }
+
+    fn ponged(&self) {
+        let next = self
+            .pings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front();
+        if let Some(Some(waiter)) = next {
+            let _ = waiter.send(());
+        }
+    }
+
+    /// Resolves once the peer has read everything sent to it so far and everything it sent
+    /// before that has been read here (a PING's PONG: each side reads and writes a route
+    /// in order). False if the route closed first.
+    pub async fn round_trip(&self) -> bool {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.ping(Some(tx));
+        rx.await.is_ok()
     }
 
     fn meta(&self) -> std::sync::MutexGuard<'_, Meta> {
@@ -596,7 +628,7 @@ impl Conn {
                     }
                     self.pings_out += 1;
                     self.ping_sent = Some(Instant::now());
-                    self.route.send(encode::PING);
+                    self.route.ping(None);
                     next_ping = Some(Instant::now() + self.ping_interval);
                 }
                 _ = until_true(&mut closed) => {
@@ -679,6 +711,7 @@ impl Conn {
                 }
                 RouteOp::Ping => self.route.send(encode::PONG),
                 RouteOp::Pong => {
+                    self.route.ponged();
                     self.pings_out = 0;
                     if let Some(sent) = self.ping_sent.take() {
                         // Whole microseconds, as the reference reports a route's RTT.
@@ -1031,5 +1064,33 @@ fn trace_in(h: &ClientHandle, op: &RouteOp) {
     );
     if let RouteOp::Msg(m) = op {
         h.trace_payload("<<-", &m.data);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Opts;
+    use crate::log::Log;
+
+    /// A round trip ends at the PONG that answers its own PING, not at those of the PINGs
+    /// sent before it (the peer answers each, in order).
+    #[tokio::test]
+    async fn a_round_trip_ends_at_its_own_pong() {
+        let server = Server::new(Opts::default(), Log::capture(Default::default()));
+        let peer = ClientHandle::for_route(&server, 100, 1 << 20, Arc::new(AtomicU64::new(0)));
+        let route = Route::new(100, peer.clone(), None, &Origin::Accepted);
+        route.ping(None);
+        let mut trip = std::pin::pin!(route.round_trip());
+        assert!(futures::poll!(trip.as_mut()).is_pending());
+        assert_eq!(peer.take_outbound(), "PING\r\nPING\r\n");
+        route.ponged();
+        assert!(
+            futures::poll!(trip.as_mut()).is_pending(),
+            "the keepalive's PONG"
+        );
+        route.ponged();
+        assert_eq!(futures::poll!(trip.as_mut()), std::task::Poll::Ready(true));
+        route.ponged(); // One nobody asked for changes nothing.
     }
 }

@@ -55,6 +55,9 @@ struct State {
     /// The interest each local subscription made in exporters' accounts (by the
     /// subscription's address), to take back when it goes.
     shadows: HashMap<usize, Vec<(Arc<AccountInterest>, Key)>>,
+    /// Local subscriptions not counted (withdrawn) though still in the index, by address:
+    /// their removal is not counted down again.
+    withdrawn: std::collections::HashSet<usize>,
 }
 
 impl AccountInterest {
@@ -105,17 +108,23 @@ impl AccountInterest {
     }
 
     fn count_up(&self, key: &Key) {
-        let mut st = self.lock();
+        self.count_up_locked(&mut self.lock(), key);
+    }
+
+    fn count_up_locked(&self, st: &mut State, key: &Key) {
         let n = st.counts.entry(key.clone()).or_insert(0);
         *n += 1;
         let n = *n;
         if key.1.is_some() || n == 1 {
-            self.tell(&st, &key.0, key.1.as_deref(), n);
+            self.tell(st, &key.0, key.1.as_deref(), n);
         }
     }
 
     fn count_down(&self, key: &Key) {
-        let mut st = self.lock();
+        self.count_down_locked(&mut self.lock(), key);
+    }
+
+    fn count_down_locked(&self, st: &mut State, key: &Key) {
         let Some(n) = st.counts.get_mut(key) else {
             return;
         };
@@ -125,7 +134,7 @@ impl AccountInterest {
             st.counts.remove(key);
         }
         if key.1.is_some() || n == 0 {
-            self.tell(&st, &key.0, key.1.as_deref(), n);
+            self.tell(st, &key.0, key.1.as_deref(), n);
         }
     }
 
@@ -210,10 +219,37 @@ impl SubHook for AccountInterest {
         if !super::serves_peers(sub) {
             return;
         }
-        let shadows = self.lock().shadows.remove(&(Arc::as_ptr(sub) as usize));
-        self.count_down(&(sub.subject.clone(), sub.queue.clone()));
+        let at = Arc::as_ptr(sub) as usize;
+        let shadows = {
+            let mut st = self.lock();
+            if !st.withdrawn.remove(&at) {
+                self.count_down_locked(&mut st, &(sub.subject.clone(), sub.queue.clone()));
+            }
+            st.shadows.remove(&at)
+        };
         for (exporter, key) in shadows.iter().flatten() {
             exporter.count_down(key);
+        }
+    }
+
+    // (An import's shadow interest stays: it is another account's.)
+    fn withdraw(&self, sub: &Arc<Sub>) {
+        if !super::serves_peers(sub) {
+            return;
+        }
+        let mut st = self.lock();
+        if st.withdrawn.insert(Arc::as_ptr(sub) as usize) {
+            self.count_down_locked(&mut st, &(sub.subject.clone(), sub.queue.clone()));
+        }
+    }
+
+    fn restore(&self, sub: &Arc<Sub>) {
+        if !super::serves_peers(sub) {
+            return;
+        }
+        let mut st = self.lock();
+        if st.withdrawn.remove(&(Arc::as_ptr(sub) as usize)) {
+            self.count_up_locked(&mut st, &(sub.subject.clone(), sub.queue.clone()));
         }
     }
 }
@@ -327,6 +363,52 @@ mod tests {
         }
         assert_eq!(peer.take_outbound(), "RS- $G foo\r\nRS- $G w g\r\n");
         assert_eq!(peer2.take_outbound(), "RS+ $G w g 1\r\n", "detached before");
+    }
+
+    /// A withdrawn subscription is no interest of the peers while it stays in the index:
+    /// its removal then tells them nothing; restored, it counts again; another local
+    /// subscriber on the subject keeps the interest up.
+    #[test]
+    fn a_withdrawn_subscription_is_not_told_twice() {
+        let server = Server::new(Opts::default(), Log::capture(Default::default()));
+        let acc = server.accounts.global().clone();
+        let hook = AccountInterest::new(acc.name.clone());
+        assert!(acc.sublist.set_hook(hook.clone()));
+        let peer = ClientHandle::for_route(&server, 100, 1 << 20, Arc::new(AtomicU64::new(0)));
+        let route = Arc::new(Route::new(100, peer.clone(), None, &Origin::Accepted));
+        hook.attach(&route);
+        let client = ClientHandle::detached(1);
+        let (a, b) = (
+            sub(&client, "orders.>", None),
+            sub(&client, "orders.>", None),
+        );
+        acc.sublist.insert(a.clone());
+        assert_eq!(peer.take_outbound(), "RS+ $G orders.>\r\n");
+        acc.sublist.withdraw_from_peers(&a);
+        acc.sublist.withdraw_from_peers(&a);
+        assert_eq!(peer.take_outbound(), "RS- $G orders.>\r\n", "once");
+        assert_eq!(
+            acc.sublist.matches(b"orders.1").psubs.len(),
+            1,
+            "still local"
+        );
+        acc.sublist.restore_to_peers(&a);
+        acc.sublist.restore_to_peers(&a);
+        assert_eq!(peer.take_outbound(), "RS+ $G orders.>\r\n", "once");
+        acc.sublist.withdraw_from_peers(&a);
+        assert_eq!(peer.take_outbound(), "RS- $G orders.>\r\n");
+        acc.sublist.remove(&a);
+        assert_eq!(peer.take_outbound(), "", "told already");
+        // Withdrawn beside another subscriber: the interest stays, and goes with the other.
+        acc.sublist.insert(a.clone());
+        acc.sublist.insert(b.clone());
+        assert_eq!(peer.take_outbound(), "RS+ $G orders.>\r\n");
+        acc.sublist.withdraw_from_peers(&a);
+        assert_eq!(peer.take_outbound(), "");
+        acc.sublist.remove(&b);
+        assert_eq!(peer.take_outbound(), "RS- $G orders.>\r\n");
+        acc.sublist.remove(&a);
+        assert_eq!(peer.take_outbound(), "");
     }
 
     /// What a subscription in an importer asks of the exporter (the reference's shadow

@@ -235,6 +235,16 @@ impl Cluster {
         v
     }
 
+    /// Resolves once every registered route has made a round trip (`Route::round_trip`):
+    /// what this server told them is read, and what they sent before is read here.
+    pub async fn round_trip_all(&self) {
+        let mut trips = tokio::task::JoinSet::new();
+        for r in self.routes() {
+            trips.spawn(async move { r.round_trip().await });
+        }
+        trips.join_all().await;
+    }
+
     /// Whether the peer named `name` said it is in lame duck mode (it must not be made a
     /// leader: it stands for no election and stops soon).
     pub fn peer_in_lame_duck(&self, name: &str) -> bool {

@@ -414,6 +414,23 @@ impl Stream {
         }
     }
 
+    /// Its subjects stop being interest the routes are told of, while this server still
+    /// takes what reaches it on them (a leader about to hand over: see
+    /// `cluster::hand_off_leadership`). Undone by `restore_to_peers` or a new `subscribe`.
+    pub fn withdraw_from_peers(&self) {
+        let subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        for s in subs.iter() {
+            self.account().sublist.withdraw_from_peers(s);
+        }
+    }
+
+    pub fn restore_to_peers(&self) {
+        let subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        for s in subs.iter() {
+            self.account().sublist.restore_to_peers(s);
+        }
+    }
+
     /// Whether the stream (and so its consumers) serves the whole cluster.
     pub fn cluster_wide(&self) -> bool {
         self.handle
