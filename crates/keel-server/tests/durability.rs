@@ -497,6 +497,77 @@ async fn missing_and_cut_segments_are_reported() {
     }
 }
 
+/// Every segment file of a stream removed while the server was down (from outside): the
+/// stream comes back empty with an ERR saying so, and the next PubAck's sequence is past
+/// every one acknowledged before, after a clean stop and after a kill alike; the stream
+/// then goes on from there across restarts. (Before, it handed out sequence 1 again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_segment_files_gone_never_reuse_a_sequence() {
+    if common::is_reference() {
+        return;
+    }
+    for clean in [true, false] {
+        let mut server = Server::start_jetstream();
+        let client = server.client().await;
+        let js = jetstream::new(client.clone());
+        js.create_stream(jetstream::stream::Config {
+            name: "VANISH".into(),
+            subjects: vec!["vanish".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let seqs = publish_many(&js, "vanish", 10, 100).await;
+        assert_eq!(seqs.last(), Some(&10));
+        drop(client);
+        if clean {
+            server.stop();
+        } else {
+            server.kill_hard();
+        }
+        let (dir, segs) = segments(&server, "VANISH");
+        assert!(!segs.is_empty());
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|e| e == "seg" || e == "idx") {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+        server.restart();
+        let client = server.client().await;
+        let js = jetstream::new(client.clone());
+        let info = stream_info(&client, "VANISH").await;
+        assert_eq!(info["state"]["messages"], 0, "clean {clean}: {info}");
+        let after = within(
+            "publish ack",
+            js.publish("vanish", "after".into()).await.unwrap(),
+        )
+        .await
+        .unwrap()
+        .sequence;
+        assert!(
+            after > 10,
+            "clean {clean}: sequence {after} handed out again"
+        );
+        let log = server.full_log();
+        assert!(
+            log.contains("[ERR] Stream VANISH: its newest segment files are missing"),
+            "clean {clean}: {log}"
+        );
+        drop((js, client));
+        server.stop();
+        server.restart();
+        let client = server.client().await;
+        let info = stream_info(&client, "VANISH").await;
+        let st = &info["state"];
+        assert_eq!(
+            (&st["messages"], &st["first_seq"], &st["last_seq"]),
+            (&1.into(), &after.into(), &after.into()),
+            "clean {clean}: {info}"
+        );
+    }
+}
+
 /// Issue 9 item 3, clean restart (index present): a flipped bit and a zeroed 4 KB range
 /// are found when read, logged with the sequence, counted out, reported in state.lost,
 /// copied aside, and skipped by consumers.

@@ -21,6 +21,13 @@
 //!   surviving segments, and a ledger record naming the deleted segment's sequence range as
 //!   gone. So every sequence between the marker and last_seq is accounted for on disk (a
 //!   message, a tombstone, the ledger); recovery reports any that is not as lost.
+//! - The heads prove the highest sequence only while the segments are there. A small
+//!   file beside them (`reserve`) promises that no sequence above a reserved one was
+//!   handed out and names the newest durable segment; a sync writes it again when it hands
+//!   out sequences past the reserve or a newer segment became durable. If the named
+//!   segment and every newer one are missing, recovery reports it and takes every
+//!   sequence up to the reserve as gone, so none is handed out twice. (Not for a replica's
+//!   store: its sequences come from its group's log.)
 //! - Erase writes a tombstone and syncs before overwriting the record in place, so a torn
 //!   overwrite reads as a removed message at recovery, never as a lost one; the first
 //!   erase after opening from a saved index also retires that index, since the index would
@@ -42,6 +49,7 @@ use crate::index::{Core, Meta, Sel, Table};
 use crate::io::{Fs, FsFile};
 use crate::ranges::{to_ranges, Ranges};
 use crate::record::{self, Head, HeadParse, Kind, Ledger, Parse, HDR, HEADS_LEN, HEAD_LEN};
+use crate::reserve::{self, Reservation, RESERVE_AHEAD, RESERVE_FILE, RESERVE_ID};
 use crate::segtable::{
     acct, idx_name, read_summary, seg_name, FileTable, Loc, Other, Seg, Summary, HDR_FLAG,
 };
@@ -143,6 +151,11 @@ pub struct RecoveryReport {
     /// Set when the index or a segment head proved a higher last sequence than the
     /// records found: the records' own last sequence (the tail holding the rest is gone).
     pub records_last_seq: Option<u64>,
+    /// The newest segment files were missing (the sequence reservation names a segment
+    /// newer than any there): the sequences after what the rest proves, up to the
+    /// reservation, may have held messages. They are recorded as gone and never handed out
+    /// again (inclusive range).
+    pub segments_missing: Option<(u64, u64)>,
 }
 
 /// A record found damaged when read (the index said it was there).
@@ -213,6 +226,13 @@ pub struct FileStore {
     applied_written: Option<Vec<u8>>,
     applied_done: Option<Vec<u8>>,
     observer: Option<Observer>,
+    /// The sequence reservation (see `reserve`): the record the last completed sync left
+    /// durable, the slot to write next, and the file, held open between syncs. A replica's
+    /// store keeps none (`keeps_reserve`).
+    reserve: Option<Reservation>,
+    reserve_slot: u8,
+    reserve_file: Option<Box<dyn FsFile>>,
+    keeps_reserve: bool,
     /// Bumped whenever bytes already in a segment file may change or a segment id may name
     /// a new file (erase in place, compaction, rollback, a new segment): read-ahead blocks
     /// taken before are stale.
@@ -299,6 +319,8 @@ struct SyncPlan {
     dir: bool,
     /// The marker its applied record carries.
     applied: Option<Vec<u8>>,
+    /// The sequence reservation it writes (`reserve`), durable once it completes.
+    reserve: Option<Reservation>,
 }
 
 impl FileStore {
@@ -330,7 +352,7 @@ impl FileStore {
         } else {
             None
         };
-        let (mut store, mut rep) = recover(fs, dir, cfg)?;
+        let (mut store, mut rep) = recover(fs, dir, cfg, applied.is_none())?;
         store.owner = Some(owner);
         if let Some(found) = applied {
             store.back_to_applied(found, &mut rep)?;
@@ -805,6 +827,52 @@ impl FileStore {
         Ok(Some(m))
     }
 
+    /// Writes the sequence reservation again (into the slot not holding the durable one)
+    /// when this sync hands out sequences past it, or a newer segment became durable; the
+    /// sync's fsyncs make it durable with the data. Returns what it wrote.
+    fn write_reserve(&mut self) -> io::Result<Option<Reservation>> {
+        if !self.keeps_reserve {
+            return Ok(None);
+        }
+        // The newest segment a completed sync made durable, directory entry included: one
+        // newer may still vanish with a crash, which must not read as a segment gone.
+        let named = self
+            .core
+            .get_mut()
+            .slots
+            .segs
+            .iter()
+            .rev()
+            .find(|s| s.done_len.is_some())
+            .map(|s| s.id);
+        let Some(named) = named else {
+            return Ok(None);
+        };
+        let last = self.core.get_mut().last_seq;
+        let upto = match self.reserve {
+            Some(r) if r.segment == named && last <= r.upto => return Ok(None),
+            Some(r) if last <= r.upto => r.upto,
+            _ => last + RESERVE_AHEAD,
+        };
+        let r = Reservation {
+            gen: self.reserve.map_or(1, |r| r.gen + 1),
+            upto,
+            segment: named,
+        };
+        if self.reserve_file.is_none() {
+            self.reserve_file = Some(self.fs.open(&self.path(RESERVE_FILE), true)?);
+            // Its directory entry, if new, must be durable with it.
+            if self.reserve.is_none() {
+                self.dir_dirty = true;
+            }
+        }
+        let at = self.reserve_slot as u64 * reserve::SLOT as u64;
+        if let Some(f) = self.reserve_file.as_mut() {
+            f.write_at(&reserve::encode(&r), at)?;
+        }
+        Ok(Some(r))
+    }
+
     fn do_sync(&mut self) -> io::Result<()> {
         let (plan, mut job) = self.sync_prepare()?;
         job.run();
@@ -922,11 +990,15 @@ impl FileStore {
                 }
             }
         }
+        let reserve = self.write_reserve()?;
         // The descriptors that wrote the data go with the job (its fsyncs must see their
         // write-back errors), so the fsyncs can run while readers use the store; a reader
         // that needs one of these segments meanwhile opens it again.
         let ids = std::mem::take(&mut self.dirty);
-        let mut files = Vec::with_capacity(ids.len());
+        let mut files = Vec::with_capacity(ids.len() + 1);
+        if reserve.is_some() {
+            files.extend(self.reserve_file.take().map(|f| (RESERVE_ID, f)));
+        }
         for &id in &ids {
             if self.seg_by_id(id).is_none() {
                 continue;
@@ -951,6 +1023,7 @@ impl FileStore {
             active,
             dir: dir.is_some(),
             applied,
+            reserve,
         };
         Ok((plan, SyncJob::new(files, dir)))
     }
@@ -959,13 +1032,19 @@ impl FileStore {
     fn sync_complete(&mut self, plan: SyncPlan, job: SyncJob) -> io::Result<()> {
         let (files, r) = job.finish();
         for (id, f) in files {
-            if self.seg_by_id(id).is_some() {
+            if id == RESERVE_ID {
+                self.reserve_file = Some(f);
+            } else if self.seg_by_id(id).is_some() {
                 self.files.get_mut().put(id, f);
             }
         }
         if let Err(e) = r {
             self.dirty.extend(plan.ids);
             return Err(e);
+        }
+        if let Some(r) = plan.reserve {
+            self.reserve = Some(r);
+            self.reserve_slot = 1 - self.reserve_slot;
         }
         let active = plan.active;
         for &id in &plan.ids {
@@ -1092,6 +1171,24 @@ impl FileStore {
                 }
                 let _ = self.fs.remove(&self.path(&idx_name(id)));
             }
+            // The reservation, over the slot the failed sync may have written: a record
+            // naming a segment just removed would read as that segment gone missing.
+            self.reserve_file = None;
+            if self.keeps_reserve {
+                let path = self.path(RESERVE_FILE);
+                match self.reserve {
+                    Some(r) => {
+                        let mut f = self.fs.open(&path, true)?;
+                        let at = self.reserve_slot as u64 * reserve::SLOT as u64;
+                        f.write_at(&reserve::encode(&r), at)?;
+                        f.sync()?;
+                    }
+                    None => match self.fs.remove(&path) {
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                        _ => {}
+                    },
+                }
+            }
             self.fs.sync_dir(&self.dir)
         })();
         if let Err(e) = r {
@@ -1100,7 +1197,8 @@ impl FileStore {
         }
         self.files.get_mut().clear();
         let limits = self.core.get_mut().limits.clone();
-        let (mut fresh, rep) = match recover(self.fs.clone(), &self.dir, self.cfg.clone()) {
+        let keeps = self.keeps_reserve;
+        let (mut fresh, rep) = match recover(self.fs.clone(), &self.dir, self.cfg.clone(), keeps) {
             Ok(x) => x,
             Err(e) => {
                 let msg = format!("{why}; rebuilding after rollback failed: {e}");
@@ -1858,6 +1956,8 @@ impl Store for FileStore {
             })();
             r?;
             self.applied = Some(Vec::new());
+            // A replica's sequences come from its group's log: it keeps no reservation.
+            self.keeps_reserve = false;
             self.sync()?;
         }
         self.applied = Some(marker.to_vec());
@@ -2710,6 +2810,7 @@ fn recover(
     fs: Arc<dyn Fs>,
     dir: &Path,
     cfg: FileStoreConfig,
+    keeps_reserve: bool,
 ) -> Result<(FileStore, RecoveryReport)> {
     fs.create_dir_all(dir)?;
     let names = fs.list(dir)?;
@@ -2717,6 +2818,14 @@ fn recover(
     let mut ids: Vec<u32> = names.iter().filter_map(|n| parse_seg_name(n)).collect();
     ids.sort_unstable();
     let mut rep = RecoveryReport::default();
+    // The segment the reservation names, or a newer one, must be here: else the newest
+    // segments are gone, and with them the proof of how far sequences went.
+    let (reservation, reserve_slot) = if keeps_reserve {
+        reserve::read(&*fs, dir)
+    } else {
+        (None, 0)
+    };
+    let missing = reservation.filter(|r| ids.last().is_none_or(|&n| n < r.segment));
     // Files of earlier versions and leftovers: an index file without its segment.
     for n in [LEGACY_INDEX, LEGACY_INDEX_TMP] {
         if existing.contains(n) {
@@ -3085,6 +3194,15 @@ fn recover(
         rep.records_last_seq = Some(found);
         (ls, lts) = (hw, hw_ts);
     }
+    // What the missing segments held is unknown: every sequence up to the reservation is
+    // taken to be used (gone with them, in the ledger), none handed out again.
+    let mut missing_gone = None;
+    if let Some(r) = missing.filter(|r| r.upto > ls) {
+        rep.segments_missing = Some((ls + 1, r.upto));
+        rp.gone.insert(ls + 1, r.upto);
+        missing_gone = Some((ls + 1, r.upto));
+        ls = r.upto;
+    }
     let removed_below = rp.marker;
     // Sequences of deleted segments stay removed, even if a file came back.
     for (a, b) in rp.gone.iter().collect::<Vec<_>>() {
@@ -3124,6 +3242,9 @@ fn recover(
     let mut lost_new = Ranges::default();
     let mut unacked = Ranges::default();
     let mut gone_new = Ranges::default();
+    if let Some((a, b)) = missing_gone {
+        gone_new.insert(a, b);
+    }
     if from <= ls {
         let mut acc = Ranges::default();
         for (a, b) in to_ranges(rp.tombs.iter().copied()) {
@@ -3271,6 +3392,10 @@ fn recover(
         rewrites: 0,
         ident: Arc::new(()),
         observer: None,
+        reserve: reservation,
+        reserve_slot,
+        reserve_file: None,
+        keeps_reserve,
     };
     // The active segment needs a head slot, which every sync rewrites, and its entries
     // in memory.

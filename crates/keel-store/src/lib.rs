@@ -500,6 +500,7 @@ pub mod meta;
 pub mod raftlog;
 mod ranges;
 mod record;
+mod reserve;
 mod segtable;
 
 pub use cache::{IndexCache, IndexCacheStats, SharedCache, DEFAULT_INDEX_CACHE};

@@ -119,6 +119,11 @@ pub fn log_recovery(
             ranges(&rep.unacked)
         );
     }
+    if let Some((from, to)) = rep.segments_missing {
+        crate::error!(log, "Stream {stream}: its newest segment files are missing: the messages after sequence {} are gone (up to sequence {to} may have been handed out); no sequence up to {to} is handed out again",
+            from - 1
+        );
+    }
     if let (Some(found), Some(st)) = (rep.records_last_seq, state) {
         crate::warn!(
             log,

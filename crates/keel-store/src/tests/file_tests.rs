@@ -310,8 +310,9 @@ fn purge_all_drops_segments_and_keeps_sequence() {
     assert_eq!(s.purge(&Purge::default()).unwrap(), 500);
     s.sync().unwrap();
     assert_eq!(s.segment_count(), 1);
-    let segs = std::fs::read_dir(&d.0).unwrap().count();
-    assert_eq!(segs, 1);
+    // The segment, and the sequence reservation.
+    let files = std::fs::read_dir(&d.0).unwrap().count();
+    assert_eq!(files, 2);
     s.crash();
     let (mut s, _) = open(&d.0, Limits::default());
     let st = s.state();
@@ -330,6 +331,102 @@ fn purge_all_drops_segments_and_keeps_sequence() {
     let st = s.state();
     assert_eq!((st.msgs, st.first_seq, st.last_seq), (0, 1000, 999));
     assert_eq!(put(&mut s, "a", b"x"), 1000);
+}
+
+/// Removes the store's segment files whose id is at least `from` (and their index files).
+fn remove_segments_from(dir: &Path, from: u32) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        let id = name
+            .strip_suffix(".seg")
+            .or_else(|| name.strip_suffix(".idx"))
+            .and_then(|s| s.parse::<u32>().ok());
+        if id.is_some_and(|id| id >= from) {
+            std::fs::remove_file(dir.join(&name)).unwrap();
+            n += usize::from(name.ends_with(".seg"));
+        }
+    }
+    n
+}
+
+/// Every segment file gone (removed from outside): the store comes back empty, says so,
+/// and hands out no sequence it may have handed out before; what it stores then survives
+/// a restart, which reports nothing more. A restart with the files there reports nothing.
+#[test]
+fn a_store_whose_segments_are_all_gone_never_hands_a_sequence_out_again() {
+    for clean in [true, false] {
+        let d = TempDir::new();
+        let (mut s, _) = open(&d.0, Limits::default());
+        for i in 0..10 {
+            put(&mut s, "a", &payload(1, 40, i));
+            s.sync().unwrap();
+        }
+        s.close().unwrap();
+        let (mut s, rep) = open(&d.0, Limits::default());
+        assert_eq!(rep.segments_missing, None);
+        assert_eq!(s.state().last_seq, 10);
+        if clean {
+            s.close().unwrap();
+        } else {
+            s.crash();
+        }
+        assert!(remove_segments_from(&d.0, 0) >= 1);
+        let (mut s, rep) = open(&d.0, Limits::default());
+        let st = s.state();
+        assert_eq!(st.msgs, 0);
+        assert!(st.last_seq >= 10, "{st:?}");
+        assert_eq!(
+            rep.segments_missing,
+            Some((1, st.last_seq)),
+            "clean {clean}"
+        );
+        assert_eq!(st.first_seq, st.last_seq + 1);
+        let next = put(&mut s, "a", b"after");
+        assert_eq!(next, st.last_seq + 1);
+        s.sync().unwrap();
+        s.crash();
+        let (s, rep) = open(&d.0, Limits::default());
+        assert_eq!(rep.segments_missing, None);
+        assert!(rep.lost.is_empty(), "{rep:?}");
+        let st = s.state();
+        assert_eq!((st.msgs, st.first_seq, st.last_seq), (1, next, next));
+        assert_eq!(&s.load(next).unwrap().data[..], b"after");
+    }
+}
+
+/// The newest segments gone, older ones there: the older messages are served, and the
+/// sequences after them are not handed out again.
+#[test]
+fn the_newest_segments_gone_leave_no_sequence_to_hand_out_again() {
+    let d = TempDir::new();
+    let (mut s, _) = open(&d.0, Limits::default());
+    for i in 0..300 {
+        put(&mut s, "a", &payload(2, 40, i));
+        s.sync().unwrap();
+    }
+    let segs = s.segment_count() as u32;
+    assert!(segs > 3, "{segs}");
+    s.crash();
+    // The newest two segments go; the others hold the first messages.
+    let from = std::fs::read_dir(&d.0)
+        .unwrap()
+        .filter_map(|e| {
+            let n = e.unwrap().file_name().into_string().unwrap();
+            n.strip_suffix(".seg").and_then(|s| s.parse::<u32>().ok())
+        })
+        .max()
+        .unwrap()
+        - 1;
+    assert_eq!(remove_segments_from(&d.0, from), 2);
+    let (mut s, rep) = open(&d.0, Limits::default());
+    let st = s.state();
+    assert!(st.msgs > 0 && st.first_seq == 1, "{st:?}");
+    let (gap_from, gap_to) = rep.segments_missing.expect("reported");
+    assert_eq!(gap_to, st.last_seq);
+    assert!(gap_from <= 300 && st.last_seq >= 300, "{rep:?} {st:?}");
+    assert_eq!(&s.load(1).unwrap().data[..], &payload(2, 40, 0)[..]);
+    assert!(put(&mut s, "a", b"x") > 300);
 }
 
 #[test]
