@@ -120,6 +120,9 @@ impl Case {
         if !self.flipped {
             stats.corrupt_unflipped += rep.corrupt_records;
         }
+        // The newest segment is never lost here, whatever a crash cut short: the sequence
+        // reservation must not call it missing.
+        assert_eq!(rep.segments_missing, None, "seed {}: {rep:?}", self.seed);
         if !self.flipped && !self.lossy {
             // Torn in-place erases leave damaged records, but never a lost message.
             assert!(rep.lost.is_empty(), "seed {}: {rep:?}", self.seed);
