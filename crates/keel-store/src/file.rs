@@ -830,9 +830,9 @@ impl FileStore {
     /// Writes the sequence reservation again (into the slot not holding the durable one)
     /// when this sync hands out sequences past it, or a newer segment became durable; the
     /// sync's fsyncs make it durable with the data. Returns what it wrote.
-    fn write_reserve(&mut self) -> io::Result<Option<Reservation>> {
+    fn write_reserve(&mut self) -> Option<Reservation> {
         if !self.keeps_reserve {
-            return Ok(None);
+            return None;
         }
         // The newest segment a completed sync made durable, directory entry included: one
         // newer may still vanish with a crash, which must not read as a segment gone.
@@ -844,33 +844,41 @@ impl FileStore {
             .iter()
             .rev()
             .find(|s| s.done_len.is_some())
-            .map(|s| s.id);
-        let Some(named) = named else {
-            return Ok(None);
-        };
+            .map(|s| s.id)?;
         let last = self.core.get_mut().last_seq;
+        // Renewed half way: with a sync interval, acknowledgments run ahead of the syncs.
+        let ahead = last.saturating_add(RESERVE_AHEAD / 2);
         let upto = match self.reserve {
-            Some(r) if r.segment == named && last <= r.upto => return Ok(None),
-            Some(r) if last <= r.upto => r.upto,
-            _ => last + RESERVE_AHEAD,
+            Some(r) if r.segment == named && ahead <= r.upto => return None,
+            Some(r) if ahead <= r.upto => r.upto,
+            _ => last.saturating_add(RESERVE_AHEAD),
         };
         let r = Reservation {
             gen: self.reserve.map_or(1, |r| r.gen + 1),
             upto,
             segment: named,
         };
-        if self.reserve_file.is_none() {
-            self.reserve_file = Some(self.fs.open(&self.path(RESERVE_FILE), true)?);
-            // Its directory entry, if new, must be durable with it.
-            if self.reserve.is_none() {
-                self.dir_dirty = true;
+        // A reservation that cannot be written (a full disk) fails no sync: the durable
+        // one stays (a torn slot is the other one's), renewed at a later sync.
+        let at = self.reserve_slot as u64 * reserve::SLOT as u64;
+        let written = match self.reserve_file.take() {
+            Some(f) => Ok(f),
+            None => {
+                // Its directory entry, if new, must be durable with it.
+                if self.reserve.is_none() {
+                    self.dir_dirty = true;
+                }
+                self.fs.open(&self.path(RESERVE_FILE), true)
             }
         }
-        let at = self.reserve_slot as u64 * reserve::SLOT as u64;
-        if let Some(f) = self.reserve_file.as_mut() {
-            f.write_at(&reserve::encode(&r), at)?;
+        .and_then(|mut f| f.write_at(&reserve::encode(&r), at).map(|_| f));
+        match written {
+            Ok(f) => {
+                self.reserve_file = Some(f);
+                Some(r)
+            }
+            Err(_) => None,
         }
-        Ok(Some(r))
     }
 
     fn do_sync(&mut self) -> io::Result<()> {
@@ -990,7 +998,7 @@ impl FileStore {
                 }
             }
         }
-        let reserve = self.write_reserve()?;
+        let reserve = self.write_reserve();
         // The descriptors that wrote the data go with the job (its fsyncs must see their
         // write-back errors), so the fsyncs can run while readers use the store; a reader
         // that needs one of these segments meanwhile opens it again.
@@ -1005,7 +1013,11 @@ impl FileStore {
             }
             if let Err(e) = self.with_file(id, |_| Ok(())) {
                 for (id, f) in files {
-                    self.files.get_mut().put(id, f);
+                    if id == RESERVE_ID {
+                        self.reserve_file = Some(f);
+                    } else {
+                        self.files.get_mut().put(id, f);
+                    }
                 }
                 self.dirty = ids;
                 return Err(e);
@@ -3034,13 +3046,14 @@ fn recover(
             (hw, hw_ts) = (l, ts);
         }
     }
+    // Per segment: the length a completed sync is known to have fsynced (an index file
+    // read back intact may still be in the page cache only, after a kill).
+    let mut fsynced = vec![0u64; metas.len()];
     {
         let segs = &mut rp.core.slots.segs;
         for k in 0..metas.len() {
             let m = &metas[k];
             let mut proven = m.head.map_or(0, |h| h.synced_len);
-            // What an index file covered was read back intact.
-            proven = proven.max(covered[k]);
             // A sync completed after a later segment was created covered all of this one.
             let later = metas[k + 1..]
                 .iter()
@@ -3049,6 +3062,9 @@ fn recover(
             if later.is_some_and(|c| synced_max > c) {
                 proven = m.len;
             }
+            fsynced[k] = proven;
+            // What an index file covered was read back intact.
+            proven = proven.max(covered[k]);
             segs[k].proven_len = proven.min(m.len);
         }
     }
@@ -3372,7 +3388,10 @@ fn recover(
         wbuf: Vec::new(),
         marker: rp.marker,
         marker_done: rp.marker,
-        dir_dirty: false,
+        // A kill leaves directory entries in the page cache only (a segment rolled to and
+        // never synced): the first sync makes the directory durable before any write in
+        // those segments is acknowledged, or a power loss after could take them.
+        dir_dirty: true,
         dirty: Vec::new(),
         failed: None,
         owner: None,
@@ -3397,6 +3416,14 @@ fn recover(
         reserve_file: None,
         keeps_reserve,
     };
+    // What a kill left in the page cache only (past what a completed sync proved) is kept:
+    // the first sync makes it durable before anything after it can be acknowledged (or
+    // served), as a power failure after would otherwise take it.
+    for (i, &len) in fsynced.iter().enumerate().take(store.nsegs()) {
+        if len < store.segs()[i].flushed {
+            store.mark_dirty(i);
+        }
+    }
     // The active segment needs a head slot, which every sync rewrites, and its entries
     // in memory.
     let r = (|| -> io::Result<()> {

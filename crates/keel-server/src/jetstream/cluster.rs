@@ -2014,20 +2014,25 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
     // A transfer that cannot finish (its target stalled) must not hold the stop up: the
     // rest is left to an election (the voters it held wait out the hold, at most 12 s).
     let mut handed = 0;
-    let finished = tokio::time::timeout(HAND_OFF_LIMIT, async {
+    let mut moved: Vec<Arc<Stream>> = Vec::new();
+    let _ = tokio::time::timeout(HAND_OFF_LIMIT, async {
         while let Some(r) = transfers.join_next().await {
-            let (ok, stream) = r.unwrap_or((false, None));
-            handed += usize::from(ok);
-            // Still the leader: its peers send it publishes again.
-            if let Some(s) = stream.filter(|s| !ok && s.leads()) {
-                s.restore_to_peers();
+            if let Ok((ok, stream)) = r {
+                handed += usize::from(ok);
+                moved.extend(stream.filter(|_| ok));
             }
         }
     })
     .await;
-    if finished.is_err() {
-        // The transfers left are dropped (aborted).
-        for s in handing.iter().filter(|s| s.leads()) {
+    // Those still running go on by themselves (one cut off midway would leave its group's
+    // heartbeats off). A stream whose leadership did not move, by Raft's own account,
+    // gets its peers' publishes again.
+    transfers.detach_all();
+    for s in handing
+        .iter()
+        .filter(|s| !moved.iter().any(|m| Arc::ptr_eq(m, s)))
+    {
+        if still_leads(s) {
             s.restore_to_peers();
         }
     }
@@ -2047,6 +2052,15 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
     }
     let _ = tokio::time::timeout(Duration::from_secs(2), drains.join_all()).await;
     handed
+}
+
+/// Whether this server still leads `s`'s group: by Raft's account, and not fenced yet.
+fn still_leads(s: &Stream) -> bool {
+    s.leads()
+        && s.replica
+            .get()
+            .and_then(|r| r.raft.get())
+            .is_some_and(|raft| raft::leads(&raft.metrics().borrow()))
 }
 
 /// Before this server's streams' leaders hand over: the peers are told that it takes the
@@ -2135,7 +2149,7 @@ fn spawn_stepdown(
             warn!(log, "JetStream {group} leader stepdown: {}", e);
         }
         // Still the leader: its peers send it publishes again.
-        if let Some(s) = stream.filter(|_| raft::leads(&raft.metrics().borrow())) {
+        if let Some(s) = stream.filter(|s| still_leads(s)) {
             s.restore_to_peers();
         }
     });

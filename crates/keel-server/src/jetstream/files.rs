@@ -120,7 +120,7 @@ pub fn log_recovery(
         );
     }
     if let Some((from, to)) = rep.segments_missing {
-        crate::error!(log, "Stream {stream}: its newest segment files are missing: the messages after sequence {} are gone (up to sequence {to} may have been handed out); no sequence up to {to} is handed out again",
+        crate::error!(log, "Stream {stream}: its newest segment files are missing: the messages after sequence {} are gone (up to sequence {to} may have been handed out); no sequence up to {to} is handed out again (those sequences are recorded as gone: segment files put back later are not read)",
             from - 1
         );
     }

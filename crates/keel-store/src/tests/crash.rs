@@ -768,3 +768,47 @@ fn store_msg_never_fsyncs() {
     assert!(sim.syncs() - before <= 1);
     assert!(sim.names().len() <= 3);
 }
+
+/// A kill (the page cache kept) right after the store rolled to a new segment leaves that
+/// segment's directory entry unsynced; what is acknowledged into it after the restart must
+/// survive a power failure (the first sync after opening makes the directory durable).
+/// Before, 18 of these 40 seeds lost the acknowledged message.
+#[test]
+fn a_kill_then_a_power_loss_keeps_what_was_acknowledged_in_a_new_segment() {
+    for seed in 0..40 {
+        let sim = SimFs::new(seed);
+        let cfg = FileStoreConfig {
+            segment_size: 4096,
+            ..FileStoreConfig::default()
+        };
+        let open = || {
+            FileStore::open_fs(
+                Arc::new(sim.clone()),
+                Path::new("/s"),
+                Limits::default(),
+                cfg.clone(),
+            )
+            .unwrap()
+        };
+        let (mut s, _) = open();
+        while s.segment_count() < 3 {
+            s.store_msg(b"a", b"", &[7u8; 100], 0).unwrap();
+            s.sync().unwrap();
+        }
+        let c = s.segment_count();
+        while s.segment_count() == c {
+            s.store_msg(b"a", b"", &[7u8; 100], 0).unwrap();
+        }
+        s.crash(); // A kill: the new segment's directory entry is in the cache only.
+        let (mut s, rep) = open();
+        assert_eq!(rep.segments_missing, None, "seed {seed}");
+        let q = s.store_msg(b"a", b"", b"acked", 0).unwrap();
+        s.sync().unwrap();
+        s.crash();
+        sim.crash(0); // A power failure.
+        let (s, rep) = open();
+        assert_eq!(rep.segments_missing, None, "seed {seed}");
+        assert!(rep.lost.is_empty(), "seed {seed}: {rep:?}");
+        assert_eq!(&s.load(q).unwrap().data[..], b"acked", "seed {seed}");
+    }
+}
