@@ -176,14 +176,20 @@ impl Route {
         self.send(encode::PING);
     }
 
-    fn ponged(&self) {
+    /// A PONG came: wakes the round trip it answers, if any. True when it answers a
+    /// keepalive PING (or none: a peer's own).
+    fn ponged(&self) -> bool {
         let next = self
             .pings
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .pop_front();
-        if let Some(Some(waiter)) = next {
-            let _ = waiter.send(());
+        match next {
+            Some(Some(waiter)) => {
+                let _ = waiter.send(());
+                false
+            }
+            _ => true,
         }
     }
 
@@ -710,8 +716,9 @@ impl Conn {
                     self.route.remove_remote_sub(&key);
                 }
                 RouteOp::Ping => self.route.send(encode::PONG),
+                // A round trip's PONG says nothing of the keepalive's.
+                RouteOp::Pong if !self.route.ponged() => {}
                 RouteOp::Pong => {
-                    self.route.ponged();
                     self.pings_out = 0;
                     if let Some(sent) = self.ping_sent.take() {
                         // Whole microseconds, as the reference reports a route's RTT.
@@ -1084,13 +1091,10 @@ mod tests {
         let mut trip = std::pin::pin!(route.round_trip());
         assert!(futures::poll!(trip.as_mut()).is_pending());
         assert_eq!(peer.take_outbound(), "PING\r\nPING\r\n");
-        route.ponged();
-        assert!(
-            futures::poll!(trip.as_mut()).is_pending(),
-            "the keepalive's PONG"
-        );
-        route.ponged();
+        assert!(route.ponged(), "the keepalive's PONG");
+        assert!(futures::poll!(trip.as_mut()).is_pending());
+        assert!(!route.ponged());
         assert_eq!(futures::poll!(trip.as_mut()), std::task::Poll::Ready(true));
-        route.ponged(); // One nobody asked for changes nothing.
+        assert!(route.ponged(), "one nobody asked for changes nothing");
     }
 }
