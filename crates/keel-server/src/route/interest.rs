@@ -55,9 +55,10 @@ struct State {
     /// The interest each local subscription made in exporters' accounts (by the
     /// subscription's address), to take back when it goes.
     shadows: HashMap<usize, Vec<(Arc<AccountInterest>, Key)>>,
-    /// Local subscriptions not counted (withdrawn) though still in the index, by address:
-    /// their removal is not counted down again.
-    withdrawn: std::collections::HashSet<usize>,
+    /// Local subscriptions not counted (withdrawn) though still in the index, by address,
+    /// with how many withdrawals hold them out (hand-overs may overlap: a stepdown during
+    /// lame duck): their removal is not counted down again.
+    withdrawn: HashMap<usize, u32>,
 }
 
 impl AccountInterest {
@@ -222,7 +223,7 @@ impl SubHook for AccountInterest {
         let at = Arc::as_ptr(sub) as usize;
         let shadows = {
             let mut st = self.lock();
-            if !st.withdrawn.remove(&at) {
+            if st.withdrawn.remove(&at).is_none() {
                 self.count_down_locked(&mut st, &(sub.subject.clone(), sub.queue.clone()));
             }
             st.shadows.remove(&at)
@@ -238,7 +239,9 @@ impl SubHook for AccountInterest {
             return;
         }
         let mut st = self.lock();
-        if st.withdrawn.insert(Arc::as_ptr(sub) as usize) {
+        let n = st.withdrawn.entry(Arc::as_ptr(sub) as usize).or_insert(0);
+        *n += 1;
+        if *n == 1 {
             self.count_down_locked(&mut st, &(sub.subject.clone(), sub.queue.clone()));
         }
     }
@@ -248,7 +251,13 @@ impl SubHook for AccountInterest {
             return;
         }
         let mut st = self.lock();
-        if st.withdrawn.remove(&(Arc::as_ptr(sub) as usize)) {
+        let at = Arc::as_ptr(sub) as usize;
+        let Some(n) = st.withdrawn.get_mut(&at) else {
+            return;
+        };
+        *n -= 1;
+        if *n == 0 {
+            st.withdrawn.remove(&at);
             self.count_up_locked(&mut st, &(sub.subject.clone(), sub.queue.clone()));
         }
     }
@@ -366,8 +375,8 @@ mod tests {
     }
 
     /// A withdrawn subscription is no interest of the peers while it stays in the index:
-    /// its removal then tells them nothing; restored, it counts again; another local
-    /// subscriber on the subject keeps the interest up.
+    /// its removal then tells them nothing; restored as often as withdrawn, it counts
+    /// again; another local subscriber on the subject keeps the interest up.
     #[test]
     fn a_withdrawn_subscription_is_not_told_twice() {
         let server = Server::new(Opts::default(), Log::capture(Default::default()));
@@ -392,6 +401,9 @@ mod tests {
             1,
             "still local"
         );
+        // Two withdrawals (overlapping hand-overs): back only once both are undone.
+        acc.sublist.restore_to_peers(&a);
+        assert_eq!(peer.take_outbound(), "", "the other withdrawal holds");
         acc.sublist.restore_to_peers(&a);
         acc.sublist.restore_to_peers(&a);
         assert_eq!(peer.take_outbound(), "RS+ $G orders.>\r\n", "once");
