@@ -223,26 +223,37 @@ impl SubHook for AccountInterest {
         let at = Arc::as_ptr(sub) as usize;
         let shadows = {
             let mut st = self.lock();
-            if st.withdrawn.remove(&at).is_none() {
-                self.count_down_locked(&mut st, &(sub.subject.clone(), sub.queue.clone()));
+            let shadows = st.shadows.remove(&at);
+            if st.withdrawn.remove(&at).is_some() {
+                return; // Counted down when withdrawn, its shadows too.
             }
-            st.shadows.remove(&at)
+            self.count_down_locked(&mut st, &(sub.subject.clone(), sub.queue.clone()));
+            shadows
         };
         for (exporter, key) in shadows.iter().flatten() {
             exporter.count_down(key);
         }
     }
 
-    // (An import's shadow interest stays: it is another account's.)
     fn withdraw(&self, sub: &Arc<Sub>) {
         if !super::serves_peers(sub) {
             return;
         }
-        let mut st = self.lock();
-        let n = st.withdrawn.entry(Arc::as_ptr(sub) as usize).or_insert(0);
-        *n += 1;
-        if *n == 1 {
+        let shadows = {
+            let mut st = self.lock();
+            let at = Arc::as_ptr(sub) as usize;
+            let n = st.withdrawn.entry(at).or_insert(0);
+            *n += 1;
+            if *n > 1 {
+                return;
+            }
             self.count_down_locked(&mut st, &(sub.subject.clone(), sub.queue.clone()));
+            st.shadows.get(&at).cloned()
+        };
+        // The interest it made in exporters' accounts goes too (outside this account's
+        // lock, as in `added`): their messages would be routed here as well.
+        for (exporter, key) in shadows.iter().flatten() {
+            exporter.count_down(key);
         }
     }
 
@@ -250,15 +261,22 @@ impl SubHook for AccountInterest {
         if !super::serves_peers(sub) {
             return;
         }
-        let mut st = self.lock();
-        let at = Arc::as_ptr(sub) as usize;
-        let Some(n) = st.withdrawn.get_mut(&at) else {
-            return;
-        };
-        *n -= 1;
-        if *n == 0 {
+        let shadows = {
+            let mut st = self.lock();
+            let at = Arc::as_ptr(sub) as usize;
+            let Some(n) = st.withdrawn.get_mut(&at) else {
+                return;
+            };
+            *n -= 1;
+            if *n > 0 {
+                return;
+            }
             st.withdrawn.remove(&at);
             self.count_up_locked(&mut st, &(sub.subject.clone(), sub.queue.clone()));
+            st.shadows.get(&at).cloned()
+        };
+        for (exporter, key) in shadows.iter().flatten() {
+            exporter.count_up(key);
         }
     }
 }
@@ -477,5 +495,15 @@ mod tests {
         );
         b.removed(&s1);
         assert_eq!(peer.take_outbound(), "RS- B feed.1\r\nRS- A feed.1\r\n");
+        // Withdrawn (a stream's leader handing over), its interest in the exporter goes
+        // too, and comes back with it; removed while withdrawn, nothing more is told.
+        b.withdraw(&s2);
+        assert_eq!(peer.take_outbound(), "RS- B in.news.x\r\nRS- A news.x\r\n");
+        b.restore(&s2);
+        assert_eq!(peer.take_outbound(), "RS+ B in.news.x\r\nRS+ A news.x\r\n");
+        b.withdraw(&s2);
+        assert_eq!(peer.take_outbound(), "RS- B in.news.x\r\nRS- A news.x\r\n");
+        b.removed(&s2);
+        assert_eq!(peer.take_outbound(), "");
     }
 }
