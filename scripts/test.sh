@@ -37,7 +37,8 @@ fi
 # target selection (-p NAME, --workspace, --tests).
 rust_tests() {
   if [ "$NEXTEST" = 1 ]; then
-    cargo nextest run --no-fail-fast --status-level fail --final-status-level slow "$@"
+    # (`retry`: a test that passes only on its retry shows what its first attempt printed.)
+    cargo nextest run --no-fail-fast --status-level retry --final-status-level slow "$@"
   else
     cargo test "$@"
   fi
