@@ -314,6 +314,33 @@ async fn publish_many(js: &jetstream::Context, subject: &str, n: usize, size: us
     seqs
 }
 
+/// A JetStream server with the file stream `name` on `subject`, a client and its context.
+async fn server_with_stream(
+    name: &str,
+    subject: &str,
+) -> (Server, async_nats::Client, jetstream::Context) {
+    let server = Server::start_jetstream();
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
+    js.create_stream(jetstream::stream::Config {
+        name: name.into(),
+        subjects: vec![subject.into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    (server, client, js)
+}
+
+/// A clean stop, or a SIGKILL.
+fn stop_or_kill(server: &mut Server, clean: bool) {
+    if clean {
+        server.stop();
+    } else {
+        server.kill_hard();
+    }
+}
+
 fn payload_index(data: &[u8]) -> usize {
     std::str::from_utf8(&data[4..10]).unwrap().parse().unwrap()
 }
@@ -432,16 +459,7 @@ async fn missing_and_cut_segments_are_reported() {
         return;
     }
     for clean in [true, false] {
-        let mut server = Server::start_jetstream();
-        let client = server.client().await;
-        let js = jetstream::new(client.clone());
-        js.create_stream(jetstream::stream::Config {
-            name: "GONE".into(),
-            subjects: vec!["gone".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        let (mut server, client, js) = server_with_stream("GONE", "gone").await;
         // 64 KiB messages: three 8 MiB segments.
         let seqs = publish_many(&js, "gone", 300, 64 << 10).await;
         assert_eq!(seqs.len(), 300);
@@ -449,11 +467,7 @@ async fn missing_and_cut_segments_are_reported() {
         // server would have.
         publish_many(&js, "gone", 1, 10).await;
         drop(client);
-        if clean {
-            server.stop();
-        } else {
-            server.kill_hard();
-        }
+        stop_or_kill(&mut server, clean);
         let (_, segs) = segments(&server, "GONE");
         assert!(segs.len() >= 3, "{segs:?}");
         std::fs::remove_file(&segs[1]).unwrap();
@@ -507,24 +521,11 @@ async fn all_segment_files_gone_never_reuse_a_sequence() {
         return;
     }
     for clean in [true, false] {
-        let mut server = Server::start_jetstream();
-        let client = server.client().await;
-        let js = jetstream::new(client.clone());
-        js.create_stream(jetstream::stream::Config {
-            name: "VANISH".into(),
-            subjects: vec!["vanish".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        let (mut server, client, js) = server_with_stream("VANISH", "vanish").await;
         let seqs = publish_many(&js, "vanish", 10, 100).await;
         assert_eq!(seqs.last(), Some(&10));
         drop(client);
-        if clean {
-            server.stop();
-        } else {
-            server.kill_hard();
-        }
+        stop_or_kill(&mut server, clean);
         let (dir, segs) = segments(&server, "VANISH");
         assert!(!segs.is_empty());
         for e in std::fs::read_dir(&dir).unwrap() {

@@ -1958,10 +1958,10 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
         if let (Some(raft), Some(host), Some(group)) = (r.raft.get(), r.host(), r.group_name()) {
             let what = format!("stream '{} > {}'", s.account().name, s.name);
             let leads = s.leads().then(|| s.clone());
-            groups.push((host, raft.clone(), group.to_string(), what, leads));
-            if s.leads() {
+            groups.push((host, raft.clone(), group.to_string(), what, leads.clone()));
+            if let Some(s) = leads {
                 consumers.extend(js.registry.consumers(&s.account().name, &s.name));
-                led.push(s.clone());
+                led.push(s);
             }
         }
     }
@@ -1996,17 +1996,21 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
     for (host, raft, group, what, stream, target) in groups {
         let log = server.log.clone();
         transfers.spawn(async move {
-            match raft::transfer(&host, &raft, &group, &target).await {
+            let r = raft::transfer(&host, &raft, &group, &target).await;
+            if let Some(s) = &stream {
+                restore_if_leading(s);
+            }
+            match r {
                 Ok(()) => {
                     info!(
                         log,
                         "JetStream {what}: leadership handed to {}", target.name
                     );
-                    (true, stream)
+                    true
                 }
                 Err(e) => {
                     warn!(log, "JetStream {what}: leadership not handed over: {e}");
-                    (false, stream)
+                    false
                 }
             }
         });
@@ -2014,28 +2018,16 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
     // A transfer that cannot finish (its target stalled) must not hold the stop up: the
     // rest is left to an election (the voters it held wait out the hold, at most 12 s).
     let mut handed = 0;
-    let mut moved: Vec<Arc<Stream>> = Vec::new();
     let _ = tokio::time::timeout(HAND_OFF_LIMIT, async {
         while let Some(r) = transfers.join_next().await {
-            if let Ok((ok, stream)) = r {
-                handed += usize::from(ok);
-                moved.extend(stream.filter(|_| ok));
-            }
+            handed += usize::from(r.unwrap_or(false));
         }
     })
     .await;
-    // Those still running go on by themselves (one cut off midway would leave its group's
-    // heartbeats off). A stream whose leadership did not move, by Raft's own account,
-    // gets its peers' publishes again.
+    // Those still running go on by themselves, and give their stream's interest back
+    // when they end if it did not move (one cut off midway would leave its group's
+    // heartbeats off).
     transfers.detach_all();
-    for s in handing
-        .iter()
-        .filter(|s| !moved.iter().any(|m| Arc::ptr_eq(m, s)))
-    {
-        if still_leads(s) {
-            s.restore_to_peers();
-        }
-    }
     // Publishes the old leaders took meanwhile (they waited for the transfer) are answered
     // while the routes are up: an error the client retries at once at the new leader,
     // rather than no answer at all and the client's timeout. Once the stream follows (its
@@ -2054,13 +2046,17 @@ pub async fn hand_off_leadership(server: &Arc<Server>, stay_out: bool) -> usize 
     handed
 }
 
-/// Whether this server still leads `s`'s group: by Raft's account, and not fenced yet.
-fn still_leads(s: &Stream) -> bool {
-    s.leads()
+/// After a hand-over of `s` ended: if this server still leads its group, by Raft's account
+/// and not fenced yet, its peers send it publishes again (`withdraw_from_routes` undone).
+fn restore_if_leading(s: &Stream) {
+    let leads = s.leads()
         && s.replica
             .get()
             .and_then(|r| r.raft.get())
-            .is_some_and(|raft| raft::leads(&raft.metrics().borrow()))
+            .is_some_and(|raft| raft::leads(&raft.metrics().borrow()));
+    if leads {
+        s.restore_to_peers();
+    }
 }
 
 /// Before this server's streams' leaders hand over: the peers are told that it takes the
@@ -2148,9 +2144,8 @@ fn spawn_stepdown(
         if let Err(e) = r {
             warn!(log, "JetStream {group} leader stepdown: {}", e);
         }
-        // Still the leader: its peers send it publishes again.
-        if let Some(s) = stream.filter(|s| still_leads(s)) {
-            s.restore_to_peers();
+        if let Some(s) = &stream {
+            restore_if_leading(s);
         }
     });
 }

@@ -3,23 +3,12 @@
 //! marker is the one of the last completed sync (or of the sync in progress, when all of
 //! its writes reached the disk), and the data is exactly what that sync made durable.
 
-use super::sim::{Rng, SimFs};
+use super::sim::{open, Rng, SimFs};
 use crate::*;
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
 type Msgs = BTreeMap<u64, (Vec<u8>, Vec<u8>)>;
-
-fn open(sim: &SimFs, cfg: &FileStoreConfig) -> (FileStore, RecoveryReport) {
-    FileStore::open_fs(
-        Arc::new(sim.clone()),
-        Path::new("/s"),
-        Limits::default(),
-        cfg.clone(),
-    )
-    .unwrap()
-}
 
 fn small() -> FileStoreConfig {
     FileStoreConfig {

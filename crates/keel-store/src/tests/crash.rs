@@ -781,15 +781,7 @@ fn a_kill_then_a_power_loss_keeps_what_was_acknowledged_in_a_new_segment() {
             segment_size: 4096,
             ..FileStoreConfig::default()
         };
-        let open = || {
-            FileStore::open_fs(
-                Arc::new(sim.clone()),
-                Path::new("/s"),
-                Limits::default(),
-                cfg.clone(),
-            )
-            .unwrap()
-        };
+        let open = || super::sim::open(&sim, &cfg);
         let (mut s, _) = open();
         while s.segment_count() < 3 {
             s.store_msg(b"a", b"", &[7u8; 100], 0).unwrap();

@@ -123,6 +123,20 @@ impl Sim {
 }
 
 /// The seeds a simulation test runs: `cases(default)` of them from `KEEL_SIM_SEED` (0).
+/// Opens (recovers) the file store at `/s` on `sim`.
+pub(crate) fn open(
+    sim: &SimFs,
+    cfg: &crate::FileStoreConfig,
+) -> (crate::FileStore, crate::RecoveryReport) {
+    crate::FileStore::open_fs(
+        Arc::new(sim.clone()),
+        Path::new("/s"),
+        crate::Limits::default(),
+        cfg.clone(),
+    )
+    .unwrap()
+}
+
 pub(crate) fn seeds(default: u64) -> std::ops::Range<u64> {
     let base: u64 = std::env::var("KEEL_SIM_SEED")
         .ok()
