@@ -24,7 +24,7 @@
 //! - The heads prove the highest sequence only while the segments are there. A small
 //!   file beside them (`reserve`) promises that no sequence above a reserved one was
 //!   handed out and names the newest durable segment; a sync writes it again when it hands
-//!   out sequences past the reserve or a newer segment became durable. If the named
+//!   out sequences within half the reserve of it or a newer segment became durable. If the named
 //!   segment and every newer one are missing, recovery reports it and takes every
 //!   sequence up to the reserve as gone, so none is handed out twice. (Not for a replica's
 //!   store: its sequences come from its group's log.)
