@@ -138,6 +138,26 @@ async fn bcrypt_password_and_token() {
     );
 }
 
+/// async-nats sends every credential it was given in one CONNECT (its own suite's
+/// `multiple_auth_methods`); a server looks only at the kind it has configured.
+#[tokio::test]
+async fn credentials_of_other_kinds_beside_the_right_one_are_ignored() {
+    let all = |token: &str| {
+        format!(r#","user":"js","pass":"js","auth_token":"{token}","jwt":"a.b.c","sig":"c2ln""#)
+    };
+    let server = Server::start_with_config("authorization { token: s3cr3t }");
+    pong(&mut raw_connect(&server, &all("s3cr3t")).await).await;
+    let mut raw = raw_connect(&server, &all("other")).await;
+    assert_eq!(raw.read_op().await, "-ERR 'Authorization Violation'");
+
+    let server = Server::start_with_config(ALICE_BOB);
+    let both = r#","user":"bob","pass":"pw","auth_token":"t","jwt":"a.b.c","sig":"c2ln""#;
+    pong(&mut raw_connect(&server, both).await).await;
+
+    let server = Server::start();
+    pong(&mut raw_connect(&server, &all("x")).await).await;
+}
+
 #[tokio::test]
 async fn nkey_users_sign_the_nonce() {
     let kp = nkeys::KeyPair::new_user();

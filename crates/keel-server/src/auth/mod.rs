@@ -248,60 +248,65 @@ impl Auth {
         if let Some(t) = &self.trust {
             return self.authenticate_jwt(t, c, nonce);
         }
-        if let Some(key) = &c.nkey {
-            let Some(u) = self.nkeys.get(key) else {
-                return Err(format!("Nkey {key:?}"));
-            };
-            verify_nonce(key, c.sig.as_deref(), nonce).map_err(|_| format!("Nkey {key:?}"))?;
-            return Ok(self.authed(key, u));
+        // As the reference: a credential of a kind the server has none of configured is
+        // ignored (a client may send several kinds at once), not refused.
+        if !self.nkeys.is_empty() {
+            if let Some(key) = given(&c.nkey) {
+                let Some(u) = self.nkeys.get(key) else {
+                    return Err(format!("Nkey {key:?}"));
+                };
+                verify_nonce(key, c.sig.as_deref(), nonce).map_err(|_| format!("Nkey {key:?}"))?;
+                return Ok(self.authed(key, u));
+            }
         }
-        if let Some(name) = &c.user {
-            if let Some(u) = self.users.get(name) {
-                let given = c.pass.as_deref().unwrap_or_default();
+        if !self.users.is_empty() {
+            if let Some(name) = given(&c.user) {
+                let Some(u) = self.users.get(name) else {
+                    return Err(format!("User {name:?}"));
+                };
+                let pass = c.pass.as_deref().unwrap_or_default();
                 let ok = u
                     .password
                     .as_deref()
-                    .is_some_and(|p| secret_matches(p, given));
+                    .is_some_and(|p| secret_matches(p, pass));
                 return if ok {
                     Ok(self.authed(name, u))
                 } else {
                     Err(format!("User {name:?}"))
                 };
             }
-            if let Some((user, pass)) = &self.single {
-                let given = c.pass.as_deref().unwrap_or_default();
-                let user_ok: bool = user.as_bytes().ct_eq(name.as_bytes()).into();
-                return if user_ok && secret_matches(pass, given) {
-                    Ok(Authed {
-                        user: user.clone(),
-                        account: GLOBAL.into(),
-                        perms: None,
-                        expires: None,
-                        max_subs: -1,
-                        max_payload: -1,
-                    })
-                } else {
-                    Err(format!("User {name:?}"))
-                };
-            }
-            return Err(format!("User {name:?}"));
         }
+        let simple = |user: String| Authed {
+            user,
+            account: GLOBAL.into(),
+            perms: None,
+            expires: None,
+            max_subs: -1,
+            max_payload: -1,
+        };
         if let Some(token) = &self.token {
-            let given = c.auth_token.as_deref().unwrap_or_default();
-            return if !given.is_empty() && secret_matches(token, given) {
-                Ok(Authed {
-                    user: String::new(),
-                    account: GLOBAL.into(),
-                    perms: None,
-                    expires: None,
-                    max_subs: -1,
-                    max_payload: -1,
-                })
+            let t = c.auth_token.as_deref().unwrap_or_default();
+            return if !t.is_empty() && secret_matches(token, t) {
+                Ok(simple(String::new()))
             } else {
                 Err("Token".into())
             };
         }
-        if c.auth_token.is_none() && c.pass.is_none() {
+        if let Some((user, pass)) = &self.single {
+            let name = c.user.as_deref().unwrap_or_default();
+            let p = c.pass.as_deref().unwrap_or_default();
+            let user_ok: bool = user.as_bytes().ct_eq(name.as_bytes()).into();
+            return if user_ok && secret_matches(pass, p) {
+                Ok(simple(user.clone()))
+            } else {
+                Err(format!("User {name:?}"))
+            };
+        }
+        let none_given = given(&c.user).is_none()
+            && given(&c.pass).is_none()
+            && given(&c.auth_token).is_none()
+            && (self.nkeys.is_empty() || given(&c.nkey).is_none());
+        if none_given {
             if let Some(n) = &self.no_auth_user {
                 if let Some(u) = self.users.get(n).or_else(|| self.nkeys.get(n)) {
                     return Ok(self.authed(n, u));
@@ -419,6 +424,11 @@ impl Auth {
             max_payload: limit("payload"),
         })
     }
+}
+
+/// A credential field the client filled in (an empty string counts as none, as the reference's).
+fn given(f: &Option<String>) -> Option<&str> {
+    f.as_deref().filter(|v| !v.is_empty())
 }
 
 /// Checks `sig` (base64url or standard base64) of the nonce with the public nkey `key`.
@@ -716,6 +726,40 @@ mod tests {
         assert!(build("authorization { users: [{user: a}, {user: a}] }")
             .unwrap_err()
             .contains("Duplicate user"));
+    }
+
+    #[test]
+    fn credentials_of_a_kind_not_configured_are_ignored() {
+        // A client may send every credential it has (async-nats does with a user, a token
+        // and a creds file); the reference looks only at the kind it has configured.
+        let all = |token: &str| Creds {
+            user: Some("js".into()),
+            pass: Some("js".into()),
+            auth_token: Some(token.into()),
+            nkey: Some(nkeys::KeyPair::new_user().public_key()),
+            sig: Some("c2ln".into()),
+            jwt: Some("a.b.c".into()),
+        };
+        let a = build("authorization { token: s3cr3t }").unwrap();
+        assert!(a.authenticate(&all("s3cr3t"), Some("n")).is_ok());
+        assert!(a.authenticate(&all("wrong"), Some("n")).is_err());
+        let a = build("authorization { users: [{user: js, password: js}] }").unwrap();
+        assert_eq!(a.authenticate(&all("x"), Some("n")).unwrap().user, "js");
+        let a = build("authorization { user: js, password: js }").unwrap();
+        assert!(a.authenticate(&all("x"), Some("n")).is_ok());
+        // The no_auth_user is for a client that sent no credential at all.
+        let a =
+            build("authorization { users: [{user: a, password: a}] }\nno_auth_user: a").unwrap();
+        let named = Creds {
+            user: Some("b".into()),
+            ..Default::default()
+        };
+        assert!(a.authenticate(&named, None).is_err());
+        let token_only = Creds {
+            auth_token: Some("t".into()),
+            ..Default::default()
+        };
+        assert!(a.authenticate(&token_only, None).is_err());
     }
 
     #[test]
