@@ -302,6 +302,7 @@ impl Running {
     /// closed, JetStream's tasks ended after taking what was queued for them, consumer
     /// state saved and stores closed, every background task ended.
     pub async fn shutdown(mut self) {
+        self.server.signal_pull_consumers().await;
         self.server.shutdown();
         let _ = (&mut self.accept).await;
         self.finish().await;

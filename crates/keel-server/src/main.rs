@@ -182,6 +182,7 @@ async fn signals(server: Arc<Server>, args: Vec<String>) {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+    server.signal_pull_consumers().await;
     server.announce_stop(false);
     server.shutdown();
 }

@@ -813,6 +813,18 @@ impl Server {
         }
     }
 
+    /// Tells every pull waiting on a consumer here that this server stops (`409 Server
+    /// Shutdown`), as the reference's shutdown does, and gives the notices a moment to
+    /// leave (through the routes too) before connections close.
+    pub async fn signal_pull_consumers(&self) {
+        let Some(js) = self.jetstream.get() else {
+            return;
+        };
+        if js.signal_pull_consumers(self) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Lame-duck mode (SIGUSR2), as the reference: stop accepting clients, tell connected
     /// ones with an INFO carrying `"ldm":true`, wait the grace period, close the clients
     /// spread over the rest of the lame-duck duration, then shut down.
@@ -844,6 +856,9 @@ impl Server {
         // and this server stands for no election of its own while it winds down.
         crate::jetstream::cluster::hand_off_leadership(self, true).await;
         tokio::time::sleep(grace).await;
+        // Before the clients go: their pulls are told, so they pull again where they
+        // reconnect.
+        self.signal_pull_consumers().await;
         let clients = self.clients();
         if !clients.is_empty() {
             let spread = duration.saturating_sub(grace) / clients.len() as u32;

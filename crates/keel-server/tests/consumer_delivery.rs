@@ -384,6 +384,41 @@ async fn crash_looping_worker_cannot_fill_max_waiting() {
 // 2. Deleting a stream stops its consumers
 // ---------------------------------------------------------------------------
 
+/// A server that stops (SIGTERM) tells every pull waiting on it `409 Server Shutdown`, with
+/// what the pull still wanted, so its client pulls again where it reconnects instead of
+/// waiting out the expiry (nats.py's ordered consumer hung on a restart without it).
+#[tokio::test]
+async fn a_stopping_server_tells_waiting_pulls() {
+    let (mut s, client, _js) = js_setup().await;
+    create_stream(&client, "SD", &["sd.>"]).await;
+    create_consumer(&client, "SD", "dur", json!({})).await;
+    let mut waiting = pull(
+        &client,
+        "SD",
+        "dur",
+        json!({"batch": 7, "max_bytes": 4096, "expires": 60 * SEC}),
+    )
+    .await;
+    wait_info(&client, "SD", "dur", |i| i["num_waiting"] == 1).await;
+    let stopped = std::thread::spawn(move || {
+        s.stop();
+        s
+    });
+    let m = next_msg(&mut waiting).await;
+    assert_eq!(status(&m), Some(409), "got {}", describe(&m));
+    assert_eq!(m.description.as_deref(), Some("Server Shutdown"));
+    let h = m.headers.as_ref().expect("headers");
+    assert_eq!(
+        h.get("Nats-Pending-Messages").map(|v| v.as_str()),
+        Some("7")
+    );
+    assert_eq!(
+        h.get("Nats-Pending-Bytes").map(|v| v.as_str()),
+        Some("4096")
+    );
+    drop(stopped.join().unwrap());
+}
+
 #[tokio::test]
 async fn stream_delete_stops_its_consumers() {
     let (_s, client, _js) = js_setup().await;

@@ -1294,6 +1294,51 @@ async fn a_server_in_lame_duck_mode_is_given_no_leadership() {
     }
 }
 
+/// A pull waiting on a replicated consumer whose leader steps down is told `409 Leadership
+/// Change` (not `Consumer Deleted`, which ends a client's consume loop), so its client
+/// pulls again from the new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_waiting_through_a_consumer_stepdown_is_told_to_pull_again() {
+    use futures::StreamExt;
+    let nodes = mesh(&["W1", "W2", "W3"]).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[1], "app").await;
+    create_stream(
+        &c,
+        "PW",
+        r#"{"name":"PW","subjects":["pw.>"],"num_replicas":3}"#,
+    )
+    .await;
+    let cc = api(
+        &c,
+        "$JS.API.CONSUMER.DURABLE.CREATE.PW.dur",
+        r#"{"stream_name":"PW","config":{"durable_name":"dur","ack_policy":"explicit"}}"#,
+    )
+    .await;
+    assert!(cc.get("error").is_none(), "{cc}");
+    let inbox = c.new_inbox();
+    let mut sub = c.subscribe(inbox.clone()).await.unwrap();
+    c.publish_with_reply(
+        "$JS.API.CONSUMER.MSG.NEXT.PW.dur",
+        inbox,
+        r#"{"batch":3,"expires":60000000000}"#.into(),
+    )
+    .await
+    .unwrap();
+    eventually("the pull waits", || async {
+        let i = api(&c, "$JS.API.CONSUMER.INFO.PW.dur", "").await;
+        (i["num_waiting"] == 1).then_some(())
+    })
+    .await;
+    let r = api(&c, "$JS.API.CONSUMER.LEADER.STEPDOWN.PW.dur", "").await;
+    assert_eq!(r["success"], true, "{r}");
+    let m = common::within("the pull's status", sub.next())
+        .await
+        .unwrap();
+    assert_eq!(m.status.map(|s| s.as_u16()), Some(409), "{m:?}");
+    assert_eq!(m.description.as_deref(), Some("Leadership Change"), "{m:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_and_consumer_leaders_step_down_on_request() {
     let nodes = mesh(&["D1", "D2", "D3"]).await;

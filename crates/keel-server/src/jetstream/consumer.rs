@@ -962,6 +962,24 @@ impl Consumer {
         self.notify();
     }
 
+    /// At shutdown: every waiting pull is told `409 Server Shutdown` with what it still
+    /// wanted (as the reference's `signalPullConsumers`), so its client pulls again from
+    /// the server it reconnects to instead of waiting out its expiry. True if any was told.
+    pub fn signal_shutdown(&self, server: &Server, router: &mut Router) -> bool {
+        let waiting: Vec<PullRequest> = self.lock().waiting.drain(..).collect();
+        for w in &waiting {
+            let hdr = status_hdr(
+                "409 Server Shutdown",
+                &[
+                    ("Nats-Pending-Messages", w.batch.to_string()),
+                    ("Nats-Pending-Bytes", w.max_bytes.max(0).to_string()),
+                ],
+            );
+            send_status(server, router, &w.reply, &hdr);
+        }
+        !waiting.is_empty()
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -977,20 +995,27 @@ impl Consumer {
         }
     }
 
-    /// Stops the task, drops the subscriptions, and tells waiting pulls.
+    /// Stops the task, drops the subscriptions, and tells waiting pulls that the consumer
+    /// is gone (`409 Consumer Deleted`: clients end their consume loops).
     pub fn stop(&self, server: &Server, router: &mut Router) {
+        self.stop_with(server, router, "409 Consumer Deleted");
+    }
+
+    /// As `stop`, for a consumer that goes on elsewhere (its stream's leadership moved, or
+    /// the stream left this server): waiting pulls get `409 Leadership Change`, as the
+    /// reference's new leader sends them, so their clients pull again instead of giving up.
+    pub fn stop_for_move(&self, server: &Server, router: &mut Router) {
+        self.stop_with(server, router, "409 Leadership Change");
+    }
+
+    fn stop_with(&self, server: &Server, router: &mut Router, status: &str) {
         let waiting: Vec<Bytes> = {
             let mut st = self.lock();
             st.deleted = true;
             st.waiting.drain(..).map(|w| w.reply).collect()
         };
         for reply in waiting {
-            send_status(
-                server,
-                router,
-                &reply,
-                &status_hdr("409 Consumer Deleted", &[]),
-            );
+            send_status(server, router, &reply, &status_hdr(status, &[]));
         }
         for s in self
             .subs

@@ -177,6 +177,22 @@ impl JetStreams {
         })
     }
 
+    /// Before a stop: every pull waiting on a consumer here is told `409 Server Shutdown`
+    /// (`Consumer::signal_shutdown`). True if any was.
+    pub fn signal_pull_consumers(&self, server: &Server) -> bool {
+        let mut sent = false;
+        for js in &self.list {
+            let mut router = crate::router::Router::new(js.account.clone(), 0x5343);
+            for s in self.registry.streams(&js.account.name) {
+                for c in self.registry.consumers(&js.account.name, &s.name) {
+                    sent |= c.signal_shutdown(server, &mut router);
+                }
+            }
+            router.flush();
+        }
+        sent
+    }
+
     /// After every task ended: each account's consumers' state is written and synced.
     pub fn shutdown(&self) {
         for js in &self.list {

@@ -456,7 +456,7 @@ pub async fn stop_consumers(js: &JetStream, server: &Server, stream: &Stream) {
             .registry
             .remove_consumer(&js.account.name, &stream.name, &c.name, None)
         {
-            r.consumer.stop(server, &mut router);
+            r.consumer.stop_for_move(server, &mut router);
             r.join().await;
         }
     }
@@ -477,7 +477,7 @@ pub async fn unload_stream(js: &JetStream, server: &Server, router: &mut Router,
     }
     for r in &consumers {
         r.consumer.flush_state();
-        r.consumer.stop(server, router);
+        r.consumer.stop_for_move(server, router);
     }
     for r in consumers {
         r.join().await;
