@@ -512,6 +512,46 @@ async fn no_wait_with_expires_waits_for_messages() {
     assert_eq!(status_msg(&mut sub, 404).await, "No Messages");
 }
 
+/// A no_wait request with an expiry that got part of its batch and is then held back by
+/// max_ack_pending ends with 404 at its next heartbeat, as the reference's (nats.py's
+/// `fetch` with heartbeats waited otherwise, and its next fetch then failed): the acks that
+/// follow send nothing more to it.
+#[tokio::test]
+async fn a_no_wait_pull_held_back_by_max_ack_pending_ends_at_its_heartbeat() {
+    let (_s, client, _js) = js_setup().await;
+    create_stream(&client, "HB", &["hb.>"]).await;
+    create_consumer(&client, "HB", "c", json!({"max_ack_pending": 2})).await;
+    for n in 0..4 {
+        publish(&client, "hb.x", &format!("m{n}")).await;
+    }
+    let started = Instant::now();
+    let mut sub = pull(
+        &client,
+        "HB",
+        "c",
+        json!({"batch": 4, "no_wait": true, "expires": 20 * SEC, "idle_heartbeat": SEC / 10}),
+    )
+    .await;
+    let mut acks = vec![];
+    for want in ["m0", "m1"] {
+        let m = next_msg(&mut sub).await;
+        assert_eq!(m.payload, want.as_bytes(), "{}", describe(&m));
+        acks.push(m.reply.clone().expect("ack subject"));
+    }
+    let m = next_msg(&mut sub).await;
+    assert_eq!(status(&m), Some(404), "got {}", describe(&m));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "ended at its heartbeat"
+    );
+    for a in acks {
+        client.publish(a, "+ACK".into()).await.unwrap();
+    }
+    within("flush", client.flush()).await.unwrap();
+    wait_info(&client, "HB", "c", |i| i["num_ack_pending"] == 0).await;
+    quiet(&mut sub, Duration::from_millis(300)).await;
+}
+
 /// The first stored message reaches a new push consumer without a poll delay, whether
 /// the deliver subject was subscribed before (nats-py, KV watchers) or after (async-nats)
 /// the create. Ten in a row used to take over a second.

@@ -2167,12 +2167,25 @@ fn timers(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
             prune_dead(&mut st, server, router);
         }
         let (last_c, last_s) = (st.rep.delivered.consumer_seq, st.rep.delivered.stream_seq);
+        // A waiting request's timer fired (an expiry or a heartbeat due): as the
+        // reference's, that also ends the no_wait requests that got something (or set no
+        // expiry) but are held back, by max_ack_pending or pacing, with 404; otherwise one
+        // would wait until an ack and then get messages its client no longer waits for.
+        let fired = st
+            .waiting
+            .iter()
+            .any(|w| w.expires.is_some_and(|e| e <= now) || w.next_hb.is_some_and(|n| n <= now));
         let mut i = 0;
         while i < st.waiting.len() {
             let w = &mut st.waiting[i];
             if w.expires.is_some_and(|e| e <= now) {
                 let w = st.waiting.remove(i).expect("index valid");
                 statuses.push((w.reply.clone(), w.timeout_status()));
+                continue;
+            }
+            if fired && w.no_wait && (w.expires.is_none() || w.delivered > 0) {
+                let w = st.waiting.remove(i).expect("index valid");
+                statuses.push((w.reply.clone(), status_hdr("404 No Messages", &[])));
                 continue;
             }
             if let (Some(h), Some(next)) = (w.heartbeat, w.next_hb) {
