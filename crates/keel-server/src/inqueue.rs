@@ -58,6 +58,9 @@ pub enum Pushed {
     Full,
     /// Not queued: an internal publisher hit the hard limit, or the queue is closed.
     Dropped,
+    /// Queued into an empty queue that wakes its reader only when the client publisher's
+    /// batch ends (`set_wake_after_batch`): the router calls `wake` then.
+    WakeLater,
 }
 
 struct State {
@@ -88,6 +91,8 @@ pub struct InQueue {
     /// and the Raft transport): routes announce its subscriptions and bring it peers'
     /// messages (`route::serves_peers`).
     cluster_wide: AtomicBool,
+    /// `set_wake_after_batch`.
+    wake_after_batch: AtomicBool,
 }
 
 impl InQueue {
@@ -109,6 +114,7 @@ impl InQueue {
             ready: Notify::new(),
             room: Notify::new(),
             cluster_wide: AtomicBool::new(false),
+            wake_after_batch: AtomicBool::new(false),
         })
     }
 
@@ -119,6 +125,19 @@ impl InQueue {
 
     pub fn is_cluster_wide(&self) -> bool {
         self.cluster_wide.load(Ordering::Relaxed)
+    }
+
+    /// With `on`, what a client connection routes here wakes the reader once the
+    /// connection's read batch is routed, not at its first message, so that the reader
+    /// sees everything that arrived together (a prioritized consumer ranks the pull
+    /// requests of one write together).
+    pub fn set_wake_after_batch(&self, on: bool) {
+        self.wake_after_batch.store(on, Ordering::Relaxed);
+    }
+
+    /// Wakes the reader (after a `WakeLater` push).
+    pub fn wake(&self) {
+        self.ready.notify_one();
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -211,6 +230,10 @@ impl InQueue {
         }
         drop(st);
         if was_empty {
+            // (A full queue's reader is woken at once: its publisher waits for room.)
+            if client && !full && self.wake_after_batch.load(Ordering::Relaxed) {
+                return Pushed::WakeLater;
+            }
             self.ready.notify_one();
         }
         if full {

@@ -35,6 +35,8 @@ pub struct Router {
     client: bool,
     /// In-process queues this batch left full; the client waits for each before reading on.
     blocked: Vec<Arc<InQueue>>,
+    /// In-process queues whose readers are woken when this batch ends (`Pushed::WakeLater`).
+    to_wake: Vec<Arc<InQueue>>,
     /// The routes the current message goes to (the first `nroutes`; the entries are kept
     /// for reuse so a routed message allocates nothing).
     routes: Vec<RouteTarget>,
@@ -89,6 +91,7 @@ impl Router {
             rng: 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xA24B_AED4_963E_E407) | 1,
             client: false,
             blocked: Vec::new(),
+            to_wake: Vec::new(),
             routes: Vec::new(),
             nroutes: 0,
             others: Vec::new(),
@@ -559,6 +562,9 @@ impl Router {
             {
                 self.blocked.push(q.clone());
             }
+            if pushed == Pushed::WakeLater {
+                self.to_wake.push(q.clone());
+            }
             return true;
         }
         if sub
@@ -609,6 +615,9 @@ impl Router {
     pub fn flush(&mut self) {
         for h in self.to_signal.drain(..) {
             h.signal();
+        }
+        for q in self.to_wake.drain(..) {
+            q.wake();
         }
     }
 

@@ -925,6 +925,40 @@ async fn priority_prioritized_serves_lower_numbers_first() {
     assert_eq!(delivery(&mut low).await.0, "3");
 }
 
+/// Prioritized, with messages already there: of two requests that arrive together (one
+/// write), the more urgent is served first even though it came second (nats.py's
+/// prioritized `messages()` test), as by the reference's request queue.
+#[tokio::test]
+async fn priority_prioritized_requests_arriving_together_serve_the_urgent_first() {
+    let (s, client, _js) = js_setup().await;
+    create_stream(&client, "RT", &["rt.>"]).await;
+    create_consumer(
+        &client,
+        "RT",
+        "c",
+        json!({"priority_policy": "prioritized", "priority_groups": ["A"]}),
+    )
+    .await;
+    publish(&client, "rt.x", "only").await;
+    let mut raw = s.raw_connected().await;
+    raw.send(b"SUB in.low 1\r\nSUB in.high 2\r\nPING\r\n").await;
+    assert_eq!(raw.read_op().await, "PONG");
+    // Both requests in one write, the less urgent first.
+    let mut burst = String::new();
+    for (inbox, priority) in [("in.low", 5), ("in.high", 1)] {
+        let body =
+            json!({"batch": 1, "expires": 2 * SEC, "group": "A", "priority": priority}).to_string();
+        burst += &format!(
+            "PUB {API}.CONSUMER.MSG.NEXT.RT.c {inbox} {}\r\n{body}\r\n",
+            body.len()
+        );
+    }
+    raw.send(burst.as_bytes()).await;
+    let (fields, payload) = raw.read_msg().await;
+    assert_eq!(fields[2], "2", "to in.high's subscription: {fields:?}");
+    assert_eq!(payload, b"only");
+}
+
 // ---------------------------------------------------------------------------
 // 6. Pause and resume, reset, replay original
 // ---------------------------------------------------------------------------

@@ -884,10 +884,11 @@ impl Consumer {
             format!("consumer {} > {name}", stream.name),
             crate::inqueue::CONSUMER_QUEUE_BYTES,
         );
-        if stream.cluster_wide() {
-            if let Some(q) = handle.internal_queue() {
+        if let Some(q) = handle.internal_queue() {
+            if stream.cluster_wide() {
                 q.set_cluster_wide();
             }
+            set_ranking(q, &st.config);
         }
         let c = Arc::new(Consumer {
             name: name.clone(),
@@ -943,6 +944,9 @@ impl Consumer {
         st.pause_ns = config.pause_ns();
         if config.priority_policy != PriorityPolicy::PinnedClient {
             st.pin = None;
+        }
+        if let Some(q) = self.handle.internal_queue() {
+            set_ranking(q, &config);
         }
         st.config = config;
         drop(st);
@@ -2064,11 +2068,22 @@ fn pull_request(
     };
     if st.config.priority_policy == PriorityPolicy::Prioritized {
         insert_by_priority(&mut st.waiting, w);
-    } else {
-        st.waiting.push_back(w);
+        drop(st);
+        // Served once this batch is handled, not at once: requests that arrived together
+        // are all queued by then (`set_ranking`), so the most urgent is served first, as
+        // by the reference's queue, not merely the first to arrive.
+        c.notify();
+        return;
     }
+    st.waiting.push_back(w);
     drop(st);
     deliver(c, server, router);
+}
+
+/// A prioritized consumer's task is woken once a client's read batch is routed, so the
+/// pull requests of one write reach it together and are ranked together.
+fn set_ranking(q: &crate::inqueue::InQueue, config: &ConsumerConfig) {
+    q.set_wake_after_batch(config.priority_policy == PriorityPolicy::Prioritized);
 }
 
 /// Queues `w` after every request of the same or a more urgent (lower) priority.
