@@ -505,21 +505,23 @@ fn js_account(key: &str, v: &Value) -> Result<JsAccountOpts, String> {
             for (k, v) in m.iter() {
                 let size = || v.as_size().map_err(|e| format!("{k}: {e}"));
                 match k.to_ascii_lowercase().as_str() {
-                    "max_mem" | "max_memory" | "max_mem_store" | "max_memory_store" => {
-                        j.max_mem = size()?
-                    }
-                    "max_file" | "max_store" | "max_disk" | "max_file_store" => {
+                    "max_mem" | "max_memory" | "mem" | "memory" | "max_mem_store"
+                    | "max_memory_store" => j.max_mem = size()?,
+                    "max_file" | "max_store" | "max_disk" | "store" | "disk" | "max_file_store" => {
                         j.max_file = size()?
                     }
-                    "max_streams" | "max_stream" => j.max_streams = int(k, v)?,
-                    "max_consumers" | "max_consumer" => j.max_consumers = int(k, v)?,
+                    "max_streams" | "max_stream" | "streams" => j.max_streams = int(k, v)?,
+                    "max_consumers" | "max_consumer" | "consumers" => j.max_consumers = int(k, v)?,
                     "max_ack_pending" => j.max_ack_pending = int(k, v)?,
-                    "max_bytes_required" | "max_stream_bytes_required" => {
+                    "max_bytes_required"
+                    | "max_stream_bytes_required"
+                    | "max_stream_bytes"
+                    | "max_bytes" => {
                         j.max_bytes_required = v
                             .as_bool()
                             .ok_or_else(|| format!("{k}: expected a boolean"))?
                     }
-                    "mem_max_stream_bytes" | "max_mem_stream_bytes" => {
+                    "mem_max_stream_bytes" | "memory_max_stream_bytes" | "max_mem_stream_bytes" => {
                         j.mem_max_stream_bytes = size()?
                     }
                     "disk_max_stream_bytes"
@@ -768,5 +770,28 @@ mod tests {
         assert!(parse("accounts { A: { mappings: {} } }")
             .unwrap_err()
             .contains("does not support yet"));
+    }
+
+    #[test]
+    fn account_jetstream_keys_take_the_reference_aliases() {
+        // nats.py's js-limits.conf spells them this way.
+        let a = parse(
+            "accounts { A: { jetstream: { memory: 1M, disk: 2M, streams: 3, consumers: 4, \
+             memory_max_stream_bytes: 2048, store_max_stream_bytes: 4096, max_stream_bytes: true } } }",
+        )
+        .unwrap();
+        let j = &a.accounts[0].jetstream;
+        assert_eq!((j.max_mem, j.max_file), (1_000_000, 2_000_000));
+        assert_eq!((j.max_streams, j.max_consumers), (3, 4));
+        assert_eq!(
+            (j.mem_max_stream_bytes, j.disk_max_stream_bytes),
+            (2048, 4096)
+        );
+        assert!(j.max_bytes_required);
+        let a = parse("accounts { A: { jetstream: { mem: 5M, store: 6M, max_bytes: false } } }")
+            .unwrap();
+        let j = &a.accounts[0].jetstream;
+        assert_eq!((j.max_mem, j.max_file), (5_000_000, 6_000_000));
+        assert!(!j.max_bytes_required);
     }
 }
