@@ -826,6 +826,65 @@ async fn creds_and_jwt_users() {
     );
 }
 
+/// Signs `claims` as a version 1 JWT (what nats.py's test fixtures still carry): header
+/// `{"typ":"jwt","alg":"ed25519"}`, the signature over the claims part alone, the claim
+/// type at the top level.
+fn jwt_v1(signer: &nkeys::KeyPair, claims: Value) -> String {
+    let h = URL_SAFE_NO_PAD.encode(br#"{"typ":"jwt","alg":"ed25519"}"#);
+    let mut claims = claims;
+    claims["jti"] = json!(format!("{:x}", rand_u64()));
+    claims["iat"] = json!(now() - 10);
+    let c = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).unwrap());
+    let sig = signer.sign(c.as_bytes()).unwrap();
+    format!("{h}.{c}.{}", URL_SAFE_NO_PAD.encode(sig))
+}
+
+/// An operator, an account and a user all with version 1 JWTs: the server starts and the
+/// user's creds connect, with the user's permissions, as with the reference.
+#[tokio::test]
+async fn version_1_jwts_still_work() {
+    let op = nkeys::KeyPair::new_operator();
+    let acc = nkeys::KeyPair::new_account();
+    let op_jwt = jwt_v1(
+        &op,
+        json!({"iss": op.public_key(), "sub": op.public_key(), "name": "OP", "type": "operator"}),
+    );
+    let acc_jwt = jwt_v1(
+        &op,
+        json!({"iss": op.public_key(), "sub": acc.public_key(), "name": "foo", "type": "account",
+               "nats": {"limits": {"subs": -1, "conn": -1, "imports": -1, "exports": -1,
+                                   "data": -1, "payload": -1, "wildcards": true}}}),
+    );
+    let server = Server::start_with_config(&format!(
+        "operator: {op_jwt}\nresolver: MEMORY\nresolver_preload {{\n  {}: {acc_jwt}\n}}\n",
+        acc.public_key()
+    ));
+    let u = nkeys::KeyPair::new_user();
+    let user = jwt_v1(
+        &acc,
+        json!({"iss": acc.public_key(), "sub": u.public_key(), "name": "foo-user", "type": "user",
+               "nats": {"pub": {"allow": ["v1.>", "_INBOX.>"]}, "sub": {}}}),
+    );
+    let opts =
+        async_nats::ConnectOptions::with_credentials(&creds(&user, &u.seed().unwrap())).unwrap();
+    let nc = server.client_with(opts).await;
+    let mut sub = nc.subscribe("v1.x").await.unwrap();
+    nc.publish("v1.x", "old".into()).await.unwrap();
+    assert_eq!(next_msg(&mut sub).await.payload, "old");
+    // Signed by another account than the one it names: refused.
+    let forged = jwt_v1(
+        &nkeys::KeyPair::new_account(),
+        json!({"iss": acc.public_key(), "sub": u.public_key(), "type": "user", "nats": {}}),
+    );
+    let opts =
+        async_nats::ConnectOptions::with_credentials(&creds(&forged, &u.seed().unwrap())).unwrap();
+    assert!(matches!(
+        connect_error(&server, opts).await,
+        async_nats::ConnectErrorKind::AuthorizationViolation
+            | async_nats::ConnectErrorKind::Authentication
+    ));
+}
+
 #[tokio::test]
 async fn a_connection_ends_when_its_jwt_expires() {
     let op = operator_setup();

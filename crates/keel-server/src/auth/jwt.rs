@@ -2,6 +2,10 @@
 //! parts, a header `{"typ":"JWT","alg":"ed25519-nkey"}`, the claims JSON, and the ed25519
 //! signature of `header.claims` by the issuer's nkey. Decoding is JSON; the signature is
 //! checked by the `nkeys` crate (no cryptography here).
+//!
+//! Version 1 JWTs (`{"typ":"jwt","alg":"ed25519"}`, which the reference still takes) differ
+//! in two ways: the signature covers the claims part alone, and the claim type is a
+//! top-level `type`; it is moved into `nats` so the rest reads both alike.
 
 use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
 use base64::Engine;
@@ -48,6 +52,9 @@ struct Claims {
     iat: i64,
     #[serde(default)]
     nats: Value,
+    /// Version 1's claim type.
+    #[serde(default, rename = "type")]
+    v1_type: String,
 }
 
 fn b64(part: &str) -> Result<Vec<u8>, String> {
@@ -69,21 +76,38 @@ pub fn decode(token: &str, kind: &str) -> Result<Jwt, String> {
     };
     let header: Header =
         serde_json::from_slice(&b64(h)?).map_err(|e| format!("invalid JWT header: {e}"))?;
-    if !header.typ.eq_ignore_ascii_case("JWT") || !header.alg.eq_ignore_ascii_case("ed25519-nkey") {
+    let v1 = header.alg.eq_ignore_ascii_case("ed25519");
+    if !header.typ.eq_ignore_ascii_case("JWT")
+        || !(v1 || header.alg.eq_ignore_ascii_case("ed25519-nkey"))
+    {
         return Err(format!(
             "unsupported JWT (typ {:?}, alg {:?})",
             header.typ, header.alg
         ));
     }
-    let claims: Claims =
+    let mut claims: Claims =
         serde_json::from_slice(&b64(c)?).map_err(|e| format!("invalid JWT claims: {e}"))?;
     let sig = b64(s)?;
     let issuer = nkeys::KeyPair::from_public_key(&claims.iss)
         .map_err(|_| format!("JWT issuer {:?} is not a public nkey", claims.iss))?;
-    let signed = &token[..h.len() + 1 + c.len()];
+    let signed = if v1 {
+        c
+    } else {
+        &token[..h.len() + 1 + c.len()]
+    };
     issuer
         .verify(signed.as_bytes(), &sig)
         .map_err(|_| "JWT signature does not verify".to_string())?;
+    if v1 {
+        if !claims.nats.is_object() {
+            claims.nats = Value::Object(Default::default());
+        }
+        if let Value::Object(o) = &mut claims.nats {
+            o.entry("type")
+                .or_insert_with(|| Value::String(claims.v1_type.clone()));
+            o.entry("version").or_insert(Value::from(1));
+        }
+    }
     let typ = claims
         .nats
         .get("type")
@@ -182,5 +206,44 @@ pub(crate) mod tests {
         assert!(decode("a.b", "account").is_err());
         let j2 = Jwt { expires: 10, ..j };
         assert!(j2.valid_at(9) && !j2.valid_at(10));
+    }
+
+    /// A version 1 JWT, as nats.py's test fixtures still carry: signed over the claims
+    /// part alone, its type at the top level.
+    fn encode_v1(signer: &nkeys::KeyPair, claims: &Value) -> String {
+        let h = URL_SAFE_NO_PAD.encode(br#"{"typ":"jwt","alg":"ed25519"}"#);
+        let c = URL_SAFE_NO_PAD.encode(serde_json::to_vec(claims).unwrap());
+        let sig = signer.sign(c.as_bytes()).unwrap();
+        format!("{h}.{c}.{}", URL_SAFE_NO_PAD.encode(sig))
+    }
+
+    #[test]
+    fn version_1_jwts_decode() {
+        let op = nkeys::KeyPair::new_operator();
+        let acc = nkeys::KeyPair::new_account();
+        let claims = serde_json::json!({
+            "iss": op.public_key(), "sub": acc.public_key(), "name": "foo", "iat": 1,
+            "type": "account", "nats": {"limits": {"conn": 3, "wildcards": true}}
+        });
+        let j = decode(&encode_v1(&op, &claims), "account").unwrap();
+        assert_eq!((j.name.as_str(), j.limit("limits", "conn")), ("foo", 3));
+        assert!(decode(&encode_v1(&op, &claims), "user").is_err());
+        // No `nats` at all (an operator).
+        let op_claims = serde_json::json!({
+            "iss": op.public_key(), "sub": op.public_key(), "type": "operator"
+        });
+        assert!(decode(&encode_v1(&op, &op_claims), "operator").is_ok());
+        // Version 1's signature is over the claims alone: one over header.claims fails.
+        let v2_signed = encode(&op, &claims);
+        let (_, rest) = v2_signed.split_once('.').unwrap();
+        let relabelled = format!(
+            "{}.{rest}",
+            URL_SAFE_NO_PAD.encode(br#"{"typ":"jwt","alg":"ed25519"}"#)
+        );
+        assert!(decode(&relabelled, "account")
+            .unwrap_err()
+            .contains("signature"));
+        // A forged one.
+        assert!(decode(&encode_v1(&acc, &claims), "account").is_err());
     }
 }
