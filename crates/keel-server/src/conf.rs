@@ -54,7 +54,8 @@ impl fmt::Display for ConfError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "config error at line {}, column {}: {}",
+            // The reference's words ("Parse error on line N"), which scripts look for.
+            "Parse error on line {}, column {}: {}",
             self.line, self.col, self.msg
         )
     }
@@ -1063,7 +1064,7 @@ mod tests {
             col: 7,
             msg: "boom".into(),
         };
-        assert_eq!(e.to_string(), "config error at line 3, column 7: boom");
+        assert_eq!(e.to_string(), "Parse error on line 3, column 7: boom");
     }
 
     #[test]

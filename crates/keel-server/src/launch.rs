@@ -95,7 +95,7 @@ pub async fn start(opts: Opts, log: Log) -> Result<Running, ()> {
                 }
             }
             Err(e) => {
-                error!(log, "Could not start JetStream: {e}");
+                error!(log, "Can't start JetStream: {e}");
                 stop_early(&server);
                 return Err(());
             }

@@ -1042,6 +1042,38 @@ async fn second_server_on_a_store_directory_refuses_to_start() {
     .unwrap();
 }
 
+/// A store directory that is a file: the server exits saying so, in the reference's words
+/// (scripts and nats.py's server tests look for them).
+#[tokio::test]
+async fn a_store_directory_that_is_a_file_stops_the_server() {
+    let dir = common::TempDir::new("keel-store-file");
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let args = vec![
+        "-js".to_string(),
+        "-sd".to_string(),
+        file.display().to_string(),
+    ];
+    let (code, out) = Server::run_to_exit(&args);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("Can't start JetStream: storage directory is not a directory"),
+        "{out}"
+    );
+}
+
+/// A config that does not parse: the server exits with the reference's "Parse error on
+/// line N".
+#[tokio::test]
+async fn a_config_that_does_not_parse_names_its_line() {
+    let dir = common::TempDir::new("keel-bad-conf");
+    let conf = dir.path().join("bad.conf");
+    std::fs::write(&conf, "{\n  \"port\": : \"invalid syntax\"\n}").unwrap();
+    let (code, out) = Server::run_to_exit(&["-c".into(), conf.display().to_string()]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("Parse error on line 2"), "{out}");
+}
+
 /// Bytes of every file under `dir`.
 fn dir_bytes(dir: &std::path::Path) -> u64 {
     let mut n = 0;

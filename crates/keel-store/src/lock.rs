@@ -19,6 +19,13 @@ pub struct DirLock {
 
 /// Takes the lock on `dir` (created if needed) or says who holds it.
 pub fn lock_dir(dir: &Path) -> Result<DirLock, String> {
+    if dir.exists() && !dir.is_dir() {
+        // The reference's words.
+        return Err(format!(
+            "storage directory is not a directory: {}",
+            dir.display()
+        ));
+    }
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let path = dir.join(NAME);
     let mut file = OpenOptions::new()
