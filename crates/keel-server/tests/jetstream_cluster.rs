@@ -1294,6 +1294,70 @@ async fn a_server_in_lame_duck_mode_is_given_no_leadership() {
     }
 }
 
+/// A worker's `consume()` loop (async-nats' `messages()`) on another server keeps going
+/// through a hand-over of its consumer: the old leader's `409 Consumer Deleted` ended it
+/// with an error (async-nats stops on that status); `409 Leadership Change` makes it pull
+/// again from the new leader, and the next message arrives on the same loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consume_loop_keeps_going_through_its_consumers_hand_over() {
+    use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy};
+    use futures::StreamExt;
+    let names = ["K1", "K2", "K3"];
+    let nodes = mesh(&names).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    let created = create_stream(
+        &c,
+        "CL",
+        r#"{"name":"CL","subjects":["cl.>"],"num_replicas":3}"#,
+    )
+    .await;
+    let leader = created["cluster"]["leader"].as_str().unwrap().to_string();
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    let js = jetstream::new(connect(&nodes[(li + 1) % 3], "app").await);
+    let consumer: jetstream::consumer::PullConsumer = js
+        .get_stream("CL")
+        .await
+        .unwrap()
+        .create_consumer(pull::Config {
+            durable_name: Some("worker".into()),
+            ack_policy: AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = consumer.messages().await.unwrap();
+    js.publish("cl.x", "before".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let m = common::within("the first message", messages.next())
+        .await
+        .expect("the loop goes on")
+        .expect("a message");
+    assert_eq!(m.payload, "before");
+    m.double_ack().await.unwrap();
+    // Its pull now waits at the consumer's leader, which hands over.
+    eventually("the pull waits", || async {
+        let i = api(&c, "$JS.API.CONSUMER.INFO.CL.worker", "").await;
+        (i["num_waiting"].as_u64() >= Some(1)).then_some(())
+    })
+    .await;
+    let r = api(&c, "$JS.API.CONSUMER.LEADER.STEPDOWN.CL.worker", "").await;
+    assert_eq!(r["success"], true, "{r}");
+    eventually("a publish after the hand-over", || async {
+        js.publish("cl.x", "after".into()).await.ok()?.await.ok()
+    })
+    .await;
+    let m = common::within("the message after the hand-over", messages.next())
+        .await
+        .expect("the loop goes on")
+        .expect("no error on the loop");
+    assert_eq!(m.payload, "after");
+    m.double_ack().await.unwrap();
+}
+
 /// A pull waiting on a replicated consumer whose leader steps down is told `409 Leadership
 /// Change` (not `Consumer Deleted`, which ends a client's consume loop), so its client
 /// pulls again from the new leader.
