@@ -1197,6 +1197,42 @@ async fn account_jetstream_limits() {
     assert_eq!(r["config"]["max_ack_pending"], 10, "{r}");
 }
 
+/// An account's `max_consumers` limits each stream, not the account's total (the
+/// reference's rule): two consumers on one stream and one more on another all fit under 2.
+#[tokio::test]
+async fn account_max_consumers_is_per_stream() {
+    let server = Server::start_jetstream_with_config(
+        r#"accounts { A: { users: [{user: a, password: a}], jetstream: { max_consumers: 2 } } }"#,
+    );
+    let a = server.client_with(user("a", "a")).await;
+    sync(&a).await;
+    for s in ["S1", "S2"] {
+        let r = json_request(
+            &a,
+            &format!("$JS.API.STREAM.CREATE.{s}"),
+            json!({"name": s, "subjects": [s.to_lowercase()]}).to_string(),
+        )
+        .await
+        .1;
+        assert!(r.get("error").is_none(), "{r}");
+    }
+    let create = |s: &str, c: &str| {
+        (
+            format!("$JS.API.CONSUMER.CREATE.{s}.{c}"),
+            json!({"stream_name": s, "config": {"durable_name": c, "ack_policy": "explicit"}})
+                .to_string(),
+        )
+    };
+    for (s, c) in [("S1", "a"), ("S1", "b"), ("S2", "c")] {
+        let (subject, body) = create(s, c);
+        let r = json_request(&a, &subject, body).await.1;
+        assert!(r.get("error").is_none(), "{s}.{c}: {r}");
+    }
+    let (subject, body) = create("S1", "d");
+    let r = json_request(&a, &subject, body).await.1;
+    assert_eq!(api_error(&r).1, 10026, "{r}");
+}
+
 /// The server's `max_file_store` holds every account's streams: a reservation or a publish
 /// in B counts what A reserved and stored.
 #[tokio::test]

@@ -218,19 +218,14 @@ fn create_consumer(
     }
     cfg.check_supported()?;
     let consumers = js.consumers_of(stream_name);
-    if scfg.max_consumers > 0 && consumers.len() as i64 >= scfg.max_consumers {
-        return Err(ErrorKind::MaxConsumers.err());
-    }
-    // The account's limit counts the consumers of all its streams.
+    // As the reference: the account's max_consumers is a per-stream limit, like the
+    // stream's own; the lower of the two applies.
     let account_max = js.account.jetstream_limits().max_consumers;
-    if account_max >= 0
-        && js
-            .streams()
-            .iter()
-            .map(|s| s.consumers.len())
-            .sum::<usize>() as i64
-            >= account_max
-    {
+    let mut max = scfg.max_consumers;
+    if max <= 0 || (account_max > 0 && account_max < max) {
+        max = account_max;
+    }
+    if max > 0 && consumers.len() as i64 >= max {
         return Err(ErrorKind::MaxConsumers.err());
     }
     if scfg.retention == stream::Retention::Workqueue {
