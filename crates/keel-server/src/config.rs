@@ -66,6 +66,8 @@ pub struct Opts {
     pub jetstream_strict: bool,
     /// `jetstream { domain }`: the JetStream domain, also served on `$JS.<domain>.API.>`.
     pub jetstream_domain: Option<String>,
+    /// `jetstream { limits { ... } }`: the server-wide JetStream limits.
+    pub js_limits: JsLimits,
     pub debug: bool,
     pub trace: bool,
     /// `max_traced_msg_len`: a traced payload longer than this shows its first this many
@@ -286,6 +288,7 @@ impl Default for Opts {
             disk: keel_store::Disk::real(),
             jetstream_strict: true,
             jetstream_domain: None,
+            js_limits: JsLimits::default(),
             debug: false,
             trace: false,
             max_traced_msg_len: 0,
@@ -496,6 +499,67 @@ const UNSUPPORTED_KEYS: &[&str] = &[
     "proxies",
 ];
 
+/// `jetstream { limits { ... } }`, as the reference: 0 where a key is not set (no limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JsLimits {
+    /// The ceiling (and the default when lower than 1,000) of consumers' `max_ack_pending`.
+    pub max_ack_pending: i64,
+    /// The ceiling (and the default) of pull consumers' `max_request_batch`.
+    pub max_request_batch: i64,
+    /// The ceiling (and the default when lower than 2 minutes) of streams'
+    /// `duplicate_window`, in nanoseconds.
+    pub duplicate_window: i64,
+    /// The consumers a stream may have when its own `max_consumers` is not set: 1,000
+    /// unless set (nats-server 2.15's default, also for 0); below 0, no limit.
+    pub default_max_consumers: i64,
+}
+
+/// nats-server 2.15's `default_max_consumers`.
+pub const DEFAULT_MAX_CONSUMERS: i64 = 1000;
+
+impl Default for JsLimits {
+    fn default() -> Self {
+        JsLimits {
+            max_ack_pending: 0,
+            max_request_batch: 0,
+            duplicate_window: 0,
+            default_max_consumers: DEFAULT_MAX_CONSUMERS,
+        }
+    }
+}
+
+fn js_limits(key: &str, v: &Value) -> Result<JsLimits, String> {
+    let Value::Map(m) = v else {
+        return Err(format!("{key}: expected a block"));
+    };
+    let mut l = JsLimits::default();
+    for (k, v) in &m.0 {
+        let int = || {
+            v.as_i64()
+                .ok_or_else(|| format!("{k}: expected an integer"))
+        };
+        match k.to_ascii_lowercase().as_str() {
+            "max_ack_pending" => l.max_ack_pending = int()?,
+            "max_request_batch" => l.max_request_batch = int()?,
+            // 0 is the default, as unset (the reference's); below 0, no limit.
+            "default_max_consumers" => {
+                l.default_max_consumers = Some(int()?)
+                    .filter(|n| *n != 0)
+                    .unwrap_or(DEFAULT_MAX_CONSUMERS)
+            }
+            "duplicate_window" => {
+                l.duplicate_window = i64::try_from(duration(k, v)?.as_nanos())
+                    .map_err(|_| format!("{k}: too long"))?
+            }
+            "max_ha_assets" | "batch" => {
+                return Err(not_supported(&format!("jetstream limits key {k:?}")))
+            }
+            _ => return Err(format!("unknown jetstream limits key {k:?}")),
+        }
+    }
+    Ok(l)
+}
+
 /// `jetstream { ... }` keys of the reference that Keel does not implement.
 const UNSUPPORTED_JETSTREAM_KEYS: &[&str] = &[
     // Encryption at rest.
@@ -507,9 +571,8 @@ const UNSUPPORTED_JETSTREAM_KEYS: &[&str] = &[
     "prev_encryption_key",
     "cipher",
     "tpm",
-    // Operator-mode account limits and server-wide JetStream limits.
+    // Operator-mode account limits.
     "extension_hint",
-    "limits",
     // Clustering.
     "unique_tag",
     "max_outstanding_catchup",
@@ -1098,6 +1161,7 @@ fn apply_jetstream(opts: &mut Opts, key: &str, v: &Value) -> Result<(), String> 
                         opts.max_file_store = Some(v.as_size().map_err(|e| format!("{k}: {e}"))?)
                     }
                     "enabled" => opts.jetstream = boolean(k, v)?,
+                    "limits" => opts.js_limits = js_limits(k, v)?,
                     "index_cache_size" => {
                         let n = v.as_size().map_err(|e| format!("{k}: {e}"))?;
                         if n < 0 {
@@ -1411,12 +1475,30 @@ mod tests {
         assert!(apply("jetstream { domain: \"a b\" }")
             .unwrap_err()
             .contains("is not a valid subject"));
-        for key in ["cipher: aes", "max_buffered_msgs: 10", "limits { }"] {
+        for key in [
+            "cipher: aes",
+            "max_buffered_msgs: 10",
+            "limits { max_ha_assets: 5 }",
+        ] {
             let e = apply(&format!("jetstream {{ {key} }}")).unwrap_err();
             assert!(e.contains("does not support yet"), "{key}: {e}");
         }
         assert!(apply("jetstream { bogus: 1 }")
             .unwrap_err()
             .contains("unknown jetstream configuration key"));
+        let mut o = Opts::default();
+        assert_eq!(o.js_limits.default_max_consumers, DEFAULT_MAX_CONSUMERS);
+        let limits = "jetstream { limits { max_ack_pending: 5, duplicate_window: 30s, \
+                      default_max_consumers: -1 } }";
+        apply_config(&mut o, &conf::parse(limits).unwrap()).unwrap();
+        assert_eq!(o.js_limits.max_ack_pending, 5);
+        assert_eq!(o.js_limits.duplicate_window, 30_000_000_000);
+        assert_eq!(o.js_limits.default_max_consumers, -1);
+        let zero = "jetstream { limits { default_max_consumers: 0 } }";
+        apply_config(&mut o, &conf::parse(zero).unwrap()).unwrap();
+        assert_eq!(o.js_limits.default_max_consumers, DEFAULT_MAX_CONSUMERS);
+        assert!(apply("jetstream { limits { bogus: 1 } }")
+            .unwrap_err()
+            .contains("unknown jetstream limits key"));
     }
 }

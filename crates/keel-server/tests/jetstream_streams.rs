@@ -2261,3 +2261,99 @@ async fn stream_delete_refuses_a_body() {
         assert_eq!(resp["success"], true, "{body:?}: {resp}");
     }
 }
+
+/// `jetstream { limits { ... } }`: the server's ceilings and defaults for streams'
+/// duplicate window and consumers' max_ack_pending, max_request_batch and count, applied
+/// and shown in `/varz` and `/jsz` as the reference does; without the block, 1,000
+/// consumers per stream (nats-server 2.15's default).
+#[tokio::test]
+async fn server_jetstream_limits_cap_and_default() {
+    let s = Server::start_jetstream_with_config(
+        r#"http_port: -1
+           jetstream { limits { max_ack_pending: 100, max_request_batch: 50,
+             duplicate_window: "1m", default_max_consumers: 2 } }"#,
+    );
+    let want = json!({"max_request_batch": 50, "max_ack_pending": 100,
+        "max_duplicate_window": 60_000_000_000i64, "default_max_consumers": 2});
+    for (path, at) in [("/varz", "/jetstream/limits"), ("/jsz", "/limits")] {
+        let r = common::http_get(s.monitor_port(), path).await;
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(v.pointer(at), Some(&want), "{path}: {v}");
+    }
+    let c = s.client().await;
+    let stream = |name: &str, extra: Value| {
+        let mut cfg = json!({"name": name, "subjects": [format!("{}.>", name.to_lowercase())]});
+        common::merge(&mut cfg, extra);
+        cfg
+    };
+    let r = common::api(&c, "$JS.API.STREAM.CREATE.L", stream("L", json!({}))).await;
+    assert_eq!(r["config"]["duplicate_window"], 60_000_000_000i64, "{r}");
+    let (code, err, text) = api_err(
+        &c,
+        "$JS.API.STREAM.CREATE.L2",
+        stream("L2", json!({"duplicate_window": 90_000_000_000i64})).to_string(),
+    )
+    .await;
+    assert_eq!((code, err), (500, 10052), "{text}");
+    assert_eq!(
+        text,
+        "duplicates window can not be larger then server limit of 1m0s"
+    );
+    let consumer = |name: &str, extra: Value| {
+        let mut cfg = json!({"durable_name": name, "ack_policy": "explicit"});
+        common::merge(&mut cfg, extra);
+        (
+            format!("$JS.API.CONSUMER.CREATE.L.{name}"),
+            json!({"stream_name": "L", "config": cfg}).to_string(),
+        )
+    };
+    let (subject, body) = consumer("a", json!({}));
+    let r = json_request(&c, &subject, body).await.1;
+    assert_eq!(r["config"]["max_ack_pending"], 100, "{r}");
+    assert_eq!(r["config"]["max_batch"], 50, "{r}");
+    let (subject, body) = consumer("big", json!({"max_ack_pending": 200}));
+    let (_, err, text) = api_err(&c, &subject, body).await;
+    assert_eq!(err, 10121, "{text}");
+    assert_eq!(text, "consumer max ack pending exceeds system limit of 100");
+    let (subject, body) = consumer("batch", json!({"max_batch": 60}));
+    let (_, err, text) = api_err(&c, &subject, body).await;
+    assert_eq!(err, 10125, "{text}");
+    assert_eq!(
+        text,
+        "consumer max request batch exceeds server limit of 50"
+    );
+    let (subject, body) = consumer("b", json!({}));
+    assert!(json_request(&c, &subject, body)
+        .await
+        .1
+        .get("error")
+        .is_none());
+    let (subject, body) = consumer("c", json!({}));
+    assert_eq!(api_err(&c, &subject, body).await.1, 10026);
+    // A stream's own max_consumers wins over the server's default.
+    let r = common::api(
+        &c,
+        "$JS.API.STREAM.CREATE.M",
+        stream("M", json!({"max_consumers": 3})),
+    )
+    .await;
+    assert!(r.get("error").is_none(), "{r}");
+    for n in ["a", "b", "c"] {
+        let r = common::api(
+            &c,
+            &format!("$JS.API.CONSUMER.CREATE.M.{n}"),
+            json!({"stream_name": "M", "config": {"durable_name": n}}),
+        )
+        .await;
+        assert!(r.get("error").is_none(), "{r}");
+    }
+
+    let s = Server::start_jetstream_with_config("http_port: -1");
+    let r = common::http_get(s.monitor_port(), "/varz").await;
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(
+        v["jetstream"]["limits"],
+        json!({"default_max_consumers": 1000}),
+        "{v}"
+    );
+}

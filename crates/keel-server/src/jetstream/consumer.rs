@@ -248,7 +248,7 @@ pub struct CreateRequest {
 }
 
 const DEFAULT_ACK_WAIT: i64 = 30_000_000_000;
-const DEFAULT_MAX_ACK_PENDING: i64 = 1000;
+pub const DEFAULT_MAX_ACK_PENDING: i64 = 1000;
 const DEFAULT_MAX_WAITING: i64 = 512;
 const DEFAULT_INACTIVE: i64 = 5_000_000_000;
 /// How long a pinned client keeps its pin without asking again (`priority_timeout`).

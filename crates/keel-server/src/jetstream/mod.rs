@@ -105,6 +105,7 @@ impl JetStreams {
                 max_memory,
                 max_store,
                 sync_interval: opts.sync_interval,
+                limits: opts.js_limits,
                 strict: opts.jetstream_strict,
                 domain: opts.jetstream_domain.clone(),
                 account,
@@ -218,6 +219,8 @@ pub struct JetStream {
     pub max_store: i64,
     /// None: sync before every ack (the default). Some(d): sync every d, ack at once.
     pub sync_interval: Option<Duration>,
+    /// `jetstream { limits }`.
+    pub limits: crate::config::JsLimits,
     /// `jetstream { strict }` (default true): API requests with fields the reference does
     /// not know are refused rather than decoded with those fields ignored.
     pub strict: bool,

@@ -112,7 +112,7 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
                     "ha_assets": 0,
                     "api": jsz::api_json(jsz::api_level(), Some(js)),
                 },
-                "limits": {},
+                "limits": jsz::limits_json(&js.first().limits),
             })
         }
         None => json!({}),

@@ -152,7 +152,7 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         "server_id": s.server_id,
         "now": rfc3339(now_nanos()),
         "config": config_json(first),
-        "limits": {},
+        "limits": limits_json(&first.limits),
         "streams": streams.len(),
         "consumers": n_consumers,
         "messages": messages,
@@ -280,4 +280,21 @@ fn stream_detail(
         d.insert("consumer_detail".into(), list.into());
     }
     Value::Object(d)
+}
+
+/// `jetstream { limits }` as the reference's `/jsz` and `/varz` show them (keys left out
+/// when not set; `default_max_consumers` always, 1,000 unless configured).
+pub fn limits_json(l: &crate::config::JsLimits) -> Value {
+    let mut m = serde_json::Map::new();
+    for (k, v) in [
+        ("max_request_batch", l.max_request_batch),
+        ("max_ack_pending", l.max_ack_pending),
+        ("max_duplicate_window", l.duplicate_window),
+        ("default_max_consumers", l.default_max_consumers),
+    ] {
+        if v != 0 {
+            m.insert(k.into(), v.into());
+        }
+    }
+    Value::Object(m)
 }

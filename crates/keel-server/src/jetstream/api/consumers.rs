@@ -155,12 +155,33 @@ fn create_consumer(
     if let Some(d) = cfg.durable_name.clone().filter(|d| !d.is_empty()) {
         cfg.name = Some(d);
     }
-    // The account's max_ack_pending is the default and the ceiling.
+    // The server's (`jetstream { limits }`) and then the account's max_ack_pending are
+    // ceilings, and the default when lower than the usual one; the server's
+    // max_request_batch too, for pull consumers (the reference's order).
+    let srv = server.opts.js_limits;
     let ack_limit = js.account.jetstream_limits().max_ack_pending;
-    if ack_limit > 0 && cfg.ack_policy != consumer::AckPolicy::None {
-        if cfg.max_ack_pending == 0 {
-            cfg.max_ack_pending = ack_limit;
-        } else if cfg.max_ack_pending > ack_limit || cfg.max_ack_pending < 0 {
+    if cfg.ack_policy != consumer::AckPolicy::None && cfg.max_ack_pending == 0 {
+        let lower = [srv.max_ack_pending, ack_limit]
+            .into_iter()
+            .filter(|l| *l > 0)
+            .min();
+        if let Some(l) = lower {
+            cfg.max_ack_pending = l.min(consumer::DEFAULT_MAX_ACK_PENDING);
+        }
+    }
+    let pull = cfg.deliver_subject.as_deref().unwrap_or("").is_empty();
+    if pull && srv.max_request_batch > 0 {
+        if cfg.max_batch == 0 {
+            cfg.max_batch = srv.max_request_batch;
+        } else if cfg.max_batch > srv.max_request_batch {
+            return Err(ErrorKind::ConsumerMaxRequestBatchExceeds.with(srv.max_request_batch));
+        }
+    }
+    if cfg.ack_policy != consumer::AckPolicy::None {
+        if srv.max_ack_pending > 0 && cfg.max_ack_pending > srv.max_ack_pending {
+            return Err(ErrorKind::ConsumerMaxAckPendingExceeds.with(srv.max_ack_pending));
+        }
+        if ack_limit > 0 && (cfg.max_ack_pending > ack_limit || cfg.max_ack_pending < 0) {
             return Err(ErrorKind::ConsumerMaxAckPendingExceeds.with(ack_limit));
         }
     }
@@ -218,10 +239,14 @@ fn create_consumer(
     }
     cfg.check_supported()?;
     let consumers = js.consumers_of(stream_name);
-    // As the reference: the account's max_consumers is a per-stream limit, like the
-    // stream's own; the lower of the two applies.
+    // As the reference: the stream's max_consumers, or without one the server's
+    // `default_max_consumers`; the account's max_consumers, a per-stream limit too, when
+    // lower.
     let account_max = js.account.jetstream_limits().max_consumers;
     let mut max = scfg.max_consumers;
+    if max <= 0 {
+        max = srv.default_max_consumers;
+    }
     if max <= 0 || (account_max > 0 && account_max < max) {
         max = account_max;
     }

@@ -184,6 +184,7 @@ error_table! {
     ConsumerFlowControlHeartbeat = (400, 10108, "consumer with flow control also needs heartbeats");
     ConsumerMaxAckPendingExceeds = (400, 10121, "consumer max ack pending exceeds system limit of {}");
     ConsumerMaxRequestBatch = (400, 10114, "consumer max request batch needs to be > 0");
+    ConsumerMaxRequestBatchExceeds = (400, 10125, "consumer max request batch exceeds server limit of {}");
     ConsumerMaxRequestExpires = (400, 10115, "consumer max request expires needs to be >= 1ms");
     ConsumerBackoffMaxDeliver = (400, 10116, "max deliver is required to be > length of backoff values");
     ConsumerNamePathSeparators = (400, 10127, "Consumer name can not contain path separators");

@@ -152,7 +152,26 @@ pub(crate) fn parse_config(
     if cfg.name != name {
         return Err(ErrorKind::StreamMismatch.err());
     }
+    // `jetstream { limits { duplicate_window } }` lowers the default window (2 minutes, or
+    // max_age if shorter) and caps a given one, as the reference's.
+    let dup_limit = js.limits.duplicate_window;
+    let mut cfg = cfg;
+    let sourcing = cfg.mirror.is_some() || !cfg.sources.is_empty();
+    if dup_limit > 0 && cfg.duplicate_window == 0 && !sourcing {
+        cfg.duplicate_window = if cfg.max_age > 0 {
+            dup_limit.min(cfg.max_age)
+        } else {
+            dup_limit
+        }
+        .min(crate::jetstream::stream::config::DEFAULT_DUPLICATE_WINDOW);
+    }
     let cfg = cfg.normalize()?;
+    if dup_limit > 0 && cfg.duplicate_window > dup_limit {
+        return Err(ErrorKind::InvalidConfig.with(format!(
+            "duplicates window can not be larger then server limit of {}",
+            crate::time::go_duration(dup_limit)
+        )));
+    }
     if cfg.num_replicas > 1 && !js.clustered() {
         return Err(ErrorKind::ReplicasNotSupported.err());
     }

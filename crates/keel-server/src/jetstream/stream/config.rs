@@ -185,7 +185,7 @@ pub const REQ_LEVEL_KEY: &str = "_nats.req.level";
 pub const API_LEVEL: u32 = 1;
 
 const MAX_NAME_LEN: usize = 255;
-const DEFAULT_DUPLICATE_WINDOW: i64 = 120_000_000_000;
+pub const DEFAULT_DUPLICATE_WINDOW: i64 = 120_000_000_000;
 
 /// Is `name` usable as a stream or consumer name (the reference's rule)?
 pub fn valid_name(name: &str) -> bool {
