@@ -402,9 +402,6 @@ const KEEL_DIFFS: &[(&str, Option<&str>)] = &[
         "jetstream.config.sync_interval:n",
         Some("jetstream.config.sync_always:b"),
     ),
-    // keel has no default consumer limit; the reference leaves unset limits out.
-    ("limits.default_max_consumers:n", None),
-    ("jetstream.limits.default_max_consumers:n", None),
     // keel has no account imports; the reference leaves an empty list out.
     ("account_detail.imports:a", None),
 ];
