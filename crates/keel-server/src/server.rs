@@ -856,9 +856,6 @@ impl Server {
         // and this server stands for no election of its own while it winds down.
         crate::jetstream::cluster::hand_off_leadership(self, true).await;
         tokio::time::sleep(grace).await;
-        // Before the clients go: their pulls are told, so they pull again where they
-        // reconnect.
-        self.signal_pull_consumers().await;
         let clients = self.clients();
         if !clients.is_empty() {
             let spread = duration.saturating_sub(grace) / clients.len() as u32;
@@ -868,6 +865,9 @@ impl Server {
                 tokio::time::sleep(spread.min(Duration::from_secs(1))).await;
             }
         }
+        // As the reference's shutdown: the pulls still waiting (those routed from clients
+        // of other servers; this server's own clients are gone) are told.
+        self.signal_pull_consumers().await;
         self.announce_stop(false);
         self.shutdown();
     }

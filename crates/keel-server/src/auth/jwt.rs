@@ -103,8 +103,10 @@ pub fn decode(token: &str, kind: &str) -> Result<Jwt, String> {
             claims.nats = Value::Object(Default::default());
         }
         if let Value::Object(o) = &mut claims.nats {
-            o.entry("type")
-                .or_insert_with(|| Value::String(claims.v1_type.clone()));
+            // The top-level type is version 1's (it wins, as in the jwt library).
+            if !claims.v1_type.is_empty() || !o.contains_key("type") {
+                o.insert("type".into(), Value::String(claims.v1_type.clone()));
+            }
             o.entry("version").or_insert(Value::from(1));
         }
     }
@@ -245,5 +247,12 @@ pub(crate) mod tests {
             .contains("signature"));
         // A forged one.
         assert!(decode(&encode_v1(&acc, &claims), "account").is_err());
+        // The top-level type is the one that counts.
+        let mixed = serde_json::json!({
+            "iss": op.public_key(), "sub": acc.public_key(), "type": "account",
+            "nats": {"type": "user"}
+        });
+        assert!(decode(&encode_v1(&op, &mixed), "account").is_ok());
+        assert!(decode(&encode_v1(&op, &mixed), "user").is_err());
     }
 }

@@ -1111,7 +1111,12 @@ async fn create(
             inflight.insert(n, a);
         }
     }
-    let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let mut raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    // The duplicate window this leader resolved (its `jetstream { limits }` may lower the
+    // default) goes into the assignment, so every replica keeps the same one.
+    if raw.is_object() && raw.get("duplicate_window").is_none() && cfg.duplicate_window > 0 {
+        raw["duplicate_window"] = cfg.duplicate_window.into();
+    }
     // Assigned already (the request reached this leader before the assignment reached the
     // server it was sent to, or came from a server with no replica), or proposed and not
     // yet applied: proposed again with this reply and the same group and peers
@@ -1373,7 +1378,10 @@ async fn rescale(
     if let Ok(old) = super::api::streams::parse_config(js, name, &old) {
         old.check_update(&cfg)?;
     }
-    let raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let mut raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    if raw.is_object() && raw.get("duplicate_window").is_none() && cfg.duplicate_window > 0 {
+        raw["duplicate_window"] = cfg.duplicate_window.into();
+    }
     let mut peers = a.peers.clone();
     if want < peers.len() {
         if let Some(l) = js.stream(name).and_then(|s| s.leader_name()) {

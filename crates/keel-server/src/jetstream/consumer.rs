@@ -595,6 +595,9 @@ struct PullRequest {
     no_wait: bool,
     /// Messages delivered to it so far.
     delivered: u64,
+    /// A delivery pass has looked at it (and could not fill it): only then may a timer
+    /// end a no_wait request (a prioritized one waits for the task's pass).
+    seen: bool,
     /// The priority group fields of a JSON request body (absent for other bodies).
     group: Option<PullGroup>,
 }
@@ -2064,6 +2067,7 @@ fn pull_request(
         next_hb: hb.map(|h| now + h),
         no_wait: req.no_wait,
         delivered: 0,
+        seen: false,
         group: req.group,
     };
     if st.config.priority_policy == PriorityPolicy::Prioritized {
@@ -2198,7 +2202,7 @@ fn timers(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
                 statuses.push((w.reply.clone(), w.timeout_status()));
                 continue;
             }
-            if fired && w.no_wait && (w.expires.is_none() || w.delivered > 0) {
+            if fired && w.no_wait && w.seen && (w.expires.is_none() || w.delivered > 0) {
                 let w = st.waiting.remove(i).expect("index valid");
                 statuses.push((w.reply.clone(), status_hdr("404 No Messages", &[])));
                 continue;
@@ -2255,6 +2259,10 @@ enum Stop {
 fn deliver(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
     let stop = deliver_pass(c, server, router);
     if stop != Stop::Done {
+        // Held back: the no_wait requests were looked at, and a timer may end them now.
+        for w in c.lock().waiting.iter_mut().filter(|w| w.no_wait) {
+            w.seen = true;
+        }
         return;
     }
     // End of what is available: a no_wait request that got something (or set no expiry)

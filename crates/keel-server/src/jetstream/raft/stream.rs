@@ -2139,8 +2139,11 @@ pub async fn run_group(
                     s.name
                 );
                 if let Some(js) = account_js(&server, &s) {
-                    let (server, name) = (server.clone(), s.name.clone());
+                    let (server, name, stream) = (server.clone(), s.name.clone(), s.clone());
                     tokio::spawn(async move {
+                        // Its consumers go on with the stream's other replicas: pulls
+                        // waiting here are told to pull again, not that they are deleted.
+                        crate::jetstream::registry::stop_consumers(&js, &server, &stream).await;
                         let mut router = crate::router::Router::new(js.account.clone(), 0x5250);
                         let _ = crate::jetstream::registry::delete_stream(
                             &js,
