@@ -1294,6 +1294,46 @@ async fn a_server_in_lame_duck_mode_is_given_no_leadership() {
     }
 }
 
+/// A replicated stream made with `first_seq` starts there on every replica (nats.py's
+/// `test_stream_first_seq` on a cluster got a 503: the skip was asked of a group with no
+/// leader yet), for R1 and R3, and after a leader change too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clustered_stream_with_first_seq_starts_there() {
+    let nodes = mesh(&["F1", "F2", "F3"]).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[1], "app").await;
+    for (name, replicas) in [("FS1", 1), ("FS3", 3)] {
+        let lower = name.to_lowercase();
+        let created = create_stream(
+            &c,
+            name,
+            &format!(
+                r#"{{"name":"{name}","subjects":["{lower}.>"],"num_replicas":{replicas},"first_seq":1000}}"#
+            ),
+        )
+        .await;
+        assert_eq!(created["state"]["first_seq"], 1000, "{created}");
+        assert_eq!(
+            publish_acked(&c, &format!("{lower}.x"), "a".into()).await,
+            1000
+        );
+    }
+    let first = stream_leader(&c, "FS3", "").await;
+    let r = api(&c, "$JS.API.STREAM.LEADER.STEPDOWN.FS3", "").await;
+    assert_eq!(r["success"], true, "{r}");
+    stream_leader(&c, "FS3", &first).await;
+    assert_eq!(publish_acked(&c, "fs3.x", "b".into()).await, 1001);
+    let info = api(&c, "$JS.API.STREAM.INFO.FS3", "").await;
+    assert_eq!(
+        (
+            info["state"]["first_seq"].as_u64(),
+            info["state"]["messages"].as_u64()
+        ),
+        (Some(1000), Some(2)),
+        "{info}"
+    );
+}
+
 /// A worker's `consume()` loop (async-nats' `messages()`) on another server keeps going
 /// through a hand-over of its consumer: the old leader's `409 Consumer Deleted` ended it
 /// with an error (async-nats stops on that status); `409 Leadership Change` makes it pull

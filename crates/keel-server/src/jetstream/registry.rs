@@ -630,7 +630,8 @@ pub async fn create_stream(
     let first_seq = meta.config.first_seq;
     let s = Stream::open(server, &js.account, &dir, meta, &js.settings())
         .map_err(|e| ErrorKind::StreamCreate.with(e))?;
-    if first_seq > 1 {
+    // (A replicated stream's replicas start there themselves, in `Stream::open`.)
+    if first_seq > 1 && s.group.is_none() {
         let r = s
             .ask(|reply| stream::Command::SkipTo {
                 next: first_seq,

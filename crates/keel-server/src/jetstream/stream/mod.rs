@@ -168,6 +168,16 @@ impl Stream {
                 q.set_cluster_wide();
             }
         }
+        let mut store = store;
+        if group.is_some() && config.first_seq > 1 && store.last_seq() == 0 {
+            // A new replicated stream's `first_seq`: every replica starts its empty store
+            // there itself (the config decides it alike everywhere), before its group
+            // applies anything; a leader does not exist yet to put it in the log.
+            store
+                .skip_to(config.first_seq)
+                .and_then(|_| store.sync())
+                .map_err(|e| format!("cannot start at first_seq {}: {e}", config.first_seq))?;
+        }
         let (write, read) = read::WriteHandle::new(store, settings.syncing.clone());
         let mut leader = decide::Leader::new(&config);
         let (bytes, last) = {
