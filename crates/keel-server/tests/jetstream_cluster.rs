@@ -1294,6 +1294,56 @@ async fn a_server_in_lame_duck_mode_is_given_no_leadership() {
     }
 }
 
+/// Sources and mirrors in a cluster: the sourcing stream is placed where its origins'
+/// replicas are (Keel sources through a local replica), so an R1 stream sourcing or
+/// mirroring another R1 stream, and an R3 one sourcing an R3 one, get every message
+/// (nats.py's `test_stream_source_opt_start_time` and `test_subject_transforms` on a
+/// cluster found sourced streams empty: R1 streams are spread over the servers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_and_mirrors_in_a_cluster_get_every_message() {
+    let nodes = mesh(&["O1", "O2", "O3"]).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[1], "app").await;
+    for (origin, replicas) in [("ORG1", 1), ("ORG3", 3)] {
+        let lower = origin.to_lowercase();
+        create_stream(
+            &c,
+            origin,
+            &format!(r#"{{"name":"{origin}","subjects":["{lower}.>"],"num_replicas":{replicas}}}"#),
+        )
+        .await;
+        for n in 0..3 {
+            publish_acked(&c, &format!("{lower}.x"), format!("m{n}")).await;
+        }
+    }
+    let targets = [
+        ("SRC1", r#""num_replicas":1,"sources":[{"name":"ORG1"}]"#),
+        ("MIR1", r#""num_replicas":1,"mirror":{"name":"ORG1"}"#),
+        ("SRC3", r#""num_replicas":3,"sources":[{"name":"ORG3"}]"#),
+    ];
+    for (name, rest) in targets {
+        create_stream(&c, name, &format!(r#"{{"name":"{name}",{rest}}}"#)).await;
+    }
+    for (name, _) in targets {
+        eventually(&format!("{name} has the 3 messages"), || async {
+            let i = api(&c, &format!("$JS.API.STREAM.INFO.{name}"), "").await;
+            (i["state"]["messages"] == 3).then_some(())
+        })
+        .await;
+    }
+    // New messages keep coming after the sourcing stream's leader changes.
+    let first = stream_leader(&c, "SRC3", "").await;
+    let r = api(&c, "$JS.API.STREAM.LEADER.STEPDOWN.SRC3", "").await;
+    assert_eq!(r["success"], true, "{r}");
+    stream_leader(&c, "SRC3", &first).await;
+    publish_acked(&c, "org3.x", "after".into()).await;
+    eventually("SRC3 has the 4th message", || async {
+        let i = api(&c, "$JS.API.STREAM.INFO.SRC3", "").await;
+        (i["state"]["messages"] == 4).then_some(())
+    })
+    .await;
+}
+
 /// A replicated stream made with `first_seq` starts there on every replica (nats.py's
 /// `test_stream_first_seq` on a cluster got a 503: the skip was asked of a group with no
 /// leader yet), for R1 and R3, and after a leader change too.

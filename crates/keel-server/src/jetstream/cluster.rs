@@ -443,7 +443,7 @@ impl Meta {
                 }
                 let mut peers: Vec<String> =
                     a.peers.iter().filter(|p| *p != name).cloned().collect();
-                let more = place(self, &state, 1, &a.config, &a.peers).unwrap_or_default();
+                let more = place(self, &state, account, 1, &a.config, &a.peers).unwrap_or_default();
                 if more.is_empty() {
                     warn!(
                         server.log,
@@ -1153,7 +1153,14 @@ async fn create(
     if max_streams >= 0 && mine.len() as i64 >= max_streams {
         return Err(ErrorKind::MaxStreams.err());
     }
-    let peers = place(meta, &state, cfg.num_replicas.max(1) as usize, &raw, &[])?;
+    let peers = place(
+        meta,
+        &state,
+        &js.account.name,
+        cfg.num_replicas.max(1) as usize,
+        &raw,
+        &[],
+    )?;
     let replicas = peers.len();
     // Every stream has a group, R1 too, so that its replicas can change later (new peers
     // catch up from the group's log or a snapshot); a memory stream's log is in memory.
@@ -1226,6 +1233,7 @@ fn has_tags(
 fn place(
     meta: &Meta,
     state: &MetaState,
+    account: &str,
     replicas: usize,
     cfg: &Value,
     exclude: &[String],
@@ -1298,9 +1306,44 @@ fn place(
     if up + exclude.len() < (replicas + exclude.len()) / 2 + 1 {
         return Err(refused(true));
     }
-    let mut ranked: Vec<((bool, usize), String)> = load.into_iter().map(|(n, l)| (l, n)).collect();
+    // A stream sources (or mirrors) streams of this cluster through their replicas on its
+    // own server (`sourcing.rs` reads a local store): the servers holding the most of its
+    // origins come first, then the least loaded.
+    let origins = origin_names(cfg);
+    let lacking = |server: &str| {
+        origins
+            .iter()
+            .filter(|o| {
+                !state
+                    .streams
+                    .get(account)
+                    .and_then(|m| m.get(o.as_str()))
+                    .is_some_and(|a| a.peers.iter().any(|p| p == server))
+            })
+            .count()
+    };
+    let mut ranked: Vec<((bool, usize, usize), String)> = load
+        .into_iter()
+        .map(|(n, (down, l))| ((down, lacking(&n), l), n))
+        .collect();
     ranked.sort();
     Ok(ranked.into_iter().take(replicas).map(|(_, n)| n).collect())
+}
+
+/// The streams of this domain a stream config mirrors or sources (not `external` ones).
+fn origin_names(cfg: &Value) -> Vec<String> {
+    let mirror = cfg.get("mirror").into_iter();
+    let sources = cfg
+        .get("sources")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten();
+    mirror
+        .chain(sources)
+        .filter(|o| o.get("external").is_none_or(Value::is_null))
+        .filter_map(|o| o.get("name").and_then(Value::as_str))
+        .map(str::to_string)
+        .collect()
 }
 
 /// STREAM.DELETE on the meta leader: proposed; every peer deletes its replica when it
@@ -1393,7 +1436,14 @@ async fn rescale(
         peers.truncate(want);
     } else {
         let state = meta.machine.state();
-        let more = place(meta, &state, want - peers.len(), &raw, &peers)?;
+        let more = place(
+            meta,
+            &state,
+            &js.account.name,
+            want - peers.len(),
+            &raw,
+            &peers,
+        )?;
         peers.extend(more);
     }
     let assignment = StreamAssignment {
@@ -1429,7 +1479,7 @@ async fn remove_peer(
     }
     let state = meta.machine.state();
     let mut peers: Vec<String> = a.peers.iter().filter(|p| **p != peer).cloned().collect();
-    peers.extend(place(meta, &state, 1, &a.config, &a.peers).unwrap_or_default());
+    peers.extend(place(meta, &state, &js.account.name, 1, &a.config, &a.peers).unwrap_or_default());
     if peers.is_empty() || a.group.is_empty() {
         // Nowhere else to keep it.
         return Err(ErrorKind::PeerRemap.err());

@@ -593,16 +593,26 @@ pub async fn create_stream(
     let name = cfg.name.clone();
     let dir = js.streams_dir.join(&name);
     // Clustered: a replicated stream's group, from its assignment.
-    let group = server
+    let assignment = server
         .jetstream
         .get()
         .and_then(|j| j.meta.get())
-        .and_then(|m| m.assignment(&js.account.name, &name))
-        .filter(|a| !a.group.is_empty())
-        .map(|a| crate::jetstream::raft::stream::GroupSpec {
+        .and_then(|m| m.assignment(&js.account.name, &name));
+    // Every replica takes its creation time from the assignment (the meta leader's
+    // clock): stream info says the same on every server, and so does the identity that
+    // streams sourcing it keep in their `Nats-Stream-Source` headers (a replica with its
+    // own would look like the origin made anew, and its sources would start over).
+    let created = assignment
+        .as_ref()
+        .map(|a| a.created)
+        .filter(|c| *c > 0)
+        .unwrap_or_else(now_nanos);
+    let group = assignment.filter(|a| !a.group.is_empty()).map(|a| {
+        crate::jetstream::raft::stream::GroupSpec {
             group: a.group,
             peers: a.peers,
-        });
+        }
+    });
     // (Not a replica rebuilt after damage: its group exists already, see
     // `raft::stream::rebuild`.)
     let held = |g: &str| {
@@ -619,7 +629,7 @@ pub async fn create_stream(
     });
     let meta = StreamMeta {
         config: cfg,
-        created: now_nanos(),
+        created,
         cluster: group,
         bootstrap,
     };

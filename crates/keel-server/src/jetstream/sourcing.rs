@@ -813,8 +813,9 @@ async fn run(
                             if *old != id {
                                 crate::warn!(
                                     server.log,
-                                    "JetStream source stream {:?} for stream '$G > {}' was recreated, resetting source state",
+                                    "JetStream source stream {:?} for stream '{} > {}' was recreated, resetting source state",
                                     state.cfg.name,
+                                    t.account().name,
                                     t.name
                                 );
                                 state.seq.store(0, Ordering::Relaxed);

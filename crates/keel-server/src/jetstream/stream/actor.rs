@@ -701,7 +701,17 @@ impl<R: Replicator> Actor<R> {
             let cfg = self.core.stream.config();
             self.core.leader.compile(&cfg);
             self.core.leader.rebuild(&cfg, &mut **self.store.lock());
+            let sourcing = cfg.mirror.is_some() || !cfg.sources.is_empty();
             self.core.cfg = cfg;
+            if sourcing {
+                // The sources' tasks start again from what this store holds (the newest
+                // `Nats-Stream-Source` per origin): as a follower their positions stood
+                // still (the batches they offered were refused), and going on from there
+                // would store the leader's messages a second time.
+                self.core
+                    .stream
+                    .restart_sourcing(&self.core.server, sourced_tx, true);
+            }
             let _ = reply.send(true);
             return;
         }
