@@ -1344,6 +1344,27 @@ async fn sources_and_mirrors_in_a_cluster_get_every_message() {
     .await;
 }
 
+/// A create the servers would refuse (here `mirror_direct` without a mirror) is refused
+/// by the meta leader, not assigned: no stream is left that exists nowhere (info 503,
+/// publishes unanswered, a create again timing out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_every_server_would_refuse_is_not_assigned() {
+    let nodes = mesh(&["G1", "G2", "G3"]).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[1], "app").await;
+    let r = api(
+        &c,
+        "$JS.API.STREAM.CREATE.GHOST",
+        r#"{"name":"GHOST","subjects":["ghost.>"],"mirror_direct":true}"#,
+    )
+    .await;
+    assert_eq!(r["error"]["err_code"], 10052, "{r}");
+    let info = api(&c, "$JS.API.STREAM.INFO.GHOST", "").await;
+    assert_eq!(info["error"]["err_code"], 10059, "{info}");
+    let created = create_stream(&c, "GHOST", r#"{"name":"GHOST","subjects":["ghost.>"]}"#).await;
+    assert_eq!(created["config"]["name"], "GHOST", "{created}");
+}
+
 /// A replicated stream made with `first_seq` starts there on every replica (nats.py's
 /// `test_stream_first_seq` on a cluster got a 503: the skip was asked of a group with no
 /// leader yet), for R1 and R3, and after a leader change too.

@@ -1099,6 +1099,7 @@ async fn create(
 ) -> Result<(), super::api::ApiError> {
     use super::api::ErrorKind;
     let cfg = super::api::streams::parse_config(js, name, body)?;
+    super::api::streams::check_alone(&cfg)?;
     let state = meta.machine.state();
     let account = &js.account.name;
     let mut mine = state.streams.get(account).cloned().unwrap_or_default();

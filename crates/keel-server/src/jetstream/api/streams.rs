@@ -273,6 +273,17 @@ fn check_resources(
     Ok(())
 }
 
+/// The checks of a create that look at the config alone (no other stream): the meta
+/// leader makes them too, so that it never assigns a stream its servers then refuse.
+pub(crate) fn check_alone(cfg: &StreamConfig) -> Result<(), ApiError> {
+    if cfg.mirror_direct && cfg.mirror.is_none() {
+        return Err(
+            ErrorKind::InvalidConfig.with("stream has no mirror but does have mirror direct")
+        );
+    }
+    sourcing::check_filters(cfg)
+}
+
 pub async fn create(
     js: &Arc<JetStream>,
     server: &Arc<Server>,
