@@ -10,6 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{http_get, Node};
+use futures::FutureExt;
 
 /// The system account (for the meta stepdown) and an application account with JetStream.
 const ACCOUNTS: &str = "accounts {\n  SYS: { users: [{user: sys, password: pass}] }\n  \
@@ -297,13 +298,27 @@ async fn request_until<T>(
     body: String,
     take: impl Fn(&serde_json::Value) -> Option<T>,
 ) -> T {
+    request_until_with(c, subject, async_nats::HeaderMap::new(), body, take).await
+}
+
+/// As `request_until`, with headers.
+async fn request_until_with<T>(
+    c: &async_nats::Client,
+    subject: &str,
+    headers: async_nats::HeaderMap,
+    body: String,
+    take: impl Fn(&serde_json::Value) -> Option<T>,
+) -> T {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let r = tokio::time::timeout(
-            Duration::from_secs(2),
-            c.request(subject.to_string(), body.clone().into()),
-        )
-        .await;
+        // (No headers: a plain PUB, not an empty header block.)
+        let request = if headers.is_empty() {
+            c.request(subject.to_string(), body.clone().into()).boxed()
+        } else {
+            c.request_with_headers(subject.to_string(), headers.clone(), body.clone().into())
+                .boxed()
+        };
+        let r = tokio::time::timeout(Duration::from_secs(2), request).await;
         if let Ok(Ok(m)) = r {
             let v: serde_json::Value = serde_json::from_slice(&m.payload).expect("API JSON");
             if let Some(t) = take(&v) {
@@ -427,24 +442,12 @@ async fn publish_acked(c: &async_nats::Client, subject: &str, body: String) -> u
 /// As `publish_acked`, with the body as its `Nats-Msg-Id`, so that a retry after a lost
 /// ack is deduplicated.
 async fn publish_acked_with_id(c: &async_nats::Client, subject: &str, body: String) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", body.as_str());
-        let r = tokio::time::timeout(
-            Duration::from_secs(2),
-            c.request_with_headers(subject.to_string(), headers, body.clone().into()),
-        )
-        .await;
-        if let Ok(Ok(m)) = r {
-            let v: serde_json::Value = serde_json::from_slice(&m.payload).expect("API JSON");
-            if let Some(seq) = v["seq"].as_u64().filter(|s| *s > 0) {
-                return seq;
-            }
-        }
-        assert!(Instant::now() < deadline, "{subject}: no answer for {body}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", body.as_str());
+    request_until_with(c, subject, headers, body, |v| {
+        v["seq"].as_u64().filter(|s| *s > 0)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

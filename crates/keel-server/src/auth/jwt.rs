@@ -178,9 +178,20 @@ pub(crate) mod tests {
 
     /// Encodes and signs claims as nats-io/jwt does (for tests).
     pub fn encode(signer: &nkeys::KeyPair, claims: &Value) -> String {
-        let h = URL_SAFE_NO_PAD.encode(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+        sign(signer, claims, false)
+    }
+
+    /// Version 2 signs `header.claims`; version 1 (`alg` ed25519) the claims part alone.
+    fn sign(signer: &nkeys::KeyPair, claims: &Value, v1: bool) -> String {
+        let header: &[u8] = if v1 {
+            br#"{"typ":"jwt","alg":"ed25519"}"#
+        } else {
+            br#"{"typ":"JWT","alg":"ed25519-nkey"}"#
+        };
+        let h = URL_SAFE_NO_PAD.encode(header);
         let c = URL_SAFE_NO_PAD.encode(serde_json::to_vec(claims).unwrap());
-        let sig = signer.sign(format!("{h}.{c}").as_bytes()).unwrap();
+        let signed = if v1 { c.clone() } else { format!("{h}.{c}") };
+        let sig = signer.sign(signed.as_bytes()).unwrap();
         format!("{h}.{c}.{}", URL_SAFE_NO_PAD.encode(sig))
     }
 
@@ -210,13 +221,9 @@ pub(crate) mod tests {
         assert!(j2.valid_at(9) && !j2.valid_at(10));
     }
 
-    /// A version 1 JWT, as nats.py's test fixtures still carry: signed over the claims
-    /// part alone, its type at the top level.
+    /// A version 1 JWT, as nats.py's test fixtures still carry.
     fn encode_v1(signer: &nkeys::KeyPair, claims: &Value) -> String {
-        let h = URL_SAFE_NO_PAD.encode(br#"{"typ":"jwt","alg":"ed25519"}"#);
-        let c = URL_SAFE_NO_PAD.encode(serde_json::to_vec(claims).unwrap());
-        let sig = signer.sign(c.as_bytes()).unwrap();
-        format!("{h}.{c}.{}", URL_SAFE_NO_PAD.encode(sig))
+        sign(signer, claims, true)
     }
 
     #[test]

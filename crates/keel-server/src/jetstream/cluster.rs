@@ -1088,6 +1088,17 @@ async fn meta_api(
     true
 }
 
+/// The config an assignment keeps: the request's, with the duplicate window this leader
+/// resolved (its `jetstream { limits }` may lower the default), so every replica keeps the
+/// same one.
+fn assigned_config(body: &[u8], cfg: &super::stream::StreamConfig) -> Value {
+    let mut raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    if raw.is_object() && raw.get("duplicate_window").is_none() && cfg.duplicate_window > 0 {
+        raw["duplicate_window"] = cfg.duplicate_window.into();
+    }
+    raw
+}
+
 /// STREAM.CREATE on the meta leader: checked against every assignment, placed, and
 /// proposed; the first peer creates it when the assignment applies and answers then.
 async fn create(
@@ -1112,12 +1123,7 @@ async fn create(
             inflight.insert(n, a);
         }
     }
-    let mut raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    // The duplicate window this leader resolved (its `jetstream { limits }` may lower the
-    // default) goes into the assignment, so every replica keeps the same one.
-    if raw.is_object() && raw.get("duplicate_window").is_none() && cfg.duplicate_window > 0 {
-        raw["duplicate_window"] = cfg.duplicate_window.into();
-    }
+    let raw = assigned_config(body, &cfg);
     // Assigned already (the request reached this leader before the assignment reached the
     // server it was sent to, or came from a server with no replica), or proposed and not
     // yet applied: proposed again with this reply and the same group and peers
@@ -1422,10 +1428,7 @@ async fn rescale(
     if let Ok(old) = super::api::streams::parse_config(js, name, &old) {
         old.check_update(&cfg)?;
     }
-    let mut raw: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    if raw.is_object() && raw.get("duplicate_window").is_none() && cfg.duplicate_window > 0 {
-        raw["duplicate_window"] = cfg.duplicate_window.into();
-    }
+    let raw = assigned_config(body, &cfg);
     let mut peers = a.peers.clone();
     if want < peers.len() {
         if let Some(l) = js.stream(name).and_then(|s| s.leader_name()) {
