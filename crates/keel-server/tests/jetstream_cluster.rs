@@ -3843,6 +3843,85 @@ async fn replicas_whose_disk_filled_come_back_once_there_is_room() {
     }
 }
 
+/// A publish whose batch the leader cannot see committed in time (its own Raft log's fsync
+/// hangs, while its followers have the batch on disk and commit it) is answered with its
+/// PubAck once the batch turns out committed, not with an error: a publisher told "failed"
+/// of a message the stream then holds stores it twice when it tries again. (A stalled disk
+/// in this process: keel only.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_whose_commit_outcome_comes_late_gets_its_puback() {
+    use futures::StreamExt;
+    if common::is_reference() {
+        return;
+    }
+    let names = ["U1", "U2", "U3"];
+    let (disks, switches): (Vec<_>, Vec<_>) =
+        names.iter().map(|_| keel_store::Disk::fillable()).unzip();
+    let (nodes, _) = mesh_started(&names, None, |_| String::new(), Start::OnDisks(disks)).await;
+    let (c, _, leader) = r3_stream(&nodes, "LATE", "late.>").await;
+    let mut acked = std::collections::BTreeMap::new();
+    for i in 1..=3u64 {
+        assert_eq!(publish_acked(&c, "late.x", format!("m{i}")).await, i);
+        acked.insert(i, format!("m{i}"));
+    }
+    let li = names.iter().position(|n| *n == leader).unwrap();
+    let log_dir = stream_log_dir(&nodes[li].store_dir().unwrap(), "LATE");
+    switches[li].stall(&log_dir);
+    let inbox = c.new_inbox();
+    let mut answers = c.subscribe(inbox.clone()).await.unwrap();
+    c.publish_with_reply("late.x", inbox, "late".into())
+        .await
+        .unwrap();
+    c.flush().await.unwrap();
+    // The leader gives up waiting for the commit (after 5 s) and rolls its store back...
+    let until = Instant::now() + Duration::from_secs(20);
+    while !nodes[li]
+        .log()
+        .contains("a batch was not committed in time")
+    {
+        assert!(Instant::now() < until, "{}", nodes[li].log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // ...and its disk answers again: it applies the batch its followers committed.
+    switches[li].unstall();
+    let m = tokio::time::timeout(Duration::from_secs(20), answers.next())
+        .await
+        .expect("the publish is answered")
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+    assert_eq!(v["seq"], 4, "{v}");
+    acked.insert(4, "late".into());
+    assert_eq!(publish_acked(&c, "late.x", "m5".into()).await, 5);
+    acked.insert(5, "m5".into());
+    holds_exactly(&c, "LATE", &acked).await;
+    // Every replica holds it once.
+    for n in names.iter().filter(|n| **n != leader) {
+        lead_on(&c, "LATE", n).await;
+        holds_exactly(&c, "LATE", &acked).await;
+    }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// The directory of `stream`'s Raft log under a server's store.
+fn stream_log_dir(store: &std::path::Path, stream: &str) -> std::path::PathBuf {
+    let mut todo = vec![store.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if !p.is_dir() {
+                continue;
+            }
+            if p.ends_with(std::path::Path::new(stream).join("raft/log")) {
+                return p;
+            }
+            todo.push(p);
+        }
+    }
+    panic!("no log of {stream} under {}", store.display())
+}
+
 /// The meta group's log on a full disk (in this process, `keel_store::Disk::fillable`):
 /// that server's meta node stops and `/healthz` says so; once there is room its node is
 /// loaded again from its log, catches up, and takes its part in what the cluster decided

@@ -177,11 +177,12 @@ impl Disk {
     }
 
     /// The real filesystem, full under the paths [`DiskFull::fill`] names until
-    /// [`DiskFull::free`]. As on ext4 with no free block: a write that needs a new block fails
+    /// [`DiskFull::free`], its fsyncs held under those [`DiskFull::stall`] names. As on
+    /// ext4 with no free block: a write that needs a new block fails
     /// with ENOSPC (`StorageFull`), one into space already allocated succeeds, and syncs,
     /// truncations, renames and removals go on working.
     pub fn fillable() -> (Disk, DiskFull) {
-        let full = DiskFull(Arc::new(std::sync::Mutex::new(Vec::new())));
+        let full = DiskFull::new();
         (Disk(Arc::new(Fillable { full: full.clone() })), full)
     }
 
@@ -212,21 +213,54 @@ impl std::fmt::Debug for Disk {
 
 /// The switch of a [`Disk::fillable`].
 #[derive(Clone)]
-pub struct DiskFull(Arc<std::sync::Mutex<Vec<std::path::PathBuf>>>);
+pub struct DiskFull(Arc<(std::sync::Mutex<Switch>, std::sync::Condvar)>);
+
+#[derive(Default)]
+struct Switch {
+    full: Vec<std::path::PathBuf>,
+    stalled: Vec<std::path::PathBuf>,
+}
 
 impl DiskFull {
+    fn new() -> DiskFull {
+        DiskFull(Arc::default())
+    }
+
+    fn switch(&self) -> std::sync::MutexGuard<'_, Switch> {
+        self.0 .0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// From now on, no new block can be written under `dir` (its subdirectories too).
     pub fn fill(&self, dir: &Path) {
-        self.0.lock().unwrap().push(dir.to_path_buf());
+        self.switch().full.push(dir.to_path_buf());
     }
 
     /// Every directory has room again.
     pub fn free(&self) {
-        self.0.lock().unwrap().clear();
+        self.switch().full.clear();
+    }
+
+    /// From now on, a file's fsync under `dir` does not return until [`DiskFull::unstall`]
+    /// (a disk that stopped answering: the calling thread waits).
+    pub fn stall(&self, dir: &Path) {
+        self.switch().stalled.push(dir.to_path_buf());
+    }
+
+    /// The stalled fsyncs go on.
+    pub fn unstall(&self) {
+        self.switch().stalled.clear();
+        self.0 .1.notify_all();
     }
 
     fn is_full(&self, path: &Path) -> bool {
-        self.0.lock().unwrap().iter().any(|d| path.starts_with(d))
+        self.switch().full.iter().any(|d| path.starts_with(d))
+    }
+
+    fn wait_unstalled(&self, path: &Path) {
+        let mut g = self.switch();
+        while g.stalled.iter().any(|d| path.starts_with(d)) {
+            g = self.0 .1.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
     }
 }
 
@@ -321,6 +355,7 @@ impl FsFile for FillableFile {
         Ok(())
     }
     fn sync(&mut self) -> io::Result<()> {
+        self.full.wait_unstalled(&self.path);
         self.file.sync()
     }
     fn truncate(&mut self, len: u64) -> io::Result<()> {

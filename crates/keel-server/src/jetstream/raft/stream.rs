@@ -20,7 +20,8 @@
 //! decision until this server is leader with every entry of its log applied (so a batch
 //! that does commit later, by a new leader, is in the store before anything is decided
 //! after it). The fence's lock orders the rollback against the state machine applying
-//! that same batch.
+//! that same batch. Its publishers get an error only if it cannot commit any more; one
+//! whose outcome is not known in time is answered when it is (`take_uncertain`).
 //!
 //! **Leadership.** Only the leader subscribes to the stream's subjects (announced to the
 //! routes); a watcher follows the group's metrics, subscribes once the leader is ready and
@@ -45,7 +46,7 @@ use super::{Cmd, CmdResult, NodeId, Peer, Raft, TypeConfig, COMMIT_TIMEOUT};
 use crate::jetstream::stream::apply::{apply, Applied};
 use crate::jetstream::stream::entry::{MsgEntry, Rollup, StreamEntry};
 use crate::jetstream::stream::read::WriteHandle;
-use crate::jetstream::stream::replicator::Replicator;
+use crate::jetstream::stream::replicator::{Replicator, Uncertain};
 use crate::jetstream::stream::Stream;
 
 /// How often a replica syncs its store (its log is synced for every batch).
@@ -874,26 +875,31 @@ impl Shared {
     /// Appends `body` to the group's log and waits (at most `COMMIT_TIMEOUT`) until it is
     /// committed, through the group's write gate (`RaftHost::gate`): while a leadership
     /// transfer holds it, the batch waits, then fails as any batch does at a change of leader.
-    async fn write(
-        &self,
-        raft: &Raft,
-        body: Vec<u8>,
-    ) -> Result<
-        Result<
-            openraft::raft::ClientWriteResponse<TypeConfig>,
-            openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, Peer>>,
-        >,
-        tokio::time::error::Elapsed,
-    > {
+    async fn write(&self, raft: &Raft, body: Vec<u8>) -> Written {
+        let deadline = tokio::time::Instant::now() + COMMIT_TIMEOUT;
         let gate = self.host.get().map(|(h, g)| h.gate(g));
-        let write = async {
-            let _open = match &gate {
-                Some(g) => Some(g.read().await),
-                None => None,
-            };
-            raft.client_write(Cmd(body)).await
+        let _open = match &gate {
+            Some(g) => match tokio::time::timeout_at(deadline, g.read()).await {
+                Ok(open) => Some(open),
+                Err(_) => return Written::Not, // (Never handed to the group.)
+            },
+            None => None,
         };
-        tokio::time::timeout(COMMIT_TIMEOUT, write).await
+        let Ok(mut rx) = raft.client_write_ff(Cmd(body)).await else {
+            return Written::Not; // The group had stopped: it never took the batch.
+        };
+        match tokio::time::timeout_at(deadline, &mut rx).await {
+            Ok(Ok(Ok(resp))) => Written::Committed(resp),
+            // Refused by a server that was not leader, or cut from its log by a new
+            // leader's (openraft answers a write whose entry is truncated so): either way
+            // the entry is in no leader's log, so it never commits.
+            Ok(Ok(Err(_))) => Written::Not,
+            // The group stopped with the entry in its log: only the log says.
+            Ok(Err(_)) => Written::Unknown(None),
+            // Still in the log (openraft answers once it is applied here, committed by
+            // whichever leader, or truncated): the gate is let go meanwhile.
+            Err(_) => Written::Unknown(Some(rx)),
+        }
     }
 
     /// On the leader: has its actor append an empty batch (`Rpc::Nudge`), which makes
@@ -1360,6 +1366,21 @@ fn follow_consumer(files: &keel_store::MetaFiles, stream_dir: &std::path::Path, 
     }
 }
 
+/// What became of a batch written to the group's log.
+enum Written {
+    Committed(openraft::raft::ClientWriteResponse<TypeConfig>),
+    /// It is in no log that can commit it.
+    Not,
+    /// Not known yet (nor ever, without the receiver): it may commit later.
+    Unknown(Option<WriteRx>),
+}
+
+type WriteRx = tokio::sync::oneshot::Receiver<openraft::raft::ClientWriteResult<TypeConfig>>;
+
+/// How long the publishers of a batch whose commit outcome was not known in
+/// `COMMIT_TIMEOUT` may still be answered (`Replicator::take_uncertain`).
+const FATE_WAIT: Duration = Duration::from_secs(30);
+
 /// The leader's side: apply early, commit = a quorum has the batch on disk.
 pub struct RaftReplicator {
     shared: Arc<Shared>,
@@ -1370,6 +1391,8 @@ pub struct RaftReplicator {
     store_failed: bool,
     /// When a batch last carried a `Digest`.
     last_check: std::time::Instant,
+    /// The last failed commit's batch, whose outcome was not known yet.
+    uncertain: Option<WriteRx>,
 }
 
 impl RaftReplicator {
@@ -1381,6 +1404,7 @@ impl RaftReplicator {
             nonce: 0,
             store_failed: false,
             last_check: std::time::Instant::now(),
+            uncertain: None,
         }
     }
 }
@@ -1449,7 +1473,19 @@ impl Replicator for RaftReplicator {
         true
     }
 
+    fn take_uncertain(&mut self) -> Option<Uncertain> {
+        let rx = self.uncertain.take()?;
+        Some(Box::pin(async move {
+            match tokio::time::timeout(FATE_WAIT, rx).await {
+                Ok(Ok(Ok(_))) => Some(true),
+                Ok(Ok(Err(_))) => Some(false),
+                _ => None,
+            }
+        }))
+    }
+
     async fn commit(&mut self, store: &WriteHandle, force: bool) -> Result<(), StoreError> {
+        self.uncertain = None;
         let r = self.commit_batch(store, force).await;
         // Committed, or rolled back: only committed batches are in the store now.
         if self
@@ -1528,7 +1564,7 @@ impl RaftReplicator {
             };
             let r = self.shared.write(&raft, body).await;
             match r {
-                Ok(Ok(resp)) => {
+                Written::Committed(resp) => {
                     if !floors.is_empty() {
                         self.shared.record_floors(resp.log_id.index, &floors);
                     }
@@ -1545,7 +1581,7 @@ impl RaftReplicator {
                     }
                     r
                 }
-                _ => {
+                failed => {
                     // The rollback drops the committed batches not synced yet too: they are
                     // read from the log first and applied again after it.
                     let redo = self.shared.unsynced_committed().await;
@@ -1565,6 +1601,11 @@ impl RaftReplicator {
                     };
                     self.shared.set_fenced();
                     drop(fence);
+                    // Should it still commit, the state machine puts it back in the store
+                    // and openraft says so: its publishers are answered then.
+                    if let Written::Unknown(Some(rx)) = failed {
+                        self.uncertain = Some(rx);
+                    }
                     if !rolled_back {
                         // The uncommitted batch is still in the store, or the committed
                         // batches after the last sync are not back in it: this replica must

@@ -123,6 +123,8 @@ pub struct Core<R: Replicator> {
     last_compact: Instant,
     compacting: bool,
     compact_busy: bool,
+    /// The last failed commit's outcome, when it may still commit.
+    uncertain: Option<super::replicator::Uncertain>,
 }
 
 /// How often an idle file stream looks for a segment worth compacting.
@@ -153,6 +155,7 @@ impl<R: Replicator> Actor<R> {
                 last_compact: Instant::now(),
                 compacting: false,
                 compact_busy: false,
+                uncertain: None,
             },
         }
     }
@@ -292,12 +295,18 @@ impl<R: Replicator> Actor<R> {
         if force || r.is_err() {
             self.core.last_sync = Instant::now();
         }
+        self.core.uncertain = if r.is_err() {
+            self.core.replicator.take_uncertain()
+        } else {
+            None
+        };
         let name = self.core.cfg.name.clone();
         let log = self.log().clone();
+        let uncertain = self.core.uncertain.is_some();
         let failed = self
             .core
             .leader
-            .storage_result(&log, &name, &r, stored, refuse);
+            .storage_result(&log, &name, &r, stored, uncertain, refuse);
         if failed {
             let cfg = self.core.cfg.clone();
             self.core.leader.rebuild(&cfg, &mut **self.store.lock());
@@ -343,11 +352,15 @@ impl<R: Replicator> Actor<R> {
             }
         }
         let stored = results.iter().filter(|(_, r)| r.stored()).count();
+        // What a failed commit refused: (index, what it stored), for a batch that may still
+        // commit.
+        let mut refused = Vec::new();
         let committed = self
             .commit(false, stored, |text| {
-                for (_, r) in results.iter_mut() {
+                for (i, (_, r)) in results.iter_mut().enumerate() {
                     if r.stored() {
-                        *r = PubResult::Error(ErrorKind::StoreFailed.with(text));
+                        let error = PubResult::Error(ErrorKind::StoreFailed.with(text));
+                        refused.push((i, std::mem::replace(r, error)));
                     }
                 }
             })
@@ -367,6 +380,9 @@ impl<R: Replicator> Actor<R> {
         }
         let domain = crate::jetstream::domain(&self.core.server);
         let head = AckHead::new(&self.core.cfg.name, domain);
+        if let Some(fate) = self.core.uncertain.take() {
+            self.answer_later(fate, &head, &mut results, refused);
+        }
         for (reply, r) in results {
             let Some(reply) = reply else { continue };
             let body = Bytes::from(head.ack(&r));
@@ -381,6 +397,49 @@ impl<R: Replicator> Actor<R> {
             );
         }
         self.core.router.flush();
+    }
+
+    /// The publishes a failed commit refused while its batch may still commit: answered
+    /// once that is known, by their PubAck or the error (not at all if it never is), not
+    /// now. (A publisher told "failed" of what then committed would store it twice on a
+    /// retry without a message id; nats-server's new leader answers such a publish.)
+    fn answer_later(
+        &mut self,
+        fate: super::replicator::Uncertain,
+        head: &AckHead,
+        results: &mut [(Option<Bytes>, PubResult)],
+        refused: Vec<(usize, PubResult)>,
+    ) {
+        let later: Vec<(Bytes, Bytes, Bytes)> = refused
+            .into_iter()
+            .filter_map(|(i, stored)| {
+                let (reply, error) = &mut results[i];
+                let reply = reply.take()?;
+                Some((reply, head.ack(&stored).into(), head.ack(error).into()))
+            })
+            .collect();
+        if later.is_empty() {
+            return;
+        }
+        let (server, account) = (self.core.server.clone(), self.core.stream.account().clone());
+        let seed = self.core.stream.created as u64;
+        tokio::spawn(async move {
+            let Some(committed) = fate.await else { return };
+            let mut router = Router::new(account, seed);
+            for (reply, ack, error) in later {
+                let body = if committed { ack } else { error };
+                router.route_reply(
+                    &server,
+                    &Outgoing {
+                        subject: &reply,
+                        reply: None,
+                        hdr_len: None,
+                        data: &body,
+                    },
+                );
+            }
+            router.flush();
+        });
     }
 
     /// Stores a batch from a source or the mirror, commits it, and answers its task.

@@ -248,6 +248,7 @@ impl Leader {
         stream: &str,
         r: &Result<(), StoreError>,
         stored: usize,
+        uncertain: bool,
         refuse: impl FnOnce(&str),
     ) -> bool {
         self.io_error = false;
@@ -267,7 +268,12 @@ impl Leader {
             }
             Err(e) => {
                 let text = e.to_string();
-                if self.storage_down.is_none() {
+                if uncertain {
+                    crate::warn!(
+                        log,
+                        "Stream {stream}: a batch was not committed in time; its {stored} publishes are answered once it is known whether it was"
+                    );
+                } else if self.storage_down.is_none() {
                     crate::error!(
                         log,
                         "Stream {stream}: {text}; {stored} publishes of this batch were not stored and got an error; retrying every {:?}",

@@ -16,6 +16,9 @@ use super::apply::{apply, Applied};
 use super::entry::StreamEntry;
 use super::read::WriteHandle;
 
+/// See [`Replicator::take_uncertain`].
+pub type Uncertain = std::pin::Pin<Box<dyn Future<Output = Option<bool>> + Send>>;
+
 pub trait Replicator: Send + 'static {
     /// Hands a decided entry on. The local replicator applies it at once and says what it
     /// did; a refusal by the store (limits, a failed write) means the entry has no effect.
@@ -42,6 +45,12 @@ pub trait Replicator: Send + 'static {
     /// `raft::Rpc::Nudge`). Nothing for one server.
     fn nudge(&mut self) -> impl Future<Output = ()> + Send + '_ {
         async {}
+    }
+
+    /// After a failed `commit` whose batch may still commit (a replicated one, its outcome
+    /// not known in time): resolves to whether it did, once known (None: not known).
+    fn take_uncertain(&mut self) -> Option<Uncertain> {
+        None
     }
 
     /// Waits until every entry proposed so far is committed. `force` makes it durable even
