@@ -1784,15 +1784,51 @@ async fn follow_again(
 }
 
 /// Waits (`limit` at most) until stream `name`'s replica here, if any, knows a leader,
-/// and, if that is this server (`me`), until it acts as one.
+/// and, if that is this server (`me`), until it acts as one. (Woken by the changes, not
+/// polled: a create's answer waits here, and an R1 group is ready in a few milliseconds.)
 async fn wait_for_leader(js: &super::JetStream, name: &str, me: &str, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline
-        && js.stream(name).is_some_and(|s| {
-            s.leader_name().is_none() || (!s.leads() && s.leader_name().as_deref() == Some(me))
-        })
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let Some(s) = js.stream(name) else { return };
+        let replica = s.replica.get().cloned();
+        // Registered before the look, so a change in between is not missed.
+        let changed = replica.as_ref().map(|r| r.leadership.notified());
+        let mut changed = std::pin::pin!(changed);
+        if let Some(c) = changed.as_mut().as_pin_mut() {
+            c.enable();
+        }
+        let mut metrics = replica
+            .as_ref()
+            .and_then(|r| r.raft.get())
+            .map(|r| r.metrics());
+        let leader = s.leader_name();
+        if leader.is_some() && (s.leads() || leader.as_deref() != Some(me)) {
+            return;
+        }
+        drop(s);
+        let metrics_changed = async {
+            match metrics.as_mut() {
+                Some(m) => {
+                    if m.changed().await.is_err() {
+                        // (The node stopped: no more changes to wait for.)
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let notified = async {
+            match changed.as_mut().as_pin_mut() {
+                Some(c) => c.await,
+                // (A stream not replicated here yet: looked at again shortly.)
+                None => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        };
+        tokio::select! {
+            _ = notified => {}
+            _ = metrics_changed => {}
+            _ = tokio::time::sleep_until(deadline) => return,
+        }
     }
 }
 

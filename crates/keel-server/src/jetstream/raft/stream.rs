@@ -364,6 +364,9 @@ pub struct Shared {
     fenced: std::sync::atomic::AtomicBool,
     /// Told whenever `set_fenced` runs (a leader that stopped leading: `until_fenced`).
     fenced_set: tokio::sync::Notify,
+    /// Told when this replica's Raft node starts and whenever it is fenced or unfenced
+    /// (with the node's metrics, what a wait for the stream's leader watches).
+    pub leadership: tokio::sync::Notify,
     applied: Mutex<(Option<LogId<NodeId>>, Memberships)>,
     memberships_file: std::path::PathBuf,
     files: keel_store::MetaFiles,
@@ -462,6 +465,7 @@ impl Shared {
             fence: Mutex::new(Fence { applied_nonce: 0 }),
             fenced: std::sync::atomic::AtomicBool::new(true),
             fenced_set: tokio::sync::Notify::new(),
+            leadership: tokio::sync::Notify::new(),
             applied: Mutex::new((applied, memberships)),
             memberships_file,
             files,
@@ -981,12 +985,14 @@ impl Shared {
     pub fn unfence(&self) {
         self.fenced
             .store(false, std::sync::atomic::Ordering::Release);
+        self.leadership.notify_waiters();
     }
 
     pub fn set_fenced(&self) {
         self.fenced
             .store(true, std::sync::atomic::Ordering::Release);
         self.fenced_set.notify_waiters();
+        self.leadership.notify_waiters();
     }
 
     /// Resolves once this replica decides nothing more (it stopped leading).
@@ -1958,6 +1964,7 @@ pub async fn run_group(
         }
     };
     let _ = shared.raft.set(raft.clone());
+    shared.leadership.notify_waiters();
     // A `stop_group` that came while the log was being opened found no node to stop.
     if shared.stopped.load(std::sync::atomic::Ordering::SeqCst) {
         let _ = raft.shutdown().await;
