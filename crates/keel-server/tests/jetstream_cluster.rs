@@ -1540,6 +1540,65 @@ async fn a_pull_waiting_through_a_consumer_stepdown_is_told_to_pull_again() {
     assert_eq!(m.description.as_deref(), Some("Leadership Change"), "{m:?}");
 }
 
+/// A pull from a client of another server, waiting on a consumer of a server that goes
+/// into lame duck mode (an R1 stream: its consumer cannot move), is told `409 Server
+/// Shutdown` before that server stops, so its client pulls again elsewhere instead of
+/// waiting out its expiry. (Its own clients are closed by then: the notice goes through
+/// the route.) Keel only: nats-server 2.15 stops its JetStream early in lame duck mode and
+/// tells such a pull nothing (none came in 45 s), where its SIGTERM shutdown tells it
+/// (`consumer_delivery::a_stopping_server_tells_waiting_pulls`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_waiting_on_a_lame_duck_is_told_it_shuts_down() {
+    use futures::StreamExt;
+    if common::is_reference() {
+        return;
+    }
+    let names = ["Y1", "Y2", "Y3"];
+    // (30 s is the shortest duration; its clients are closed a second apart after the grace.)
+    let ldm = "lame_duck_duration: \"30s\"\nlame_duck_grace_period: \"1s\"\n";
+    let (nodes, _) = mesh_with(&names, None, |_| ldm.to_string()).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    let created = create_stream(
+        &c,
+        "LDP",
+        r#"{"name":"LDP","subjects":["ldp.>"],"num_replicas":1}"#,
+    )
+    .await;
+    let at = created["cluster"]["leader"].as_str().unwrap().to_string();
+    let di = names.iter().position(|n| *n == at).unwrap();
+    drop(c);
+    let c = connect(&nodes[(di + 1) % names.len()], "app").await;
+    let cc = api(
+        &c,
+        "$JS.API.CONSUMER.DURABLE.CREATE.LDP.dur",
+        r#"{"stream_name":"LDP","config":{"durable_name":"dur","ack_policy":"explicit"}}"#,
+    )
+    .await;
+    assert!(cc.get("error").is_none(), "{cc}");
+    let inbox = c.new_inbox();
+    let mut sub = c.subscribe(inbox.clone()).await.unwrap();
+    c.publish_with_reply(
+        "$JS.API.CONSUMER.MSG.NEXT.LDP.dur",
+        inbox,
+        r#"{"batch":3,"expires":60000000000}"#.into(),
+    )
+    .await
+    .unwrap();
+    eventually("the pull waits", || async {
+        let i = api(&c, "$JS.API.CONSUMER.INFO.LDP.dur", "").await;
+        (i["num_waiting"] == 1).then_some(())
+    })
+    .await;
+    nodes[di].lame_duck();
+    let m = tokio::time::timeout(Duration::from_secs(15), sub.next())
+        .await
+        .expect("the pull is told")
+        .unwrap();
+    assert_eq!(m.status.map(|s| s.as_u16()), Some(409), "{m:?}");
+    assert_eq!(m.description.as_deref(), Some("Server Shutdown"), "{m:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_and_consumer_leaders_step_down_on_request() {
     let nodes = mesh(&["D1", "D2", "D3"]).await;
