@@ -1370,6 +1370,82 @@ async fn sources_and_mirrors_in_a_cluster_get_every_message() {
     .await;
 }
 
+/// Sources and a mirror whose origins have no replica on their server (placement tags put
+/// each stream on a server of its own) read them from the origins' servers, over the
+/// routes: an R1 stream sourcing two R1 streams of two other servers (one through a filter)
+/// and a mirror of one of them get every message, published before and after they were
+/// made, once each, the mirror at the origin's sequences.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_on_other_servers_are_read_over_the_routes() {
+    let names = ["Q1", "Q2", "Q3"];
+    let (nodes, _) = mesh_with(&names, None, |n| {
+        format!("server_tags: [\"az:{}\"]\n", &n[1..])
+    })
+    .await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    for (origin, az) in [("OA", "1"), ("OB", "2")] {
+        let lower = origin.to_lowercase();
+        let created = create_stream(
+            &c,
+            origin,
+            &format!(
+                r#"{{"name":"{origin}","subjects":["{lower}.>"],"placement":{{"tags":["az:{az}"]}}}}"#
+            ),
+        )
+        .await;
+        assert_eq!(created["cluster"]["leader"], format!("Q{az}"), "{created}");
+    }
+    for n in 0..3 {
+        publish_acked(&c, "oa.x", format!("a{n}")).await;
+        publish_acked(&c, "ob.keep.x", format!("b{n}")).await;
+    }
+    publish_acked(&c, "ob.drop.x", "dropped".into()).await;
+    let targets = [
+        (
+            "AGG",
+            r#""sources":[{"name":"OA"},{"name":"OB","filter_subject":"ob.keep.>"}]"#,
+        ),
+        ("MIR", r#""mirror":{"name":"OA"}"#),
+    ];
+    for (name, rest) in targets {
+        let created = create_stream(
+            &c,
+            name,
+            &format!(r#"{{"name":"{name}",{rest},"placement":{{"tags":["az:3"]}}}}"#),
+        )
+        .await;
+        assert_eq!(created["cluster"]["leader"], "Q3", "{created}");
+    }
+    let holds = |name: &'static str, n: u64| {
+        let c = c.clone();
+        async move {
+            eventually(&format!("{name} holds {n}"), || async {
+                let i = api(&c, &format!("$JS.API.STREAM.INFO.{name}"), "").await;
+                (i["state"]["messages"] == n).then_some(i)
+            })
+            .await
+        }
+    };
+    holds("AGG", 6).await;
+    holds("MIR", 3).await;
+    publish_acked(&c, "oa.x", "a3".into()).await;
+    publish_acked(&c, "ob.drop.y", "dropped".into()).await;
+    publish_acked(&c, "ob.keep.y", "b3".into()).await;
+    holds("AGG", 8).await;
+    // One more: had anything come twice, the count would pass it.
+    publish_acked(&c, "oa.x", "a4".into()).await;
+    let agg = holds("AGG", 9).await;
+    assert_eq!(agg["state"]["last_seq"], 9, "{agg}");
+    for s in agg["sources"].as_array().unwrap() {
+        assert!(s.get("error").is_none(), "{agg}");
+    }
+    let mir = holds("MIR", 5).await;
+    assert_eq!(mir["state"]["last_seq"], 5, "{mir}");
+    let m = api(&c, "$JS.API.STREAM.MSG.GET.MIR", r#"{"seq":4}"#).await;
+    assert_eq!(m["message"]["subject"], "oa.x", "{m}");
+}
+
 /// A create the servers would refuse (here `mirror_direct` without a mirror) is refused
 /// by the meta leader, not assigned: no stream is left that exists nowhere (info 503,
 /// publishes unanswered, a create again timing out).

@@ -1313,9 +1313,10 @@ fn place(
     if up + exclude.len() < (replicas + exclude.len()) / 2 + 1 {
         return Err(refused(true));
     }
-    // A stream sources (or mirrors) streams of this cluster through their replicas on its
-    // own server (`sourcing.rs` reads a local store): the servers holding the most of its
-    // origins come first, then the least loaded.
+    // A stream sources (or mirrors) streams of this cluster most cheaply through their
+    // replicas on its own server (`sourcing.rs` reads a local store directly, others over
+    // the routes): the servers holding the most of its origins come first, then the least
+    // loaded.
     let origins = origin_names(cfg);
     let lacking = |server: &str| {
         origins

@@ -1,4 +1,5 @@
-//! Sources and mirrors between streams on this server.
+//! Sources and mirrors between streams of this server, or of its cluster (an origin with
+//! no replica here is read from a server that has one: `remote_origin`).
 //!
 //! Each source (and a mirror) is an internal reader of its origin stream, one task each: it
 //! takes the origin's lock only to read the next messages past its position (filtered),
@@ -777,6 +778,10 @@ async fn run(
     let mut origin: Option<Arc<Stream>> = None;
     let mut committed: Option<tokio::sync::watch::Receiver<u64>> = None;
     let mut backoff = Duration::from_millis(100);
+    // The identity of the origin found last (here or on another server), and which of a
+    // remote origin's replicas to read from.
+    let mut ident_seen: Option<String> = None;
+    let mut turn = 0usize;
     loop {
         if *stop.borrow() {
             return;
@@ -796,18 +801,31 @@ async fn run(
             }
             continue;
         };
-        // (Re)find the origin; one created anew resets a source to its start.
+        // (Re)find the origin; one created anew resets a source to its start. In a cluster
+        // it may have no replica on this server: it is read from one that has.
         let found = js.stream(&state.cfg.name);
-        match &found {
+        let remote = match &found {
+            None => remote_origin(&server, &js, &state.cfg.name),
+            Some(_) => None,
+        };
+        let found_ident = match (&found, &remote) {
+            (Some(o), _) => Some((identity(o.created), Some(o))),
+            (None, Some(r)) => Some((identity(r.created), None)),
+            (None, None) => None,
+        };
+        match found_ident {
             None => {
                 state.set_error(Some(ErrorKind::StreamNotFound.err()));
                 origin = None;
                 committed = None;
+                ident_seen = None;
             }
-            Some(o) => {
-                let same = origin.as_ref().is_some_and(|x| Arc::ptr_eq(x, o));
+            Some((id, local)) => {
+                let same = match local {
+                    Some(o) => origin.as_ref().is_some_and(|x| Arc::ptr_eq(x, o)),
+                    None => origin.is_none() && ident_seen.as_deref() == Some(id.as_str()),
+                };
                 if !same {
-                    let id = identity(o.created);
                     if !mirror {
                         if let Some(old) = &ident {
                             if *old != id {
@@ -822,9 +840,10 @@ async fn run(
                             }
                         }
                     }
-                    ident = Some(id);
-                    committed = Some(o.committed_watch());
-                    origin = Some(o.clone());
+                    ident = Some(id.clone());
+                    ident_seen = Some(id);
+                    committed = local.map(|o| o.committed_watch());
+                    origin = local.cloned();
                 }
                 state.set_error(None);
             }
@@ -833,24 +852,58 @@ async fn run(
         if let Some(w) = wait.as_mut() {
             w.borrow_and_update();
         }
-        let mut progressed = false;
-        if let Some(o) = &origin {
-            let start = if mirror {
-                t.state().last_seq
-            } else {
-                state.seq.load(Ordering::Relaxed)
+        let start = if mirror {
+            t.state().last_seq
+        } else {
+            state.seq.load(Ordering::Relaxed)
+        };
+        let ask = state.ask(start, &filters);
+        let read = if let Some(o) = &origin {
+            Some(read_origin(o, &ask))
+        } else if let Some(r) = remote {
+            drop(t);
+            // (The origin's server waits for more while there is nothing new.)
+            let peer = &r.peers[turn % r.peers.len()];
+            let got = tokio::select! {
+                got = r.host.read_origin(peer, &r.group, &ask, REMOTE_WAIT) => got,
+                _ = stop.changed() => return,
             };
-            let (msgs, lag) = read_batch(
-                o,
+            match got {
+                Ok(read) => {
+                    backoff = Duration::from_millis(100);
+                    if read.msgs.is_empty() {
+                        state.last.store(now_nanos(), Ordering::Relaxed);
+                        state.lag.store(read.lag, Ordering::Relaxed);
+                        continue;
+                    }
+                    Some(read)
+                }
+                Err(_) => {
+                    // Not there (yet), or not answering: the next replica, a little later.
+                    turn += 1;
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = stop.changed() => return,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            }
+        } else {
+            drop(t);
+            None
+        };
+        let mut progressed = false;
+        if let Some(read) = read {
+            let msgs = to_sourced(
+                read.msgs,
                 &state,
                 mirror,
-                start,
-                &filters,
                 &transforms,
                 ident.as_deref().unwrap_or(""),
             );
             state.last.store(now_nanos(), Ordering::Relaxed);
-            state.lag.store(lag, Ordering::Relaxed);
+            state.lag.store(read.lag, Ordering::Relaxed);
             if !msgs.is_empty() {
                 let last_seqs: Vec<u64> = msgs.iter().map(|(s, _)| *s).collect();
                 let (done, rx) = tokio::sync::oneshot::channel();
@@ -859,7 +912,6 @@ async fn run(
                     done,
                     gen,
                 };
-                drop(t);
                 if tx.send(batch).await.is_err() {
                     return;
                 }
@@ -895,10 +947,8 @@ async fn run(
                 }
                 backoff = Duration::from_millis(100);
             }
-        } else {
-            drop(t);
         }
-        if progressed {
+        if progressed || (origin.is_none() && ident_seen.is_some()) {
             continue;
         }
         // Caught up: wait for the origin to commit more, or look again shortly (the origin
@@ -921,72 +971,183 @@ async fn run(
     }
 }
 
-/// Reads the next messages past `start` from the origin (under its lock only) and turns them
-/// into what the target stores. Returns (origin seq, message) pairs and the lag after them.
-#[allow(clippy::too_many_arguments)]
-fn read_batch(
-    origin: &Stream,
-    state: &SourceState,
-    mirror: bool,
-    start: u64,
-    filters: &[String],
-    transforms: &[Transform],
-    ident: &str,
-) -> (Vec<(u64, SourcedMsg)>, u64) {
-    let store = origin.read();
-    let st = store.state();
-    // The first read of a fresh target honours opt_start_seq / opt_start_time.
-    let mut next = start + 1;
-    if start == 0 {
-        if state.cfg.opt_start_seq > 0 {
-            next = state.cfg.opt_start_seq;
-        } else if let Some(t) = state.cfg.start_time() {
-            next = first_at_or_after(&*store, st.first_seq.max(1), st.last_seq, t);
+/// An origin in this server's cluster with no replica here: its group and where its
+/// replicas are (other servers).
+struct RemoteOrigin {
+    host: Arc<super::raft::RaftHost>,
+    group: String,
+    peers: Vec<String>,
+    created: i64,
+}
+
+fn remote_origin(server: &Server, js: &JetStream, name: &str) -> Option<RemoteOrigin> {
+    let meta = server.jetstream.get()?.meta.get()?;
+    let a = meta.assignment(&js.account.name, name)?;
+    let peers: Vec<String> = a
+        .peers
+        .iter()
+        .filter(|p| **p != meta.host.name)
+        .cloned()
+        .collect();
+    if peers.is_empty() || a.group.is_empty() {
+        return None;
+    }
+    Some(RemoteOrigin {
+        host: meta.host.clone(),
+        group: a.group,
+        peers,
+        created: a.created,
+    })
+}
+
+/// How long an origin on another server holds a read while it has nothing new.
+const REMOTE_WAIT: Duration = Duration::from_secs(2);
+
+/// What a source asks of its origin's store: the messages past `start` (a fresh source's
+/// first read starts at `opt_start_seq` or `opt_start_time`), through `filters`, up to the
+/// origin's committed sequence. (Sent to another server when the origin has no replica
+/// here: `RaftHost::read_origin`.)
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct OriginAsk {
+    pub start: u64,
+    pub opt_start_seq: u64,
+    pub opt_start_time: Option<i64>,
+    pub filters: Vec<String>,
+}
+
+/// What an origin's store gave: the messages read and what the filters match past them.
+#[derive(Serialize, Deserialize, Default)]
+pub struct OriginRead {
+    pub msgs: Vec<OriginMsg>,
+    pub lag: u64,
+}
+
+/// A message as the origin stores it.
+#[derive(Serialize, Deserialize)]
+pub struct OriginMsg {
+    pub seq: u64,
+    pub ts: i64,
+    pub subject: Bytes,
+    pub hdr: Bytes,
+    pub data: Bytes,
+}
+
+impl SourceState {
+    fn ask(&self, start: u64, filters: &[String]) -> OriginAsk {
+        OriginAsk {
+            start,
+            opt_start_seq: self.cfg.opt_start_seq,
+            opt_start_time: self.cfg.start_time(),
+            filters: filters.to_vec(),
         }
     }
-    let mut out = vec![];
+}
+
+/// Reads the next messages `ask` wants from `origin`'s store (under its lock only): never
+/// past its committed sequence (a leader's store holds the batch in flight too).
+pub fn read_origin(origin: &Stream, ask: &OriginAsk) -> OriginRead {
+    let committed = origin.committed_seq();
+    let store = origin.read();
+    let st = store.state();
+    let last = st.last_seq.min(committed);
+    let mut next = ask.start + 1;
+    if ask.start == 0 {
+        if ask.opt_start_seq > 0 {
+            next = ask.opt_start_seq;
+        } else if let Some(t) = ask.opt_start_time {
+            next = first_at_or_after(&*store, st.first_seq.max(1), last, t);
+        }
+    }
+    let mut msgs = vec![];
     let mut bytes = 0;
-    while out.len() < BATCH_MSGS && bytes < BATCH_BYTES && next <= st.last_seq {
-        let m = if filters.is_empty() {
+    while msgs.len() < BATCH_MSGS && bytes < BATCH_BYTES && next <= last {
+        let m = if ask.filters.is_empty() {
             store.load_next(next, ">")
         } else {
-            filters
+            ask.filters
                 .iter()
                 .filter_map(|f| store.load_next(next, f).ok())
                 .min_by_key(|m| m.seq)
                 .ok_or(keel_store::StoreError::NotFound)
         };
-        let Ok(m) = m else { break };
+        let Ok(m) = m.and_then(|m| {
+            if m.seq <= last {
+                Ok(m)
+            } else {
+                Err(keel_store::StoreError::NotFound)
+            }
+        }) else {
+            break;
+        };
         next = m.seq + 1;
         bytes += m.subject.len() + m.hdr.len() + m.data.len();
-        let subject = transformed(transforms, &m.subject);
-        let msg = if mirror {
-            SourcedMsg {
-                subject,
-                hdr: m.hdr,
-                data: m.data,
-                mirror: Some((m.seq, m.ts)),
-            }
-        } else {
-            SourcedMsg {
-                subject,
-                hdr: source_headers(&m.hdr, &state.iname, m.seq, &m.subject, ident),
-                data: m.data,
-                mirror: None,
-            }
-        };
-        out.push((m.seq, msg));
+        msgs.push(OriginMsg {
+            seq: m.seq,
+            ts: m.ts,
+            subject: m.subject,
+            hdr: m.hdr,
+            data: m.data,
+        });
     }
-    let pending_from = next.max(start + 1);
-    let lag = if filters.is_empty() {
+    let pending_from = next.max(ask.start + 1);
+    let lag = if ask.filters.is_empty() {
         store.num_pending(pending_from, ">", false)
     } else {
-        filters
+        ask.filters
             .iter()
             .map(|f| store.num_pending(pending_from, f, false))
             .sum()
     };
-    (out, lag)
+    OriginRead { msgs, lag }
+}
+
+/// `read_origin` for another server's source (`Rpc::ReadOrigin`): when nothing is there
+/// to read yet, waits up to `wait` for the origin to commit more.
+pub async fn read_origin_waiting(origin: &Stream, ask: &OriginAsk, wait: Duration) -> OriginRead {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut committed = origin.committed_watch();
+    loop {
+        committed.borrow_and_update();
+        let r = read_origin(origin, ask);
+        if !r.msgs.is_empty() {
+            return r;
+        }
+        match tokio::time::timeout_at(deadline, committed.changed()).await {
+            Ok(Ok(())) => {}
+            _ => return r,
+        }
+    }
+}
+
+/// What the target stores for the messages read from its origin: (origin seq, message).
+fn to_sourced(
+    msgs: Vec<OriginMsg>,
+    state: &SourceState,
+    mirror: bool,
+    transforms: &[Transform],
+    ident: &str,
+) -> Vec<(u64, SourcedMsg)> {
+    msgs.into_iter()
+        .map(|m| {
+            let subject = transformed(transforms, &m.subject);
+            let msg = if mirror {
+                SourcedMsg {
+                    subject,
+                    hdr: m.hdr,
+                    data: m.data,
+                    mirror: Some((m.seq, m.ts)),
+                }
+            } else {
+                SourcedMsg {
+                    subject,
+                    hdr: source_headers(&m.hdr, &state.iname, m.seq, &m.subject, ident),
+                    data: m.data,
+                    mirror: None,
+                }
+            };
+            (m.seq, msg)
+        })
+        .collect()
 }
 
 /// The first sequence stored at or after time `t` (a binary search over the index).

@@ -461,6 +461,13 @@ enum Rpc {
     /// batch: openraft 0.9's leader only finds out that a follower's log went back when it
     /// next replicates an entry (heartbeats do not), so an idle group would never refill it.
     Nudge,
+    /// A stream sourcing or mirroring this group's stream, led on a server with no replica
+    /// of it, reads the next messages (`sourcing::read_origin_waiting`), waiting up to
+    /// `wait_ms` while there are none. (Last: the variants before keep their numbers.)
+    ReadOrigin {
+        ask: crate::jetstream::sourcing::OriginAsk,
+        wait_ms: u64,
+    },
 }
 
 /// Requests waiting for their answers, by number (the answer's subject ends in it): the
@@ -816,6 +823,27 @@ impl RaftHost {
         Ok((f.next, f.batch))
     }
 
+    /// The next messages of the stream of group `group` that a source on this server asks
+    /// for, from `target`'s replica (which waits up to `wait` while there are none).
+    pub async fn read_origin(
+        &self,
+        target: &str,
+        group: &str,
+        ask: &crate::jetstream::sourcing::OriginAsk,
+        wait: Duration,
+    ) -> Result<crate::jetstream::sourcing::OriginRead, String> {
+        let rpc = Rpc::ReadOrigin {
+            ask: ask.clone(),
+            wait_ms: wait.as_millis() as u64,
+        };
+        let b = self
+            .ask(target, "ORIGIN", group, &rpc, wait + RPC_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        bincode::deserialize::<Result<crate::jetstream::sourcing::OriginRead, String>>(&b)
+            .map_err(|e| e.to_string())?
+    }
+
     /// `target`'s usage of `account` (memory, file bytes, consumers it leads), if it
     /// answers within `timeout`.
     pub async fn usage(
@@ -1155,6 +1183,23 @@ async fn answer(host: &Arc<RaftHost>, m: InMsg) {
                     .serve_fetch(from, to, max_bytes)
                     .map(|(next, batch)| Fetched { next, batch }),
                 None => Err(format!("no stream group {group} here")),
+            };
+            bincode::serialize(&r)
+        }
+        Rpc::ReadOrigin { ask, wait_ms } => {
+            // Only a replica that serves reads (not one being refilled or rebuilt).
+            let origin = host
+                .store_of(&group)
+                .filter(|sh| sh.serves_reads())
+                .and_then(|sh| sh.stream.get().and_then(std::sync::Weak::upgrade));
+            let r = match origin {
+                Some(s) => Ok(crate::jetstream::sourcing::read_origin_waiting(
+                    &s,
+                    &ask,
+                    Duration::from_millis(wait_ms.min(10_000)),
+                )
+                .await),
+                None => Err(format!("no readable replica of group {group} here")),
             };
             bincode::serialize(&r)
         }
