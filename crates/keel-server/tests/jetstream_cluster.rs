@@ -1444,6 +1444,18 @@ async fn sources_on_other_servers_are_read_over_the_routes() {
     assert_eq!(mir["state"]["last_seq"], 5, "{mir}");
     let m = api(&c, "$JS.API.STREAM.MSG.GET.MIR", r#"{"seq":4}"#).await;
     assert_eq!(m["message"]["subject"], "oa.x", "{m}");
+    // An R3 stream sourcing the R1 origin, led by a server without it.
+    create_stream(
+        &c,
+        "R3S",
+        r#"{"name":"R3S","num_replicas":3,"sources":[{"name":"OA"}]}"#,
+    )
+    .await;
+    lead_on(&c, "R3S", "Q2").await;
+    holds("R3S", 5).await;
+    publish_acked(&c, "oa.x", "a5".into()).await;
+    let r3 = holds("R3S", 6).await;
+    assert_eq!(r3["state"]["last_seq"], 6, "{r3}");
 }
 
 /// A create the servers would refuse (here `mirror_direct` without a mirror) is refused
