@@ -1569,13 +1569,20 @@ async fn a_consume_loop_keeps_going_through_its_consumers_hand_over() {
         (i["num_waiting"].as_u64() >= Some(1)).then_some(())
     })
     .await;
+    let info = api(&c, "$JS.API.CONSUMER.INFO.CL.worker", "").await;
+    let old = info["cluster"]["leader"].clone();
     let r = api(&c, "$JS.API.CONSUMER.LEADER.STEPDOWN.CL.worker", "").await;
     assert_eq!(r["success"], true, "{r}");
     // Published once the new leader leads: one taken by the old leader while it hands over
     // may be delivered by it, and an AckSync reaching it after it stopped leading gets no
     // confirmation (the client's double_ack times out; the message comes again after
     // ack_wait), as with nats-server.
-    stream_leader(&c, "CL", &leader).await;
+    // (nats-server answers no consumer info while its consumer's group elects.)
+    request_until(&c, "$JS.API.CONSUMER.INFO.CL.worker", String::new(), |i| {
+        let now = &i["cluster"]["leader"];
+        (now.is_string() && *now != old).then_some(())
+    })
+    .await;
     eventually("a publish after the hand-over", || async {
         js.publish("cl.x", "after".into()).await.ok()?.await.ok()
     })
