@@ -594,6 +594,10 @@ impl MetaFiles {
                 Copy::Ok(g, body) if found.as_ref().is_none_or(|(fg, _, _)| g > *fg) => {
                     found = Some((g, suffix, body))
                 }
+                // With no slot at all, a `.tmp` that does not verify is a first write cut
+                // short (a full disk, a crash before its rename): nothing was ever written
+                // whole, so nothing was lost.
+                Copy::Bad(_) if bad.is_empty() && suffix != ".prev" => {}
                 Copy::Bad(w) => others.push(format!("{suffix} copy: {w}")),
                 _ => {}
             }

@@ -617,6 +617,28 @@ fn damaged_state_file_falls_back_to_the_previous_copy() {
     assert_eq!(m.read(&d.0.join("nothing.json")), MetaRead::Missing);
 }
 
+/// A first write cut short (a full disk, a crash before its rename) leaves a `.tmp` that
+/// does not verify and no slot: nothing was ever written whole, so the file reads as
+/// missing, not damaged (a full disk is not damage). With a damaged slot it is damage.
+#[test]
+fn an_interrupted_first_write_reads_as_missing() {
+    let d = TempDir::new();
+    std::fs::create_dir_all(&d.0).unwrap();
+    let p = d.0.join("state");
+    std::fs::write(d.0.join("state.tmp"), b"").unwrap();
+    let m = MetaFiles::new();
+    assert_eq!(m.read(&p), MetaRead::Missing);
+    std::fs::write(d.0.join("state.alt.tmp"), b"KEELMETA2 12 00").unwrap();
+    assert_eq!(m.read(&p), MetaRead::Missing);
+    std::fs::write(&p, b"junk").unwrap();
+    assert!(matches!(m.read(&p), MetaRead::Damaged(_)));
+    // Written whole afterwards, it reads.
+    std::fs::remove_file(&p).unwrap();
+    let m = MetaFiles::new();
+    m.write(&p, b"{\"v\":1}", true).unwrap();
+    assert_eq!(m.read(&p), MetaRead::Current(b"{\"v\":1}".to_vec()));
+}
+
 /// A file written by an older Keel (renamed over, `KEELMETA1`, a `.prev` fallback) reads,
 /// and the first write after it keeps it until a newer copy is durable.
 #[test]
