@@ -1610,27 +1610,7 @@ async fn a_pull_waiting_through_a_consumer_stepdown_is_told_to_pull_again() {
         r#"{"name":"PW","subjects":["pw.>"],"num_replicas":3}"#,
     )
     .await;
-    let cc = api(
-        &c,
-        "$JS.API.CONSUMER.DURABLE.CREATE.PW.dur",
-        r#"{"stream_name":"PW","config":{"durable_name":"dur","ack_policy":"explicit"}}"#,
-    )
-    .await;
-    assert!(cc.get("error").is_none(), "{cc}");
-    let inbox = c.new_inbox();
-    let mut sub = c.subscribe(inbox.clone()).await.unwrap();
-    c.publish_with_reply(
-        "$JS.API.CONSUMER.MSG.NEXT.PW.dur",
-        inbox,
-        r#"{"batch":3,"expires":60000000000}"#.into(),
-    )
-    .await
-    .unwrap();
-    eventually("the pull waits", || async {
-        let i = api(&c, "$JS.API.CONSUMER.INFO.PW.dur", "").await;
-        (i["num_waiting"] == 1).then_some(())
-    })
-    .await;
+    let mut sub = waiting_pull(&c, "PW").await;
     let r = api(&c, "$JS.API.CONSUMER.LEADER.STEPDOWN.PW.dur", "").await;
     assert_eq!(r["success"], true, "{r}");
     let m = common::within("the pull's status", sub.next())
@@ -1638,6 +1618,35 @@ async fn a_pull_waiting_through_a_consumer_stepdown_is_told_to_pull_again() {
         .unwrap();
     assert_eq!(m.status.map(|s| s.as_u16()), Some(409), "{m:?}");
     assert_eq!(m.description.as_deref(), Some("Leadership Change"), "{m:?}");
+}
+
+/// A durable `dur` on `stream` and a pull of 3 (expiring in 60 s) waiting on it: the
+/// subscription its status comes to.
+async fn waiting_pull(c: &async_nats::Client, stream: &str) -> async_nats::Subscriber {
+    let cc = api(
+        c,
+        &format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.dur"),
+        &format!(
+            r#"{{"stream_name":"{stream}","config":{{"durable_name":"dur","ack_policy":"explicit"}}}}"#
+        ),
+    )
+    .await;
+    assert!(cc.get("error").is_none(), "{cc}");
+    let inbox = c.new_inbox();
+    let sub = c.subscribe(inbox.clone()).await.unwrap();
+    c.publish_with_reply(
+        format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.dur"),
+        inbox,
+        r#"{"batch":3,"expires":60000000000}"#.into(),
+    )
+    .await
+    .unwrap();
+    eventually("the pull waits", || async {
+        let i = api(c, &format!("$JS.API.CONSUMER.INFO.{stream}.dur"), "").await;
+        (i["num_waiting"] == 1).then_some(())
+    })
+    .await;
+    sub
 }
 
 /// A pull from a client of another server, waiting on a consumer of a server that goes
@@ -1669,27 +1678,7 @@ async fn a_pull_waiting_on_a_lame_duck_is_told_it_shuts_down() {
     let di = names.iter().position(|n| *n == at).unwrap();
     drop(c);
     let c = connect(&nodes[(di + 1) % names.len()], "app").await;
-    let cc = api(
-        &c,
-        "$JS.API.CONSUMER.DURABLE.CREATE.LDP.dur",
-        r#"{"stream_name":"LDP","config":{"durable_name":"dur","ack_policy":"explicit"}}"#,
-    )
-    .await;
-    assert!(cc.get("error").is_none(), "{cc}");
-    let inbox = c.new_inbox();
-    let mut sub = c.subscribe(inbox.clone()).await.unwrap();
-    c.publish_with_reply(
-        "$JS.API.CONSUMER.MSG.NEXT.LDP.dur",
-        inbox,
-        r#"{"batch":3,"expires":60000000000}"#.into(),
-    )
-    .await
-    .unwrap();
-    eventually("the pull waits", || async {
-        let i = api(&c, "$JS.API.CONSUMER.INFO.LDP.dur", "").await;
-        (i["num_waiting"] == 1).then_some(())
-    })
-    .await;
+    let mut sub = waiting_pull(&c, "LDP").await;
     nodes[di].lame_duck();
     let m = tokio::time::timeout(Duration::from_secs(15), sub.next())
         .await

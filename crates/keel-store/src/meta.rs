@@ -16,9 +16,11 @@
 //! A read takes the copy of the highest generation that verifies, else (no slot verifies)
 //! a `.tmp` left by an interrupted first write, else a `.prev` (files written by an older
 //! Keel: `KEELMETA1 <length> <crc32 hex>\n`, renamed over `<name>`, an older copy in
-//! `.prev`; they read as generation 0). Falling back to an older copy is what keeps a
-//! consumer at-least-once when its state file is damaged: the older state has a lower
-//! ack floor, so it redelivers (duplicates) rather than skips.
+//! `.prev`; they read as generation 0). A `.tmp` that does not verify, with no slot at all,
+//! is a first write cut short (a full disk, a crash): the file reads as missing. Falling
+//! back to an older copy is what keeps a consumer at-least-once when its state file is
+//! damaged: the older state has a lower ack floor, so it redelivers (duplicates) rather
+//! than skips.
 
 use crate::io::{Fs, StdFs};
 use std::collections::BTreeMap;
