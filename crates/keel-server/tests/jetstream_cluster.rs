@@ -1458,6 +1458,49 @@ async fn sources_on_other_servers_are_read_over_the_routes() {
     assert_eq!(r3["state"]["last_seq"], 6, "{r3}");
 }
 
+/// The checks a source or mirror makes against its origins see streams on other servers
+/// too (each server, and the meta leader, read them from the meta group's assignments): a
+/// cycle through streams placed on different servers, and a mirror whose origin elsewhere
+/// takes larger messages, are refused as on one server, and nothing is assigned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_checks_see_streams_on_other_servers() {
+    let names = ["V1", "V2", "V3"];
+    let (nodes, _) = mesh_with(&names, None, |n| {
+        format!("server_tags: [\"az:{}\"]\n", &n[1..])
+    })
+    .await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    create_stream(
+        &c,
+        "CA",
+        r#"{"name":"CA","subjects":["ca.>"],"max_msg_size":100,"sources":[{"name":"CB"}],"placement":{"tags":["az:1"]}}"#,
+    )
+    .await;
+    let refused = [
+        (
+            "CB",
+            r#"{"name":"CB","subjects":["cb.>"],"sources":[{"name":"CA"}],"placement":{"tags":["az:2"]}}"#,
+            10052,
+            "detected cycle",
+        ),
+        (
+            "MS",
+            r#"{"name":"MS","max_msg_size":10,"mirror":{"name":"CA"},"placement":{"tags":["az:3"]}}"#,
+            10030,
+            "stream mirror must have max message size >= source",
+        ),
+    ];
+    for (name, body, code, text) in refused {
+        let r = api(&c, &format!("$JS.API.STREAM.CREATE.{name}"), body).await;
+        assert_eq!(r["error"]["err_code"], code, "{r}");
+        assert_eq!(r["error"]["description"], text, "{r}");
+        let names = api(&c, "$JS.API.STREAM.NAMES", "").await;
+        let listed = names["streams"].as_array().cloned().unwrap_or_default();
+        assert!(!listed.iter().any(|n| n == name), "{names}");
+    }
+}
+
 /// A create the servers would refuse (here `mirror_direct` without a mirror) is refused
 /// by the meta leader, not assigned: no stream is left that exists nowhere (info 503,
 /// publishes unanswered, a create again timing out).

@@ -1057,7 +1057,7 @@ async fn meta_api(
     let (kind, result): (&str, Result<Option<Vec<u8>>, super::api::ApiError>) = match tokens {
         ["STREAM", "CREATE", name] => (
             "stream_create",
-            create(js, meta, name, m.payload(), reply)
+            create(js, server, meta, name, m.payload(), reply)
                 .await
                 .map(|_| None),
         ),
@@ -1103,6 +1103,7 @@ fn assigned_config(body: &[u8], cfg: &super::stream::StreamConfig) -> Value {
 /// proposed; the first peer creates it when the assignment applies and answers then.
 async fn create(
     js: &Arc<super::JetStream>,
+    server: &Server,
     meta: &Meta,
     name: &str,
     body: &[u8],
@@ -1111,6 +1112,8 @@ async fn create(
     use super::api::ErrorKind;
     let cfg = super::api::streams::parse_config(js, name, body)?;
     super::api::streams::check_alone(&cfg)?;
+    // (As each server checks it, with the same configs: no assignment a server refuses.)
+    super::sourcing::check_with_streams(js, server, &mut cfg.clone())?;
     let state = meta.machine.state();
     let account = &js.account.name;
     let mut mine = state.streams.get(account).cloned().unwrap_or_default();

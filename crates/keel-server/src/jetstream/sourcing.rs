@@ -278,11 +278,17 @@ fn subset_match(a: &str, b: &str) -> bool {
 }
 
 /// The checks that look at other streams: origin message sizes, `mirror_direct` following
-/// the origin's `allow_direct`, and source cycles.
-pub fn check_with_streams(js: &JetStream, cfg: &mut StreamConfig) -> Result<(), ApiError> {
+/// the origin's `allow_direct`, and source cycles. In a cluster the other streams are known
+/// from the meta group's assignments too (`known_config`), so every server (and the meta
+/// leader, before it assigns a create) decides alike, and a cycle through streams on
+/// different servers is found.
+pub fn check_with_streams(
+    js: &JetStream,
+    server: &Server,
+    cfg: &mut StreamConfig,
+) -> Result<(), ApiError> {
     if let Some(m) = &cfg.mirror {
-        if let Some(o) = js.stream(&m.name) {
-            let oc = o.config();
+        if let Some(oc) = known_config(js, server, &m.name) {
             if cfg.max_msg_size > 0 && oc.max_msg_size > 0 && cfg.max_msg_size < oc.max_msg_size {
                 return Err(ErrorKind::MirrorMaxMessageSize.err());
             }
@@ -290,8 +296,7 @@ pub fn check_with_streams(js: &JetStream, cfg: &mut StreamConfig) -> Result<(), 
         }
     }
     for s in &cfg.sources {
-        if let Some(o) = js.stream(&s.name) {
-            let oc = o.config();
+        if let Some(oc) = known_config(js, server, &s.name) {
             if cfg.max_msg_size > 0 && oc.max_msg_size > 0 && cfg.max_msg_size < oc.max_msg_size {
                 return Err(ErrorKind::SourceMaxMessageSize.err());
             }
@@ -312,7 +317,7 @@ pub fn check_with_streams(js: &JetStream, cfg: &mut StreamConfig) -> Result<(), 
                 if overlaps {
                     return Err(cycle());
                 }
-            } else if let Some(o) = lookup(js, cfg, &s.name) {
+            } else if let Some(o) = lookup(js, server, cfg, &s.name) {
                 queue.push(o);
             }
         }
@@ -320,7 +325,7 @@ pub fn check_with_streams(js: &JetStream, cfg: &mut StreamConfig) -> Result<(), 
             if visited.contains(&m.name) {
                 return Err(cycle());
             }
-            if let Some(o) = lookup(js, cfg, &m.name) {
+            if let Some(o) = lookup(js, server, cfg, &m.name) {
                 queue.push(o);
             }
         }
@@ -329,11 +334,23 @@ pub fn check_with_streams(js: &JetStream, cfg: &mut StreamConfig) -> Result<(), 
 }
 
 /// A stream's config, the one being checked standing in for its stored version.
-fn lookup(js: &JetStream, cfg: &StreamConfig, name: &str) -> Option<StreamConfig> {
+fn lookup(js: &JetStream, server: &Server, cfg: &StreamConfig, name: &str) -> Option<StreamConfig> {
     if name == cfg.name {
         return Some(cfg.clone());
     }
-    js.stream(name).map(|s| (*s.config()).clone())
+    known_config(js, server, name)
+}
+
+/// A stream's config as this server knows it: its replica's here, else (clustered JetStream)
+/// the one its meta assignment was made with.
+pub fn known_config(js: &JetStream, server: &Server, name: &str) -> Option<StreamConfig> {
+    if let Some(s) = js.stream(name) {
+        return Some((*s.config()).clone());
+    }
+    let meta = server.jetstream.get()?.meta.get()?;
+    let a = meta.assignment(&js.account.name, name)?;
+    let body = serde_json::to_vec(&a.config).ok()?;
+    super::api::streams::parse_config(js, name, &body).ok()
 }
 
 /// Creation-time filter checks (the reference makes them when it adds the stream, with its

@@ -297,7 +297,7 @@ pub async fn create(
             ErrorKind::InvalidConfig.with("stream has no mirror but does have mirror direct")
         );
     }
-    sourcing::check_with_streams(js, &mut cfg)?;
+    sourcing::check_with_streams(js, server, &mut cfg)?;
     if let Some(existing) = js.stream(name) {
         return created_already(js, &existing, &cfg);
     }
@@ -358,7 +358,7 @@ pub async fn update(
             ErrorKind::InvalidConfig.with("stream has no mirror but does have mirror direct")
         );
     }
-    sourcing::check_with_streams(js, &mut cfg)?;
+    sourcing::check_with_streams(js, server, &mut cfg)?;
     check_consumer_limits(js, &s, &old, &cfg)?;
     check_overlap(js, &cfg)?;
     check_resources(js, &cfg, Some(name))?;
