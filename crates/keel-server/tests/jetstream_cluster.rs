@@ -1499,6 +1499,29 @@ async fn source_checks_see_streams_on_other_servers() {
         let listed = names["streams"].as_array().cloned().unwrap_or_default();
         assert!(!listed.iter().any(|n| n == name), "{names}");
     }
+    // A cycle made by two updates, of streams on two servers.
+    for (name, az) in [("PA", "1"), ("PB", "2")] {
+        let lower = name.to_lowercase();
+        create_stream(
+            &c,
+            name,
+            &format!(
+                r#"{{"name":"{name}","subjects":["{lower}.>"],"placement":{{"tags":["az:{az}"]}}}}"#
+            ),
+        )
+        .await;
+    }
+    let update = |name: &str, origin: &str| {
+        let lower = name.to_lowercase();
+        format!(r#"{{"name":"{name}","subjects":["{lower}.>"],"sources":[{{"name":"{origin}"}}]}}"#)
+    };
+    let r = api(&c, "$JS.API.STREAM.UPDATE.PA", &update("PA", "PB")).await;
+    assert!(r.get("error").is_none(), "{r}");
+    let r = api(&c, "$JS.API.STREAM.UPDATE.PB", &update("PB", "PA")).await;
+    assert_eq!(r["error"]["err_code"], 10052, "{r}");
+    assert_eq!(r["error"]["description"], "detected cycle", "{r}");
+    let info = api(&c, "$JS.API.STREAM.INFO.PB", "").await;
+    assert!(info["config"].get("sources").is_none(), "{info}");
 }
 
 /// A create the servers would refuse (here `mirror_direct` without a mirror) is refused

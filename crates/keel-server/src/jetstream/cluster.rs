@@ -899,8 +899,13 @@ pub async fn api(
     // A change of a stream's replicas is placed by the meta leader first (new peers join
     // the stream's group, removed ones leave it: `raft::stream::run_group`); the stream's
     // leader then takes the config as any other update.
+    // An update that changes a stream's sources or mirror is written into its assignment
+    // the same way first, so that the source checks of other servers (`known_config`)
+    // see the stream as it will be (a cycle made by two updates on two servers).
     if let ["STREAM", "UPDATE", name] = tokens {
-        if let Some(want) = rescale_wanted(&meta, &account, name, m.payload()).await {
+        let want = rescale_wanted(&meta, &account, name, m.payload()).await;
+        let reorigined = want.is_none() && origins_changed(&meta, &account, name, m.payload());
+        if want.is_some() || reorigined {
             if !meta.is_leader() {
                 match meta.leader() {
                     Some(l) if hops < MAX_HOPS => meta.forward(&l, &account, m, hops + 1),
@@ -908,7 +913,11 @@ pub async fn api(
                 }
                 return true;
             }
-            if let Err(e) = rescale(js, &meta, name, m.payload(), want).await {
+            let r = match want {
+                Some(want) => rescale(js, &meta, name, m.payload(), want).await,
+                None => reorigin(js, server, &meta, name, m.payload()).await,
+            };
+            if let Err(e) = r {
                 let body = super::api::error_body_for("stream_update", &e);
                 super::api::reply(server, router, &reply, body);
                 router.flush();
@@ -1403,6 +1412,54 @@ async fn rescale_wanted(meta: &Meta, account: &str, name: &str, body: &[u8]) -> 
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Whether an update's `sources` or `mirror` differ from those of the stream's assignment.
+fn origins_changed(meta: &Meta, account: &str, name: &str, body: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return false;
+    };
+    let Some(a) = meta.assignment(account, name) else {
+        return false;
+    };
+    // (Absent, null and empty are the same: none.)
+    let origins = |v: &Value| {
+        let sources = v
+            .get("sources")
+            .filter(|s| s.as_array().is_some_and(|a| !a.is_empty()))
+            .cloned();
+        let mirror = v.get("mirror").filter(|m| m.is_object()).cloned();
+        (sources, mirror)
+    };
+    origins(&v) != origins(&a.config)
+}
+
+/// On the meta leader: an update that changes the stream's sources or mirror, checked
+/// against the other streams and written into its assignment (same peers); the stream's
+/// leader then takes the update as any other.
+async fn reorigin(
+    js: &Arc<super::JetStream>,
+    server: &Server,
+    meta: &Meta,
+    name: &str,
+    body: &[u8],
+) -> Result<(), super::api::ApiError> {
+    use super::api::ErrorKind;
+    let mut cfg = super::api::streams::parse_config(js, name, body)?;
+    let a = meta
+        .assignment(&js.account.name, name)
+        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
+    let old = serde_json::to_vec(&a.config).unwrap_or_default();
+    if let Ok(old) = super::api::streams::parse_config(js, name, &old) {
+        old.check_update(&cfg)?;
+    }
+    super::sourcing::check_with_streams(js, server, &mut cfg)?;
+    let assignment = StreamAssignment {
+        config: assigned_config(body, &cfg),
+        reply: None,
+        ..a
+    };
+    assign(js, meta, name, assignment).await
 }
 
 /// On the meta leader: the stream placed on `want` servers. Shrinking keeps the stream's
