@@ -84,6 +84,23 @@ pub struct TestServer {
     own_store: Option<PathBuf>,
 }
 
+/// A port nothing listens on right now, below the kernel's ephemeral range (32768-60999 by
+/// default): a port picked by binding port 0 comes from that range, and an outgoing
+/// connection (another server's route dialing, a client) may take it as its source port
+/// before the server it was picked for binds it ("Address already in use").
+pub fn free_port() -> u16 {
+    for _ in 0..1000 {
+        let port = rand::random_range(20_000..32_768);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
 /// Starts a server from `opts` on the current runtime (which must be multi-threaded, as
 /// `#[tokio::test(flavor = "multi_thread")]`). Errors carry the server's log.
 pub async fn start(mut opts: Opts) -> Result<TestServer, String> {

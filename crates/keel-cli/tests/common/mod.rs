@@ -12,7 +12,7 @@
 #![allow(dead_code)]
 
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -162,31 +162,8 @@ pub fn server_binary() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// A port nothing listens on right now, below the kernel's ephemeral range (32768-60999 by
-/// default): a port picked by binding port 0 comes from that range, and an outgoing
-/// connection (another server's route dialing, a client) may take it as its source port
-/// before the server it was picked for binds it ("Address already in use").
-pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static PICKS: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let mut seed = nanos ^ (u64::from(std::process::id()) << 32);
-    for _ in 0..1000 {
-        seed = seed
-            .wrapping_add(PICKS.fetch_add(1, Ordering::Relaxed))
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let port = 20_000 + ((seed >> 33) % 12_768) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
-}
+/// A port nothing listens on right now, below the ephemeral range.
+pub use keel_server::harness::free_port;
 
 pub fn temp_dir(tag: &str) -> PathBuf {
     let nanos = SystemTime::now()
