@@ -897,15 +897,14 @@ pub async fn api(
         return true;
     }
     // A change of a stream's replicas is placed by the meta leader first (new peers join
-    // the stream's group, removed ones leave it: `raft::stream::run_group`); the stream's
-    // leader then takes the config as any other update.
-    // An update that changes a stream's sources or mirror is written into its assignment
-    // the same way first, so that the source checks of other servers (`known_config`)
-    // see the stream as it will be (a cycle made by two updates on two servers).
+    // the stream's group, removed ones leave it: `raft::stream::run_group`), and a change
+    // of its sources or mirror written into its assignment there (so that the source
+    // checks of other servers, `known_config`, see the stream as it will be: a cycle made
+    // by two updates on two servers); the stream's leader then takes the config as any
+    // other update.
     if let ["STREAM", "UPDATE", name] = tokens {
         let want = rescale_wanted(&meta, &account, name, m.payload()).await;
-        let reorigined = want.is_none() && origins_changed(&meta, &account, name, m.payload());
-        if want.is_some() || reorigined {
+        if want.is_some() || origins_changed(&meta, &account, name, m.payload()) {
             if !meta.is_leader() {
                 match meta.leader() {
                     Some(l) if hops < MAX_HOPS => meta.forward(&l, &account, m, hops + 1),
@@ -913,11 +912,7 @@ pub async fn api(
                 }
                 return true;
             }
-            let r = match want {
-                Some(want) => rescale(js, &meta, name, m.payload(), want).await,
-                None => reorigin(js, server, &meta, name, m.payload()).await,
-            };
-            if let Err(e) = r {
+            if let Err(e) = reassign(js, server, &meta, name, m.payload(), want).await {
                 let body = super::api::error_body_for("stream_update", &e);
                 super::api::reply(server, router, &reply, body);
                 router.flush();
@@ -1434,49 +1429,25 @@ fn origins_changed(meta: &Meta, account: &str, name: &str, body: &[u8]) -> bool 
     origins(&v) != origins(&a.config)
 }
 
-/// On the meta leader: an update that changes the stream's sources or mirror, checked
-/// against the other streams and written into its assignment (same peers); the stream's
-/// leader then takes the update as any other.
-async fn reorigin(
+/// On the meta leader, an update that changes a stream's placement or origins: checked
+/// against the other streams (`sourcing::check_with_streams`) and written into its
+/// assignment; the stream's leader then takes the update as any other. With `want`, the
+/// stream is placed on that many servers: shrinking keeps the stream's leader where this
+/// server knows it; growing adds the least loaded servers (`place`).
+async fn reassign(
     js: &Arc<super::JetStream>,
     server: &Server,
     meta: &Meta,
     name: &str,
     body: &[u8],
+    want: Option<usize>,
 ) -> Result<(), super::api::ApiError> {
     use super::api::ErrorKind;
     let mut cfg = super::api::streams::parse_config(js, name, body)?;
     let a = meta
         .assignment(&js.account.name, name)
         .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
-    let old = serde_json::to_vec(&a.config).unwrap_or_default();
-    if let Ok(old) = super::api::streams::parse_config(js, name, &old) {
-        old.check_update(&cfg)?;
-    }
-    super::sourcing::check_with_streams(js, server, &mut cfg)?;
-    let assignment = StreamAssignment {
-        config: assigned_config(body, &cfg),
-        reply: None,
-        ..a
-    };
-    assign(js, meta, name, assignment).await
-}
-
-/// On the meta leader: the stream placed on `want` servers. Shrinking keeps the stream's
-/// leader where this server knows it; growing adds the least loaded servers (`place`).
-async fn rescale(
-    js: &Arc<super::JetStream>,
-    meta: &Meta,
-    name: &str,
-    body: &[u8],
-    want: usize,
-) -> Result<(), super::api::ApiError> {
-    use super::api::ErrorKind;
-    let cfg = super::api::streams::parse_config(js, name, body)?;
-    let a = meta
-        .assignment(&js.account.name, name)
-        .ok_or_else(|| ErrorKind::StreamNotFound.err())?;
-    if a.group.is_empty() {
+    if want.is_some() && a.group.is_empty() {
         return Err(ErrorKind::InvalidConfig.with(
             if cfg.storage == super::stream::StorageType::Memory {
                 "this memory stream's replicas cannot change: it was made with one replica by an older Keel, without a Raft group (make it again)"
@@ -1489,27 +1460,32 @@ async fn rescale(
     if let Ok(old) = super::api::streams::parse_config(js, name, &old) {
         old.check_update(&cfg)?;
     }
+    super::sourcing::check_with_streams(js, server, &mut cfg)?;
     let raw = assigned_config(body, &cfg);
     let mut peers = a.peers.clone();
-    if want < peers.len() {
-        if let Some(l) = js.stream(name).and_then(|s| s.leader_name()) {
-            if let Some(i) = peers.iter().position(|p| *p == l) {
-                let l = peers.remove(i);
-                peers.insert(0, l);
+    match want {
+        Some(want) if want < peers.len() => {
+            if let Some(l) = js.stream(name).and_then(|s| s.leader_name()) {
+                if let Some(i) = peers.iter().position(|p| *p == l) {
+                    let l = peers.remove(i);
+                    peers.insert(0, l);
+                }
             }
+            peers.truncate(want);
         }
-        peers.truncate(want);
-    } else {
-        let state = meta.machine.state();
-        let more = place(
-            meta,
-            &state,
-            &js.account.name,
-            want - peers.len(),
-            &raw,
-            &peers,
-        )?;
-        peers.extend(more);
+        Some(want) => {
+            let state = meta.machine.state();
+            let more = place(
+                meta,
+                &state,
+                &js.account.name,
+                want - peers.len(),
+                &raw,
+                &peers,
+            )?;
+            peers.extend(more);
+        }
+        None => {}
     }
     let assignment = StreamAssignment {
         config: raw,
