@@ -3946,6 +3946,15 @@ async fn holds_exactly(
     }
 }
 
+/// A mesh in this process, each server on a disk of its own that the test can fill or
+/// stall (`keel_store::Disk::fillable`), with their switches.
+async fn mesh_on_fillable_disks(names: &[&str]) -> (Vec<Node>, Vec<keel_store::DiskFull>) {
+    let (disks, switches): (Vec<_>, Vec<_>) =
+        names.iter().map(|_| keel_store::Disk::fillable()).unzip();
+    let (nodes, _) = mesh_started(names, None, |_| String::new(), Start::OnDisks(disks)).await;
+    (nodes, switches)
+}
+
 /// A full disk, in this process (`keel_store::Disk::fillable`; the fault checker fills
 /// real loop-mounted disks, the reference's too). A follower whose whole store is full
 /// fails to write its Raft log: it leaves the group, is loaded again from its files (again
@@ -3960,9 +3969,7 @@ async fn replicas_whose_disk_filled_come_back_once_there_is_room() {
         return;
     }
     let names = ["D1", "D2", "D3"];
-    let (disks, fills): (Vec<_>, Vec<_>) =
-        names.iter().map(|_| keel_store::Disk::fillable()).unzip();
-    let (nodes, _) = mesh_started(&names, None, |_| String::new(), Start::OnDisks(disks)).await;
+    let (nodes, fills) = mesh_on_fillable_disks(&names).await;
     let (c, _, leader) = r3_stream(&nodes, "FULL", "full.>").await;
     let mut acked = std::collections::BTreeMap::new();
     let mut n = 0u64;
@@ -4069,9 +4076,7 @@ async fn a_publish_whose_commit_outcome_comes_late_gets_its_puback() {
         return;
     }
     let names = ["U1", "U2", "U3"];
-    let (disks, switches): (Vec<_>, Vec<_>) =
-        names.iter().map(|_| keel_store::Disk::fillable()).unzip();
-    let (nodes, _) = mesh_started(&names, None, |_| String::new(), Start::OnDisks(disks)).await;
+    let (nodes, switches) = mesh_on_fillable_disks(&names).await;
     let (c, _, leader) = r3_stream(&nodes, "LATE", "late.>").await;
     let mut acked = std::collections::BTreeMap::new();
     for i in 1..=3u64 {
@@ -4146,9 +4151,7 @@ async fn a_meta_log_that_could_not_be_written_is_loaded_again() {
         return;
     }
     let names = ["M1", "M2", "M3"];
-    let (disks, fills): (Vec<_>, Vec<_>) =
-        names.iter().map(|_| keel_store::Disk::fillable()).unzip();
-    let (nodes, _) = mesh_started(&names, None, |_| String::new(), Start::OnDisks(disks)).await;
+    let (nodes, fills) = mesh_on_fillable_disks(&names).await;
     let leader = meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
     let li = names.iter().position(|n| *n == leader).unwrap();
     let vi = (li + 1) % names.len();
