@@ -1524,6 +1524,88 @@ async fn source_checks_see_streams_on_other_servers() {
     assert!(info["config"].get("sources").is_none(), "{info}");
 }
 
+/// A stream update is checked against every stream of the cluster, as a create is, and
+/// the meta group's assignment keeps the config the stream took: subjects that overlap a
+/// stream on another server are refused (10065); an update the stream's leader refuses
+/// (here its consumers' limits) leaves no trace in later checks (a source back to that
+/// stream is no cycle); a stream's new `max_msg_size` is what a mirror on another server
+/// is checked against.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_updates_are_checked_against_every_stream_of_the_cluster() {
+    let names = ["W1", "W2", "W3"];
+    let (nodes, _) = mesh_with(&names, None, |n| {
+        format!("server_tags: [\"az:{}\"]\n", &n[1..])
+    })
+    .await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[2], "app").await;
+    for (name, az) in [("UA", "1"), ("UB", "2")] {
+        let lower = name.to_lowercase();
+        create_stream(
+            &c,
+            name,
+            &format!(
+                r#"{{"name":"{name}","subjects":["{lower}.>"],"placement":{{"tags":["az:{az}"]}}}}"#
+            ),
+        )
+        .await;
+    }
+    let r = api(
+        &c,
+        "$JS.API.STREAM.UPDATE.UA",
+        r#"{"name":"UA","subjects":["ua.>","ub.x"]}"#,
+    )
+    .await;
+    assert_eq!(r["error"]["err_code"], 10065, "{r}");
+    let info = api(&c, "$JS.API.STREAM.INFO.UA", "").await;
+    assert_eq!(
+        info["config"]["subjects"],
+        serde_json::json!(["ua.>"]),
+        "{info}"
+    );
+    let r = api(
+        &c,
+        "$JS.API.CONSUMER.CREATE.UA.D",
+        r#"{"stream_name":"UA","config":{"durable_name":"D","ack_policy":"explicit","max_ack_pending":100}}"#,
+    )
+    .await;
+    assert!(r.get("error").is_none(), "{r}");
+    let r = api(
+        &c,
+        "$JS.API.STREAM.UPDATE.UA",
+        r#"{"name":"UA","subjects":["ua.>"],"sources":[{"name":"UB"}],"consumer_limits":{"max_ack_pending":10}}"#,
+    )
+    .await;
+    assert_eq!(r["error"]["err_code"], 10069, "{r}");
+    let r = api(
+        &c,
+        "$JS.API.STREAM.UPDATE.UB",
+        r#"{"name":"UB","subjects":["ub.>"],"sources":[{"name":"UA"}]}"#,
+    )
+    .await;
+    assert!(r.get("error").is_none(), "{r}");
+    create_stream(
+        &c,
+        "MC",
+        r#"{"name":"MC","subjects":["mc.>"],"max_msg_size":100,"placement":{"tags":["az:1"]}}"#,
+    )
+    .await;
+    let r = api(
+        &c,
+        "$JS.API.STREAM.UPDATE.MC",
+        r#"{"name":"MC","subjects":["mc.>"],"max_msg_size":10}"#,
+    )
+    .await;
+    assert!(r.get("error").is_none(), "{r}");
+    let mirror = create_stream(
+        &c,
+        "MM",
+        r#"{"name":"MM","max_msg_size":50,"mirror":{"name":"MC"},"placement":{"tags":["az:3"]}}"#,
+    )
+    .await;
+    assert_eq!(mirror["config"]["mirror"]["name"], "MC", "{mirror}");
+}
+
 /// A create the servers would refuse (here `mirror_direct` without a mirror) is refused
 /// by the meta leader, not assigned: no stream is left that exists nowhere (info 503,
 /// publishes unanswered, a create again timing out).

@@ -767,13 +767,30 @@ async fn tend(meta: Arc<Meta>, server: std::sync::Weak<Server>) {
 /// first target forward it once more).
 const MAX_HOPS: u8 = 2;
 
-/// The hop count of a forwarded request (its sid says so; a client's request has none).
-fn hops(m: &crate::client::InMsg) -> u8 {
+/// Set in a forwarded request's hop count by the meta leader on a stream update it has
+/// checked and written into the stream's assignment (`update_on_meta`): the servers it
+/// passes on take it to the stream's leader, not back to the meta leader. (In the count,
+/// not a field of its own, so that `raft::Forwarded` stays as older servers read it.)
+const CHECKED: u8 = 0x40;
+
+/// The hop count and flags of a forwarded request (its sid says so; a client's request
+/// has none).
+fn raw_hops(m: &crate::client::InMsg) -> u8 {
     m.sid
         .strip_prefix(b"fwd".as_slice())
         .and_then(|d| std::str::from_utf8(d).ok())
         .and_then(|d| d.parse().ok())
         .unwrap_or(0)
+}
+
+/// The hop count of a forwarded request.
+fn hops(m: &crate::client::InMsg) -> u8 {
+    raw_hops(m) & !CHECKED
+}
+
+/// Whether the meta leader checked this stream update (`CHECKED`).
+fn checked(m: &crate::client::InMsg) -> bool {
+    raw_hops(m) & CHECKED != 0
 }
 
 /// The stream a per-stream API request is about.
@@ -854,7 +871,7 @@ impl Meta {
             reply: m.reply.as_ref().map(|r| r.to_vec()),
             hdr_len: m.hdr_len,
             data: m.data.to_vec(),
-            hops,
+            hops: hops | (raw_hops(m) & CHECKED),
         };
         self.host.forward(to, &body);
     }
@@ -896,26 +913,24 @@ pub async fn api(
         }
         return true;
     }
-    // A change of a stream's replicas is placed by the meta leader first (new peers join
-    // the stream's group, removed ones leave it: `raft::stream::run_group`), and a change
-    // of its sources or mirror written into its assignment there (so that the source
-    // checks of other servers, `known_config`, see the stream as it will be: a cycle made
-    // by two updates on two servers); the stream's leader then takes the config as any
-    // other update.
+    // A stream update that changes its config is checked by the meta leader against every
+    // stream of the account (subjects overlap, sources' cycles: streams on other servers
+    // too) and written into the stream's assignment, with its new peers for a change of
+    // replicas (new peers join the stream's group, removed ones leave it:
+    // `raft::stream::run_group`); the stream's leader then takes the config as any other
+    // update (`update_on_meta`).
     if let ["STREAM", "UPDATE", name] = tokens {
-        let want = rescale_wanted(&meta, &account, name, m.payload()).await;
-        if want.is_some() || origins_changed(&meta, &account, name, m.payload()) {
+        if !checked(m) {
             if !meta.is_leader() {
-                match meta.leader() {
-                    Some(l) if hops < MAX_HOPS => meta.forward(&l, &account, m, hops + 1),
-                    _ => unavailable(server, router, &reply, tokens),
+                let want = rescale_wanted(&meta, &account, name, m.payload()).await;
+                if want.is_some() || config_changed(js, &meta, name, m.payload()) {
+                    match meta.leader() {
+                        Some(l) if hops < MAX_HOPS => meta.forward(&l, &account, m, hops + 1),
+                        _ => unavailable(server, router, &reply, tokens),
+                    }
+                    return true;
                 }
-                return true;
-            }
-            if let Err(e) = reassign(js, server, &meta, name, m.payload(), want).await {
-                let body = super::api::error_body_for("stream_update", &e);
-                super::api::reply(server, router, &reply, body);
-                router.flush();
+            } else if update_on_meta(js, server, router, &meta, m, name, &reply).await {
                 return true;
             }
         }
@@ -1409,39 +1424,137 @@ async fn rescale_wanted(meta: &Meta, account: &str, name: &str, body: &[u8]) -> 
     }
 }
 
-/// Whether an update's `sources` or `mirror` differ from those of the stream's assignment.
-fn origins_changed(meta: &Meta, account: &str, name: &str, body: &[u8]) -> bool {
-    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+/// Whether an update's config differs from the one in the stream's assignment (one that
+/// does not parse is answered by the stream's leader, as any other bad update).
+fn config_changed(js: &Arc<super::JetStream>, meta: &Meta, name: &str, body: &[u8]) -> bool {
+    use super::api::streams::parse_config;
+    let Ok(cfg) = parse_config(js, name, body) else {
         return false;
     };
-    let Some(a) = meta.assignment(account, name) else {
+    let Some(a) = meta.assignment(&js.account.name, name) else {
         return false;
     };
-    // (Absent, null and empty are the same: none.)
-    let origins = |v: &Value| {
-        let sources = v
-            .get("sources")
-            .filter(|s| s.as_array().is_some_and(|a| !a.is_empty()))
-            .cloned();
-        let mirror = v.get("mirror").filter(|m| m.is_object()).cloned();
-        (sources, mirror)
-    };
-    origins(&v) != origins(&a.config)
+    let old = serde_json::to_vec(&a.config).unwrap_or_default();
+    parse_config(js, name, &old).map_or(true, |old| !old.same_as(&cfg))
 }
 
-/// On the meta leader, an update that changes a stream's placement or origins: checked
-/// against the other streams (`sourcing::check_with_streams`) and written into its
-/// assignment; the stream's leader then takes the update as any other. With `want`, the
-/// stream is placed on that many servers: shrinking keeps the stream's leader where this
-/// server knows it; growing adds the least loaded servers (`place`).
-async fn reassign(
+/// STREAM.UPDATE on the meta leader, as the reference decides it: checked against every
+/// stream of the account (`plan_update`) and, when it changes the stream, written into its
+/// assignment; then sent to the stream's leader, which checks what only it knows (its
+/// consumers' limits) and takes it into the stream's group. Its answer goes to the client;
+/// a refusal puts the assignment back as it was, so that no later check sees a config the
+/// stream never took. False: nothing changes, the request goes on as any other.
+async fn update_on_meta(
+    js: &Arc<super::JetStream>,
+    server: &Arc<Server>,
+    router: &mut crate::router::Router,
+    meta: &Arc<Meta>,
+    m: &crate::client::InMsg,
+    name: &str,
+    reply: &bytes::Bytes,
+) -> bool {
+    let account = js.account.name.clone();
+    let fail = |router: &mut crate::router::Router, e: &super::api::ApiError| {
+        let body = super::api::error_body_for("stream_update", e);
+        super::api::reply(server, router, reply, body);
+        router.flush();
+    };
+    let want = rescale_wanted(meta, &account, name, m.payload()).await;
+    let (old, new) = match plan_update(js, server, meta, name, m.payload(), want) {
+        Ok(Some(plan)) => plan,
+        Ok(None) => return false,
+        Err(e) => {
+            fail(router, &e);
+            return true;
+        }
+    };
+    if let Err(e) = assign(js, meta, name, new.clone()).await {
+        fail(router, &e);
+        return true;
+    }
+    // Through this server's own API queue, so that its own replica (or the route to the
+    // leader) answers it as any update, to this server's inbox.
+    let inbox = meta.inbox(server, &js.account);
+    let (ask, n, rx) = inbox.reply();
+    let queued = js.api_queue.get().map(|q| {
+        q.push(
+            &m.subject,
+            &bytes::Bytes::from(format!("fwd{CHECKED}")),
+            Some(ask.as_bytes()),
+            m.hdr_len,
+            &m.data,
+            crate::inqueue::Publisher {
+                origin: 0,
+                client: false,
+            },
+        )
+    });
+    if matches!(queued, None | Some(crate::inqueue::Pushed::Dropped)) {
+        inbox.forget(n);
+        restore(js, meta, name, &new, old).await;
+        fail(router, &super::api::ErrorKind::ClusterUnavailable.err());
+        return true;
+    }
+    // Waited for in a task of its own: this queue serves the update itself.
+    let (js, server, meta, reply, name) = (
+        js.clone(),
+        server.clone(),
+        meta.clone(),
+        reply.clone(),
+        name.to_string(),
+    );
+    tokio::spawn(async move {
+        let Ok(Ok(answer)) = tokio::time::timeout(UPDATE_WAIT, rx).await else {
+            // No answer (the client's request timed out too): the stream may yet take it,
+            // so the assignment keeps the new config.
+            inbox.forget(n);
+            return;
+        };
+        let refused = serde_json::from_slice::<Value>(&answer)
+            .ok()
+            .and_then(|v| v.get("error").and_then(|e| e["err_code"].as_u64()));
+        // 10008: no leader, or its commit outcome unknown: the stream may yet take it.
+        if refused.is_some_and(|code| code != 10008) {
+            restore(&js, &meta, &name, &new, old).await;
+        }
+        let mut router = crate::router::Router::new(js.account.clone(), 0x4a53);
+        super::api::reply(&server, &mut router, &reply, answer);
+        router.flush();
+    });
+    true
+}
+
+/// How long the meta leader waits for a stream's leader to answer an update it checked.
+const UPDATE_WAIT: Duration = Duration::from_secs(10);
+
+/// Puts back the assignment `old` of a refused update, unless something changed the
+/// assignment since it wrote `new`.
+async fn restore(
+    js: &super::JetStream,
+    meta: &Meta,
+    name: &str,
+    new: &StreamAssignment,
+    old: StreamAssignment,
+) {
+    let now = meta.assignment(&js.account.name, name);
+    if now.is_some_and(|a| a.config == new.config && a.peers == new.peers) {
+        let _ = assign(js, meta, name, old).await;
+    }
+}
+
+/// On the meta leader, an update checked against the other streams (overlapping subjects,
+/// `sourcing::check_with_streams`) and, if it changes the stream's config or placement,
+/// the assignment it had and the one it gets. With `want`, the stream is placed on that
+/// many servers: shrinking keeps the stream's leader where this server knows it; growing
+/// adds the least loaded servers (`place`).
+fn plan_update(
     js: &Arc<super::JetStream>,
     server: &Server,
     meta: &Meta,
     name: &str,
     body: &[u8],
     want: Option<usize>,
-) -> Result<(), super::api::ApiError> {
+) -> Result<Option<(StreamAssignment, StreamAssignment)>, super::api::ApiError> {
     use super::api::ErrorKind;
     let mut cfg = super::api::streams::parse_config(js, name, body)?;
     let a = meta
@@ -1457,10 +1570,31 @@ async fn reassign(
         ));
     }
     let old = serde_json::to_vec(&a.config).unwrap_or_default();
-    if let Ok(old) = super::api::streams::parse_config(js, name, &old) {
+    let old = super::api::streams::parse_config(js, name, &old).ok();
+    if let Some(old) = &old {
         old.check_update(&cfg)?;
     }
+    super::api::streams::check_alone(&cfg)?;
     super::sourcing::check_with_streams(js, server, &mut cfg)?;
+    let state = meta.machine.state();
+    let account = &js.account.name;
+    let mut others = state.streams.get(account).cloned().unwrap_or_default();
+    let term = meta.raft().metrics().borrow().current_term;
+    for (n, create) in meta.proposed_of(account, term) {
+        others.remove(&n);
+        if let Some(c) = create {
+            others.insert(n, c);
+        }
+    }
+    others.remove(name);
+    for o in others.values() {
+        if cfg.subjects.iter().any(|s| o.matches(Some(s))) {
+            return Err(ErrorKind::SubjectsOverlap.err());
+        }
+    }
+    if want.is_none() && old.is_some_and(|old| old.same_as(&cfg)) {
+        return Ok(None);
+    }
     let raw = assigned_config(body, &cfg);
     let mut peers = a.peers.clone();
     match want {
@@ -1474,26 +1608,18 @@ async fn reassign(
             peers.truncate(want);
         }
         Some(want) => {
-            let state = meta.machine.state();
-            let more = place(
-                meta,
-                &state,
-                &js.account.name,
-                want - peers.len(),
-                &raw,
-                &peers,
-            )?;
+            let more = place(meta, &state, account, want - peers.len(), &raw, &peers)?;
             peers.extend(more);
         }
         None => {}
     }
-    let assignment = StreamAssignment {
+    let new = StreamAssignment {
         config: raw,
         peers,
         reply: None,
-        ..a
+        ..a.clone()
     };
-    assign(js, meta, name, assignment).await
+    Ok(Some((StreamAssignment { reply: None, ..a }, new)))
 }
 
 /// `$JS.API.STREAM.PEER.REMOVE.<stream>` on the meta leader: `peer` leaves the stream's
