@@ -461,6 +461,7 @@ fn every_field_written_and_read_back() {
         max_payload: 1048576,
         jetstream: true,
         tags: vec!["az:1".into()],
+        js_limits: Some([64 << 20, 1 << 30]),
         ip: "nats-route://h:4248/".into(),
         nonce: "x".into(),
         cluster: "c".into(),

@@ -40,6 +40,8 @@ pub struct Server {
     closed_stats: ClosedStats,
     shutdown: watch::Sender<bool>,
     pub jetstream: std::sync::OnceLock<Arc<crate::jetstream::JetStreams>>,
+    /// JetStream's memory and file limits (`storage_limits`).
+    storage_limits: std::sync::OnceLock<(i64, i64)>,
     lame_duck: std::sync::atomic::AtomicBool,
     /// Set when lame-duck mode starts: the accept loop stops taking clients.
     stop_accepting: watch::Sender<bool>,
@@ -239,6 +241,7 @@ impl Server {
             closed_stats: ClosedStats::default(),
             shutdown,
             jetstream: std::sync::OnceLock::new(),
+            storage_limits: std::sync::OnceLock::new(),
             lame_duck: std::sync::atomic::AtomicBool::new(false),
             stop_accepting: watch::channel(false).0,
             closed: crate::monitor::ClosedConns::new(opts_max_closed),
@@ -253,6 +256,30 @@ impl Server {
             auth_failures: AtomicU64::new(0),
             system: std::sync::OnceLock::new(),
             config_load_time: Mutex::new(SystemTime::now()),
+        })
+    }
+
+    /// JetStream's memory and file store limits, fixed at the first use (JetStream's start,
+    /// or the first route INFO, which tells the cluster's meta leader where streams fit):
+    /// `max_memory_store` and `max_file_store`, or where unset (or negative) the
+    /// reference's defaults from the machine, so `/jsz` and `/varz` report a real limit,
+    /// and it is enforced.
+    pub fn storage_limits(&self) -> (i64, i64) {
+        *self.storage_limits.get_or_init(|| {
+            let opts = &self.opts;
+            let store_dir = opts
+                .store_dir
+                .clone()
+                .unwrap_or_else(|| std::env::temp_dir().join("keel"));
+            let memory = opts
+                .max_memory_store
+                .filter(|m| *m >= 0)
+                .unwrap_or_else(crate::monitor::proc::default_max_memory);
+            let store = opts
+                .max_file_store
+                .filter(|m| *m >= 0)
+                .unwrap_or_else(|| crate::monitor::proc::default_max_store(&store_dir));
+            (memory, store)
         })
     }
 

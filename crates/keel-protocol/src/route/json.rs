@@ -63,6 +63,10 @@ pub struct RouteInfo {
     /// The server's `server_tags` (Keel's peers place streams by them).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
+    /// Keel: the server's JetStream memory and file store limits, as `[memory, file]`
+    /// (the meta leader places a stream with `max_bytes` only where it fits).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub js_limits: Option<[i64; 2]>,
     /// `nats-route://host:port/`: with `cluster.advertise`, and the URL to dial in gossip.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub ip: String,

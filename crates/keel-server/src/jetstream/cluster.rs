@@ -60,6 +60,8 @@ pub struct Meta {
     proposed: std::sync::Mutex<std::collections::HashMap<(String, String), Proposed>>,
     /// Every server's `server_tags` as last seen (`server_tags`).
     tags: std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
+    /// Every server's JetStream memory and file limits as last seen (`server_js_limits`).
+    js_limits: std::sync::Mutex<std::collections::HashMap<String, [i64; 2]>>,
 }
 
 /// A create (`Some`, its assignment) or delete (`None`) proposed, and its term.
@@ -92,6 +94,7 @@ impl Meta {
             started_at: crate::time::now_nanos(),
             proposed: std::sync::Mutex::new(std::collections::HashMap::new()),
             tags: std::sync::Mutex::new(std::collections::HashMap::new()),
+            js_limits: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
         server.spawn(tend(meta.clone(), Arc::downgrade(server)));
         server.spawn(follow(meta.clone(), Arc::downgrade(server), applied));
@@ -835,6 +838,23 @@ impl Meta {
         known.clone()
     }
 
+    /// Each server's JetStream memory and file store limits: this one's, and its peers' as
+    /// their route INFO said (kept as last seen, as `server_tags`; none from a server too
+    /// old to say them).
+    fn server_js_limits(&self) -> std::collections::HashMap<String, [i64; 2]> {
+        let mut known = self.js_limits.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(server) = self.host.server() {
+            let (memory, store) = server.storage_limits();
+            known.insert(server.server_name.clone(), [memory, store]);
+            for r in server.cluster.get().map(|c| c.routes()).unwrap_or_default() {
+                if let Some(l) = r.remote_js_limits() {
+                    known.insert(r.remote_name(), l);
+                }
+            }
+        }
+        known.clone()
+    }
+
     /// `account`'s creates and deletes proposed in `term` and not followed yet (see
     /// `proposed`; those of other terms are dropped).
     fn proposed_of(&self, account: &str, term: u64) -> BTreeMap<String, Option<StreamAssignment>> {
@@ -1182,6 +1202,7 @@ async fn create(
     if max_streams >= 0 && mine.len() as i64 >= max_streams {
         return Err(ErrorKind::MaxStreams.err());
     }
+    check_account_room(js, &mine, &cfg, cfg.num_replicas.max(1) as usize)?;
     let peers = place(
         meta,
         &state,
@@ -1209,6 +1230,36 @@ async fn create(
     };
     meta.note_proposed(account, name, Some(assignment.clone()));
     assign(js, meta, name, assignment).await
+}
+
+/// The account's storage limits, across the cluster, for a stream with `cfg` on `replicas`
+/// servers beside the account's `others`: as the reference counts them, each stream
+/// reserves its `max_bytes` on each of its servers. (Each server checks its own share again
+/// when it makes its replica: never more than this.)
+fn check_account_room(
+    js: &super::JetStream,
+    others: &BTreeMap<String, StreamAssignment>,
+    cfg: &super::stream::StreamConfig,
+    replicas: usize,
+) -> Result<(), super::api::ApiError> {
+    use super::api::streams::{check_account_alone, room};
+    check_account_alone(js, cfg)?;
+    let storage = |c: &Value| match c["storage"].as_str() {
+        Some("memory") => super::stream::StorageType::Memory,
+        _ => super::stream::StorageType::File,
+    };
+    let reserved = || {
+        others
+            .values()
+            .filter(|a| storage(&a.config) == cfg.storage)
+            .map(|a| {
+                let bytes = a.config["max_bytes"].as_i64().unwrap_or(0).max(0);
+                bytes.saturating_mul(a.peers.len().max(1) as i64)
+            })
+            .fold(0i64, i64::saturating_add)
+    };
+    let need = cfg.max_bytes.max(0).saturating_mul(replicas.max(1) as i64);
+    room(js.account_limit(cfg.storage), cfg, need, reserved)
 }
 
 /// Proposes `account`'s stream `name` placed as `assignment` (a create, or a change of its
@@ -1284,6 +1335,31 @@ fn place(
         return Err(ErrorKind::NoSuitablePeersReason
             .with(format!(", tags not matched ['{}']", tags.join("', '"))));
     }
+    // A stream with `max_bytes` goes only where it fits beside what the streams there
+    // reserve (every account's), as the reference places it.
+    let storage = |c: &Value| match c["storage"].as_str() {
+        Some("memory") => 0,
+        _ => 1,
+    };
+    let max_bytes = |c: &Value| c["max_bytes"].as_i64().unwrap_or(0).max(0);
+    let need = max_bytes(cfg);
+    let limits = meta.server_js_limits();
+    let mut reserved: BTreeMap<&str, i64> = BTreeMap::new();
+    if need > 0 {
+        for a in state.streams.values().flat_map(|m| m.values()) {
+            if storage(&a.config) == storage(cfg) {
+                for p in &a.peers {
+                    let r = reserved.entry(p.as_str()).or_default();
+                    *r = r.saturating_add(max_bytes(&a.config));
+                }
+            }
+        }
+    }
+    let fits = |name: &str| {
+        let limit = limits.get(name).map(|l| l[storage(cfg)]);
+        need == 0 || limit.is_none_or(|l| l - reserved.get(name).copied().unwrap_or(0) >= need)
+    };
+    let mut no_room = false;
     // Server -> (down, streams it holds).
     let mut load: BTreeMap<String, (bool, usize)> = BTreeMap::new();
     // Tags servers lacked (the reference names them in its refusal).
@@ -1292,7 +1368,9 @@ fn place(
         if exclude.contains(&p.name) {
             continue;
         }
-        if tagged(&p.name) {
+        if tagged(&p.name) && !fits(&p.name) {
+            no_room = true;
+        } else if tagged(&p.name) {
             load.insert(p.name.clone(), (!meta.host.is_up(&p.name), 0));
         } else if let Some(t) = tags
             .iter()
@@ -1308,6 +1386,9 @@ fn place(
         let mut why = String::new();
         if offline {
             why.push_str(", peer offline");
+        }
+        if no_room {
+            why.push_str(", insufficient storage");
         }
         if !unmatched.is_empty() {
             let list: Vec<&str> = unmatched.iter().map(|t| t.as_str()).collect();
@@ -1592,6 +1673,7 @@ fn plan_update(
             return Err(ErrorKind::SubjectsOverlap.err());
         }
     }
+    check_account_room(js, &others, &cfg, want.unwrap_or(a.peers.len()))?;
     if want.is_none() && old.is_some_and(|old| old.same_as(&cfg)) {
         return Ok(None);
     }

@@ -65,16 +65,7 @@ impl JetStreams {
         // Two servers on one store would both hand out the same sequences; the second
         // refuses to start (the kernel drops the lock when the holder exits, even on kill).
         let lock = keel_store::lock_dir(&store_dir)?;
-        // Unset (or negative): the reference's defaults from the machine, so `/jsz` and
-        // `/varz` report a real limit, and it is enforced.
-        let max_memory = opts
-            .max_memory_store
-            .filter(|m| *m >= 0)
-            .unwrap_or_else(crate::monitor::proc::default_max_memory);
-        let max_store = opts
-            .max_file_store
-            .filter(|m| *m >= 0)
-            .unwrap_or_else(|| crate::monitor::proc::default_max_store(&store_dir));
+        let (max_memory, max_store) = server.storage_limits();
         let registry = Arc::new(registry::Registry::new());
         let meta = keel_store::MetaFiles::on_disk(&opts.disk);
         // One budget for every file stream's index entries read from disk.

@@ -123,6 +123,8 @@ struct Meta {
     remote_id: String,
     remote_name: String,
     remote_tags: Vec<String>,
+    /// The peer's JetStream memory and file store limits (`RouteInfo::js_limits`).
+    remote_js_limits: Option<[i64; 2]>,
     /// The peer runs JetStream (its INFO says so).
     remote_jetstream: bool,
     /// This server dialed it (or took over that duty from a duplicate it replaced).
@@ -217,6 +219,11 @@ impl Route {
     /// The peer's `server_tags`, as its INFO said.
     pub fn remote_tags(&self) -> Vec<String> {
         self.meta().remote_tags.clone()
+    }
+
+    /// The peer's JetStream memory and file store limits, if it said them.
+    pub fn remote_js_limits(&self) -> Option<[i64; 2]> {
+        self.meta().remote_js_limits
     }
 
     /// Whether the peer runs JetStream.
@@ -989,6 +996,7 @@ impl Conn {
             m.remote_id = info.server_id.clone();
             m.remote_name = info.server_name.clone();
             m.remote_tags = info.tags.iter().map(|t| t.to_ascii_lowercase()).collect();
+            m.remote_js_limits = info.js_limits;
             // Only Keel peers take part in Keel's meta group (nats-server speaks its own
             // Raft): a Keel server names its Rust toolchain in `go`.
             m.remote_jetstream = info.jetstream && info.go.starts_with("rustc ");

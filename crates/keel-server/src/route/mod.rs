@@ -342,6 +342,10 @@ impl Cluster {
             jetstream: server.opts.jetstream
                 && !server.jetstream.get().is_some_and(|j| j.is_disabled()),
             tags: server.opts.server_tags.clone(),
+            js_limits: server.opts.jetstream.then(|| {
+                let (memory, store) = server.storage_limits();
+                [memory, store]
+            }),
             ..RouteInfo::default()
         }
     }

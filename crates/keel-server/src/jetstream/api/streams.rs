@@ -234,10 +234,19 @@ fn check_resources(
     cfg: &StreamConfig,
     except: Option<&str>,
 ) -> Result<(), ApiError> {
-    let err = match cfg.storage {
-        StorageType::Memory => ErrorKind::InsufficientMemory.err(),
-        StorageType::File => ErrorKind::InsufficientStorage.err(),
-    };
+    check_account_alone(js, cfg)?;
+    // The server's limit holds every account's reservations, the account's its own.
+    room(js.server_limit(cfg.storage), cfg, cfg.max_bytes, || {
+        js.reserved_by_all(cfg.storage, except)
+    })?;
+    room(js.account_limit(cfg.storage), cfg, cfg.max_bytes, || {
+        js.reserved(cfg.storage, except)
+    })
+}
+
+/// The account's limits that a stream's config meets or not alone: the meta leader makes
+/// these checks too.
+pub(crate) fn check_account_alone(js: &JetStream, cfg: &StreamConfig) -> Result<(), ApiError> {
     let acc = js.account.jetstream_limits();
     if acc.max_bytes_required && cfg.max_bytes <= 0 {
         return Err(ErrorKind::MaxBytesRequired.err());
@@ -249,26 +258,25 @@ fn check_resources(
     if per_stream > 0 && cfg.max_bytes > per_stream {
         return Err(ErrorKind::StreamMaxBytesExceedsAccount.err());
     }
-    // The server's limit holds every account's reservations, the account's its own.
-    let limits = [
-        (js.server_limit(cfg.storage), true),
-        (js.account_limit(cfg.storage), false),
-    ];
-    for (limit, all) in limits {
-        if limit < 0 {
-            continue;
-        }
-        if cfg.max_bytes > limit {
-            return Err(err);
-        }
-        let reserved = if all {
-            js.reserved_by_all(cfg.storage, except)
-        } else {
-            js.reserved(cfg.storage, except)
-        };
-        if cfg.max_bytes > 0 && reserved + cfg.max_bytes > limit {
-            return Err(err.clone());
-        }
+    Ok(())
+}
+
+/// Whether `need` bytes (a stream's max_bytes; on the meta leader, times its replicas) fit
+/// under `limit` (-1: none) beside what is `reserved` already.
+pub(crate) fn room(
+    limit: i64,
+    cfg: &StreamConfig,
+    need: i64,
+    reserved: impl FnOnce() -> i64,
+) -> Result<(), ApiError> {
+    if limit < 0 {
+        return Ok(());
+    }
+    if need > limit || (need > 0 && reserved().saturating_add(need) > limit) {
+        return Err(match cfg.storage {
+            StorageType::Memory => ErrorKind::InsufficientMemory.err(),
+            StorageType::File => ErrorKind::InsufficientStorage.err(),
+        });
     }
     Ok(())
 }
