@@ -4110,6 +4110,38 @@ async fn mesh_on_fillable_disks(names: &[&str]) -> (Vec<Node>, Vec<keel_store::D
     (nodes, switches)
 }
 
+/// A new stream its server cannot make (here: no room on its disk, which placement does
+/// not see) is answered with the error and not left assigned, as the reference drops a
+/// rejected assignment: once there is room, a create again makes it (it timed out, the
+/// stream assigned and nowhere). Keel only: these disks are this process's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_stream_its_server_cannot_make_is_not_left_assigned() {
+    if common::is_reference() {
+        return;
+    }
+    let names = ["E1", "E2", "E3"];
+    let (nodes, fills) = mesh_on_fillable_disks(&names).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    for (n, f) in nodes.iter().zip(&fills) {
+        f.fill(&n.store_dir().unwrap().join("jetstream/APP/streams"));
+    }
+    let body = r#"{"name":"NEW","subjects":["new.>"]}"#;
+    let r = api(&c, "$JS.API.STREAM.CREATE.NEW", body).await;
+    assert!(r.get("error").is_some(), "{r}");
+    eventually("the refused stream unassigned", || async {
+        let names = api(&c, "$JS.API.STREAM.NAMES", "").await;
+        (names["total"] == 0).then_some(())
+    })
+    .await;
+    for f in &fills {
+        f.free();
+    }
+    let created = create_stream(&c, "NEW", body).await;
+    assert_eq!(created["config"]["name"], "NEW", "{created}");
+    assert_eq!(publish_acked(&c, "new.x", "m".into()).await, 1);
+}
+
 /// A full disk, in this process (`keel_store::Disk::fillable`; the fault checker fills
 /// real loop-mounted disks, the reference's too). A follower whose whole store is full
 /// fails to write its Raft log: it leaves the group, is loaded again from its files (again

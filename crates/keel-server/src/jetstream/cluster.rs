@@ -1977,6 +1977,35 @@ fn answer_create(
     super::api::reply(server, router, &bytes::Bytes::from(reply.to_string()), body);
 }
 
+/// Asks the meta leader (through this server's API queue, as a client's delete) to remove
+/// the assignment of stream `name`, which this server refused to make.
+fn unassign_refused(meta: &Meta, server: &Arc<Server>, js: &Arc<super::JetStream>, name: &str) {
+    warn!(
+        server.log,
+        "JetStream cluster: stream '{} > {name}' refused here, its assignment is removed",
+        js.account.name
+    );
+    let Some(q) = js.api_queue.get() else {
+        return;
+    };
+    // The answer (nobody waits for it) goes to this server's inbox, which drops it.
+    let (ask, n, _rx) = meta.inbox(server, &js.account).reply();
+    let pushed = q.push(
+        format!("$JS.API.STREAM.DELETE.{name}").as_bytes(),
+        &bytes::Bytes::new(),
+        Some(ask.as_bytes()),
+        0,
+        &[],
+        crate::inqueue::Publisher {
+            origin: 0,
+            client: false,
+        },
+    );
+    if pushed == crate::inqueue::Pushed::Dropped {
+        meta.inbox(server, &js.account).forget(n);
+    }
+}
+
 /// A create for a stream assigned already (`Follow::Again`): the stream's leader answers
 /// (its first peer may be down), from the stream as it is, or with 10058 when its config
 /// now differs from the one asked for. One asked before this process started (the log
@@ -2122,10 +2151,18 @@ async fn follow_op(
             if answer && assignment.reply.is_some() && !assignment.group.is_empty() && r.is_ok() {
                 wait_for_leader(&js, &name, &meta.host.name, Duration::from_secs(10)).await;
             }
+            let refused = r.is_err();
             if let (true, Some(reply)) = (answer, assignment.reply.as_ref()) {
                 answer_create(&js, server, &mut router, &name, r, reply);
             }
             router.flush();
+            // A new stream its answering server could not make (its disk, or a check the
+            // meta leader could not make) is not left assigned: the client was told, and a
+            // create again places it anew, as the reference drops a rejected assignment.
+            let fresh = crate::time::now_nanos() - assignment.created < 5_000_000_000;
+            if answer && refused && assignment.reply.is_some() && fresh {
+                unassign_refused(meta, server, &js, &name);
+            }
         }
         MetaOp::RemoveServer { name, at } => {
             // (Not again for each old removal a restart replays.)
