@@ -31,6 +31,17 @@ async fn mesh(names: &[&str]) -> Vec<Node> {
     nodes
 }
 
+/// A mesh whose servers are tagged `az:<n>` for a name ending in `n` (`Q1` is in `az:1`),
+/// with `extra` in each config, once the meta group has a leader.
+async fn az_mesh(names: &[&str], extra: &str) -> Vec<Node> {
+    let (nodes, _) = mesh_with(names, None, |n| {
+        format!("server_tags: [\"az:{}\"]\n{extra}", &n[1..])
+    })
+    .await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    nodes
+}
+
 /// One server's config: `listen` for its route port, `routes` to dial.
 fn member_conf(name: &str, listen: &str, routes: &[String]) -> String {
     let routes: Vec<String> = routes.iter().map(|r| format!("\"{r}\"")).collect();
@@ -1378,11 +1389,7 @@ async fn sources_and_mirrors_in_a_cluster_get_every_message() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sources_on_other_servers_are_read_over_the_routes() {
     let names = ["Q1", "Q2", "Q3"];
-    let (nodes, _) = mesh_with(&names, None, |n| {
-        format!("server_tags: [\"az:{}\"]\n", &n[1..])
-    })
-    .await;
-    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let nodes = az_mesh(&names, "").await;
     let c = connect(&nodes[0], "app").await;
     for (origin, az) in [("OA", "1"), ("OB", "2")] {
         let lower = origin.to_lowercase();
@@ -1465,11 +1472,7 @@ async fn sources_on_other_servers_are_read_over_the_routes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn source_checks_see_streams_on_other_servers() {
     let names = ["V1", "V2", "V3"];
-    let (nodes, _) = mesh_with(&names, None, |n| {
-        format!("server_tags: [\"az:{}\"]\n", &n[1..])
-    })
-    .await;
-    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let nodes = az_mesh(&names, "").await;
     let c = connect(&nodes[0], "app").await;
     create_stream(
         &c,
@@ -1533,11 +1536,7 @@ async fn source_checks_see_streams_on_other_servers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_updates_are_checked_against_every_stream_of_the_cluster() {
     let names = ["W1", "W2", "W3"];
-    let (nodes, _) = mesh_with(&names, None, |n| {
-        format!("server_tags: [\"az:{}\"]\n", &n[1..])
-    })
-    .await;
-    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let nodes = az_mesh(&names, "").await;
     let c = connect(&nodes[2], "app").await;
     for (name, az) in [("UA", "1"), ("UB", "2")] {
         let lower = name.to_lowercase();
@@ -1615,17 +1614,14 @@ async fn stream_updates_are_checked_against_every_stream_of_the_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storage_limits_hold_across_the_cluster() {
     let names = ["Y1", "Y2", "Y3"];
-    let (nodes, _) = mesh_with(&names, None, |n| {
-        format!(
-            "server_tags: [\"az:{}\"]\naccounts {{\n  SYS: {{ users: [{{user: sys, password: pass}}] }}\n  \
-             APP: {{ jetstream: {{ max_file: 3MB, max_mem: 1MB }}, users: [{{user: app, password: pass}}] }}\n  \
-             STRICT: {{ jetstream: {{ max_bytes_required: true }}, users: [{{user: strict, password: pass}}] }}\n}}\n\
-             jetstream {{ max_mem_store: 64MB, max_file_store: 2MB }}\n",
-            &n[1..]
-        )
-    })
+    let nodes = az_mesh(
+        &names,
+        "accounts {\n  SYS: { users: [{user: sys, password: pass}] }\n  \
+         APP: { jetstream: { max_file: 3MB, max_mem: 1MB }, users: [{user: app, password: pass}] }\n  \
+         STRICT: { jetstream: { max_bytes_required: true }, users: [{user: strict, password: pass}] }\n}\n\
+         jetstream { max_mem_store: 64MB, max_file_store: 2MB }\n",
+    )
     .await;
-    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
     let c = connect(&nodes[0], "app").await;
     let strict = connect(&nodes[1], "strict").await;
     let body = |name: &str, bytes: u64, az: &str| {

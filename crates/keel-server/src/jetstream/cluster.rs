@@ -1232,6 +1232,16 @@ async fn create(
     assign(js, meta, name, assignment).await
 }
 
+/// The storage type of an assignment's (raw) config, and the bytes it reserves on each of
+/// its servers (its `max_bytes`; 0 without one).
+fn reserves(config: &Value) -> (super::stream::StorageType, i64) {
+    let storage = match config["storage"].as_str() {
+        Some("memory") => super::stream::StorageType::Memory,
+        _ => super::stream::StorageType::File,
+    };
+    (storage, config["max_bytes"].as_i64().unwrap_or(0).max(0))
+}
+
 /// The account's storage limits, across the cluster, for a stream with `cfg` on `replicas`
 /// servers beside the account's `others`: as the reference counts them, each stream
 /// reserves its `max_bytes` on each of its servers. (Each server checks its own share again
@@ -1244,18 +1254,11 @@ fn check_account_room(
 ) -> Result<(), super::api::ApiError> {
     use super::api::streams::{check_account_alone, room};
     check_account_alone(js, cfg)?;
-    let storage = |c: &Value| match c["storage"].as_str() {
-        Some("memory") => super::stream::StorageType::Memory,
-        _ => super::stream::StorageType::File,
-    };
     let reserved = || {
         others
             .values()
-            .filter(|a| storage(&a.config) == cfg.storage)
-            .map(|a| {
-                let bytes = a.config["max_bytes"].as_i64().unwrap_or(0).max(0);
-                bytes.saturating_mul(a.peers.len().max(1) as i64)
-            })
+            .filter(|a| reserves(&a.config).0 == cfg.storage)
+            .map(|a| reserves(&a.config).1.saturating_mul(a.peers.len().max(1) as i64))
             .fold(0i64, i64::saturating_add)
     };
     let need = cfg.max_bytes.max(0).saturating_mul(replicas.max(1) as i64);
@@ -1337,26 +1340,25 @@ fn place(
     }
     // A stream with `max_bytes` goes only where it fits beside what the streams there
     // reserve (every account's), as the reference places it.
-    let storage = |c: &Value| match c["storage"].as_str() {
-        Some("memory") => 0,
-        _ => 1,
-    };
-    let max_bytes = |c: &Value| c["max_bytes"].as_i64().unwrap_or(0).max(0);
-    let need = max_bytes(cfg);
+    let (storage, need) = reserves(cfg);
     let limits = meta.server_js_limits();
     let mut reserved: BTreeMap<&str, i64> = BTreeMap::new();
     if need > 0 {
         for a in state.streams.values().flat_map(|m| m.values()) {
-            if storage(&a.config) == storage(cfg) {
+            let (s, bytes) = reserves(&a.config);
+            if s == storage {
                 for p in &a.peers {
                     let r = reserved.entry(p.as_str()).or_default();
-                    *r = r.saturating_add(max_bytes(&a.config));
+                    *r = r.saturating_add(bytes);
                 }
             }
         }
     }
     let fits = |name: &str| {
-        let limit = limits.get(name).map(|l| l[storage(cfg)]);
+        let limit = limits.get(name).map(|l| match storage {
+            super::stream::StorageType::Memory => l[0],
+            super::stream::StorageType::File => l[1],
+        });
         need == 0 || limit.is_none_or(|l| l - reserved.get(name).copied().unwrap_or(0) >= need)
     };
     let mut no_room = false;
