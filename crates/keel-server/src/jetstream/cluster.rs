@@ -1675,7 +1675,13 @@ fn plan_update(
             return Err(ErrorKind::SubjectsOverlap.err());
         }
     }
-    check_account_room(js, &others, &cfg, want.unwrap_or(a.peers.len()))?;
+    // Only an update that reserves more is held to the account's limits (one lowered
+    // since does not block other changes).
+    let replicas = want.unwrap_or(a.peers.len()).max(1);
+    let had = reserves(&a.config).1.saturating_mul(a.peers.len().max(1) as i64);
+    if cfg.max_bytes.max(0).saturating_mul(replicas as i64) > had {
+        check_account_room(js, &others, &cfg, replicas)?;
+    }
     if want.is_none() && old.is_some_and(|old| old.same_as(&cfg)) {
         return Ok(None);
     }
