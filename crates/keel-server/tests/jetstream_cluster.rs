@@ -1605,6 +1605,86 @@ async fn stream_updates_are_checked_against_every_stream_of_the_cluster() {
     assert_eq!(mirror["config"]["mirror"]["name"], "MC", "{mirror}");
 }
 
+/// A stream update with a new `placement` moves the stream, as the reference's does: the
+/// config keeps the placement asked for, a server with the new tags joins the stream's
+/// group and catches up, then the old one leaves (its leader handing the group over
+/// first), with every message and the consumer's state; a placement no server has is
+/// refused (10005) and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_placement_moves_the_stream() {
+    let names = ["M1", "M2", "M3"];
+    let nodes = az_mesh(&names, "").await;
+    let c = connect(&nodes[2], "app").await;
+    let body = |az: &str| {
+        format!(r#"{{"name":"MV","subjects":["mv.>"],"placement":{{"tags":["az:{az}"]}}}}"#)
+    };
+    let created = create_stream(&c, "MV", &body("1")).await;
+    assert_eq!(created["cluster"]["leader"], "M1", "{created}");
+    assert_eq!(
+        created["config"]["placement"]["tags"],
+        serde_json::json!(["az:1"]),
+        "{created}"
+    );
+    for i in 1..=3u64 {
+        assert_eq!(publish_acked(&c, "mv.x", format!("m{i}")).await, i);
+    }
+    let r = api(
+        &c,
+        "$JS.API.CONSUMER.CREATE.MV.D",
+        r#"{"stream_name":"MV","config":{"durable_name":"D","ack_policy":"explicit"}}"#,
+    )
+    .await;
+    assert!(r.get("error").is_none(), "{r}");
+    let r = api(&c, "$JS.API.STREAM.UPDATE.MV", &body("2")).await;
+    assert!(r.get("error").is_none(), "{r}");
+    assert_eq!(
+        r["config"]["placement"]["tags"],
+        serde_json::json!(["az:2"]),
+        "{r}"
+    );
+    eventually("the stream led on M2 alone", || async {
+        let i = api(&c, "$JS.API.STREAM.INFO.MV", "").await;
+        let alone = i["cluster"]["replicas"]
+            .as_array()
+            .is_none_or(|r| r.is_empty());
+        (i["cluster"]["leader"] == "M2" && alone).then_some(())
+    })
+    .await;
+    let i = api(&c, "$JS.API.STREAM.INFO.MV", "").await;
+    assert_eq!(i["state"]["messages"], 3, "{i}");
+    assert_eq!(
+        i["config"]["placement"]["tags"],
+        serde_json::json!(["az:2"]),
+        "{i}"
+    );
+    assert_eq!(publish_acked(&c, "mv.x", "m4".into()).await, 4);
+    let d = api(&c, "$JS.API.CONSUMER.INFO.MV.D", "").await;
+    assert_eq!(d["num_pending"], 4, "{d}");
+    // (The reference refuses another move, 10124, until it has finished with this one.)
+    let r = eventually("the move finished", || async {
+        let r = api(&c, "$JS.API.STREAM.UPDATE.MV", &body("9")).await;
+        (r["error"]["err_code"] != 10124).then_some(r)
+    })
+    .await;
+    assert_eq!(r["error"]["err_code"], 10005, "{r}");
+    let i = api(&c, "$JS.API.STREAM.INFO.MV", "").await;
+    assert_eq!(
+        i["config"]["placement"]["tags"],
+        serde_json::json!(["az:2"]),
+        "{i}"
+    );
+    if !common::is_reference() {
+        let old = nodes[0]
+            .store_dir()
+            .unwrap()
+            .join("jetstream/APP/streams/MV");
+        eventually("the old server's replica removed", || async {
+            (!old.exists()).then_some(())
+        })
+        .await;
+    }
+}
+
 /// Storage limits hold across the cluster, as the reference keeps them: an account's
 /// `max_file` counts each stream's `max_bytes` on each of its servers (a stream refused
 /// there is not assigned, so a create again is answered), `max_bytes_required` is checked

@@ -458,11 +458,7 @@ impl Meta {
                 let op = MetaOp::AssignStream {
                     account: account.clone(),
                     name: stream.clone(),
-                    assignment: StreamAssignment {
-                        peers,
-                        reply: None,
-                        ..a.clone()
-                    },
+                    assignment: a.on_peers(peers),
                 };
                 self.propose_waiting(&op).await.map_err(unavailable)?;
             }
@@ -1227,6 +1223,7 @@ async fn create(
         created: crate::time::now_nanos(),
         reply: Some(String::from_utf8_lossy(reply).into_owned()),
         asked: 0,
+        regrouped: false,
     };
     meta.note_proposed(account, name, Some(assignment.clone()));
     assign(js, meta, name, assignment).await
@@ -1258,7 +1255,11 @@ fn check_account_room(
         others
             .values()
             .filter(|a| reserves(&a.config).0 == cfg.storage)
-            .map(|a| reserves(&a.config).1.saturating_mul(a.peers.len().max(1) as i64))
+            .map(|a| {
+                reserves(&a.config)
+                    .1
+                    .saturating_mul(a.peers.len().max(1) as i64)
+            })
             .fold(0i64, i64::saturating_add)
     };
     let need = cfg.max_bytes.max(0).saturating_mul(replicas.max(1) as i64);
@@ -1678,36 +1679,46 @@ fn plan_update(
     // Only an update that reserves more is held to the account's limits (one lowered
     // since does not block other changes).
     let replicas = want.unwrap_or(a.peers.len()).max(1);
-    let had = reserves(&a.config).1.saturating_mul(a.peers.len().max(1) as i64);
+    let had = reserves(&a.config)
+        .1
+        .saturating_mul(a.peers.len().max(1) as i64);
     if cfg.max_bytes.max(0).saturating_mul(replicas as i64) > had {
         check_account_room(js, &others, &cfg, replicas)?;
     }
+    let moved = old.as_ref().is_some_and(|old| {
+        old.placement.clone().unwrap_or_default() != cfg.placement.clone().unwrap_or_default()
+    });
     if want.is_none() && old.is_some_and(|old| old.same_as(&cfg)) {
         return Ok(None);
     }
     let raw = assigned_config(body, &cfg);
     let mut peers = a.peers.clone();
-    match want {
-        Some(want) if want < peers.len() => {
-            if let Some(l) = js.stream(name).and_then(|s| s.leader_name()) {
-                if let Some(i) = peers.iter().position(|p| *p == l) {
-                    let l = peers.remove(i);
-                    peers.insert(0, l);
-                }
+    if moved {
+        // A new placement moves the stream off the servers it no longer suits, as the
+        // reference's does: new ones join its group and catch up, then the others leave
+        // (`raft::stream::reconcile`; a leader leaving hands the group over first).
+        let p = cfg.placement.clone().unwrap_or_default();
+        let tags: Vec<String> = p.tags.iter().map(|t| t.to_ascii_lowercase()).collect();
+        let server_tags = meta.server_tags();
+        let other_cluster = !p.cluster.is_empty() && p.cluster != meta.cluster_name;
+        peers.retain(|s| !other_cluster && has_tags(&server_tags, s, &tags));
+    }
+    let replicas = want.unwrap_or(a.peers.len());
+    if replicas < peers.len() {
+        if let Some(l) = js.stream(name).and_then(|s| s.leader_name()) {
+            if let Some(i) = peers.iter().position(|p| *p == l) {
+                let l = peers.remove(i);
+                peers.insert(0, l);
             }
-            peers.truncate(want);
         }
-        Some(want) => {
-            let more = place(meta, &state, account, want - peers.len(), &raw, &peers)?;
-            peers.extend(more);
-        }
-        None => {}
+        peers.truncate(replicas);
+    } else if replicas > peers.len() {
+        let more = place(meta, &state, account, replicas - peers.len(), &raw, &peers)?;
+        peers.extend(more);
     }
     let new = StreamAssignment {
         config: raw,
-        peers,
-        reply: None,
-        ..a.clone()
+        ..a.on_peers(peers)
     };
     Ok(Some((StreamAssignment { reply: None, ..a }, new)))
 }
@@ -1741,12 +1752,7 @@ async fn remove_peer(
         // Nowhere else to keep it.
         return Err(ErrorKind::PeerRemap.err());
     }
-    let assignment = StreamAssignment {
-        peers,
-        reply: None,
-        ..a
-    };
-    assign(js, meta, name, assignment).await?;
+    assign(js, meta, name, a.on_peers(peers)).await?;
     Ok(Some(
         br#"{"type":"io.nats.jetstream.api.v1.stream_remove_peer_response","success":true}"#
             .to_vec(),

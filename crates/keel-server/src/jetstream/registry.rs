@@ -607,6 +607,7 @@ pub async fn create_stream(
         .map(|a| a.created)
         .filter(|c| *c > 0)
         .unwrap_or_else(now_nanos);
+    let regrouped = assignment.as_ref().is_some_and(|a| a.regrouped);
     let group = assignment.filter(|a| !a.group.is_empty()).map(|a| {
         crate::jetstream::raft::stream::GroupSpec {
             group: a.group,
@@ -622,11 +623,12 @@ pub async fn create_stream(
             .and_then(|j| j.meta.get())
             .is_some_and(|m| m.host.votes_held(g))
     };
-    let bootstrap = group.as_ref().is_some_and(|g| {
-        g.peers.first() == Some(&server.server_name)
-            && !held(&g.group)
-            && !js.registry.is_rejoining(&g.group)
-    });
+    let bootstrap = !regrouped
+        && group.as_ref().is_some_and(|g| {
+            g.peers.first() == Some(&server.server_name)
+                && !held(&g.group)
+                && !js.registry.is_rejoining(&g.group)
+        });
     let meta = StreamMeta {
         config: cfg,
         created,

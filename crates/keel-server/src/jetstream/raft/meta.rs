@@ -39,6 +39,23 @@ pub struct StreamAssignment {
     /// replaying the log does not answer it again.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub asked: i64,
+    /// Its peers changed since the create (a replica change, a move, a peer removed): the
+    /// group runs already, so a new first peer joins it rather than starting it anew.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub regrouped: bool,
+}
+
+impl StreamAssignment {
+    /// This assignment on `peers` (marked `regrouped` if they changed), with no create to
+    /// answer.
+    pub fn on_peers(&self, peers: Vec<String>) -> StreamAssignment {
+        StreamAssignment {
+            regrouped: self.regrouped || peers != self.peers,
+            peers,
+            reply: None,
+            ..self.clone()
+        }
+    }
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -486,6 +503,7 @@ mod tests {
                 created: 1,
                 reply: Some("_INBOX.x".into()),
                 asked: 0,
+                regrouped: false,
             },
         }
     }

@@ -2213,8 +2213,9 @@ pub async fn run_group(
                     .swap(true, std::sync::atomic::Ordering::AcqRel)
             {
                 let (raft, shared, log) = (raft.clone(), shared.clone(), server.log.clone());
+                let (host, group) = (host.clone(), spec.group.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = reconcile(&raft, &a.peers).await {
+                    if let Err(e) = reconcile(&raft, &a.peers, &host, &group).await {
                         crate::warn!(log, "JetStream stream group membership: {e}");
                     }
                     shared
@@ -2403,9 +2404,21 @@ const LEARNER_TIMEOUT: Duration = Duration::from_secs(120);
 /// before its fsync (`log::LogStore::append`), and its answer to `change_membership`, which
 /// comes after the apply (which waits for that fsync), is what keeps a second change from
 /// starting on a joint config only the followers have on disk.
-async fn reconcile(raft: &Raft, peers: &[String]) -> Result<(), String> {
+async fn reconcile(
+    raft: &Raft,
+    peers: &[String],
+    host: &super::RaftHost,
+    group: &str,
+) -> Result<(), String> {
     use std::collections::BTreeSet;
-    let want: BTreeSet<NodeId> = peers.iter().map(|p| super::node_id(p)).collect();
+    let mut want: BTreeSet<NodeId> = peers.iter().map(|p| super::node_id(p)).collect();
+    // A stream moved off this leader's server (a new `placement`): the new peers join
+    // beside it and catch up, then it hands the group to one of them, whose own look
+    // removes this server.
+    let moving = !want.contains(&host.id);
+    if moving {
+        want.insert(host.id);
+    }
     let m = raft.metrics().borrow().clone();
     let mem = m.membership_config.membership().clone();
     if mem.get_joint_config().len() > 1 || membership_is(&m, peers) {
@@ -2432,6 +2445,13 @@ async fn reconcile(raft: &Raft, peers: &[String]) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         index = r.log_id.index;
     }
+    if moving {
+        let target = peers.first().ok_or("no peer to move to")?;
+        let target = Peer {
+            name: target.clone(),
+        };
+        return super::transfer(host, raft, group, &target).await;
+    }
     let gone: BTreeSet<NodeId> = {
         let m = raft.metrics().borrow().clone();
         let all: BTreeSet<NodeId> = m
@@ -2445,8 +2465,13 @@ async fn reconcile(raft: &Raft, peers: &[String]) -> Result<(), String> {
     if gone.is_empty() {
         return Ok(());
     }
-    // The removed learners get the change before they are dropped (a while at most: one
-    // that is down keeps its copy until it is removed by hand).
+    // The removed learners get the change, and learn that it committed, before they are
+    // dropped (a while at most: one that is down keeps its copy until it is removed by
+    // hand). The commit rides on a later append, so an idle stream's leader appends an
+    // empty batch: a learner that never learns it stays out of the group with its copy.
+    if let Some(shared) = host.store_of(group) {
+        shared.nudge();
+    }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
         let m = raft.metrics().borrow().clone();
@@ -2454,7 +2479,7 @@ async fn reconcile(raft: &Raft, peers: &[String]) -> Result<(), String> {
             m.replication
                 .as_ref()
                 .and_then(|r| r.get(id).cloned().flatten())
-                .is_some_and(|l| l.index >= index)
+                .is_some_and(|l| l.index > index)
         };
         if gone.iter().all(has) {
             break;

@@ -110,6 +110,9 @@ pub struct StreamConfig {
     /// Zero only for mirrors and streams with sources (no deduplication), as the reference.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub duplicate_window: i64,
+    /// Where a cluster keeps the stream (`cluster::place`); kept and shown as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror: Option<StreamSource>,
     #[serde(
@@ -162,6 +165,24 @@ pub struct StreamConfig {
 }
 
 /// Deserializes JSON `null` as the type's default (clients send null for empty lists).
+/// A stream's `placement`: the cluster and the server tags its servers must have.
+/// (`preferred` is refused before a config is parsed.)
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Placement {
+    #[serde(
+        default,
+        skip_serializing_if = "String::is_empty",
+        deserialize_with = "null_default"
+    )]
+    pub cluster: String,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_default"
+    )]
+    pub tags: Vec<String>,
+}
+
 pub fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
 where
     D: serde::Deserializer<'de>,
