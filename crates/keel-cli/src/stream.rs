@@ -139,6 +139,12 @@ pub struct StreamFlags {
     /// Number of replicas in a cluster [default for add: 1]
     #[arg(long)]
     replicas: Option<i64>,
+    /// Place the stream in this cluster
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Place the stream on servers with this tag (repeatable; a new set moves the stream)
+    #[arg(long = "tag", value_name = "TAG")]
+    tags: Vec<String>,
     /// Retention policy [default for add: limits]
     #[arg(long, value_enum)]
     retention: Option<Retention>,
@@ -420,6 +426,20 @@ pub(crate) fn apply_flags(cfg: &mut Map<String, Value>, f: &StreamFlags, adding:
         }
         cfg.insert("num_replicas".into(), json!(r));
     }
+    if f.cluster.is_some() || !f.tags.is_empty() {
+        let mut p = cfg
+            .get("placement")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        if let Some(c) = &f.cluster {
+            p.insert("cluster".into(), json!(c));
+        }
+        if !f.tags.is_empty() {
+            p.insert("tags".into(), json!(f.tags));
+        }
+        cfg.insert("placement".into(), Value::Object(p));
+    }
     if let Some(r) = f.retention {
         let v = match r {
             Retention::Limits => "limits",
@@ -700,6 +720,17 @@ pub fn show(info: &Value, json_out: bool, state_only: bool) {
         c.row("Replicas", i(cfg, "num_replicas").max(1));
         c.row_if(b(cfg, "sealed"), "Sealed", true);
         c.row("Storage", title_case(s(cfg, "storage")));
+        let placement = &cfg["placement"];
+        c.row_if(
+            !s(placement, "cluster").is_empty(),
+            "Placement Cluster",
+            s(placement, "cluster"),
+        );
+        let tags: Vec<&str> = placement["tags"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        c.row_if(!tags.is_empty(), "Placement Tags", tags.join(", "));
         let comp = s(cfg, "compression");
         c.row_if(!comp.is_empty() && comp != "none", "Compression", comp);
         c.row_if(

@@ -12,6 +12,11 @@ use common::{free_port, start_with_config, text, Server};
 
 /// `n` servers routed to each other, with a system account and an application account.
 fn cluster(n: usize) -> Option<Vec<Server>> {
+    cluster_with(n, |_| String::new())
+}
+
+/// `cluster`, with `extra(i)` in server `i`'s config.
+fn cluster_with(n: usize, extra: impl Fn(usize) -> String) -> Option<Vec<Server>> {
     let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
     let routes: Vec<String> = ports
         .iter()
@@ -24,8 +29,9 @@ fn cluster(n: usize) -> Option<Vec<Server>> {
              accounts {{\n  SYS: {{ users: [{{user: sys, password: pass}}] }}\n  \
              APP: {{ jetstream: enabled, users: [{{user: app, password: pass}}] }}\n}}\n\
              system_account: SYS\n\
-             cluster {{\n  name: cli\n  listen: \"127.0.0.1:{port}\"\n  routes: [{}]\n}}\n",
-            routes.join(", ")
+             cluster {{\n  name: cli\n  listen: \"127.0.0.1:{port}\"\n  routes: [{}]\n}}\n{}",
+            routes.join(", "),
+            extra(i)
         );
         servers.push(start_with_config(&conf)?);
     }
@@ -175,4 +181,52 @@ fn a_removed_stream_peer_is_replaced_by_a_free_server() {
     ))
     .unwrap();
     assert_eq!(v["state"]["messages"], 1, "{v}");
+}
+
+/// `stream add --tag` places a stream on the servers with the tag, `stream info` shows its
+/// placement, and `stream edit --tag` with another tag moves it there with its messages.
+#[test]
+fn a_stream_edited_with_another_tag_moves_there() {
+    let Some(servers) = cluster_with(3, |i| format!("server_tags: [\"az:{i}\"]\n")) else {
+        return;
+    };
+    let s = &servers[0];
+    let add = [
+        "stream",
+        "add",
+        "MV",
+        "--subjects",
+        "mv.>",
+        "--tag",
+        "az:1",
+        "--defaults",
+    ];
+    until_ok(s, &with(&APP, &add));
+    until_ok(s, &with(&APP, &["pub", "--jetstream", "mv.x", "one"]));
+    let info = until_ok(s, &with(&APP, &["stream", "info", "MV"]));
+    assert!(info.contains("Placement Tags: az:1"), "{info}");
+    let out = s.keel(&with(
+        &APP,
+        &["stream", "edit", "MV", "--tag", "az:2", "-f"],
+    ));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = text(&out.stdout);
+    assert!(out.contains("Placement Tags: az:2"), "{out}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v: serde_json::Value = serde_json::from_str(&until_ok(
+            s,
+            &with(&APP, &["--json", "stream", "info", "MV"]),
+        ))
+        .expect("stream info JSON");
+        let alone = v["cluster"]["replicas"]
+            .as_array()
+            .is_none_or(|r| r.is_empty());
+        if v["cluster"]["leader"] == "C2" && alone {
+            assert_eq!(v["state"]["messages"], 1, "{v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not moved to C2: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

@@ -1556,24 +1556,50 @@ async fn update_on_meta(
         fail(router, &e);
         return true;
     }
-    // Through this server's own API queue, so that its own replica (or the route to the
-    // leader) answers it as any update, to this server's inbox.
+    // To the stream's leader: found from the peers the stream had (a move's new peers do
+    // not know it yet), through this server's own API queue when its own replica leads or
+    // knows no better, the answer to this server's inbox.
     let inbox = meta.inbox(server, &js.account);
     let (ask, n, rx) = inbox.reply();
-    let queued = js.api_queue.get().map(|q| {
-        q.push(
-            &m.subject,
-            &bytes::Bytes::from(format!("fwd{CHECKED}")),
-            Some(ask.as_bytes()),
-            m.hdr_len,
-            &m.data,
-            crate::inqueue::Publisher {
+    let me = &meta.host.name;
+    let local = js.stream(name);
+    let to = match &local {
+        Some(s) if s.leads() => None,
+        _ => local
+            .as_ref()
+            .and_then(|s| s.leader_name())
+            .filter(|l| l != me)
+            .or_else(|| old.peers.iter().find(|p| *p != me).cloned()),
+    };
+    let sid = bytes::Bytes::from(format!("fwd{CHECKED}"));
+    let sent = match to {
+        Some(to) => {
+            let checked = crate::client::InMsg {
+                sid,
+                subject: m.subject.clone(),
+                reply: Some(bytes::Bytes::from(ask)),
+                hdr_len: m.hdr_len,
+                data: m.data.clone(),
                 origin: 0,
-                client: false,
-            },
-        )
-    });
-    if matches!(queued, None | Some(crate::inqueue::Pushed::Dropped)) {
+            };
+            meta.forward(&to, &account, &checked, 1);
+            true
+        }
+        None => js.api_queue.get().is_some_and(|q| {
+            q.push(
+                &m.subject,
+                &sid,
+                Some(ask.as_bytes()),
+                m.hdr_len,
+                &m.data,
+                crate::inqueue::Publisher {
+                    origin: 0,
+                    client: false,
+                },
+            ) != crate::inqueue::Pushed::Dropped
+        }),
+    };
+    if !sent {
         inbox.forget(n);
         restore(js, meta, name, &new, old).await;
         fail(router, &super::api::ErrorKind::ClusterUnavailable.err());
