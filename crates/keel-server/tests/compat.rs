@@ -1133,3 +1133,54 @@ async fn filter_subject_all_is_echoed() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
+
+/// A stream's `placement` is kept and shown as given, on a single server too (an empty
+/// one is none), and an update replaces it: stream info showed none.
+#[tokio::test]
+async fn a_streams_placement_is_kept_as_given() {
+    let server = Server::start_jetstream();
+    let client = server.client().await;
+    let created = create_stream(
+        &client,
+        json!({"name": "PA", "subjects": ["pa"], "placement": {"tags": ["x"]}}),
+    )
+    .await;
+    assert_eq!(
+        created["config"]["placement"],
+        json!({"tags": ["x"]}),
+        "{created}"
+    );
+    let created = create_stream(
+        &client,
+        json!({"name": "PC", "subjects": ["pc"], "placement": {"cluster": "c"}}),
+    )
+    .await;
+    assert_eq!(
+        created["config"]["placement"],
+        json!({"cluster": "c"}),
+        "{created}"
+    );
+    let created = create_stream(
+        &client,
+        json!({"name": "PE", "subjects": ["pe"], "placement": {}}),
+    )
+    .await;
+    assert!(created["config"].get("placement").is_none(), "{created}");
+    let updated = request(
+        &client,
+        "STREAM.UPDATE.PA",
+        json!({"name": "PA", "subjects": ["pa"], "placement": {"tags": ["y"]}}),
+    )
+    .await;
+    assert_eq!(
+        ok(&updated)["config"]["placement"],
+        json!({"tags": ["y"]}),
+        "{updated}"
+    );
+    let info = request(&client, "STREAM.INFO.PA", json!({})).await;
+    assert_eq!(
+        info["config"]["placement"],
+        json!({"tags": ["y"]}),
+        "{info}"
+    );
+}

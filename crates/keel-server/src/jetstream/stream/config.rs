@@ -111,7 +111,11 @@ pub struct StreamConfig {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub duplicate_window: i64,
     /// Where a cluster keeps the stream (`cluster::place`); kept and shown as given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "placement_or_none"
+    )]
     pub placement: Option<Placement>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror: Option<StreamSource>,
@@ -181,6 +185,15 @@ pub struct Placement {
         deserialize_with = "null_default"
     )]
     pub tags: Vec<String>,
+}
+
+/// An empty `placement` (`{}`) is none, as the reference keeps it.
+fn placement_or_none<'de, D>(d: D) -> Result<Option<Placement>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let p = Option::<Placement>::deserialize(d)?;
+    Ok(p.filter(|p| !p.cluster.is_empty() || !p.tags.is_empty()))
 }
 
 pub fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
