@@ -1685,6 +1685,45 @@ async fn a_new_placement_moves_the_stream() {
     }
 }
 
+/// A consumer update and a stream update sent right after a stream's stepdown was
+/// answered are answered by the new leader: they reached the old one, which took them as
+/// leader, and were refused with a 503 when its group had moved on. (The stream update is
+/// keel only: nats-server leaves it unanswered.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_right_after_a_stepdown_reach_the_new_leader() {
+    let nodes = mesh(&["H1", "H2", "H3"]).await;
+    let (c, _, _) = r3_stream(&nodes, "HO", "ho.>").await;
+    let consumer = |wait: u64| {
+        format!(
+            r#"{{"stream_name":"HO","config":{{"durable_name":"D","ack_policy":"explicit","ack_wait":{wait}}}}}"#
+        )
+    };
+    let r = api(
+        &c,
+        "$JS.API.CONSUMER.CREATE.HO.D",
+        &consumer(30_000_000_000),
+    )
+    .await;
+    assert!(r.get("error").is_none(), "{r}");
+    for round in 1..=4u64 {
+        // (The last round's requests are answered; the reference may still be settling.)
+        stream_leader(&c, "HO", "").await;
+        let r = api(&c, "$JS.API.STREAM.LEADER.STEPDOWN.HO", "").await;
+        assert_eq!(r["success"], true, "{r}");
+        let wait = (30 + round) * 1_000_000_000;
+        let r = api(&c, "$JS.API.CONSUMER.CREATE.HO.D", &consumer(wait)).await;
+        assert_eq!(r["config"]["ack_wait"], wait, "round {round}: {r}");
+        // (nats-server leaves this one unanswered: the request times out.)
+        if !common::is_reference() {
+            let update = format!(
+                r#"{{"name":"HO","subjects":["ho.>"],"num_replicas":3,"max_msgs":{round}}}"#
+            );
+            let r = api(&c, "$JS.API.STREAM.UPDATE.HO", &update).await;
+            assert_eq!(r["config"]["max_msgs"], round, "round {round}: {r}");
+        }
+    }
+}
+
 /// Storage limits hold across the cluster, as the reference keeps them: an account's
 /// `max_file` counts each stream's `max_bytes` on each of its servers (a stream refused
 /// there is not assigned, so a create again is answered), `max_bytes_required` is checked

@@ -1033,6 +1033,57 @@ pub async fn api(
     true
 }
 
+/// A per-stream request handled here as the stream's leader, when this server no longer
+/// leads it and knows (within a moment) which server does: sent on there. False: it stays
+/// answered here.
+pub fn send_to_new_leader(
+    js: &Arc<super::JetStream>,
+    server: &Server,
+    m: &crate::client::InMsg,
+    tokens: &[&str],
+) -> bool {
+    let Some(meta) = server.jetstream.get().and_then(|j| j.meta.get()).cloned() else {
+        return false;
+    };
+    let (Some(name), hops) = (stream_of(tokens), hops(m)) else {
+        return false;
+    };
+    let Some(s) = js.stream(name).filter(|s| !s.leads() && s.group.is_some()) else {
+        return false;
+    };
+    if hops >= MAX_HOPS {
+        return false;
+    }
+    let (js, m, name) = (js.clone(), m.clone(), name.to_string());
+    drop(s);
+    tokio::spawn(async move {
+        let me = meta.host.name.clone();
+        wait_for_leader(&js, &name, &me, Duration::from_secs(2)).await;
+        let leader = js.stream(&name).and_then(|s| s.leader_name());
+        match leader {
+            Some(l) if l != me => meta.forward(&l, &js.account.name, &m, hops + 1),
+            _ => {
+                // Leading again here, or no leader: the request is taken again as new.
+                if let Some(q) = js.api_queue.get() {
+                    let sid = bytes::Bytes::from(format!("fwd{}", raw_hops(&m) + 1));
+                    q.push(
+                        &m.subject,
+                        &sid,
+                        m.reply.as_deref(),
+                        m.hdr_len,
+                        &m.data,
+                        crate::inqueue::Publisher {
+                            origin: 0,
+                            client: false,
+                        },
+                    );
+                }
+            }
+        }
+    });
+    true
+}
+
 /// `503 10008`, the reference's answer while a group has no leader.
 fn unavailable(
     server: &Server,
