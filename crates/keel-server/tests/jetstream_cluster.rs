@@ -42,6 +42,20 @@ async fn az_mesh(names: &[&str], extra: &str) -> Vec<Node> {
     nodes
 }
 
+/// A stream `name` on subjects `<name in lower case>.>`, placed on the server tagged
+/// `az:<az>` (see `az_mesh`).
+async fn create_in_az(c: &async_nats::Client, name: &str, az: &str) -> serde_json::Value {
+    let lower = name.to_lowercase();
+    create_stream(
+        c,
+        name,
+        &format!(
+            r#"{{"name":"{name}","subjects":["{lower}.>"],"placement":{{"tags":["az:{az}"]}}}}"#
+        ),
+    )
+    .await
+}
+
 /// One server's config: `listen` for its route port, `routes` to dial.
 fn member_conf(name: &str, listen: &str, routes: &[String]) -> String {
     let routes: Vec<String> = routes.iter().map(|r| format!("\"{r}\"")).collect();
@@ -1392,15 +1406,7 @@ async fn sources_on_other_servers_are_read_over_the_routes() {
     let nodes = az_mesh(&names, "").await;
     let c = connect(&nodes[0], "app").await;
     for (origin, az) in [("OA", "1"), ("OB", "2")] {
-        let lower = origin.to_lowercase();
-        let created = create_stream(
-            &c,
-            origin,
-            &format!(
-                r#"{{"name":"{origin}","subjects":["{lower}.>"],"placement":{{"tags":["az:{az}"]}}}}"#
-            ),
-        )
-        .await;
+        let created = create_in_az(&c, origin, az).await;
         assert_eq!(created["cluster"]["leader"], format!("Q{az}"), "{created}");
     }
     for n in 0..3 {
@@ -1504,15 +1510,7 @@ async fn source_checks_see_streams_on_other_servers() {
     }
     // A cycle made by two updates, of streams on two servers.
     for (name, az) in [("PA", "1"), ("PB", "2")] {
-        let lower = name.to_lowercase();
-        create_stream(
-            &c,
-            name,
-            &format!(
-                r#"{{"name":"{name}","subjects":["{lower}.>"],"placement":{{"tags":["az:{az}"]}}}}"#
-            ),
-        )
-        .await;
+        create_in_az(&c, name, az).await;
     }
     let update = |name: &str, origin: &str| {
         let lower = name.to_lowercase();
@@ -1539,15 +1537,7 @@ async fn stream_updates_are_checked_against_every_stream_of_the_cluster() {
     let nodes = az_mesh(&names, "").await;
     let c = connect(&nodes[2], "app").await;
     for (name, az) in [("UA", "1"), ("UB", "2")] {
-        let lower = name.to_lowercase();
-        create_stream(
-            &c,
-            name,
-            &format!(
-                r#"{{"name":"{name}","subjects":["{lower}.>"],"placement":{{"tags":["az:{az}"]}}}}"#
-            ),
-        )
-        .await;
+        create_in_az(&c, name, az).await;
     }
     let r = api(
         &c,
