@@ -1033,14 +1033,18 @@ pub async fn api(
     true
 }
 
-/// A per-stream request handled here as the stream's leader, when this server no longer
-/// leads it and knows (within a moment) which server does: sent on there. False: it stays
-/// answered here.
+/// A per-stream request that failed here, taken as the stream's leader, while the group
+/// moved on (this server leads no more, or the failure was its group's: a commit that
+/// found it was not leader): sent on to the new leader once there is one (2 s at most),
+/// which answers it. If this server still leads then, the failure (`e`, in `kind`'s
+/// response) is the answer. False: answer it now.
 pub fn send_to_new_leader(
     js: &Arc<super::JetStream>,
-    server: &Server,
+    server: &Arc<Server>,
     m: &crate::client::InMsg,
     tokens: &[&str],
+    kind: &str,
+    e: &super::api::ApiError,
 ) -> bool {
     let Some(meta) = server.jetstream.get().and_then(|j| j.meta.get()).cloned() else {
         return false;
@@ -1048,36 +1052,33 @@ pub fn send_to_new_leader(
     let (Some(name), hops) = (stream_of(tokens), hops(m)) else {
         return false;
     };
-    let Some(s) = js.stream(name).filter(|s| !s.leads() && s.group.is_some()) else {
+    let Some(s) = js.stream(name).filter(|s| s.group.is_some()) else {
         return false;
     };
-    if hops >= MAX_HOPS {
+    let unavailable = super::api::ErrorKind::ClusterUnavailable.err();
+    let group_failed =
+        e.err_code == unavailable.err_code || e.description == unavailable.description;
+    if hops >= MAX_HOPS || (s.leads() && !group_failed) {
         return false;
     }
-    let (js, m, name) = (js.clone(), m.clone(), name.to_string());
+    let Some(reply) = m.reply.clone() else {
+        return false;
+    };
+    let body = super::api::error_body_for(kind, e);
+    let (js, server, m, name) = (js.clone(), server.clone(), m.clone(), name.to_string());
     drop(s);
     tokio::spawn(async move {
         let me = meta.host.name.clone();
+        // (A leader that has just lost its group may not know it yet: a moment first.)
+        tokio::time::sleep(Duration::from_millis(50)).await;
         wait_for_leader(&js, &name, &me, Duration::from_secs(2)).await;
         let leader = js.stream(&name).and_then(|s| s.leader_name());
         match leader {
             Some(l) if l != me => meta.forward(&l, &js.account.name, &m, hops + 1),
             _ => {
-                // Leading again here, or no leader: the request is taken again as new.
-                if let Some(q) = js.api_queue.get() {
-                    let sid = bytes::Bytes::from(format!("fwd{}", raw_hops(&m) + 1));
-                    q.push(
-                        &m.subject,
-                        &sid,
-                        m.reply.as_deref(),
-                        m.hdr_len,
-                        &m.data,
-                        crate::inqueue::Publisher {
-                            origin: 0,
-                            client: false,
-                        },
-                    );
-                }
+                let mut router = crate::router::Router::new(js.account.clone(), 0x4a53);
+                super::api::reply(&server, &mut router, &reply, body);
+                router.flush();
             }
         }
     });

@@ -382,11 +382,12 @@ async fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut 
     // A request this server took as its stream's leader, failed while the group moved on
     // (a stepdown just answered, a failover): an idempotent one goes on to the new leader,
     // which answers it, instead of a 503.
-    if result.is_err()
-        && matches!(kind, "consumer_create" | "stream_update")
-        && super::cluster::send_to_new_leader(js, server, &m, &tokens)
-    {
-        return;
+    if let Err(e) = &result {
+        if matches!(kind, "consumer_create" | "stream_update")
+            && super::cluster::send_to_new_leader(js, server, &m, &tokens, kind, e)
+        {
+            return;
+        }
     }
     js.api_total.fetch_add(1, Ordering::Relaxed);
     let body = result.unwrap_or_else(|e| {
