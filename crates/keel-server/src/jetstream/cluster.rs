@@ -1637,19 +1637,7 @@ async fn update_on_meta(
             meta.forward(&to, &account, &checked, 1);
             true
         }
-        None => js.api_queue.get().is_some_and(|q| {
-            q.push(
-                &m.subject,
-                &sid,
-                Some(ask.as_bytes()),
-                m.hdr_len,
-                &m.data,
-                crate::inqueue::Publisher {
-                    origin: 0,
-                    client: false,
-                },
-            ) != crate::inqueue::Pushed::Dropped
-        }),
+        None => js.queue_request(&m.subject, &sid, Some(ask.as_bytes()), m.hdr_len, &m.data),
     };
     if !sent {
         inbox.forget(n);
@@ -2077,24 +2065,18 @@ fn unassign_refused(meta: &Meta, server: &Arc<Server>, js: &Arc<super::JetStream
         "JetStream cluster: stream '{} > {name}' refused here, its assignment is removed",
         js.account.name
     );
-    let Some(q) = js.api_queue.get() else {
-        return;
-    };
     // The answer (nobody waits for it) goes to this server's inbox, which drops it.
-    let (ask, n, _rx) = meta.inbox(server, &js.account).reply();
-    let pushed = q.push(
-        format!("$JS.API.STREAM.DELETE.{name}").as_bytes(),
+    let inbox = meta.inbox(server, &js.account);
+    let (ask, n, _rx) = inbox.reply();
+    let subject = format!("$JS.API.STREAM.DELETE.{name}");
+    if !js.queue_request(
+        subject.as_bytes(),
         &bytes::Bytes::new(),
         Some(ask.as_bytes()),
         0,
         &[],
-        crate::inqueue::Publisher {
-            origin: 0,
-            client: false,
-        },
-    );
-    if pushed == crate::inqueue::Pushed::Dropped {
-        meta.inbox(server, &js.account).forget(n);
+    ) {
+        inbox.forget(n);
     }
 }
 

@@ -240,6 +240,26 @@ pub struct JetStream {
 }
 
 impl JetStream {
+    /// Puts a request of this server's own (a forwarded one, one sent on or asked again)
+    /// into the account's API queue, as if a client here sent it. False: not queued (no
+    /// queue yet, or it is full or closed).
+    pub(crate) fn queue_request(
+        &self,
+        subject: &[u8],
+        sid: &bytes::Bytes,
+        reply: Option<&[u8]>,
+        hdr_len: usize,
+        data: &[u8],
+    ) -> bool {
+        self.api_queue.get().is_some_and(|q| {
+            let from = crate::inqueue::Publisher {
+                origin: 0,
+                client: false,
+            };
+            q.push(subject, sid, reply, hdr_len, data, from) != crate::inqueue::Pushed::Dropped
+        })
+    }
+
     /// Subscribes the account's API and starts its tasks (API, registry requests, ticks).
     fn serve(
         self: &Arc<Self>,

@@ -1079,21 +1079,8 @@ impl RaftHost {
         else {
             return;
         };
-        let Some(q) = js.api_queue.get() else {
-            return;
-        };
         let sid = Bytes::from(format!("fwd{}", f.hops));
-        q.push(
-            &f.subject,
-            &sid,
-            f.reply.as_deref(),
-            f.hdr_len,
-            &f.data,
-            crate::inqueue::Publisher {
-                origin: 0,
-                client: false,
-            },
-        );
+        js.queue_request(&f.subject, &sid, f.reply.as_deref(), f.hdr_len, &f.data);
     }
 
     /// Shuts every group down (server shutdown).
