@@ -2072,6 +2072,84 @@ async fn stream_and_consumer_leaders_step_down_on_request() {
     }
 }
 
+/// Interest and work-queue streams with three replicas: what a consumer acked is gone from
+/// every replica (not only from the leader's store), and stays gone after the stream's
+/// leader steps down at once after the acks or a moment later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_messages_of_interest_and_work_queue_streams_go_on_every_replica() {
+    let names = ["I1", "I2", "I3"];
+    let nodes = mesh(&names).await;
+    meta_leader(&nodes.iter().collect::<Vec<_>>(), "").await;
+    let c = connect(&nodes[0], "app").await;
+    let js = async_nats::jetstream::new(c.clone());
+    for (name, retention) in [("IN", "interest"), ("WQ", "workqueue")] {
+        let subject = format!("{}.x", name.to_lowercase());
+        create_stream(
+            &c,
+            name,
+            &format!(
+                r#"{{"name":"{name}","subjects":["{subject}"],"num_replicas":3,"retention":"{retention}"}}"#
+            ),
+        )
+        .await;
+        let consumer: async_nats::jetstream::consumer::PullConsumer = js
+            .create_consumer_on_stream(
+                async_nats::jetstream::consumer::pull::Config {
+                    durable_name: Some("W".into()),
+                    ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+                    ..Default::default()
+                },
+                name,
+            )
+            .await
+            .unwrap();
+        for i in 0..10 {
+            publish_acked(&c, &subject, format!("m{i}")).await;
+        }
+        let msgs = fetch(&consumer, 10).await;
+        // Every replica's store, as its /jsz shows it: `messages` and `first_seq`.
+        let replicas_hold = |want: (u64, u64)| {
+            let nodes = &nodes;
+            async move {
+                for (i, n) in nodes.iter().enumerate() {
+                    eventually(
+                        &format!("{name} on {} holds {want:?}", names[i]),
+                        || async {
+                            let v = jsz_at(n, "/jsz?acc=APP&streams=true").await;
+                            let streams =
+                                v["account_details"][0]["stream_detail"].as_array()?.clone();
+                            let st = &streams.iter().find(|d| d["name"] == name)?["state"];
+                            let got = (st["messages"].as_u64()?, st["first_seq"].as_u64()?);
+                            (got == want).then_some(())
+                        },
+                    )
+                    .await;
+                }
+            }
+        };
+        // Acks confirmed, then at once a stepdown: what the old leader removed, the new
+        // one has removed too.
+        for m in &msgs[..6] {
+            m.double_ack().await.unwrap();
+        }
+        let first = stream_leader(&c, name, "").await;
+        let second = stream_step_down(&c, name, "{}", &first).await;
+        replicas_hold((4, 7)).await;
+        // An ack, then the removal reaches every replica without a publish or another ack
+        // to carry it.
+        msgs[6].double_ack().await.unwrap();
+        replicas_hold((3, 8)).await;
+        stream_step_down(&c, name, "{}", &second).await;
+        replicas_hold((3, 8)).await;
+        let info = api(&c, &format!("$JS.API.CONSUMER.INFO.{name}.W"), "").await;
+        assert_eq!(info["ack_floor"]["stream_seq"], 7, "{info}");
+        assert_eq!(info["num_ack_pending"], 3, "{info}");
+    }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
 /// A stepdown's `placement`: `preferred` hands leadership to that server (meta, stream and
 /// consumer leaders); the reference's errors for a server that already leads, one it does not
 /// know, placement nobody fits, and a body that is not JSON.

@@ -1234,6 +1234,11 @@ impl State {
                 && !self.rdq.contains(&seq))
     }
 
+    /// The ack floor's stream sequence.
+    pub fn floor_seq(&self) -> u64 {
+        self.rep.ack_floor.stream_seq
+    }
+
     pub fn matches(&self, subject: &[u8]) -> bool {
         let filters = self.config.filter_list();
         filters.is_empty()

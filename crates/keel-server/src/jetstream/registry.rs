@@ -95,6 +95,11 @@ impl ConsumerView {
         self.lock().is_done_with(seq, subject)
     }
 
+    /// The stream sequence of its ack floor.
+    pub fn ack_floor(&self) -> u64 {
+        self.lock().floor_seq()
+    }
+
     /// Does it want messages on `subject` at all?
     pub fn wants(&self, subject: &[u8]) -> bool {
         self.lock().matches(subject)

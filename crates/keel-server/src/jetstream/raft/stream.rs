@@ -1471,6 +1471,10 @@ impl Replicator for RaftReplicator {
         !self.shared.is_fenced()
     }
 
+    fn has_uncommitted(&self) -> bool {
+        !self.batch.is_empty() || !self.consumers.is_empty()
+    }
+
     fn propose_consumer(&mut self, entry: ConsumerEntry) -> bool {
         if self.shared.is_fenced() {
             return false;
@@ -2138,6 +2142,11 @@ pub async fn run_group(
             if let Some(js) = account_js(&server, &s) {
                 if js.registry.consumers(&js.account.name, &s.name).is_empty() {
                     crate::jetstream::registry::recover_consumers(&js, &server, &s);
+                }
+                if let Some(tx) = s.commands() {
+                    let _ = tx
+                        .send(crate::jetstream::stream::Command::RetentionAfterLead)
+                        .await;
                 }
             }
             crate::info!(

@@ -39,6 +39,8 @@ const BATCH_BYTES: usize = 8 * 1024 * 1024;
 pub const COMMAND_QUEUE: usize = 64;
 /// Messages read per step when a consumer left an interest stream.
 const RELEASE_STEP: usize = 1024;
+/// How many messages a new leader looks at for removals its predecessor did not commit.
+const LEAD_SCAN: usize = 64 * 1024;
 
 /// What the actor is asked to do besides storing publishes. Replies come once the change
 /// is committed.
@@ -69,6 +71,8 @@ pub enum Command {
     Retention { seqs: Vec<u64> },
     /// A consumer left an interest stream: drop what no remaining consumer needs.
     ReleaseInterest,
+    /// This replica leads now and its consumers are loaded (`retention_after_lead`).
+    RetentionAfterLead,
     /// The maintenance tick: expiry, the sync interval, compaction, saving source positions.
     Tick,
     /// A rebuilt follower asked this leader to append an empty batch (`raft::Rpc::Nudge`):
@@ -582,9 +586,30 @@ impl<R: Replicator> Actor<R> {
         if self.core.cfg.retention != Retention::Interest {
             return;
         }
+        self.drop_done(u64::MAX, usize::MAX);
+    }
+
+    /// A new leader of an interest or work-queue stream, its consumers loaded: removals
+    /// its predecessor decided but did not commit before it failed are decided again. They
+    /// are of messages a consumer acked, at most up to the highest ack floor; the scan stops
+    /// after `LEAD_SCAN` messages (those still pending are there too).
+    fn retention_after_lead(&mut self) {
+        let consumers = self.core.stream.consumers.views();
+        if self.core.cfg.retention == Retention::Limits || consumers.is_empty() {
+            return;
+        }
+        let upto = consumers.iter().map(|c| c.ack_floor()).max().unwrap_or(0);
+        self.drop_done(upto, LEAD_SCAN);
+    }
+
+    /// Removes the messages up to `upto` that every consumer is done with (on a work
+    /// queue, one that no consumer wants stays), looking at `limit` messages at most.
+    fn drop_done(&mut self, upto: u64, limit: usize) {
+        let retention = self.core.cfg.retention;
         let consumers = self.core.stream.consumers.views();
         let mut seq = self.store.lock().state().first_seq.max(1);
-        loop {
+        let mut looked = 0;
+        while looked < limit {
             let step: Vec<(u64, Bytes)> = {
                 let store = self.store.lock();
                 let mut v = Vec::new();
@@ -592,6 +617,9 @@ impl<R: Replicator> Actor<R> {
                     let Ok(m) = store.load_next(seq, ">") else {
                         break;
                     };
+                    if m.seq > upto {
+                        break;
+                    }
                     seq = m.seq + 1;
                     v.push((m.seq, m.subject));
                 }
@@ -600,9 +628,14 @@ impl<R: Replicator> Actor<R> {
             if step.is_empty() {
                 break;
             }
+            looked += step.len();
             let gone = step
                 .into_iter()
-                .filter(|(q, subject)| consumers.iter().all(|c| c.is_done_with(*q, subject)))
+                .filter(|(q, subject)| {
+                    consumers.iter().all(|c| c.is_done_with(*q, subject))
+                        && (retention == Retention::Interest
+                            || consumers.iter().any(|c| c.wants(subject)))
+                })
                 .map(|(q, _)| q)
                 .collect();
             self.remove(gone);
@@ -649,8 +682,25 @@ impl<R: Replicator> Actor<R> {
         Ok(())
     }
 
+    /// Commits what was proposed and no commit covered yet (retention removals wait for
+    /// the next one): within a tick the replicas have them. On a server that lost the lead
+    /// meanwhile the commit fails, which rolls them back out of its store.
+    async fn settle(&mut self) {
+        if !self.core.replicator.has_uncommitted() {
+            return;
+        }
+        if self.core.replicator.is_leader() {
+            let committed = self.commit(false, 0, |_| {}).await;
+            self.after_commit(committed);
+        } else {
+            let _ = self.core.replicator.commit(&self.store, false).await;
+            let _ = self.core.replicator.take_uncertain();
+        }
+    }
+
     /// The maintenance tick.
     async fn tick(&mut self) {
+        self.settle().await;
         let now = self.core.leader.now();
         let marked = {
             let mut store = self.store.lock();
@@ -792,7 +842,10 @@ impl<R: Replicator> Actor<R> {
             return;
         }
         if let Command::Nudge = c {
-            if self.core.replicator.is_leader() {
+            if self.core.replicator.has_uncommitted() {
+                // (A batch replicates as well as an empty one.)
+                self.settle().await;
+            } else if self.core.replicator.is_leader() {
                 self.core.replicator.nudge().await;
             }
             return;
@@ -810,6 +863,7 @@ impl<R: Replicator> Actor<R> {
                 Command::Update { reply, .. } | Command::SkipTo { reply, .. } => {
                     let _ = reply.send(Err(ErrorKind::ClusterUnavailable.err()));
                 }
+                Command::Tick => self.settle().await,
                 _ => {}
             }
             return;
@@ -861,6 +915,7 @@ impl<R: Replicator> Actor<R> {
             }
             Command::Retention { seqs } => self.retention(&seqs),
             Command::ReleaseInterest => self.release_interest(),
+            Command::RetentionAfterLead => self.retention_after_lead(),
             Command::Tick => self.tick().await,
             Command::Compacted { segment, done } => self.compacted(segment, *done),
             Command::Delete { .. }

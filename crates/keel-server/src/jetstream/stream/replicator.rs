@@ -41,6 +41,13 @@ pub trait Replicator: Send + 'static {
         false
     }
 
+    /// Entries were proposed that no commit has covered yet (a replicated stream's
+    /// retention removals wait for the next commit): the maintenance tick commits them, so
+    /// the replicas get them in time and a leader that lost its group rolls them back.
+    fn has_uncommitted(&self) -> bool {
+        false
+    }
+
     /// Appends an empty batch to a replicated stream's log (on its leader; see
     /// `raft::Rpc::Nudge`). Nothing for one server.
     fn nudge(&mut self) -> impl Future<Output = ()> + Send + '_ {
