@@ -2150,6 +2150,63 @@ async fn acked_messages_of_interest_and_work_queue_streams_go_on_every_replica()
     }
 }
 
+/// A consumer of an R3 stream paused through one server stays paused when its leader
+/// changes (a consumer stepdown), and a resume is kept the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_pause_is_kept_when_its_leader_changes() {
+    let nodes = mesh(&["P1", "P2", "P3"]).await;
+    let (c, _, _) = r3_stream(&nodes, "PS", "ps.>").await;
+    let other = connect(&nodes[2], "app").await;
+    let created = api(
+        &c,
+        "$JS.API.CONSUMER.CREATE.PS.W",
+        r#"{"stream_name":"PS","config":{"durable_name":"W","ack_policy":"explicit"}}"#,
+    )
+    .await;
+    assert!(created.get("error").is_none(), "{created}");
+    let until = "2099-01-01T00:00:00Z";
+    let r = api(
+        &other,
+        "$JS.API.CONSUMER.PAUSE.PS.W",
+        &format!(r#"{{"pause_until":"{until}"}}"#),
+    )
+    .await;
+    assert_eq!(r["paused"], true, "{r}");
+    let paused = |want: bool| {
+        let c = &c;
+        async move {
+            for _ in 0..2 {
+                let info = api_answered(c, "$JS.API.CONSUMER.INFO.PS.W", "").await;
+                let leader = info["cluster"]["leader"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let r = api(c, "$JS.API.CONSUMER.LEADER.STEPDOWN.PS.W", "").await;
+                assert_eq!(r["success"], true, "{r}");
+                let info = eventually("the consumer's new leader", || async {
+                    let info = api_answered(c, "$JS.API.CONSUMER.INFO.PS.W", "").await;
+                    let now = info["cluster"]["leader"].as_str()?;
+                    (!now.is_empty() && now != leader).then_some(info)
+                })
+                .await;
+                assert_eq!(info["paused"].as_bool().unwrap_or(false), want, "{info}");
+                if want {
+                    assert_eq!(info["config"]["pause_until"], until, "{info}");
+                } else {
+                    assert!(info["config"].get("pause_until").is_none(), "{info}");
+                }
+            }
+        }
+    };
+    paused(true).await;
+    let r = api(&other, "$JS.API.CONSUMER.PAUSE.PS.W", "").await;
+    assert_eq!(r["paused"], false, "{r}");
+    paused(false).await;
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
 /// A stepdown's `placement`: `preferred` hands leadership to that server (meta, stream and
 /// consumer leaders); the reference's errors for a server that already leads, one it does not
 /// know, placement nobody fits, and a body that is not JSON.

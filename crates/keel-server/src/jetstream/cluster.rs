@@ -2273,7 +2273,7 @@ async fn follow_op(
     }
 }
 
-/// After a consumer create or delete on a replicated stream's leader: the change goes
+/// After a consumer create, pause or delete on a replicated stream's leader: the change goes
 /// through the stream's group (its config file, or its removal) and is confirmed once a
 /// quorum has it. Ephemeral consumers live on the leader only, as with the reference.
 pub async fn replicate_consumer_change(
@@ -2290,9 +2290,10 @@ pub async fn replicate_consumer_change(
     if s.group.is_none() {
         return Ok(());
     }
-    let entry = if kind == "consumer_create" {
+    let entry = if kind == "consumer_create" || kind == "consumer_pause" {
+        // (A pause is a change of the consumer's config.)
         let v: Value = serde_json::from_slice(response).unwrap_or(Value::Null);
-        let Some(name) = v["name"].as_str() else {
+        let Some(name) = v["name"].as_str().or(tokens.last().copied()) else {
             return Ok(());
         };
         let dir = s.dir.join("consumers").join(name);

@@ -325,7 +325,20 @@ async fn handle_request(js: &Arc<JetStream>, server: &Arc<Server>, router: &mut 
         }
         ["CONSUMER", "PAUSE", stream, name] => {
             js.api_total.fetch_add(1, Ordering::Relaxed);
-            let body = c::consumer_pause(js, stream, name, body).unwrap_or_else(|e| {
+            let r = match c::consumer_pause(js, stream, name, body) {
+                // A replicated stream's followers have the new config before the answer.
+                Ok(b) => super::cluster::replicate_consumer_change(
+                    js,
+                    stream,
+                    "consumer_pause",
+                    &tokens,
+                    &b,
+                )
+                .await
+                .map(|_| b),
+                Err(e) => Err(e),
+            };
+            let body = r.unwrap_or_else(|e| {
                 js.api_errors.fetch_add(1, Ordering::Relaxed);
                 let zero = Value::from(rfc3339(0));
                 error_response(
