@@ -2207,6 +2207,96 @@ async fn a_consumer_pause_is_kept_when_its_leader_changes() {
     }
 }
 
+/// Ephemeral consumers of an R3 stream go on through the stream's leader changes, as the
+/// reference's (which stay on their server when the stream's leader moves): a pull
+/// consumer keeps what it delivered just before the stepdown (not delivered again as new,
+/// under the same consumer sequences), a push consumer keeps delivering, and one that
+/// expired for lack of interest stays gone under the next leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ephemeral_consumers_go_on_through_a_stream_stepdown() {
+    let nodes = mesh(&["E1", "E2", "E3"]).await;
+    let (c, _, first) = r3_stream(&nodes, "ES", "es.>").await;
+    let other = connect(&nodes[2], "app").await;
+    for i in 0..3 {
+        publish_acked(&c, "es.x", format!("m{i}")).await;
+    }
+    let pull = api(
+        &other,
+        "$JS.API.CONSUMER.CREATE.ES",
+        r#"{"stream_name":"ES","config":{"ack_policy":"explicit","inactive_threshold":60000000000}}"#,
+    )
+    .await;
+    let pull_name = pull["name"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{pull}"))
+        .to_string();
+    let inbox = other.new_inbox();
+    let mut pushed = other.subscribe(inbox.clone()).await.unwrap();
+    common::sync(&other).await;
+    let push = api(
+        &other,
+        "$JS.API.CONSUMER.CREATE.ES",
+        &format!(
+            r#"{{"stream_name":"ES","config":{{"deliver_subject":"{inbox}","ack_policy":"none","inactive_threshold":1000000000}}}}"#
+        ),
+    )
+    .await;
+    let push_name = push["name"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{push}"))
+        .to_string();
+    for _ in 0..3 {
+        common::next_msg(&mut pushed).await;
+    }
+    // Three delivered, not acked; then at once the stepdown.
+    let reply = other.new_inbox();
+    let mut batch = other.subscribe(reply.clone()).await.unwrap();
+    other
+        .publish_with_reply(
+            format!("$JS.API.CONSUMER.MSG.NEXT.ES.{pull_name}"),
+            reply,
+            r#"{"batch":3,"expires":5000000000}"#.into(),
+        )
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        common::next_msg(&mut batch).await;
+    }
+    let second = stream_step_down(&c, "ES", "{}", &first).await;
+    // (The reference's consumer keeps its own leader.)
+    let info = eventually("the pull consumer after the stepdown", || async {
+        let info = api_answered(&c, &format!("$JS.API.CONSUMER.INFO.ES.{pull_name}"), "").await;
+        info.get("error").is_none().then_some(info)
+    })
+    .await;
+    assert_eq!(info["delivered"]["consumer_seq"], 3, "{info}");
+    assert_eq!(info["num_ack_pending"], 3, "{info}");
+    // The push consumer delivers what comes next.
+    publish_acked(&c, "es.x", "m3".into()).await;
+    let m = common::next_msg(&mut pushed).await;
+    assert_eq!(&m.payload[..], b"m3");
+    // Its subscriber goes: it expires, and the next leader does not bring it back.
+    drop(pushed);
+    common::sync(&other).await;
+    let push_info = format!("$JS.API.CONSUMER.INFO.ES.{push_name}");
+    eventually("the push consumer's expiry", || async {
+        let info = api_answered(&c, &push_info, "").await;
+        (info["error"]["err_code"] == 10014).then_some(())
+    })
+    .await;
+    stream_step_down(&c, "ES", "{}", &second).await;
+    eventually("the pull consumer after the second stepdown", || async {
+        let info = api_answered(&c, &format!("$JS.API.CONSUMER.INFO.ES.{pull_name}"), "").await;
+        info.get("error").is_none().then_some(())
+    })
+    .await;
+    let info = api_answered(&c, &push_info, "").await;
+    assert_eq!(info["error"]["err_code"], 10014, "{info}");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
 /// A stepdown's `placement`: `preferred` hands leadership to that server (meta, stream and
 /// consumer leaders); the reference's errors for a server that already leads, one it does not
 /// know, placement nobody fits, and a body that is not JSON.

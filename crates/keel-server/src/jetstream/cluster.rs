@@ -2562,6 +2562,26 @@ fn peer_in_lame_duck(server: &Server, name: &str) -> bool {
 /// A stepdown in the background (the request is answered at once, as the reference does):
 /// to `target` when the placement names one, else handed to the voter with the most of the
 /// log (as at a stop: no election timeout to wait out), else to whichever voter wins.
+/// Before a stream's leadership moves on request: its durables' latest state (what they
+/// delivered and took acks for in the last moments) goes to the followers first, or the
+/// next leader would deliver those messages again as first deliveries, under consumer
+/// sequences already used.
+async fn flush_consumers(server: &Arc<Server>, s: &Arc<Stream>) {
+    const FLUSH_LIMIT: Duration = Duration::from_secs(2);
+    let Some(js) = server
+        .jetstream
+        .get()
+        .and_then(|j| j.account(&s.account().name).cloned())
+    else {
+        return;
+    };
+    let mut flushes = tokio::task::JoinSet::new();
+    for c in js.registry.consumers(&s.account().name, &s.name) {
+        flushes.spawn(async move { c.flush_replicated().await });
+    }
+    let _ = tokio::time::timeout(FLUSH_LIMIT, flushes.join_all()).await;
+}
+
 fn spawn_stepdown(
     host: Option<Arc<RaftHost>>,
     raft: Raft,
@@ -2576,6 +2596,9 @@ fn spawn_stepdown(
         let target =
             target.or_else(|| host.as_ref().and_then(|h| current_voter(&server, h, &raft)));
         let stream = stream.filter(|s| s.leads() && host.is_some());
+        if let Some(s) = &stream {
+            flush_consumers(&server, s).await;
+        }
         withdraw_from_routes(&server, stream.as_slice()).await;
         let r = match (target, host) {
             (Some(t), Some(host)) => match raft::transfer(&host, &raft, &group, &t).await {

@@ -826,7 +826,13 @@ pub async fn run(
                     continue;
                 }
                 if let Some(s) = js.stream(&stream) {
-                    delete_consumer(&js, &server, &mut router, &s, &name, Some(created)).await;
+                    let gone =
+                        delete_consumer(&js, &server, &mut router, &s, &name, Some(created)).await;
+                    if gone && s.group.is_some() {
+                        // The followers' copy goes too, or a next leader would run it again.
+                        let entry = crate::jetstream::raft::stream::ConsumerEntry::Delete { name };
+                        let _ = s.replicate(entry, false).await;
+                    }
                 }
             }
         }

@@ -275,12 +275,14 @@ fn create_consumer(
             }
         }
     }
-    // Durable consumers of file streams keep their state on disk; those of a replicated
-    // memory stream too, as the files its group replicates (gone when the stream's
-    // memory is: its directory goes at a restart).
-    let dir =
-        (durable && (scfg.storage == StorageType::File || s.group.is_some()) && !cfg.mem_storage)
-            .then(|| s.dir.join("consumers").join(&name));
+    // Durable consumers of file streams keep their state on disk. Every consumer of a
+    // replicated stream does (of a memory stream too, gone when the stream's memory is: its
+    // directory goes at a restart): those files are what the stream's group replicates, so
+    // the next leader runs the consumer on, an ephemeral one included (the reference's stays
+    // on its server through a stream's leader change).
+    let dir = (s.group.is_some()
+        || (durable && scfg.storage == StorageType::File && !cfg.mem_storage))
+        .then(|| s.dir.join("consumers").join(&name));
     let meta = consumer::ConsumerMeta {
         config: stored_cfg,
         created: now_nanos(),
