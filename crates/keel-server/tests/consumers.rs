@@ -3235,3 +3235,63 @@ async fn consumer_state_survives_sigkill() {
     let st = state(&client, "S", "dur").await;
     assert_eq!((st.ack_floor.1, st.ack_pending, st.pending), (5, 0, 0));
 }
+
+/// A durable with an `inactive_threshold` is removed once nothing uses it, as an ephemeral
+/// is (the reference does so since 2.9); one without a threshold stays. A message it
+/// delivered and that is not acked yet keeps it: the threshold counts from that message's
+/// ack deadline.
+#[tokio::test]
+async fn a_durable_with_an_inactive_threshold_goes_once_idle() {
+    let (_s, client, _js) = js_setup().await;
+    create_stream(&client, "S", &["s.>"], json!({})).await;
+    create_consumer(&client, "S", "kept", json!({})).await;
+    create_consumer(&client, "S", "idle", json!({"inactive_threshold": SEC / 2})).await;
+    create_consumer(
+        &client,
+        "S",
+        "busy",
+        json!({"inactive_threshold": SEC / 2, "ack_wait": 10 * SEC}),
+    )
+    .await;
+    publish(&client, "s.x", "m").await;
+    let mut sub = pull(&client, "S", "busy", r#"{"batch":1,"no_wait":true}"#).await;
+    let held = delivery(&mut sub).await;
+    let info = |name: &'static str| {
+        let client = client.clone();
+        async move {
+            api(
+                &client,
+                &format!("{API}.CONSUMER.INFO.S.{name}"),
+                Value::Null,
+            )
+            .await
+        }
+    };
+    let gone = |name: &'static str| {
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let r = info(name).await;
+                if r["error"]["err_code"] == 10014 {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "{name} still there: {r}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    gone("idle").await;
+    // (Its pending message's ack deadline is 10 s away.)
+    let r = info("busy").await;
+    assert!(
+        r.get("error").is_none(),
+        "busy went with a message pending: {r}"
+    );
+    client
+        .publish(held.reply.clone().expect("ack subject"), Bytes::new())
+        .await
+        .unwrap();
+    gone("busy").await;
+    let r = info("kept").await;
+    assert!(r.get("error").is_none(), "{r}");
+}

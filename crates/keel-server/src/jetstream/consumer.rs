@@ -761,7 +761,6 @@ pub struct Consumer {
     pub name: String,
     pub stream: Arc<Stream>,
     pub created: i64,
-    pub durable: bool,
     /// Shared with the stream's consumer set (a read-only view for retention).
     state: Arc<Mutex<State>>,
     handle: Arc<ClientHandle>,
@@ -826,7 +825,6 @@ impl Consumer {
         requests: tokio::sync::mpsc::Sender<super::registry::Request>,
     ) -> (Arc<Consumer>, tokio::task::JoinHandle<()>) {
         let config = meta.config;
-        let durable = config.durable_name.is_some();
         let saved = dir.as_deref().map_or(Loaded::Fresh, |d| {
             load_state(&stream.meta, d, &stream.name, &name, &server.log)
         });
@@ -897,7 +895,6 @@ impl Consumer {
             name: name.clone(),
             stream: stream.clone(),
             created: meta.created,
-            durable,
             state: Arc::new(Mutex::new(st)),
             handle,
             subs: Mutex::new(Vec::new()),
@@ -2795,10 +2792,19 @@ async fn retention_check(
 
 fn inactive_expired(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> bool {
     let mut st = c.lock();
-    if c.durable || st.config.inactive_threshold <= 0 {
+    // A durable with a threshold goes too, as with the reference (an ephemeral always has
+    // one).
+    if st.config.inactive_threshold <= 0 {
         return false;
     }
-    if st.last_active.elapsed() < Duration::from_nanos(st.config.inactive_threshold as u64) {
+    let threshold = Duration::from_nanos(st.config.inactive_threshold as u64);
+    if st.last_active.elapsed() < threshold {
+        return false;
+    }
+    // A message delivered and not acked may still be worked on: the threshold counts from
+    // its ack deadline.
+    let now = Instant::now();
+    if st.deadlines.values().any(|d| *d + threshold > now) {
         return false;
     }
     if st.config.is_push() {
