@@ -1380,3 +1380,70 @@ async fn jetstream_in_two_accounts() {
     let m = sb.get_raw_message(1).await.unwrap();
     assert_eq!(&m.payload[..], b"b0");
 }
+
+/// An account without JetStream on a server with it is told so (10039) in each API
+/// request's response type, as the reference answers, instead of being left to read "no
+/// responders" as if the server had no JetStream. A pull or a direct get there finds no
+/// responders; a subject the API does not know gets no answer. The system account's
+/// requests get the same error as `system_response`.
+#[tokio::test]
+async fn an_account_without_jetstream_is_told_so() {
+    let server = Server::start_jetstream_with_config(
+        r#"accounts {
+             SYS: { users: [{user: sys, password: sys}] }
+             A: { users: [{user: a, password: a}], jetstream: enabled }
+             B: { users: [{user: b, password: b}] }
+           }
+           system_account: SYS"#,
+    );
+    let b = server.client_with(user("b", "b")).await;
+    let sys = server.client_with(user("sys", "sys")).await;
+    let a = server.client_with(user("a", "a")).await;
+    let error = r#""error":{"code":503,"err_code":10039,"description":"JetStream not enabled for account"}"#;
+    let raw = |c: async_nats::Client, subject: &'static str| async move {
+        let m = within(subject, c.request(subject, "".into()))
+            .await
+            .unwrap_or_else(|e| panic!("{subject}: {e}"));
+        String::from_utf8(m.payload.to_vec()).unwrap()
+    };
+    assert_eq!(
+        raw(b.clone(), "$JS.API.INFO").await,
+        format!(r#"{{"type":"io.nats.jetstream.api.v1.account_info_response",{error}}}"#)
+    );
+    assert_eq!(
+        raw(b.clone(), "$JS.API.STREAM.NAMES").await,
+        format!(
+            r#"{{"type":"io.nats.jetstream.api.v1.stream_names_response",{error},"total":0,"offset":0,"limit":0,"streams":null}}"#
+        )
+    );
+    assert_eq!(
+        raw(b.clone(), "$JS.API.STREAM.CREATE.X").await,
+        format!(r#"{{"type":"io.nats.jetstream.api.v1.stream_create_response",{error}}}"#)
+    );
+    for subject in ["$JS.API.CONSUMER.MSG.NEXT.S.C", "$JS.API.DIRECT.GET.S"] {
+        let r = b.request(subject, "".into()).await;
+        assert!(
+            matches!(&r, Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders),
+            "{subject}: {r:?}"
+        );
+    }
+    let unknown = tokio::time::timeout(
+        Duration::from_millis(500),
+        b.request("$JS.API.FOO", "".into()),
+    )
+    .await;
+    assert!(unknown.is_err(), "an answer to $JS.API.FOO: {unknown:?}");
+    assert_eq!(
+        raw(sys.clone(), "$JS.API.INFO").await,
+        format!(r#"{{"type":"io.nats.jetstream.api.v1.account_info_response",{error}}}"#)
+    );
+    for subject in ["$JS.API.STREAM.NAMES", "$JS.API.FOO"] {
+        assert_eq!(
+            raw(sys.clone(), subject).await,
+            format!(r#"{{"type":"io.nats.jetstream.api.v1.system_response",{error}}}"#)
+        );
+    }
+    // The account with JetStream is served as before.
+    let info = json_request(&a, "$JS.API.INFO", String::new()).await.1;
+    assert!(info.get("error").is_none(), "{info}");
+}

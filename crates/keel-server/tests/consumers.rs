@@ -3267,17 +3267,15 @@ async fn a_durable_with_an_inactive_threshold_goes_once_idle() {
             .await
         }
     };
-    let gone = |name: &'static str| {
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let r = info(name).await;
-                if r["error"]["err_code"] == 10014 {
-                    return;
-                }
-                assert!(Instant::now() < deadline, "{name} still there: {r}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+    let gone = |name: &'static str| async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = info(name).await;
+            if r["error"]["err_code"] == 10014 {
+                return;
             }
+            assert!(Instant::now() < deadline, "{name} still there: {r}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
     gone("idle").await;

@@ -112,6 +112,17 @@ impl JetStreams {
             js.serve(server, requests_rx);
             list.push(js);
         }
+        // The other accounts (known at start) are told JetStream is not theirs, but for
+        // those that import another account's API (a shared JetStream account).
+        for account in server.accounts.all() {
+            let imports_api = account.config().imports.iter().any(|i| {
+                let here = i.to.as_deref().unwrap_or(&i.subject);
+                stream::subjects_overlap(here, "$JS.API.>")
+            });
+            if !imports_api && !list.iter().any(|js| Arc::ptr_eq(&js.account, &account)) {
+                api::not_enabled::serve(server, &account);
+            }
+        }
         Ok(Arc::new(JetStreams {
             list,
             registry,

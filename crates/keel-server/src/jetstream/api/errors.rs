@@ -116,6 +116,8 @@ error_table! {
     ClusterUnavailable = (503, 10008, "JetStream system temporarily unavailable");
     /// JetStream disabled on this server (removed from its cluster) and no other to ask.
     NotEnabled = (503, 10076, "JetStream not enabled");
+    /// An account without JetStream on a server with it (`not_enabled`).
+    NotEnabledForAccount = (503, 10039, "JetStream not enabled for account");
     ClusteringRequired = (503, 10010, "JetStream clustering support required");
     PeerNotMember = (400, 10040, "peer not a member");
     ServerNotMember = (400, 10044, "server is not a member of the cluster");

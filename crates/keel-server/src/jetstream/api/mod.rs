@@ -9,6 +9,7 @@ pub mod consumers;
 pub mod decode;
 pub mod errors;
 pub mod messages;
+pub mod not_enabled;
 pub mod streams;
 pub mod types;
 
