@@ -2292,6 +2292,30 @@ async fn ephemeral_consumers_go_on_through_a_stream_stepdown() {
     .await;
     let info = api_answered(&c, &push_info, "").await;
     assert_eq!(info["error"]["err_code"], 10014, "{info}");
+    if !common::is_reference() {
+        // Keel only: the stream's leader fails (its server stops), and the ephemeral
+        // consumer goes on with the stream on a server that stays, its state with it. (The
+        // reference's ephemeral is an R1 consumer: gone with its server.)
+        let third = stream_leader(&c, "ES", "").await;
+        if third != "E2" {
+            stream_step_down(&c, "ES", r#"{"preferred":"E2"}"#, &third).await;
+        }
+        let mut nodes = nodes;
+        nodes.remove(1).shutdown().await;
+        let pull_info = format!("$JS.API.CONSUMER.INFO.ES.{pull_name}");
+        let info = eventually("the pull consumer after its leader failed", || async {
+            let info = api_answered(&c, &pull_info, "").await;
+            let leader = info["cluster"]["leader"].as_str()?;
+            (leader != "E2" && !leader.is_empty()).then_some(info)
+        })
+        .await;
+        assert_eq!(info["delivered"]["consumer_seq"], 3, "{info}");
+        assert_eq!(info["num_ack_pending"], 3, "{info}");
+        for n in nodes {
+            n.shutdown().await;
+        }
+        return;
+    }
     for n in nodes {
         n.shutdown().await;
     }
