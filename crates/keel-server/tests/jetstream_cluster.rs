@@ -2210,8 +2210,9 @@ async fn a_consumer_pause_is_kept_when_its_leader_changes() {
 /// Ephemeral consumers of an R3 stream go on through the stream's leader changes, as the
 /// reference's (which stay on their server when the stream's leader moves): a pull
 /// consumer keeps what it delivered just before the stepdown (not delivered again as new,
-/// under the same consumer sequences), a push consumer keeps delivering, and one that
-/// expired for lack of interest stays gone under the next leader.
+/// under the same consumer sequences), a push consumer in memory (as the clients' ordered
+/// consumers of KV watchers are) keeps delivering, and one that expired for lack of
+/// interest stays gone under the next leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ephemeral_consumers_go_on_through_a_stream_stepdown() {
     let nodes = mesh(&["E1", "E2", "E3"]).await;
@@ -2237,7 +2238,7 @@ async fn ephemeral_consumers_go_on_through_a_stream_stepdown() {
         &other,
         "$JS.API.CONSUMER.CREATE.ES",
         &format!(
-            r#"{{"stream_name":"ES","config":{{"deliver_subject":"{inbox}","ack_policy":"none","inactive_threshold":1000000000}}}}"#
+            r#"{{"stream_name":"ES","config":{{"deliver_subject":"{inbox}","ack_policy":"none","mem_storage":true,"inactive_threshold":1000000000}}}}"#
         ),
     )
     .await;

@@ -2301,6 +2301,16 @@ pub async fn replicate_consumer_change(
             keel_store::MetaRead::Current(b) => b,
             _ => return Ok(()), // Not durable: nothing on disk to replicate.
         };
+        // An ephemeral consumer is answered at once (its entry follows in the next commit):
+        // clients make many (every KV watch and listing), and one lost with its leader is
+        // one the client makes again, as with the reference's.
+        if v["config"]["durable_name"].is_null() {
+            let entry = ConsumerEntry::Create {
+                name: name.to_string(),
+                meta,
+            };
+            return s.replicate(entry, false).await;
+        }
         ConsumerEntry::Create {
             name: name.to_string(),
             meta,

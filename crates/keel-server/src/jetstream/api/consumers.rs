@@ -279,7 +279,8 @@ fn create_consumer(
     // replicated stream does (of a memory stream too, gone when the stream's memory is: its
     // directory goes at a restart): those files are what the stream's group replicates, so
     // the next leader runs the consumer on, an ephemeral one included (the reference's stays
-    // on its server through a stream's leader change).
+    // on its server through a stream's leader change): a KV watcher's ordered consumer
+    // must not go quiet at a rolling restart (nats.py's does not make a new one).
     let dir = (s.group.is_some()
         || (durable && scfg.storage == StorageType::File && !cfg.mem_storage))
         .then(|| s.dir.join("consumers").join(&name));

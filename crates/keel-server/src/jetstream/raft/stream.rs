@@ -1353,8 +1353,11 @@ fn follow_consumer(files: &keel_store::MetaFiles, stream_dir: &std::path::Path, 
     match c {
         ConsumerEntry::Create { name, meta } => {
             let d = dir(name);
+            // (An ephemeral consumer's is not synced, as on the leader.)
+            let durable = serde_json::from_slice::<serde_json::Value>(meta)
+                .map_or(true, |v| !v["config"]["durable_name"].is_null());
             if files.create_dir_all(&d).is_ok() {
-                let _ = files.write(&d.join("meta.json"), meta, true);
+                let _ = files.write(&d.join("meta.json"), meta, durable);
             }
         }
         ConsumerEntry::State { name, state, .. } => {
