@@ -2322,6 +2322,79 @@ async fn ephemeral_consumers_go_on_through_a_stream_stepdown() {
     }
 }
 
+/// A `pinned_client` consumer of an R3 stream keeps its pin through the stream's leader
+/// change, as the reference's does (its consumer stays where it is): the pinned client goes
+/// on being served, another request without the pin id waits (408 at its expiry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_client_keeps_its_pin_through_a_stream_stepdown() {
+    let nodes = mesh(&["Q1", "Q2", "Q3"]).await;
+    let (c, _, first) = r3_stream(&nodes, "PQ", "pq.>").await;
+    for i in 0..4 {
+        publish_acked(&c, "pq.x", format!("m{i}")).await;
+    }
+    let created = api(
+        &c,
+        "$JS.API.CONSUMER.CREATE.PQ.PIN",
+        r#"{"stream_name":"PQ","config":{"durable_name":"PIN","ack_policy":"explicit","priority_groups":["g"],"priority_policy":"pinned_client","priority_timeout":60000000000}}"#,
+    )
+    .await;
+    assert!(created.get("error").is_none(), "{created}");
+    let pull = |body: String| {
+        let c = c.clone();
+        async move {
+            let inbox = c.new_inbox();
+            let mut sub = c.subscribe(inbox.clone()).await.unwrap();
+            c.publish_with_reply("$JS.API.CONSUMER.MSG.NEXT.PQ.PIN", inbox, body.into())
+                .await
+                .unwrap();
+            common::next_msg(&mut sub).await
+        }
+    };
+    let m = pull(r#"{"batch":1,"expires":5000000000,"group":"g"}"#.into()).await;
+    let pin = m
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Nats-Pin-Id"))
+        .map(|v| v.to_string())
+        .unwrap_or_else(|| panic!("no pin id: {m:?}"));
+    // Acked (confirmed): what comes next is the next message.
+    let acked = common::within(
+        "ack",
+        c.request(m.reply.clone().expect("ack subject"), "".into()),
+    )
+    .await
+    .unwrap();
+    assert!(acked.status.is_none(), "{acked:?}");
+    stream_step_down(&c, "PQ", "{}", &first).await;
+    let info = eventually("the consumer after the stepdown", || async {
+        let info = api_answered(&c, "$JS.API.CONSUMER.INFO.PQ.PIN", "").await;
+        info.get("error").is_none().then_some(info)
+    })
+    .await;
+    assert_eq!(
+        info["priority_groups"][0]["pinned_client_id"],
+        pin.as_str(),
+        "{info}"
+    );
+    // Not pinned: it waits out its expiry.
+    let other = pull(r#"{"batch":1,"expires":1000000000,"group":"g"}"#.into()).await;
+    assert_eq!(
+        other.status,
+        Some(async_nats::StatusCode::TIMEOUT),
+        "{other:?}"
+    );
+    // The pinned client is served.
+    let m = pull(format!(
+        r#"{{"batch":1,"expires":5000000000,"group":"g","id":"{pin}"}}"#
+    ))
+    .await;
+    assert!(m.status.is_none(), "{m:?}");
+    assert_eq!(&m.payload[..], b"m1");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
 /// A stepdown's `placement`: `preferred` hands leadership to that server (meta, stream and
 /// consumer leaders); the reference's errors for a server that already leads, one it does not
 /// know, placement nobody fits, and a body that is not JSON.

@@ -664,6 +664,11 @@ struct SavedState {
     pending: Vec<(u64, u64)>,
     /// (stream seq, deliveries) of redelivered messages.
     redelivered: Vec<(u64, u64)>,
+    /// A `pinned_client` consumer's pin (id, when pinned in Unix ns): a replicated
+    /// stream's next leader keeps serving that client, as the reference's consumer does
+    /// when only its stream's leader moves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pin: Option<(String, i64)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -866,8 +871,14 @@ impl Consumer {
         };
         st.pause_ns = st.config.pause_ns();
         match saved {
-            Loaded::Saved(s) => {
+            Loaded::Saved(mut s) => {
                 st.next_seq = s.delivered.stream_seq + 1;
+                let ttl = Duration::from_nanos(st.config.priority_timeout.max(0) as u64);
+                st.pin = s.pin.take().map(|(id, ts)| Pin {
+                    id,
+                    ts,
+                    deadline: now + ttl,
+                });
                 st.rep = s.into_replicated();
                 // Delivered but unacked before the restart: redeliver them now.
                 for &sseq in st.rep.pending.keys() {
@@ -965,7 +976,10 @@ impl Consumer {
     /// Drops the pin of a `pinned_client` consumer (`$JS.API.CONSUMER.UNPIN`): the next
     /// request without a pin id gets a new one.
     pub fn unpin(&self) {
-        self.lock().pin = None;
+        let mut st = self.lock();
+        st.pin = None;
+        st.dirty = true;
+        drop(st);
         self.notify();
     }
 
@@ -1201,7 +1215,8 @@ impl Consumer {
             // Its directory is being removed: writing would bring it back.
             return Ok(None);
         }
-        let saved = SavedState::of(&st.rep);
+        let mut saved = SavedState::of(&st.rep);
+        saved.pin = st.pin.as_ref().map(|p| (p.id.clone(), p.ts));
         let bytes = serde_json::to_vec(&saved).expect("state serializes");
         if let Err(e) = self
             .stream
@@ -2180,6 +2195,7 @@ fn timers(c: &Arc<Consumer>, server: &Server, router: &mut Router) {
         if st.pin.as_ref().is_some_and(|p| p.deadline <= now) {
             // The pinned client stopped asking: the next request gets the pin.
             st.pin = None;
+            st.dirty = true;
         }
         if !st.waiting.is_empty()
             && st.interest_gen != router.account().sublist.generation()
@@ -2374,6 +2390,7 @@ fn next_waiting(
                         ts: now_nanos(),
                         deadline: now + ttl,
                     });
+                    st.dirty = true;
                     if let Some(g) = st.waiting[0].group.as_mut() {
                         g.id = id;
                     }
@@ -2888,6 +2905,7 @@ impl SavedState {
             pending_runs: runs,
             pending: Vec::new(),
             redelivered: r.redelivered.iter().map(|(s, n)| (*s, *n)).collect(),
+            pin: None,
         }
     }
 
