@@ -2324,7 +2324,9 @@ async fn ephemeral_consumers_go_on_through_a_stream_stepdown() {
 
 /// A `pinned_client` consumer of an R3 stream keeps its pin through the stream's leader
 /// change, as the reference's does (its consumer stays where it is): the pinned client goes
-/// on being served, another request without the pin id waits (408 at its expiry).
+/// on being served, another request without the pin id waits (408 at its expiry). A
+/// message delivered before the change and not acked is not delivered again before its
+/// ack wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_client_keeps_its_pin_through_a_stream_stepdown() {
     let nodes = mesh(&["Q1", "Q2", "Q3"]).await;
@@ -2357,14 +2359,8 @@ async fn a_pinned_client_keeps_its_pin_through_a_stream_stepdown() {
         .and_then(|h| h.get("Nats-Pin-Id"))
         .map(|v| v.to_string())
         .unwrap_or_else(|| panic!("no pin id: {m:?}"));
-    // Acked (confirmed): what comes next is the next message.
-    let acked = common::within(
-        "ack",
-        c.request(m.reply.clone().expect("ack subject"), "".into()),
-    )
-    .await
-    .unwrap();
-    assert!(acked.status.is_none(), "{acked:?}");
+    // (Not acked: within its ack wait it is not delivered again, by the new leader
+    // either, so what the pinned client gets next is the next message.)
     stream_step_down(&c, "PQ", "{}", &first).await;
     let info = eventually("the consumer after the stepdown", || async {
         let info = api_answered(&c, "$JS.API.CONSUMER.INFO.PQ.PIN", "").await;

@@ -880,10 +880,24 @@ impl Consumer {
                     deadline: now + ttl,
                 });
                 st.rep = s.into_replicated();
-                // Delivered but unacked before the restart: redeliver them now.
-                for &sseq in st.rep.pending.keys() {
-                    st.deadlines.insert(sseq, now);
-                    st.rdq.insert(sseq);
+                if stream.group.is_some() {
+                    // A replicated stream's new leader: the clients that got these may be
+                    // working on them still (connected to other servers), so they come
+                    // again after their ack wait, as from the reference's consumer, not at
+                    // once. (When each was delivered is not replicated: the wait starts
+                    // now.)
+                    let pending: Vec<u64> = st.rep.pending.keys().copied().collect();
+                    for sseq in pending {
+                        let n = st.rep.redelivered.get(&sseq).copied().unwrap_or(1);
+                        let wait = st.ack_wait_for(n);
+                        st.deadlines.insert(sseq, now + wait);
+                    }
+                } else {
+                    // Delivered but unacked before the restart: redeliver them now.
+                    for &sseq in st.rep.pending.keys() {
+                        st.deadlines.insert(sseq, now);
+                        st.rdq.insert(sseq);
+                    }
                 }
                 st.check_against(stream, &name);
             }
