@@ -2290,6 +2290,7 @@ pub async fn replicate_consumer_change(
     if s.group.is_none() {
         return Ok(());
     }
+    let mut wait = true;
     let entry = if kind == "consumer_create" || kind == "consumer_pause" {
         // (A pause is a change of the consumer's config.)
         let v: Value = serde_json::from_slice(response).unwrap_or(Value::Null);
@@ -2304,13 +2305,7 @@ pub async fn replicate_consumer_change(
         // An ephemeral consumer is answered at once (its entry follows in the next commit):
         // clients make many (every KV watch and listing), and one lost with its leader is
         // one the client makes again, as with the reference's.
-        if v["config"]["durable_name"].is_null() {
-            let entry = ConsumerEntry::Create {
-                name: name.to_string(),
-                meta,
-            };
-            return s.replicate(entry, false).await;
-        }
+        wait = !v["config"]["durable_name"].is_null();
         ConsumerEntry::Create {
             name: name.to_string(),
             meta,
@@ -2323,7 +2318,7 @@ pub async fn replicate_consumer_change(
             name: name.to_string(),
         }
     };
-    s.replicate(entry, true).await
+    s.replicate(entry, wait).await
 }
 
 /// `$JS.API.STREAM.LEADER.STEPDOWN.<stream>` and `$JS.API.CONSUMER.LEADER.STEPDOWN.<stream>.

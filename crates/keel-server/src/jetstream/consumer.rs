@@ -1137,7 +1137,7 @@ impl Consumer {
 
     /// The ack floor's stream sequence (cheap: no pending count).
     pub fn ack_floor(&self) -> u64 {
-        self.lock().rep.ack_floor.stream_seq
+        self.lock().floor_seq()
     }
 
     /// The figures monitoring samples (the dashboard), without building the info JSON.
