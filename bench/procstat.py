@@ -1,15 +1,27 @@
 """What the benchmarks read about processes and ports: a free loopback port, a process's
 resident memory and its CPU time, from /proc."""
 
+import random
 import socket
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback port nothing listens on now, from 10000-19999: below the kernel's
+    ephemeral range (32768-60999), where a port picked by binding port 0 would lie and an
+    outgoing connection could take it as its source port before (or while a killed node is
+    down, after) the server it was picked for binds it; and below 20000-32767, where the
+    test suites that may run beside a benchmark pick theirs."""
+    for _ in range(1000):
+        port = random.randrange(10000, 20000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def rss_kib(pid):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -54,6 +55,17 @@ def server_binary() -> str:
 
 
 def free_port() -> int:
+    """A loopback port nothing listens on now, from 20000-32767 as the Rust harness picks:
+    below the kernel's ephemeral range, where an outgoing connection could take a port
+    picked by binding port 0 before the server it was picked for binds it."""
+    for _ in range(1000):
+        port = random.randrange(20000, 32768)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
