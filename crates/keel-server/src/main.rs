@@ -67,10 +67,16 @@ fn main() -> ExitCode {
         }
     };
     let code = rt.block_on(async {
+        // Installed before the server says it is ready: a SIGHUP (a reload) sent then must
+        // not find the default action, which ends the process.
+        let Some(handlers) = Signals::install() else {
+            eprintln!("keel-server: cannot install signal handlers");
+            return ExitCode::from(1);
+        };
         let Ok(running) = launch::start(opts, log.clone()).await else {
             return ExitCode::from(1);
         };
-        tokio::spawn(signals(running.server.clone(), args));
+        tokio::spawn(signals(running.server.clone(), args, handlers));
         running.run_to_end().await;
         ExitCode::SUCCESS
     });
@@ -127,7 +133,7 @@ fn send_signal(spec: &str) -> ExitCode {
 }
 
 /// SIGHUP: the configuration file (and the same flags) again.
-fn reload(server: &Server, args: &[String]) {
+fn reload(server: &Arc<Server>, args: &[String]) {
     match config::parse_args(args.to_vec()) {
         Ok(Command::Run(opts)) => {
             if let Err(e) = server.reload(&opts) {
@@ -139,18 +145,37 @@ fn reload(server: &Server, args: &[String]) {
     }
 }
 
-async fn signals(server: Arc<Server>, args: Vec<String>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup), Ok(mut usr2), Ok(mut usr1)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-        signal(SignalKind::user_defined2()),
-        signal(SignalKind::user_defined1()),
-    ) else {
-        error!(server.log, "cannot install signal handlers");
-        return;
-    };
+/// The signals the server acts on; each is caught from its `install` on (one that arrives
+/// before the server runs waits for it).
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Option<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Some(Signals {
+            term: signal(SignalKind::terminate()).ok()?,
+            int: signal(SignalKind::interrupt()).ok()?,
+            hup: signal(SignalKind::hangup()).ok()?,
+            usr1: signal(SignalKind::user_defined1()).ok()?,
+            usr2: signal(SignalKind::user_defined2()).ok()?,
+        })
+    }
+}
+
+async fn signals(server: Arc<Server>, args: Vec<String>, handlers: Signals) {
+    let Signals {
+        mut term,
+        mut int,
+        mut hup,
+        mut usr1,
+        mut usr2,
+    } = handlers;
     loop {
         tokio::select! {
             _ = term.recv() => { info!(server.log, "Trapped \"terminated\" signal"); break; }

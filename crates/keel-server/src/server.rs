@@ -319,7 +319,7 @@ impl Server {
     /// with the reference's `-ERR 'Authorization Violation'`; the others get their new
     /// permissions, and lose (with `-ERR 'Permissions Violation for Subscription to ...'`) the
     /// subscriptions those no longer allow. Options that need a restart are reported.
-    pub fn reload(&self, opts: &Opts) -> Result<(), String> {
+    pub fn reload(self: &Arc<Self>, opts: &Opts) -> Result<(), String> {
         for (what, changed) in [
             ("port", opts.port != self.opts.port && opts.port > 0),
             ("host", opts.host != self.opts.host),
@@ -348,6 +348,11 @@ impl Server {
             return Err("config reload not supported for system_account".into());
         }
         self.apply_auth(&opts.auth)?;
+        // An account the reload added is told, as those known at start, whether JetStream
+        // is its own.
+        if let Some(js) = self.jetstream.get() {
+            js.serve_not_enabled(self);
+        }
         match (self.tls().is_some(), &opts.tls) {
             (true, Some(t)) => {
                 *self.tls.write().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());

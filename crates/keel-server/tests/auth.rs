@@ -1446,4 +1446,19 @@ async fn an_account_without_jetstream_is_told_so() {
     // The account with JetStream is served as before.
     let info = json_request(&a, "$JS.API.INFO", String::new()).await.1;
     assert!(info.get("error").is_none(), "{info}");
+    // An account a reload adds is told too.
+    server.reload_config(
+        r#"accounts {
+             SYS: { users: [{user: sys, password: sys}] }
+             A: { users: [{user: a, password: a}], jetstream: enabled }
+             B: { users: [{user: b, password: b}] }
+             C: { users: [{user: c, password: c}] }
+           }
+           system_account: SYS"#,
+    );
+    let c = server.client_with(user("c", "c")).await;
+    assert_eq!(
+        raw(c, "$JS.API.INFO").await,
+        format!(r#"{{"type":"io.nats.jetstream.api.v1.account_info_response",{error}}}"#)
+    );
 }

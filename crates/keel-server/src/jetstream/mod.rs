@@ -51,6 +51,8 @@ pub struct JetStreams {
     /// Set once this server was removed from the JetStream cluster (`cluster::disable`):
     /// its streams are unloaded, and its API requests go to the rest of the cluster.
     disabled: std::sync::atomic::AtomicBool,
+    /// The accounts whose API requests are answered with 10039 (`api::not_enabled`).
+    not_enabled: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl JetStreams {
@@ -112,24 +114,41 @@ impl JetStreams {
             js.serve(server, requests_rx);
             list.push(js);
         }
-        // The other accounts (known at start) are told JetStream is not theirs, but for
-        // those that import another account's API (a shared JetStream account).
-        for account in server.accounts.all() {
-            let imports_api = account.config().imports.iter().any(|i| {
-                let here = i.to.as_deref().unwrap_or(&i.subject);
-                stream::subjects_overlap(here, "$JS.API.>")
-            });
-            if !imports_api && !list.iter().any(|js| Arc::ptr_eq(&js.account, &account)) {
-                api::not_enabled::serve(server, &account);
-            }
-        }
-        Ok(Arc::new(JetStreams {
+        let jss = Arc::new(JetStreams {
             list,
             registry,
             lock: std::sync::Mutex::new(Some(lock)),
             meta: std::sync::OnceLock::new(),
             disabled: std::sync::atomic::AtomicBool::new(false),
-        }))
+            not_enabled: Default::default(),
+        });
+        jss.serve_not_enabled(server);
+        Ok(jss)
+    }
+
+    /// Tells the accounts without JetStream that it is not theirs (at start, and after a
+    /// reload that added accounts), but for those that import another account's API (a
+    /// shared JetStream account).
+    pub fn serve_not_enabled(&self, server: &Arc<Server>) {
+        let mut served = self.not_enabled.lock().unwrap_or_else(|e| e.into_inner());
+        for account in server.accounts.all() {
+            if served.contains(&account.name)
+                || self
+                    .list
+                    .iter()
+                    .any(|js| Arc::ptr_eq(&js.account, &account))
+            {
+                continue;
+            }
+            let imports_api = account.config().imports.iter().any(|i| {
+                let here = i.to.as_deref().unwrap_or(&i.subject);
+                stream::subjects_overlap(here, "$JS.API.>")
+            });
+            if !imports_api {
+                api::not_enabled::serve(server, &account);
+                served.insert(account.name.clone());
+            }
+        }
     }
 
     /// Whether JetStream was disabled here at run time (see `disabled`).
