@@ -2391,6 +2391,89 @@ async fn a_pinned_client_keeps_its_pin_through_a_stream_stepdown() {
     }
 }
 
+/// Pending messages come again when they were due across a consumer's leader change, as
+/// from the reference's consumer (its pending messages keep their times): one delivered
+/// before the change after its ack wait counted from its delivery, not from the change; one
+/// nakked with a delay (`-NAK 2s`, a Go duration) after that delay, not after an ack wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_messages_are_due_when_they_were_across_a_consumer_leader_change() {
+    use futures::StreamExt;
+    let nodes = mesh(&["D1", "D2", "D3"]).await;
+    let (c, _, _) = r3_stream(&nodes, "DUE", "due.>").await;
+    publish_acked(&c, "due.x", "a".into()).await;
+    publish_acked(&c, "due.x", "b".into()).await;
+    let created = api(
+        &c,
+        "$JS.API.CONSUMER.CREATE.DUE.W",
+        r#"{"stream_name":"DUE","config":{"durable_name":"W","ack_policy":"explicit","ack_wait":8000000000}}"#,
+    )
+    .await;
+    assert!(created.get("error").is_none(), "{created}");
+    let pull = |expires_s: u64| {
+        let c = c.clone();
+        async move {
+            let inbox = c.new_inbox();
+            let mut sub = c.subscribe(inbox.clone()).await.unwrap();
+            let body = format!(r#"{{"batch":1,"expires":{}}}"#, expires_s * 1_000_000_000);
+            c.publish_with_reply("$JS.API.CONSUMER.MSG.NEXT.DUE.W", inbox, body.into())
+                .await
+                .unwrap();
+            let m = tokio::time::timeout(Duration::from_secs(expires_s + 5), sub.next())
+                .await
+                .expect("an answer to the pull")
+                .unwrap();
+            assert!(m.status.is_none(), "{m:?}");
+            m
+        }
+    };
+    let a = pull(5).await;
+    let t0 = Instant::now();
+    assert_eq!(&a.payload[..], b"a");
+    // The worker is busy with it for a while (part of its ack wait goes by).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let b = pull(5).await;
+    assert_eq!(&b.payload[..], b"b");
+    let mut naked = c
+        .subscribe("$JS.EVENT.ADVISORY.CONSUMER.MSG_NAKED.DUE.W")
+        .await
+        .unwrap();
+    c.flush().await.unwrap();
+    c.publish(b.reply.clone().unwrap(), "-NAK 2s".into())
+        .await
+        .unwrap();
+    let t1 = Instant::now();
+    // The leader took the nak (it advises it), then hands over.
+    common::within("the nak advisory", naked.next())
+        .await
+        .unwrap();
+    let old =
+        api_answered(&c, "$JS.API.CONSUMER.INFO.DUE.W", "").await["cluster"]["leader"].clone();
+    let r = api(&c, "$JS.API.CONSUMER.LEADER.STEPDOWN.DUE.W", "").await;
+    assert_eq!(r["success"], true, "{r}");
+    request_until(&c, "$JS.API.CONSUMER.INFO.DUE.W", String::new(), |i| {
+        let now = &i["cluster"]["leader"];
+        (now.is_string() && *now != old).then_some(())
+    })
+    .await;
+    let again = pull(10).await;
+    assert_eq!(&again.payload[..], b"b");
+    let after = t1.elapsed();
+    assert!(
+        after >= Duration::from_millis(1500) && after < Duration::from_millis(4500),
+        "the nakked message came {after:?} after its 2 s nak"
+    );
+    let again = pull(10).await;
+    assert_eq!(&again.payload[..], b"a");
+    let after = t0.elapsed();
+    assert!(
+        after >= Duration::from_secs(7) && after < Duration::from_millis(10_500),
+        "the unacked message came {after:?} after its delivery (ack wait 8 s)"
+    );
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
 /// A stepdown's `placement`: `preferred` hands leadership to that server (meta, stream and
 /// consumer leaders); the reference's errors for a server that already leads, one it does not
 /// know, placement nobody fits, and a body that is not JSON.

@@ -669,6 +669,14 @@ struct SavedState {
     /// when only its stream's leader moves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pin: Option<(String, i64)>,
+    /// When each pending delivery is due again (its ack deadline, a nak's delay, a
+    /// progress ack's extension), as runs over `pending` in stream order: (count, Unix ms),
+    /// each run's time the latest of its members rounded up to 100 ms, so a pulled batch is
+    /// one run. A replicated stream's next leader redelivers at these times, as the
+    /// reference's consumer keeps its pending messages' timestamps; absent (an older Keel,
+    /// or counts that do not add up) it waits one ack wait from the change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pending_due: Vec<(u64, i64)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -879,19 +887,14 @@ impl Consumer {
                     ts,
                     deadline: now + ttl,
                 });
+                let due = std::mem::take(&mut s.pending_due);
                 st.rep = s.into_replicated();
                 if stream.group.is_some() {
                     // A replicated stream's new leader: the clients that got these may be
                     // working on them still (connected to other servers), so they come
-                    // again after their ack wait, as from the reference's consumer, not at
-                    // once. (When each was delivered is not replicated: the wait starts
-                    // now.)
-                    let pending: Vec<u64> = st.rep.pending.keys().copied().collect();
-                    for sseq in pending {
-                        let n = st.rep.redelivered.get(&sseq).copied().unwrap_or(1);
-                        let wait = st.ack_wait_for(n);
-                        st.deadlines.insert(sseq, now + wait);
-                    }
+                    // again when they were due, as from the reference's consumer, not at
+                    // once.
+                    st.set_due(&due, now);
                 } else {
                     // Delivered but unacked before the restart: redeliver them now.
                     for &sseq in st.rep.pending.keys() {
@@ -1231,6 +1234,7 @@ impl Consumer {
         }
         let mut saved = SavedState::of(&st.rep);
         saved.pin = st.pin.as_ref().map(|p| (p.id.clone(), p.ts));
+        saved.pending_due = st.due_runs();
         let bytes = serde_json::to_vec(&saved).expect("state serializes");
         if let Err(e) = self
             .stream
@@ -1441,6 +1445,50 @@ impl State {
         found
     }
 
+    /// [`SavedState::pending_due`] from the ack deadlines: a message queued for
+    /// redelivery is due now.
+    fn due_runs(&self) -> Vec<(u64, i64)> {
+        const STEP_MS: i64 = 100;
+        let (now, wall) = (Instant::now(), crate::time::now_nanos() / 1_000_000);
+        let mut runs: Vec<(u64, i64)> = Vec::new();
+        for sseq in self.rep.pending.keys() {
+            let at = match self.deadlines.get(sseq) {
+                Some(d) if !self.rdq.contains(sseq) => {
+                    wall + d.saturating_duration_since(now).as_millis() as i64
+                }
+                _ => wall,
+            };
+            let at = (at + STEP_MS - 1).div_euclid(STEP_MS) * STEP_MS;
+            match runs.last_mut() {
+                Some((n, t)) if *t == at => *n += 1,
+                _ => runs.push((1, at)),
+            }
+        }
+        runs
+    }
+
+    /// Ack deadlines for the pending deliveries from a saved [`SavedState::pending_due`];
+    /// without it (or when it does not cover them all), one ack wait from `now`.
+    fn set_due(&mut self, due: &[(u64, i64)], now: Instant) {
+        let wall = crate::time::now_nanos() / 1_000_000;
+        let covered = due.iter().map(|(n, _)| *n).sum::<u64>() == self.rep.pending.len() as u64;
+        let times = due
+            .iter()
+            .flat_map(|&(n, t)| std::iter::repeat_n(t, n as usize));
+        let pending: Vec<u64> = self.rep.pending.keys().copied().collect();
+        if covered {
+            for (sseq, at) in pending.into_iter().zip(times) {
+                let wait = Duration::from_millis(at.saturating_sub(wall).max(0) as u64);
+                self.deadlines.insert(sseq, now + wait);
+            }
+        } else {
+            for sseq in pending {
+                let wait = self.ack_wait_for(self.rep.deliveries(sseq));
+                self.deadlines.insert(sseq, now + wait);
+            }
+        }
+    }
+
     fn ack_wait_for(&self, deliveries: u64) -> Duration {
         let b = &self.config.backoff;
         let ns = if b.is_empty() {
@@ -1499,14 +1547,22 @@ impl State {
             }
             "-NAK" if self.rep.pending.contains_key(&sseq) => {
                 self.on_nak(sseq);
-                let delay = serde_json::from_str::<Value>(rest)
-                    .ok()
-                    .and_then(|v| v.get("delay").and_then(Value::as_i64))
-                    .filter(|d| *d > 0);
+                // `{"delay": ns}` (the clients' nak with a delay) or a Go duration
+                // (`-NAK 5s`), as the reference reads it; anything else is a plain nak.
+                let delay = if rest.starts_with('{') {
+                    serde_json::from_str::<Value>(rest)
+                        .ok()
+                        .and_then(|v| v.get("delay").and_then(Value::as_i64))
+                } else {
+                    crate::time::parse_go_duration(rest)
+                }
+                .filter(|d| *d > 0);
                 match delay {
                     Some(d) => {
                         if let Some(p) = self.deadlines.get_mut(&sseq) {
                             *p = Instant::now() + Duration::from_nanos(d as u64);
+                            // Replicated, so the next leader waits the delay out too.
+                            self.dirty = true;
                         }
                     }
                     None => {
@@ -1518,6 +1574,7 @@ impl State {
                 let wait = self.ack_wait_for(self.rep.deliveries(sseq));
                 if let Some(p) = self.deadlines.get_mut(&sseq) {
                     *p = Instant::now() + wait;
+                    self.dirty = true;
                 }
             }
             "+TERM" if self.rep.pending.contains_key(&sseq) => {
@@ -2920,6 +2977,7 @@ impl SavedState {
             pending: Vec::new(),
             redelivered: r.redelivered.iter().map(|(s, n)| (*s, *n)).collect(),
             pin: None,
+            pending_due: Vec::new(),
         }
     }
 
