@@ -401,11 +401,27 @@ async fn an_r1_stream_is_placed_on_one_server_and_served_from_every_server() {
         assert_eq!(v["stream"], "ORDERS", "{v}");
         assert_eq!(v["seq"], i as u64 + 1, "{v}");
     }
-    // Info and names from every server.
+    // Info and names from every server. The cluster object names the cluster and the
+    // stream's server only (no group for one replica, as the reference), its consumers' too.
+    let consumer = api(
+        &clients[0],
+        "$JS.API.CONSUMER.CREATE.ORDERS.C",
+        r#"{"stream_name":"ORDERS","config":{"durable_name":"C","ack_policy":"explicit"}}"#,
+    )
+    .await;
+    assert_eq!(
+        consumer["cluster"],
+        serde_json::json!({"name": "jsc", "leader": host.as_str()}),
+        "{consumer}"
+    );
     for c in &clients {
         let info = api(c, "$JS.API.STREAM.INFO.ORDERS", "").await;
         assert_eq!(info["state"]["messages"], 3, "{info}");
-        assert_eq!(info["cluster"]["leader"], host.as_str(), "{info}");
+        assert_eq!(
+            info["cluster"],
+            serde_json::json!({"name": "jsc", "leader": host.as_str()}),
+            "{info}"
+        );
         let names = api(c, "$JS.API.STREAM.NAMES", "").await;
         assert_eq!(names["streams"], serde_json::json!(["ORDERS"]), "{names}");
         let list = api(c, "$JS.API.STREAM.LIST", "").await;
@@ -502,6 +518,35 @@ async fn an_r3_stream_keeps_every_acked_message_when_its_leader_goes() {
         replicas.iter().all(|r| r["name"] != leader.as_str()),
         "{created}"
     );
+    // A consumer of one replica is named as the reference names it: its cluster and
+    // server only; one of the stream's replicas has its group.
+    for (name, replicas, keys) in [
+        ("ONE", 1, vec!["leader", "name"]),
+        (
+            "ALL",
+            0,
+            vec!["leader", "leader_since", "name", "raft_group", "replicas"],
+        ),
+    ] {
+        let body = format!(
+            r#"{{"stream_name":"ORDERS","config":{{"durable_name":"{name}","ack_policy":"explicit","num_replicas":{replicas}}}}}"#
+        );
+        let c = api(
+            &c0,
+            &format!("$JS.API.CONSUMER.CREATE.ORDERS.{name}"),
+            &body,
+        )
+        .await;
+        let mut got: Vec<&str> = c["cluster"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{c}"))
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !["system_account", "traffic_account"].contains(k))
+            .collect();
+        got.sort();
+        assert_eq!(got, keys, "{c}");
+    }
 
     // Acked publishes from every server.
     let mut acked = Vec::new();

@@ -1083,7 +1083,20 @@ impl Consumer {
             .get()
             .and_then(|j| j.account(&self.stream.account().name).cloned())
             .filter(|js| js.clustered())
-            .map(|js| super::api::streams::cluster_info(&js, &self.stream));
+            .map(|js| super::api::streams::cluster_info(&js, &self.stream))
+            .map(|mut ci| {
+                // A consumer of one replica: the reference's runs on one server without a
+                // group and names only the cluster and its server (Keel's goes on being
+                // carried by its stream's group).
+                if self.lock().config.num_replicas == 1 {
+                    ci.raft_group = None;
+                    ci.leader_since = None;
+                    ci.system_account = None;
+                    ci.traffic_account = None;
+                    ci.replicas = None;
+                }
+                ci
+            });
         let mut st = self.lock();
         // Requests whose requester went away are not waiting (the reference checks here too).
         st.waiting
