@@ -428,6 +428,11 @@ async fn an_r1_stream_is_placed_on_one_server_and_served_from_every_server() {
         assert_eq!(list["total"], 1, "{list}");
         assert_eq!(list["streams"][0]["config"]["name"], "ORDERS", "{list}");
         assert_eq!(list["streams"][0]["state"]["messages"], 3, "{list}");
+        assert_eq!(
+            list["streams"][0]["cluster"],
+            serde_json::json!({"name": "jsc", "leader": host.as_str()}),
+            "{list}"
+        );
         let acc = api(c, "$JS.API.INFO", "").await;
         assert_eq!(acc["streams"], 1, "{acc}");
     }
@@ -546,6 +551,14 @@ async fn an_r3_stream_keeps_every_acked_message_when_its_leader_goes() {
             .collect();
         got.sort();
         assert_eq!(got, keys, "{c}");
+    }
+    // Listed with its cluster object, from any server.
+    for n in &nodes {
+        let c = connect(n, "app").await;
+        let list = api(&c, "$JS.API.STREAM.LIST", "").await;
+        let cl = &list["streams"][0]["cluster"];
+        assert_eq!(cl["raft_group"], created["cluster"]["raft_group"], "{list}");
+        assert_eq!(cl["leader"], leader.as_str(), "{list}");
     }
 
     // Acked publishes from every server.

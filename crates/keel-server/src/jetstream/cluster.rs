@@ -2794,7 +2794,8 @@ async fn list(
     let mut infos: Vec<Value> = Vec::new();
     for (name, a) in names.into_iter().skip(req.offset).take(limit) {
         if let Some(s) = js.stream(&name).filter(|s| s.leads()) {
-            let i = super::api::streams::info(&s, false, None, None, false);
+            // (With its `cluster` object, as the reference lists a clustered stream.)
+            let i = super::api::streams::info(&s, false, Some(js), None, false);
             infos.push(serde_json::to_value(i).unwrap_or(Value::Null));
             continue;
         }
@@ -2822,7 +2823,7 @@ async fn list(
             Ok(Ok(b)) => {
                 let mut v: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
                 if let Some(o) = v.as_object_mut() {
-                    for k in ["type", "total", "offset", "limit", "cluster", "ts"] {
+                    for k in ["type", "total", "offset", "limit"] {
                         o.remove(k);
                     }
                 }
