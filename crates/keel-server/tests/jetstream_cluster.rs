@@ -1299,7 +1299,14 @@ async fn jsz_leader_only_options_follow_the_leaders() {
     use futures::StreamExt;
     let names = ["J1", "J2", "J3"];
     let nodes = mesh(&names).await;
-    let (_, meta, leader) = r3_stream(&nodes, "JZ", "jz.>").await;
+    let (c, meta, leader) = r3_stream(&nodes, "JZ", "jz.>").await;
+    let dur = api(
+        &c,
+        "$JS.API.CONSUMER.CREATE.JZ.dur",
+        r#"{"stream_name":"JZ","config":{"durable_name":"dur","ack_policy":"explicit"}}"#,
+    )
+    .await;
+    assert!(dur.get("error").is_none(), "{dur}");
     for (i, n) in nodes.iter().enumerate() {
         let r = http_get(n.monitor_port(), "/jsz?leader-only=true").await;
         if names[i] == meta {
@@ -1327,6 +1334,44 @@ async fn jsz_leader_only_options_follow_the_leaders() {
             "{}: {led}",
             names[i]
         );
+        // `raft`: the stream's group (and on its leader its consumer's), and what this
+        // server leads.
+        // (Every replica counts the consumer, once its create reached it.)
+        let raft = eventually("the consumer on every replica", || async {
+            let v = jsz_at(n, "/jsz?acc=APP&consumers=true&raft=true").await;
+            (v["consumers"] == 1).then_some(v)
+        })
+        .await;
+        let d = &raft["account_details"][0]["stream_detail"][0];
+        assert!(
+            d["stream_raft_group"]
+                .as_str()
+                .is_some_and(|g| g.starts_with("S-R3F-")),
+            "{raft}"
+        );
+        assert_eq!(d["state"]["consumer_count"], 1, "{}: {raft}", names[i]);
+        if names[i] == leader {
+            assert_eq!(d["consumer_raft_groups"][0]["name"], "dur", "{raft}");
+            assert!(
+                d["consumer_raft_groups"][0]["raft_group"].is_string(),
+                "{raft}"
+            );
+        }
+        assert_eq!(
+            raft["streams_leader"].as_u64().unwrap_or(0),
+            u64::from(names[i] == leader),
+            "{}: {raft}",
+            names[i]
+        );
+        let plain = jsz_at(n, "/jsz?acc=APP&consumers=true").await;
+        let d = &plain["account_details"][0]["stream_detail"][0];
+        assert!(d.get("stream_raft_group").is_none(), "{plain}");
+        assert!(plain.get("streams_leader").is_none(), "{plain}");
+        // `/varz` shows the meta group too.
+        let varz: serde_json::Value =
+            serde_json::from_str(&http_get(n.monitor_port(), "/varz").await.body).unwrap();
+        assert_eq!(varz["jetstream"]["meta"]["leader"], meta, "{varz}");
+        assert_eq!(varz["jetstream"]["meta"]["cluster_size"], 3, "{varz}");
     }
     // Over the system account: one answer, the meta leader's.
     let sys = connect(&nodes[1], "sys").await;

@@ -329,7 +329,10 @@ impl Meta {
         out.insert("replicas".into(), Value::Array(replicas));
         out.insert("cluster_size".into(), size.into());
         out.insert("quorum_needed".into(), (size / 2 + 1).into());
-        out.insert("pending".into(), 0.into());
+        // Entries in this server's log not applied yet.
+        let applied = m.last_applied.map_or(0, |l| l.index);
+        let pending = m.last_log_index.unwrap_or(0).saturating_sub(applied);
+        out.insert("pending".into(), pending.into());
         Value::Object(out)
     }
 

@@ -101,7 +101,7 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
     let jetstream = match s.jetstream_enabled() {
         Some(js) => {
             let u = jsz::Usage::of(js);
-            json!({
+            let mut v = json!({
                 "config": jsz::config_json(js.first()),
                 "stats": {
                     "memory": u.memory,
@@ -109,11 +109,16 @@ pub fn varz(ctx: &Ctx, _q: &Query) -> Result<Value, String> {
                     "reserved_memory": u.reserved_memory,
                     "reserved_storage": u.reserved_storage,
                     "accounts": js.all().len(),
-                    "ha_assets": 0,
+                    "ha_assets": jsz::ha_assets(js),
                     "api": jsz::api_json(jsz::api_level(), Some(js)),
                 },
-                "limits": jsz::limits_json(&js.first().limits),
-            })
+            });
+            // In a cluster, the meta group (before `limits`, as the reference orders it).
+            if let Some(meta) = jsz::meta_json(ctx) {
+                v["meta"] = meta;
+            }
+            v["limits"] = jsz::limits_json(&js.first().limits);
+            v
         }
         None => json!({}),
     };

@@ -105,7 +105,7 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         l if l > 0 => l as usize,
         _ => usize::MAX,
     };
-    q.bool("raft")?;
+    let raft_opt = q.bool("raft")?;
     let stream_leader_only = q.bool("stream-leader-only")?;
     if consumers_opt {
         streams_opt = true;
@@ -133,11 +133,18 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
     let usage = Usage::from_streams(&streams);
     let mut n_consumers = 0usize;
     let (mut messages, mut bytes) = (0u64, 0u64);
+    // With `raft`: the streams (and their consumers, which run where their stream leads)
+    // led here, as the reference counts them (one without a group counts as led).
+    let (mut streams_leader, mut consumers_leader) = (0usize, 0usize);
     for st in &streams {
         let state = st.state();
-        n_consumers += st.consumers.len();
+        n_consumers += st.consumer_count();
         messages += state.msgs;
         bytes += state.bytes;
+        if raft_opt && (st.group.is_none() || st.leads()) {
+            streams_leader += 1;
+            consumers_leader += st.consumers.len();
+        }
     }
 
     let first = js.first();
@@ -158,6 +165,12 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
         "messages": messages,
         "bytes": bytes,
     });
+    if streams_leader > 0 {
+        v["streams_leader"] = streams_leader.into();
+    }
+    if consumers_leader > 0 {
+        v["consumers_leader"] = consumers_leader.into();
+    }
     if accounts || !acc.is_empty() {
         let chosen: Vec<&Arc<JetStream>> = js
             .all()
@@ -172,6 +185,7 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
                 streams_opt,
                 consumers_opt,
                 config_opt,
+                raft_opt,
                 stream_leader_only,
             ));
         }
@@ -179,12 +193,31 @@ pub fn jsz(ctx: &Ctx, q: &Query) -> Result<Value, String> {
             v["account_details"] = details.into();
         }
     }
-    if let (Some(meta), Some(cluster)) = (js.meta.get(), s.cluster.get()) {
-        v["meta_cluster"] = meta.jsz(&cluster.name());
-        v["ha_assets"] = 1.into();
+    if let Some(meta) = meta_json(ctx) {
+        v["meta_cluster"] = meta;
+        v["ha_assets"] = ha_assets(js).into();
     }
     v["total"] = js.all().len().into();
     Ok(v)
+}
+
+/// The meta group as `/jsz`'s `meta_cluster` and `/varz`'s `jetstream.meta` show it (in a
+/// cluster).
+pub fn meta_json(ctx: &Ctx) -> Option<Value> {
+    let s = &ctx.server;
+    let meta = s.jetstream_enabled()?.meta.get()?;
+    Some(meta.jsz(&s.cluster.get()?.name()))
+}
+
+/// The Raft groups this server is in, as the reference counts its HA assets: the meta
+/// group and each replicated stream's (consumers have none of their own here).
+pub fn ha_assets(js: &crate::jetstream::JetStreams) -> usize {
+    let replicated = js
+        .streams()
+        .iter()
+        .filter(|s| s.group.as_ref().is_some_and(|g| g.peers.len() > 1))
+        .count();
+    usize::from(js.meta.get().is_some()) + replicated
 }
 
 /// One account's entry of `account_details` (with its streams when asked for).
@@ -194,6 +227,7 @@ fn account_detail(
     streams_opt: bool,
     consumers_opt: bool,
     config_opt: bool,
+    raft_opt: bool,
     leading_only: bool,
 ) -> Value {
     let streams = js.streams();
@@ -216,7 +250,7 @@ fn account_detail(
             }
             let state = st.state();
             let consumers = js.consumers_of(&st.name);
-            details.push(stream_detail(
+            let mut d = stream_detail(
                 ctx,
                 cluster,
                 st,
@@ -224,7 +258,20 @@ fn account_detail(
                 &consumers,
                 consumers_opt,
                 config_opt,
-            ));
+            );
+            // With `raft`: the stream's group, and its consumers' (the stream's too: Keel
+            // carries them in it).
+            if let (true, Some(g), Some(m)) = (raft_opt, st.group.as_ref(), d.as_object_mut()) {
+                m.insert("stream_raft_group".into(), g.group.clone().into());
+                if consumers_opt && !consumers.is_empty() {
+                    let groups: Vec<Value> = consumers
+                        .iter()
+                        .map(|c| json!({"name": c.name, "raft_group": g.group}))
+                        .collect();
+                    m.insert("consumer_raft_groups".into(), groups.into());
+                }
+            }
+            details.push(d);
         }
     }
     // The account's own limits are unlimited: the reference shows -1 as uint64 here.
@@ -263,7 +310,7 @@ fn stream_detail(
     }
     d.insert(
         "state".into(),
-        Stream::state_json(state, consumers.len(), None, None),
+        Stream::state_json(state, st.consumer_count(), None, None),
     );
     if with_consumers && !consumers.is_empty() {
         let list: Vec<Value> = consumers

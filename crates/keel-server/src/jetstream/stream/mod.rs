@@ -349,6 +349,24 @@ impl Stream {
         self.replica.get().is_none_or(|r| !r.is_fenced())
     }
 
+    /// How many consumers the stream has as this server knows them: those running here,
+    /// or on a follower of a replicated stream (where they do not run) the ones whose files
+    /// its group has written here, so monitoring counts them on every replica as the
+    /// reference does.
+    pub fn consumer_count(&self) -> usize {
+        if self.leads() {
+            return self.consumers.len();
+        }
+        std::fs::read_dir(self.dir.join("consumers"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| {
+                !keel_store::MetaFiles::is_retired(&e.path()) && e.path().join("meta.json").exists()
+            })
+            .count()
+    }
+
     /// Whether direct gets may be answered from this server's store (`Shared::serves_reads`
     /// for a replica; always for an unreplicated stream).
     pub fn serves_reads(&self) -> bool {
