@@ -993,7 +993,18 @@ pub async fn api(
     let Some(stream) = stream_of(tokens) else {
         return false;
     };
-    let Some(a) = meta.assignment(&account, stream) else {
+    let mut a = meta.assignment(&account, stream);
+    if a.is_none() && hops > 0 {
+        // Sent here by a server that knows the stream: this one's meta state has not
+        // applied its create yet (it learns it in moments), so it waits rather than
+        // answer "stream not found" to a client that just made it.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while a.is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            a = meta.assignment(&account, stream);
+        }
+    }
+    let Some(a) = a else {
         return false; // Not in the cluster: answered here (not found).
     };
     let local = js.stream(stream);

@@ -215,7 +215,7 @@ pub fn ha_assets(js: &crate::jetstream::JetStreams) -> usize {
     let replicated = js
         .streams()
         .iter()
-        .filter(|s| s.group.as_ref().is_some_and(|g| g.peers.len() > 1))
+        .filter(|s| s.group.is_some() && s.config().num_replicas > 1)
         .count();
     usize::from(js.meta.get().is_some()) + replicated
 }

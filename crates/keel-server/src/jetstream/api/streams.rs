@@ -76,7 +76,7 @@ pub fn cluster_info(js: &JetStream, s: &Stream) -> ClusterInfo {
     let (Some(spec), Some(r)) = (s.group.as_ref(), s.replica.get()) else {
         return ci;
     };
-    if spec.peers.len() <= 1 {
+    if s.config().num_replicas <= 1 {
         // One server: the reference runs no Raft group for it and names only the cluster
         // and that server (Keel's group of one is its own business).
         ci.leader = s.leader_name().unwrap_or_default();
