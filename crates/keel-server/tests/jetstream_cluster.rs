@@ -1393,6 +1393,64 @@ async fn jsz_leader_only_options_follow_the_leaders() {
     assert!(more.is_err(), "a second answer: {more:?}");
 }
 
+/// `/raftz`: by default the system account's groups (the meta group), with `acc` an
+/// account's streams' groups, with `group` one of them; `{}` when the filters match none.
+/// `$SYS.REQ.SERVER.PING.RAFTZ` answers the same from every server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raftz_shows_each_raft_group_of_a_server() {
+    use futures::StreamExt;
+    let names = ["Z1", "Z2", "Z3"];
+    let nodes = mesh(&names).await;
+    let (c, meta, leader) = r3_stream(&nodes, "RZ", "rz.>").await;
+    publish_acked(&c, "rz.x", "1".into()).await;
+    let info = api(&c, "$JS.API.STREAM.INFO.RZ", "").await;
+    let group = info["cluster"]["raft_group"].as_str().unwrap().to_string();
+    let meta_peer = jsz_at(&nodes[0], "/jsz").await["meta_cluster"]["peer"].clone();
+    let state = |lead: bool| if lead { "LEADER" } else { "FOLLOWER" };
+    for (i, n) in nodes.iter().enumerate() {
+        let v = jsz_at(n, "/raftz").await;
+        let g = &v["SYS"]["_meta_"];
+        assert_eq!(g["state"], state(names[i] == meta), "{}: {v}", names[i]);
+        assert_eq!(g["size"], 3, "{v}");
+        assert_eq!(g["quorum_needed"], 2, "{v}");
+        assert_eq!(g["leader"], meta_peer, "{v}");
+        assert!(g["applied"].as_u64() > Some(0), "{v}");
+        assert_eq!(g["peers"].as_object().map(|p| p.len()), Some(2), "{v}");
+        assert_eq!(v.as_object().map(|m| m.len()), Some(1), "{v}");
+        // The stream's group, once this replica has the message.
+        let v = eventually("the stream's group in /raftz", || async {
+            let v = jsz_at(n, "/raftz?acc=APP").await;
+            v["APP"][&group]["state"].is_string().then_some(v)
+        })
+        .await;
+        let g = &v["APP"][&group];
+        assert_eq!(g["state"], state(names[i] == leader), "{}: {v}", names[i]);
+        assert_eq!(g["size"], 3, "{v}");
+        assert_eq!(g["peers"].as_object().map(|p| p.len()), Some(2), "{v}");
+        let one = jsz_at(n, &format!("/raftz?acc=APP&group={group}")).await;
+        assert_eq!(one["APP"].as_object().map(|m| m.len()), Some(1), "{one}");
+        let none = jsz_at(n, "/raftz?acc=APP&group=nope").await;
+        assert_eq!(none, serde_json::json!({}));
+    }
+    let sys = connect(&nodes[0], "sys").await;
+    let inbox = sys.new_inbox();
+    let mut answers = sys.subscribe(inbox.clone()).await.unwrap();
+    sys.publish_with_reply("$SYS.REQ.SERVER.PING.RAFTZ", inbox, "{}".into())
+        .await
+        .unwrap();
+    let mut servers = Vec::new();
+    while servers.len() < 3 {
+        let m = common::within("a RAFTZ answer", answers.next())
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+        assert_eq!(v["data"]["SYS"]["_meta_"]["size"], 3, "{v}");
+        servers.push(v["server"]["name"].as_str().unwrap().to_string());
+    }
+    servers.sort();
+    assert_eq!(servers, names);
+}
+
 async fn jsz_at(n: &Node, path: &str) -> serde_json::Value {
     let r = http_get(n.monitor_port(), path).await;
     assert_eq!(r.status, 200, "{}", r.body);

@@ -136,6 +136,11 @@ impl Meta {
         Ok((raft, log))
     }
 
+    /// The meta log's extent.
+    pub fn log_stats(&self) -> super::raft::log::LogStats {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).stats()
+    }
+
     /// The group's node on this server.
     pub fn raft(&self) -> Raft {
         self.raft.read().unwrap_or_else(|e| e.into_inner()).clone()

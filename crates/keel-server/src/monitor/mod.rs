@@ -21,6 +21,7 @@ mod jsz;
 mod metrics;
 pub(crate) mod proc;
 mod query;
+mod raftz;
 pub(crate) mod sysreq;
 
 use std::collections::BTreeMap;
@@ -404,6 +405,13 @@ pub(crate) fn route(ctx: &Ctx, path: &str, raw_query: &str) -> Reply {
                     headers: Vec::new(),
                 },
                 Err(_) => Reply::text(500, "error encoding metrics\n"),
+            };
+        }
+        "/raftz" => {
+            ctx.count("/raftz");
+            return match raftz::raftz(ctx, &q) {
+                Ok(v) => Reply::json(200, &v, &q),
+                Err((status, text)) => Reply::text(status, text),
             };
         }
         "/varz" => ("/varz", endpoints::varz),

@@ -27,6 +27,7 @@ fn query(kind: &str, opts: &Value, account: Option<&str>) -> Query {
                 ("JSZ", "consumer") => "consumers",
                 ("JSZ", "leader_only") => "leader-only",
                 ("JSZ", "stream_leader_only") => "stream-leader-only",
+                ("RAFTZ", "account") => "acc",
                 ("ACCOUNTZ", "include_unused") => "unused",
                 ("STATZ", "include_unused") => "unused",
                 ("STATZ", "accounts") => continue,
@@ -78,6 +79,8 @@ pub(crate) fn server(ctx: &Ctx, kind: &str, opts: &Value) -> Option<Result<Value
             r => r,
         },
         "HEALTHZ" => Ok(healthz(ctx, opts)),
+        // (No account to show: no data, and no error, as the reference answers.)
+        "RAFTZ" => Ok(super::raftz::raftz(ctx, &q).unwrap_or(Value::Null)),
         _ => return None,
     })
 }

@@ -302,6 +302,15 @@ const STALL: Duration = Duration::from_millis(500);
 /// How long `LogStore::close` waits for a running fsync round.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
+/// A log's extent, as `LogStore::stats` reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LogStats {
+    pub entries: u64,
+    pub first: u64,
+    pub last: u64,
+    pub committed: u64,
+}
+
 /// How far a log is on disk.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct OnDisk {
@@ -552,6 +561,20 @@ impl LogStore {
     /// Purges go no further than `floor` says (see `Inner::purge_floor`).
     pub fn set_purge_floor(&self, floor: PurgeFloor) {
         self.lock().purge_floor = Some(floor);
+    }
+
+    /// Its first and last entries and the committed one (`/raftz`'s `wal`).
+    pub fn stats(&self) -> LogStats {
+        let g = self.lock();
+        let purged = g.hard.purged.map(|p| p.index);
+        let last = g.backend.last_index().or(purged).unwrap_or(0);
+        let first = purged.map_or(1, |p| p + 1);
+        LogStats {
+            entries: (last + 1).saturating_sub(first),
+            first: if last >= first { first } else { 0 },
+            last,
+            committed: g.hard.committed.map_or(0, |c| c.index),
+        }
     }
 
     /// How far the log is on disk, as it moves.

@@ -871,6 +871,11 @@ impl Shared {
             .map(|m| m.membership().voter_ids().collect())
     }
 
+    /// The group's log's extent, once it is open.
+    pub fn log_stats(&self) -> Option<super::log::LogStats> {
+        self.log.get().map(|l| l.stats())
+    }
+
     /// The server's Raft host, once the group runs.
     pub fn host(&self) -> Option<Arc<super::RaftHost>> {
         self.host.get().map(|(h, _)| h.clone())
