@@ -1313,6 +1313,11 @@ async fn jsz_leader_only_options_follow_the_leaders() {
             assert_eq!(r.status, 200, "{}", r.body);
             let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
             assert_eq!(v["meta_cluster"]["leader"], meta, "{v}");
+            // The meta log since its last snapshot: the stream's create at least.
+            let snap = &v["meta_cluster"]["snapshot"];
+            assert!(snap["pending_entries"].as_u64() >= Some(1), "{v}");
+            assert!(snap["pending_size"].as_u64() > Some(0), "{v}");
+            assert!(snap["last_time"].is_string(), "{v}");
         } else {
             assert_eq!(r.status, 400, "{}: {}", names[i], r.body);
             assert!(r.body.contains("not leader"), "{}", r.body);

@@ -338,6 +338,19 @@ impl Meta {
         let applied = m.last_applied.map_or(0, |l| l.index);
         let pending = m.last_log_index.unwrap_or(0).saturating_sub(applied);
         out.insert("pending".into(), pending.into());
+        // The log since the last snapshot, and when that was written.
+        let snap = m.snapshot.map_or(0, |l| l.index);
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (at, took) = self.machine.last_snapshot();
+        let mut snapshot = json!({
+            "pending_entries": m.last_log_index.unwrap_or(0).saturating_sub(snap),
+            "pending_size": log.bytes_after(snap),
+            "last_time": crate::time::rfc3339(at),
+        });
+        if took > 0 {
+            snapshot["last_duration"] = took.into();
+        }
+        out.insert("snapshot".into(), snapshot);
         Value::Object(out)
     }
 

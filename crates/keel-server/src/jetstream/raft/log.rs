@@ -577,6 +577,19 @@ impl LogStore {
         }
     }
 
+    /// The bytes of the entries after `index` (the meta log's since its snapshot, for
+    /// `/jsz`: a few small entries; a read that fails counts none).
+    pub fn bytes_after(&self, index: u64) -> u64 {
+        let g = self.lock();
+        let Some(last) = g.backend.last_index().filter(|l| *l > index) else {
+            return 0;
+        };
+        let from = (index + 1).max(g.hard.purged.map_or(1, |p| p.index + 1));
+        g.backend
+            .read(from, last)
+            .map_or(0, |es| es.iter().map(|(_, b)| b.len() as u64).sum())
+    }
+
     /// How far the log is on disk, as it moves.
     pub fn flushed(&self) -> tokio::sync::watch::Receiver<OnDisk> {
         self.flushed.subscribe()

@@ -173,6 +173,9 @@ struct Inner {
     snapshot: Option<(SnapshotMeta<NodeId, Peer>, Vec<u8>)>,
     /// How many `Follow`s were sent.
     sent: u64,
+    /// When the last snapshot here was written, and how long writing it took (ns), for
+    /// `/jsz`'s `meta_cluster.snapshot`.
+    last_snapshot: (i64, i64),
 }
 
 /// What the server's streams follow (`cluster::follow`), in order.
@@ -234,6 +237,7 @@ impl MetaMachine {
             saved: Saved::default(),
             snapshot: None,
             sent: 0,
+            last_snapshot: (0, 0),
         };
         if let Some((files, path)) = &file {
             match files.read(path) {
@@ -333,6 +337,11 @@ impl MetaMachine {
         f(&self.lock().saved.state)
     }
 
+    /// When the last snapshot here was written and how long it took (ns; 0 if none yet).
+    pub fn last_snapshot(&self) -> (i64, i64) {
+        self.lock().last_snapshot
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -372,11 +381,13 @@ impl RaftSnapshotBuilder<TypeConfig> for MetaMachine {
             };
         }
         saved.installed = false; // (An installed state before it was followed too.)
+        let began = std::time::Instant::now();
         let body = serde_json::to_vec(&saved).map_err(sm_err)?;
         if let Some((files, path)) = &self.file {
             files.overwrite(path, &body, true).map_err(sm_err)?;
         }
         g.snapshot = Some((meta.clone(), body.clone()));
+        g.last_snapshot = (crate::time::now_nanos(), began.elapsed().as_nanos() as i64);
         drop(g);
         self.written(meta.last_log_id);
         Ok(Snapshot {
