@@ -1461,43 +1461,37 @@ impl State {
     /// [`SavedState::pending_due`] from the ack deadlines: a message queued for
     /// redelivery is due now.
     fn due_runs(&self) -> Vec<(u64, i64)> {
-        const STEP_MS: i64 = 100;
         let (now, wall) = (Instant::now(), crate::time::now_nanos() / 1_000_000);
-        let mut runs: Vec<(u64, i64)> = Vec::new();
-        for sseq in self.rep.pending.keys() {
-            let at = match self.deadlines.get(sseq) {
-                Some(d) if !self.rdq.contains(sseq) => {
-                    wall + d.saturating_duration_since(now).as_millis() as i64
-                }
-                _ => wall,
-            };
-            let at = (at + STEP_MS - 1).div_euclid(STEP_MS) * STEP_MS;
-            match runs.last_mut() {
-                Some((n, t)) if *t == at => *n += 1,
-                _ => runs.push((1, at)),
-            }
-        }
-        runs
+        due_runs_of(
+            self.rep
+                .pending
+                .keys()
+                .map(|sseq| match self.deadlines.get(sseq) {
+                    Some(d) if !self.rdq.contains(sseq) => {
+                        wall + d.saturating_duration_since(now).as_millis() as i64
+                    }
+                    _ => wall,
+                }),
+        )
     }
 
     /// Ack deadlines for the pending deliveries from a saved [`SavedState::pending_due`];
     /// without it (or when it does not cover them all), one ack wait from `now`.
     fn set_due(&mut self, due: &[(u64, i64)], now: Instant) {
         let wall = crate::time::now_nanos() / 1_000_000;
-        let covered = due.iter().map(|(n, _)| *n).sum::<u64>() == self.rep.pending.len() as u64;
-        let times = due
-            .iter()
-            .flat_map(|&(n, t)| std::iter::repeat_n(t, n as usize));
         let pending: Vec<u64> = self.rep.pending.keys().copied().collect();
-        if covered {
-            for (sseq, at) in pending.into_iter().zip(times) {
-                let wait = Duration::from_millis(at.saturating_sub(wall).max(0) as u64);
-                self.deadlines.insert(sseq, now + wait);
+        match due_times(due, pending.len()) {
+            Some(times) => {
+                for (sseq, at) in pending.into_iter().zip(times) {
+                    let wait = Duration::from_millis(at.saturating_sub(wall).max(0) as u64);
+                    self.deadlines.insert(sseq, now + wait);
+                }
             }
-        } else {
-            for sseq in pending {
-                let wait = self.ack_wait_for(self.rep.deliveries(sseq));
-                self.deadlines.insert(sseq, now + wait);
+            None => {
+                for sseq in pending {
+                    let wait = self.ack_wait_for(self.rep.deliveries(sseq));
+                    self.deadlines.insert(sseq, now + wait);
+                }
             }
         }
     }
@@ -2927,6 +2921,45 @@ fn inactive_expired(c: &Arc<Consumer>, server: &Server, router: &mut Router) -> 
     true
 }
 
+/// The granularity of [`SavedState::pending_due`]: a pulled batch's due times fall in one
+/// step, so it is one run.
+const DUE_STEP_MS: i64 = 100;
+
+/// Runs of (count, due time) over due times in Unix ms, each rounded up to `DUE_STEP_MS`
+/// (never earlier than it was).
+fn due_runs_of(dues_ms: impl Iterator<Item = i64>) -> Vec<(u64, i64)> {
+    let mut runs: Vec<(u64, i64)> = Vec::new();
+    for at in dues_ms {
+        let at = at.div_euclid(DUE_STEP_MS) * DUE_STEP_MS
+            + if at.rem_euclid(DUE_STEP_MS) > 0 {
+                DUE_STEP_MS
+            } else {
+                0
+            };
+        match runs.last_mut() {
+            Some((n, t)) if *t == at => *n += 1,
+            _ => runs.push((1, at)),
+        }
+    }
+    runs
+}
+
+/// The due times of `n` pending deliveries in order, if `runs` covers exactly that many
+/// (a state from an older Keel has none; a damaged one may not add up).
+fn due_times(runs: &[(u64, i64)], n: usize) -> Option<Vec<i64>> {
+    let total = runs
+        .iter()
+        .try_fold(0u64, |sum, (count, _)| sum.checked_add(*count))?;
+    if total != n as u64 {
+        return None;
+    }
+    Some(
+        runs.iter()
+            .flat_map(|&(count, t)| std::iter::repeat_n(t, count as usize))
+            .collect(),
+    )
+}
+
 /// What a durable consumer finds of its saved state.
 enum Loaded {
     /// Nothing saved yet: a new consumer.
@@ -3098,6 +3131,34 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Due times are saved as runs rounded up to 100 ms (a batch delivered together is one
+    /// run, never due earlier than it was), and read back only when they cover every pending
+    /// delivery.
+    #[test]
+    fn due_times_are_saved_as_runs_and_read_back_only_when_they_add_up() {
+        let runs = due_runs_of([1_000_001, 1_000_050, 1_000_100, 1_000_101, 900, -150].into_iter());
+        assert_eq!(runs, [(3, 1_000_100), (1, 1_000_200), (1, 900), (1, -100)]);
+        assert_eq!(
+            due_times(&runs, 6),
+            Some(vec![1_000_100, 1_000_100, 1_000_100, 1_000_200, 900, -100])
+        );
+        assert_eq!(due_times(&runs, 5), None);
+        assert_eq!(due_times(&[], 0), Some(vec![]));
+        assert_eq!(due_times(&[], 2), None);
+        assert_eq!(due_times(&[(u64::MAX, 1), (2, 1)], 1), None);
+        // Saved beside the state and read back; absent from an older state.
+        let mut saved = SavedState::of(&Replicated::default());
+        saved.pending_due = runs.clone();
+        let back: SavedState =
+            serde_json::from_slice(&serde_json::to_vec(&saved).unwrap()).unwrap();
+        assert_eq!(back.pending_due, runs);
+        let old: SavedState = serde_json::from_slice(
+            br#"{"delivered":{"consumer_seq":0,"stream_seq":0},"ack_floor":{"consumer_seq":0,"stream_seq":0},"redelivered":[]}"#,
+        )
+        .unwrap();
+        assert!(old.pending_due.is_empty());
+    }
 
     /// Pending messages are saved as runs: a window of in-order deliveries is one run, gaps
     /// (acked in the middle, redelivered out of order) start new ones, and the state reads
