@@ -479,6 +479,20 @@ async fn r3_stream(
     (c, meta, leader)
 }
 
+/// Creates the durable `name` on `stream` with explicit acks (`extra`: more config fields,
+/// each with its leading comma); it must not be refused.
+async fn durable(c: &async_nats::Client, stream: &str, name: &str, extra: &str) {
+    let created = api(
+        c,
+        &format!("$JS.API.CONSUMER.CREATE.{stream}.{name}"),
+        &format!(
+            r#"{{"stream_name":"{stream}","config":{{"durable_name":"{name}","ack_policy":"explicit"{extra}}}}}"#
+        ),
+    )
+    .await;
+    assert!(created.get("error").is_none(), "{created}");
+}
+
 /// Publishes `body` on `subject` until a PubAck comes (a leader change in flight may drop
 /// or refuse one attempt; the acked sequence is what counts).
 async fn publish_acked(c: &async_nats::Client, subject: &str, body: String) -> u64 {
@@ -1300,13 +1314,7 @@ async fn jsz_leader_only_options_follow_the_leaders() {
     let names = ["J1", "J2", "J3"];
     let nodes = mesh(&names).await;
     let (c, meta, leader) = r3_stream(&nodes, "JZ", "jz.>").await;
-    let dur = api(
-        &c,
-        "$JS.API.CONSUMER.CREATE.JZ.dur",
-        r#"{"stream_name":"JZ","config":{"durable_name":"dur","ack_policy":"explicit"}}"#,
-    )
-    .await;
-    assert!(dur.get("error").is_none(), "{dur}");
+    durable(&c, "JZ", "dur", "").await;
     for (i, n) in nodes.iter().enumerate() {
         let r = http_get(n.monitor_port(), "/jsz?leader-only=true").await;
         if names[i] == meta {
@@ -1718,13 +1726,7 @@ async fn stream_updates_are_checked_against_every_stream_of_the_cluster() {
         serde_json::json!(["ua.>"]),
         "{info}"
     );
-    let r = api(
-        &c,
-        "$JS.API.CONSUMER.CREATE.UA.D",
-        r#"{"stream_name":"UA","config":{"durable_name":"D","ack_policy":"explicit","max_ack_pending":100}}"#,
-    )
-    .await;
-    assert!(r.get("error").is_none(), "{r}");
+    durable(&c, "UA", "D", r#","max_ack_pending":100"#).await;
     let r = api(
         &c,
         "$JS.API.STREAM.UPDATE.UA",
@@ -1784,13 +1786,7 @@ async fn a_new_placement_moves_the_stream() {
     for i in 1..=3u64 {
         assert_eq!(publish_acked(&c, "mv.x", format!("m{i}")).await, i);
     }
-    let r = api(
-        &c,
-        "$JS.API.CONSUMER.CREATE.MV.D",
-        r#"{"stream_name":"MV","config":{"durable_name":"D","ack_policy":"explicit"}}"#,
-    )
-    .await;
-    assert!(r.get("error").is_none(), "{r}");
+    durable(&c, "MV", "D", "").await;
     let r = api(&c, "$JS.API.STREAM.UPDATE.MV", &body("2")).await;
     assert!(r.get("error").is_none(), "{r}");
     assert_eq!(
@@ -2323,13 +2319,7 @@ async fn a_consumer_pause_is_kept_when_its_leader_changes() {
     let nodes = mesh(&["P1", "P2", "P3"]).await;
     let (c, _, _) = r3_stream(&nodes, "PS", "ps.>").await;
     let other = connect(&nodes[2], "app").await;
-    let created = api(
-        &c,
-        "$JS.API.CONSUMER.CREATE.PS.W",
-        r#"{"stream_name":"PS","config":{"durable_name":"W","ack_policy":"explicit"}}"#,
-    )
-    .await;
-    assert!(created.get("error").is_none(), "{created}");
+    durable(&c, "PS", "W", "").await;
     let until = "2099-01-01T00:00:00Z";
     let r = api(
         &other,
@@ -2500,13 +2490,7 @@ async fn a_pinned_client_keeps_its_pin_through_a_stream_stepdown() {
     for i in 0..4 {
         publish_acked(&c, "pq.x", format!("m{i}")).await;
     }
-    let created = api(
-        &c,
-        "$JS.API.CONSUMER.CREATE.PQ.PIN",
-        r#"{"stream_name":"PQ","config":{"durable_name":"PIN","ack_policy":"explicit","priority_groups":["g"],"priority_policy":"pinned_client","priority_timeout":60000000000}}"#,
-    )
-    .await;
-    assert!(created.get("error").is_none(), "{created}");
+    durable(&c, "PQ", "PIN", r#","priority_groups":["g"],"priority_policy":"pinned_client","priority_timeout":60000000000"#).await;
     let pull = |body: String| {
         let c = c.clone();
         async move {
@@ -2568,13 +2552,7 @@ async fn pending_messages_are_due_when_they_were_across_a_consumer_leader_change
     let (c, _, _) = r3_stream(&nodes, "DUE", "due.>").await;
     publish_acked(&c, "due.x", "a".into()).await;
     publish_acked(&c, "due.x", "b".into()).await;
-    let created = api(
-        &c,
-        "$JS.API.CONSUMER.CREATE.DUE.W",
-        r#"{"stream_name":"DUE","config":{"durable_name":"W","ack_policy":"explicit","ack_wait":8000000000}}"#,
-    )
-    .await;
-    assert!(created.get("error").is_none(), "{created}");
+    durable(&c, "DUE", "W", r#","ack_wait":8000000000"#).await;
     let pull = |expires_s: u64| {
         let c = c.clone();
         async move {
