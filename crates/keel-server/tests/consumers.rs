@@ -3293,3 +3293,63 @@ async fn a_durable_with_an_inactive_threshold_goes_once_idle() {
     let r = info("kept").await;
     assert!(r.get("error").is_none(), "{r}");
 }
+
+/// A purge takes what it removed out of a consumer's pending acks and moves its delivered
+/// and ack floor up to the stream's new first sequence, as the reference's consumer does:
+/// purged messages no longer count against `max_ack_pending` (a consumer at its limit goes
+/// on at once, not after their ack wait), and one left after a subject purge stays pending.
+#[tokio::test]
+async fn a_purge_releases_the_pending_acks_of_what_it_removed() {
+    let (_s, client, _js) = js_setup().await;
+    create_stream(&client, "PG", &["pg.>"], json!({})).await;
+    for i in 0..10 {
+        publish(&client, &format!("pg.{}", i % 2), "x").await;
+    }
+    create_consumer(
+        &client,
+        "PG",
+        "D",
+        json!({"max_ack_pending": 3, "ack_wait": 60 * SEC}),
+    )
+    .await;
+    let mut sub = pull(&client, "PG", "D", r#"{"batch":5,"expires":1000000000}"#).await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(delivery(&mut sub).await);
+    }
+    // At max_ack_pending: nothing more until the pull expires.
+    status_msg(&mut sub, 408).await;
+    ack_plain(&client, &got[0], "+ACK").await;
+    let info = |body: Value| {
+        let client = client.clone();
+        async move {
+            let v = api_ok(&client, &format!("{API}.STREAM.PURGE.PG"), body).await;
+            assert_eq!(v["success"], true, "{v}");
+            api_ok(&client, &format!("{API}.CONSUMER.INFO.PG.D"), Value::Null).await
+        }
+    };
+    // Sequences 2 and 3 were pending; keeping 5 purges 1 to 5.
+    let i = info(json!({"keep": 5})).await;
+    assert_eq!(i["num_ack_pending"], 0, "{i}");
+    assert_eq!(seq_pair(&i["delivered"]), (3, 5), "{i}");
+    assert_eq!(seq_pair(&i["ack_floor"]), (3, 5), "{i}");
+    assert_eq!(i["num_pending"], 5, "{i}");
+    // Delivery goes on at once (6, 7, 8: the limit again).
+    let mut sub = pull(&client, "PG", "D", r#"{"batch":3,"expires":1000000000}"#).await;
+    let seqs: Vec<u64> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            let m = delivery(&mut sub).await;
+            // `$JS.ACK.<stream>.<consumer>.<deliveries>.<stream seq>.…`
+            let reply = m.reply.as_ref().unwrap().to_string();
+            v.push(reply.split('.').nth(5).unwrap().parse().unwrap());
+        }
+        v
+    };
+    assert_eq!(seqs, [6, 7, 8]);
+    // A subject purge takes 6 and 8 (pg.1) out; 7 (pg.0) stays pending.
+    let i = info(json!({"filter": "pg.1"})).await;
+    assert_eq!(i["num_ack_pending"], 1, "{i}");
+    assert_eq!(i["ack_floor"]["stream_seq"], 6, "{i}");
+    assert_eq!(i["num_pending"], 1, "{i}");
+}

@@ -1026,6 +1026,29 @@ impl Consumer {
         self.lock().config.clone()
     }
 
+    /// The stream was purged: what was pending and is gone (everything before the stream's
+    /// first sequence now, and, after a purge of some subjects, what the store no longer
+    /// holds) is no longer waited for, as the reference's consumer drops it; so it frees
+    /// `max_ack_pending` at once instead of after its ack wait.
+    pub fn on_purge(&self) {
+        let first = self.stream.read().state().first_seq;
+        {
+            let mut st = self.lock();
+            st.apply(ConsumerOp::Purged { first });
+            let pending: Vec<u64> = st.rep.pending.keys().copied().collect();
+            let store = self.stream.read();
+            let gone: Vec<u64> = pending
+                .into_iter()
+                .filter(|s| store.peek(*s).is_none())
+                .collect();
+            drop(store);
+            for sseq in gone {
+                st.apply(ConsumerOp::Gone { sseq });
+            }
+        }
+        self.notify();
+    }
+
     /// New messages were stored: wake the task (once, however many arrive).
     pub fn notify(&self) {
         if !self.kick.swap(true, Ordering::AcqRel) {
@@ -1531,6 +1554,13 @@ impl State {
             ConsumerOp::Reset { .. } => {
                 self.rdq.clear();
                 self.deadlines.clear();
+            }
+            ConsumerOp::Purged { first } => {
+                for s in &applied.done {
+                    self.rdq.remove(s);
+                    self.deadlines.remove(s);
+                }
+                self.next_seq = self.next_seq.max(first);
             }
             // Deadlines of (un)deliveries are set by the delivery code, which knows them.
             ConsumerOp::Start { .. } | ConsumerOp::Delivered { .. } | ConsumerOp::Undo { .. } => {}

@@ -48,6 +48,9 @@ pub enum ConsumerOp {
     Clamp { last: u64 },
     /// `$JS.API.CONSUMER.RESET`: start again just before `seq`, nothing pending.
     Reset { seq: u64 },
+    /// The stream was purged up to `first` (its first sequence now): what was pending
+    /// before it is gone, not waited for; nothing before it is delivered.
+    Purged { first: u64 },
 }
 
 /// What a delivery may change, so an undo can put it back.
@@ -174,6 +177,26 @@ impl Replicated {
                 self.pending.split_off(&(last + 1));
                 Applied::changed()
             }
+            ConsumerOp::Purged { first } => {
+                let floor = first.saturating_sub(1);
+                let rest = self.pending.split_off(&first);
+                let gone = std::mem::replace(&mut self.pending, rest);
+                for s in gone.keys() {
+                    self.redelivered.remove(s);
+                }
+                let moved = self.delivered.stream_seq < floor;
+                if moved {
+                    self.delivered.stream_seq = floor;
+                }
+                if gone.is_empty() && !moved {
+                    return Applied::default();
+                }
+                self.update_floor();
+                Applied {
+                    changed: true,
+                    done: gone.into_keys().collect(),
+                }
+            }
             ConsumerOp::Reset { seq } => {
                 self.pending.clear();
                 self.redelivered.clear();
@@ -234,6 +257,43 @@ mod tests {
             deliveries,
             tracked: true,
         }
+    }
+
+    /// A purge up to `first` drops what was pending before it and moves delivered and the
+    /// ack floor up to it, as the reference's consumer does.
+    #[test]
+    fn a_purge_drops_what_was_pending_before_the_new_first_sequence() {
+        let mut r = Replicated::default();
+        for s in 1..=3 {
+            r.apply(&delivered(s, s, 1));
+        }
+        r.apply(&ConsumerOp::Ack { sseq: 1 });
+        let a = r.apply(&ConsumerOp::Purged { first: 6 });
+        assert_eq!(a.done, [2, 3]);
+        assert!(r.pending.is_empty());
+        assert_eq!(
+            r.delivered,
+            SeqPair {
+                consumer_seq: 3,
+                stream_seq: 5
+            }
+        );
+        assert_eq!(r.ack_floor, r.delivered);
+        // Pending past the purge stays, and holds the floor below it.
+        r.apply(&delivered(7, 4, 1));
+        r.apply(&delivered(8, 5, 1));
+        let a = r.apply(&ConsumerOp::Purged { first: 8 });
+        assert_eq!(a.done, [7]);
+        assert_eq!(
+            r.ack_floor,
+            SeqPair {
+                consumer_seq: 4,
+                stream_seq: 7
+            }
+        );
+        // Nothing to change: nothing changes.
+        assert!(!r.apply(&ConsumerOp::Purged { first: 2 }).changed);
+        assert!(r.consistent());
     }
 
     #[test]

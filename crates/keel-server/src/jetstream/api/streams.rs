@@ -536,6 +536,9 @@ pub async fn purge(js: &JetStream, name: &str, body: &[u8]) -> Result<PurgeRespo
         .ask(|reply| stream::Command::Purge { req, reply })
         .await
         .unwrap_or_else(|| Err(ErrorKind::StreamNotFound.err()))?;
+    for c in js.consumers_of(name) {
+        c.on_purge();
+    }
     Ok(PurgeResponse {
         success: true,
         purged,
