@@ -1347,8 +1347,7 @@ async fn jsz_leader_only_options_follow_the_leaders() {
             "{}: {led}",
             names[i]
         );
-        // `raft`: the stream's group (and on its leader its consumer's), and what this
-        // server leads.
+        // `raft`: the stream's group and its consumer's, and what this server leads.
         // (Every replica counts the consumer, once its create reached it.)
         let raft = eventually("the consumer on every replica", || async {
             let v = jsz_at(n, "/jsz?acc=APP&consumers=true&raft=true").await;
@@ -1363,13 +1362,15 @@ async fn jsz_leader_only_options_follow_the_leaders() {
             "{raft}"
         );
         assert_eq!(d["state"]["consumer_count"], 1, "{}: {raft}", names[i]);
-        if names[i] == leader {
-            assert_eq!(d["consumer_raft_groups"][0]["name"], "dur", "{raft}");
-            assert!(
-                d["consumer_raft_groups"][0]["raft_group"].is_string(),
-                "{raft}"
-            );
-        }
+        // Every replica lists the consumer and its group.
+        assert_eq!(d["consumer_raft_groups"][0]["name"], "dur", "{raft}");
+        assert!(
+            d["consumer_raft_groups"][0]["raft_group"].is_string(),
+            "{raft}"
+        );
+        assert_eq!(d["consumer_detail"][0]["name"], "dur", "{raft}");
+        assert_eq!(d["consumer_detail"][0]["stream_name"], "JZ", "{raft}");
+        assert_eq!(d["consumer_detail"][0]["num_pending"], 0, "{raft}");
         assert_eq!(
             raft["streams_leader"].as_u64().unwrap_or(0),
             u64::from(names[i] == leader),

@@ -3072,6 +3072,71 @@ impl SavedState {
     }
 }
 
+/// A consumer as a follower of its replicated stream has it (the files its group wrote
+/// here; it runs where the stream leads), for `/jsz`'s `consumer_detail`, as the
+/// reference's replicas report theirs. Read quietly (monitoring polls it): None when its
+/// config cannot be read; a state that cannot be read counts as nothing delivered.
+pub fn replica_info(
+    stream: &Stream,
+    dir: &Path,
+    cluster: Option<super::api::types::ClusterInfo>,
+) -> Option<ConsumerInfo> {
+    use keel_store::MetaRead;
+    let body = |file: &str| match stream.meta.read(&dir.join(file)) {
+        MetaRead::Current(b) | MetaRead::Older { body: b, .. } | MetaRead::Unchecked(b) => Some(b),
+        MetaRead::Missing | MetaRead::Damaged(_) => None,
+    };
+    let meta: ConsumerMeta = serde_json::from_slice(&body("meta.json")?).ok()?;
+    let rep = body("state.json")
+        .and_then(|b| serde_json::from_slice::<SavedState>(&b).ok())
+        .filter(|s| s.consistent())
+        .map_or_else(Replicated::default, SavedState::into_replicated);
+    let config = meta.config;
+    let from = rep.delivered.stream_seq + 1;
+    let num_pending = {
+        let store = stream.read();
+        let filters = config.filter_list();
+        if filters.is_empty() {
+            store.num_pending(from, ">", false)
+        } else {
+            filters
+                .iter()
+                .map(|f| store.num_pending(from, f, false))
+                .sum()
+        }
+    };
+    let seq = |p: SeqPair| SequenceInfo {
+        consumer_seq: p.consumer_seq,
+        stream_seq: p.stream_seq,
+        last_active: None,
+    };
+    Some(ConsumerInfo {
+        stream_name: stream.name.clone(),
+        name: dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        created: rfc3339(meta.created),
+        config: config.to_json(false),
+        delivered: seq(rep.delivered),
+        ack_floor: seq(rep.ack_floor),
+        num_ack_pending: rep.pending.len(),
+        num_redelivered: if config.max_deliver == 1 {
+            0
+        } else {
+            rep.redelivered.len()
+        },
+        num_waiting: 0,
+        num_pending,
+        cluster,
+        push_bound: false,
+        paused: false,
+        pause_remaining: None,
+        ts: rfc3339(now_nanos()),
+        priority_groups: Vec::new(),
+    })
+}
+
 pub fn read_meta(
     meta: &keel_store::MetaFiles,
     dir: &Path,

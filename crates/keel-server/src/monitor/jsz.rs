@@ -259,15 +259,42 @@ fn account_detail(
                 consumers_opt,
                 config_opt,
             );
+            // A follower of a replicated stream: its consumers as its group wrote them here
+            // (they run where the stream leads), as the reference's replicas list theirs.
+            let mut replica_consumers = Vec::new();
+            if consumers_opt && consumers.is_empty() && st.group.is_some() && !st.leads() {
+                for dir in st.replica_consumer_dirs() {
+                    let ci = js
+                        .clustered()
+                        .then(|| crate::jetstream::api::streams::cluster_info(js, st));
+                    if let Some(info) = crate::jetstream::consumer::replica_info(st, &dir, ci) {
+                        replica_consumers.push(info.name.clone());
+                        let mut v = serde_json::to_value(info).unwrap_or_default();
+                        if let (false, Some(m)) = (config_opt, v.as_object_mut()) {
+                            m.shift_remove("config");
+                        }
+                        if let Some(list) = d
+                            .as_object_mut()
+                            .map(|m| m.entry("consumer_detail").or_insert_with(|| json!([])))
+                            .and_then(Value::as_array_mut)
+                        {
+                            list.push(v);
+                        }
+                    }
+                }
+            }
             // With `raft`: the stream's group, and its consumers' (the stream's too: Keel
             // carries them in it).
             if let (true, Some(g), Some(m)) = (raft_opt, st.group.as_ref(), d.as_object_mut()) {
                 m.insert("stream_raft_group".into(), g.group.clone().into());
-                if consumers_opt && !consumers.is_empty() {
-                    let groups: Vec<Value> = consumers
-                        .iter()
-                        .map(|c| json!({"name": c.name, "raft_group": g.group}))
-                        .collect();
+                let names = consumers
+                    .iter()
+                    .map(|c| c.name.clone())
+                    .chain(replica_consumers);
+                let groups: Vec<Value> = names
+                    .map(|n| json!({"name": n, "raft_group": g.group}))
+                    .collect();
+                if consumers_opt && !groups.is_empty() {
                     m.insert("consumer_raft_groups".into(), groups.into());
                 }
             }

@@ -357,14 +357,20 @@ impl Stream {
         if self.leads() {
             return self.consumers.len();
         }
-        std::fs::read_dir(self.dir.join("consumers"))
+        self.replica_consumer_dirs().len()
+    }
+
+    /// A follower's consumer directories (those its group wrote, by name).
+    pub fn replica_consumer_dirs(&self) -> Vec<std::path::PathBuf> {
+        let mut dirs: Vec<std::path::PathBuf> = std::fs::read_dir(self.dir.join("consumers"))
             .into_iter()
             .flatten()
             .flatten()
-            .filter(|e| {
-                !keel_store::MetaFiles::is_retired(&e.path()) && e.path().join("meta.json").exists()
-            })
-            .count()
+            .map(|e| e.path())
+            .filter(|p| !keel_store::MetaFiles::is_retired(p) && p.join("meta.json").exists())
+            .collect();
+        dirs.sort();
+        dirs
     }
 
     /// Whether direct gets may be answered from this server's store (`Shared::serves_reads`
