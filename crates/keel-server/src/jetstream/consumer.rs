@@ -1031,17 +1031,20 @@ impl Consumer {
     /// holds) is no longer waited for, as the reference's consumer drops it; so it frees
     /// `max_ack_pending` at once instead of after its ack wait.
     pub fn on_purge(&self) {
-        let first = self.stream.read().state().first_seq;
         {
             let mut st = self.lock();
-            st.apply(ConsumerOp::Purged { first });
-            let pending: Vec<u64> = st.rep.pending.keys().copied().collect();
-            let store = self.stream.read();
-            let gone: Vec<u64> = pending
-                .into_iter()
-                .filter(|s| store.peek(*s).is_none())
-                .collect();
-            drop(store);
+            let gone: Vec<u64> = {
+                let store = self.stream.read();
+                st.apply(ConsumerOp::Purged {
+                    first: store.state().first_seq,
+                });
+                st.rep
+                    .pending
+                    .keys()
+                    .copied()
+                    .filter(|s| store.peek(*s).is_none())
+                    .collect()
+            };
             for sseq in gone {
                 st.apply(ConsumerOp::Gone { sseq });
             }
@@ -1107,18 +1110,15 @@ impl Consumer {
             .and_then(|j| j.account(&self.stream.account().name).cloned())
             .filter(|js| js.clustered())
             .map(|js| super::api::streams::cluster_info(&js, &self.stream))
-            .map(|mut ci| {
+            .map(|ci| {
                 // A consumer of one replica: the reference's runs on one server without a
                 // group and names only the cluster and its server (Keel's goes on being
                 // carried by its stream's group).
                 if self.lock().config.num_replicas == 1 {
-                    ci.raft_group = None;
-                    ci.leader_since = None;
-                    ci.system_account = None;
-                    ci.traffic_account = None;
-                    ci.replicas = None;
+                    ci.one_server()
+                } else {
+                    ci
                 }
-                ci
             });
         let mut st = self.lock();
         // Requests whose requester went away are not waiting (the reference checks here too).
@@ -1434,17 +1434,7 @@ impl State {
     }
 
     fn num_pending(&self, stream: &Stream) -> u64 {
-        let store = stream.read();
-        let filters = self.config.filter_list();
-        let n = if filters.is_empty() {
-            store.num_pending(self.next_seq, ">", false)
-        } else {
-            filters
-                .iter()
-                .map(|f| store.num_pending(self.next_seq, f, false))
-                .sum()
-        };
-        n + self.lps.len() as u64
+        pending_from(stream, &self.config, self.next_seq) + self.lps.len() as u64
     }
 
     /// The next message for a first delivery, if any: only committed ones (up to the
@@ -3072,6 +3062,19 @@ impl SavedState {
     }
 }
 
+/// The stream's messages from `from` on that `config`'s filters take.
+fn pending_from(stream: &Stream, config: &ConsumerConfig, from: u64) -> u64 {
+    let store = stream.read();
+    let filters = config.filter_list();
+    if filters.is_empty() {
+        return store.num_pending(from, ">", false);
+    }
+    filters
+        .iter()
+        .map(|f| store.num_pending(from, f, false))
+        .sum()
+}
+
 /// A consumer as a follower of its replicated stream has it (the files its group wrote
 /// here; it runs where the stream leads), for `/jsz`'s `consumer_detail`, as the
 /// reference's replicas report theirs. Read quietly (monitoring polls it): None when its
@@ -3092,19 +3095,7 @@ pub fn replica_info(
         .filter(|s| s.consistent())
         .map_or_else(Replicated::default, SavedState::into_replicated);
     let config = meta.config;
-    let from = rep.delivered.stream_seq + 1;
-    let num_pending = {
-        let store = stream.read();
-        let filters = config.filter_list();
-        if filters.is_empty() {
-            store.num_pending(from, ">", false)
-        } else {
-            filters
-                .iter()
-                .map(|f| store.num_pending(from, f, false))
-                .sum()
-        }
-    };
+    let num_pending = pending_from(stream, &config, rep.delivered.stream_seq + 1);
     let seq = |p: SeqPair| SequenceInfo {
         consumer_seq: p.consumer_seq,
         stream_seq: p.stream_seq,

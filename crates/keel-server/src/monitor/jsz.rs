@@ -8,6 +8,7 @@ use serde_json::{json, Map, Value};
 
 use super::query::Query;
 use super::Ctx;
+use crate::jetstream::api::types::ConsumerInfo;
 use crate::jetstream::stream::{StorageType, Stream};
 use crate::jetstream::{JetStream, JetStreams};
 use crate::time::{now_nanos, rfc3339};
@@ -236,65 +237,39 @@ fn account_detail(
     if streams_opt {
         for st in &streams {
             // Clustered: the stream info's `cluster` object (its real leader, the replicas).
-            let (cluster, leader) = if js.clustered() {
-                let ci = crate::jetstream::api::streams::cluster_info(js, st);
-                let leader = ci.leader.clone();
-                (serde_json::to_value(ci).unwrap_or_default(), leader)
-            } else {
-                let name = ctx.server.server_name.clone();
-                (json!({ "leader": name }), name)
+            let ci = js
+                .clustered()
+                .then(|| crate::jetstream::api::streams::cluster_info(js, st));
+            let (cluster, leader) = match &ci {
+                Some(ci) => (
+                    serde_json::to_value(ci).unwrap_or_default(),
+                    ci.leader.clone(),
+                ),
+                None => {
+                    let name = ctx.server.server_name.clone();
+                    (json!({ "leader": name }), name)
+                }
             };
             // As the reference: only the streams whose `cluster` names this server.
             if leading_only && leader != ctx.server.server_name {
                 continue;
             }
             let state = st.state();
-            let consumers = js.consumers_of(&st.name);
-            let mut d = stream_detail(
-                ctx,
-                cluster,
-                st,
-                &state,
-                &consumers,
-                consumers_opt,
-                config_opt,
-            );
-            // A follower of a replicated stream: its consumers as its group wrote them here
-            // (they run where the stream leads), as the reference's replicas list theirs.
-            let mut replica_consumers = Vec::new();
-            if consumers_opt && consumers.is_empty() && st.group.is_some() && !st.leads() {
-                for dir in st.replica_consumer_dirs() {
-                    let ci = js
-                        .clustered()
-                        .then(|| crate::jetstream::api::streams::cluster_info(js, st));
-                    if let Some(info) = crate::jetstream::consumer::replica_info(st, &dir, ci) {
-                        replica_consumers.push(info.name.clone());
-                        let mut v = serde_json::to_value(info).unwrap_or_default();
-                        if let (false, Some(m)) = (config_opt, v.as_object_mut()) {
-                            m.shift_remove("config");
-                        }
-                        if let Some(list) = d
-                            .as_object_mut()
-                            .map(|m| m.entry("consumer_detail").or_insert_with(|| json!([])))
-                            .and_then(Value::as_array_mut)
-                        {
-                            list.push(v);
-                        }
-                    }
-                }
-            }
+            let consumers = if consumers_opt {
+                consumer_infos(ctx, js, st, ci)
+            } else {
+                Vec::new()
+            };
+            let mut d = stream_detail(cluster, st, &state, &consumers, config_opt);
             // With `raft`: the stream's group, and its consumers' (the stream's too: Keel
             // carries them in it).
             if let (true, Some(g), Some(m)) = (raft_opt, st.group.as_ref(), d.as_object_mut()) {
                 m.insert("stream_raft_group".into(), g.group.clone().into());
-                let names = consumers
-                    .iter()
-                    .map(|c| c.name.clone())
-                    .chain(replica_consumers);
-                let groups: Vec<Value> = names
-                    .map(|n| json!({"name": n, "raft_group": g.group}))
-                    .collect();
-                if consumers_opt && !groups.is_empty() {
+                if !consumers.is_empty() {
+                    let groups: Vec<Value> = consumers
+                        .iter()
+                        .map(|c| json!({"name": c.name, "raft_group": g.group}))
+                        .collect();
                     m.insert("consumer_raft_groups".into(), groups.into());
                 }
             }
@@ -319,13 +294,33 @@ fn account_detail(
     a
 }
 
-fn stream_detail(
+/// A stream's consumers for `consumer_detail`: those running here, or on a follower of a
+/// replicated stream (where they do not run) as its group wrote them here, as the
+/// reference's replicas list theirs; `cluster` is the stream's, which carries them.
+fn consumer_infos(
     ctx: &Ctx,
+    js: &JetStream,
+    st: &Arc<Stream>,
+    cluster: Option<crate::jetstream::api::types::ClusterInfo>,
+) -> Vec<ConsumerInfo> {
+    if st.group.is_none() || st.leads() {
+        return js
+            .consumers_of(&st.name)
+            .iter()
+            .map(|c| c.info(&ctx.server, false))
+            .collect();
+    }
+    st.replica_consumer_dirs()
+        .iter()
+        .filter_map(|d| crate::jetstream::consumer::replica_info(st, d, cluster.clone()))
+        .collect()
+}
+
+fn stream_detail(
     cluster: Value,
     st: &Arc<Stream>,
     state: &keel_store::State,
-    consumers: &[Arc<crate::jetstream::consumer::Consumer>],
-    with_consumers: bool,
+    consumers: &[ConsumerInfo],
     with_config: bool,
 ) -> Value {
     let mut d = Map::new();
@@ -339,12 +334,11 @@ fn stream_detail(
         "state".into(),
         Stream::state_json(state, st.consumer_count(), None, None),
     );
-    if with_consumers && !consumers.is_empty() {
+    if !consumers.is_empty() {
         let list: Vec<Value> = consumers
             .iter()
             .map(|c| {
-                let mut info =
-                    serde_json::to_value(c.info(&ctx.server, false)).expect("info serializes");
+                let mut info = serde_json::to_value(c).expect("info serializes");
                 if let (false, Some(m)) = (with_config, info.as_object_mut()) {
                     m.shift_remove("config");
                 }

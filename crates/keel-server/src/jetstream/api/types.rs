@@ -151,7 +151,7 @@ impl StreamState {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Clone)]
 pub struct ClusterInfo {
     /// The cluster's name (clustered JetStream only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -173,8 +173,24 @@ pub struct ClusterInfo {
     pub replicas: Option<Vec<PeerInfo>>,
 }
 
+impl ClusterInfo {
+    /// The object of something on one server: the cluster and that server only, as the
+    /// reference shows what it runs without a Raft group.
+    pub fn one_server(self) -> ClusterInfo {
+        ClusterInfo {
+            name: self.name,
+            raft_group: None,
+            leader: self.leader,
+            leader_since: None,
+            system_account: None,
+            traffic_account: None,
+            replicas: None,
+        }
+    }
+}
+
 /// One peer of a replicated stream as its leader sees it.
-#[derive(Serialize)]
+#[derive(Serialize, Clone)]
 pub struct PeerInfo {
     pub name: String,
     pub current: bool,
